@@ -1,0 +1,45 @@
+/* tessera - the command-line front end: one subcommand per job. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+typedef struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"run", tsr_cmd_run, "generate text from a prompt with an assembled engine"},
+    {"score", tsr_cmd_score, "write the logits of every position of a token sequence"},
+    {"check", tsr_cmd_check, "check an assembly against the catalog and print the engine"},
+    {"plugins", tsr_cmd_plugins, "list, show and call plugins of the catalog"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tessera [--version] [--help] COMMAND [ARGS...]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'tessera COMMAND --help' describes a command.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("tessera %s\n", TESSERA_VERSION);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "tessera: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,67 @@
+/*
+ * model_file.h - a model checkpoint opened for reading: tensors as borrowed
+ * views into memory maps, the architecture config, and where the tokenizer
+ * lives.
+ *
+ * Formats: a Hugging Face folder (config.json + model.safetensors or
+ * model.safetensors.index.json shards), a single .safetensors file whose
+ * folder holds config.json, a GGUF v3 file, and a llama2.c .bin checkpoint.
+ * Tensors are always found by their canonical Hugging Face names
+ * ("model.layers.3.self_attn.q_proj.weight"); GGUF and llama2.c names are
+ * mapped onto them, and GGUF's merged expert tensors are exposed as one
+ * view per expert ("model.layers.0.mlp.experts.5.up_proj.weight").
+ * Shapes are outermost first: a projection is [out_features, in_features].
+ */
+#ifndef TSR_MODEL_FILE_H
+#define TSR_MODEL_FILE_H
+
+#include <stdint.h>
+
+#include "../util/error.h"
+#include "model_config.h"
+
+typedef enum tsr_model_format {
+    TSR_FORMAT_SAFETENSORS = 0,
+    TSR_FORMAT_GGUF = 1,
+    TSR_FORMAT_LLAMA2C = 2
+} tsr_model_format;
+
+typedef struct tsr_tensor {
+    const char *name;     /* canonical name */
+    uint32_t dtype;       /* tsr_dtype as stored */
+    int n_dims;           /* 1..4 */
+    int64_t shape[4];     /* outermost first */
+    const void *data;     /* into the mmap; valid until tsr_model_file_close */
+    uint64_t nbytes;
+} tsr_tensor;
+
+typedef struct tsr_model_file tsr_model_file;
+struct tsr_gguf;
+
+/* Open path (folder, .safetensors, .index.json, .gguf or llama2.c .bin),
+ * validate every header, offset and size against the files, map the tensors
+ * and fill the config. Errors name the file and the field. */
+int tsr_model_file_open(const char *path, tsr_model_file **out, tsr_error *err);
+void tsr_model_file_close(tsr_model_file *f);
+
+const tsr_model_config *tsr_model_file_config(const tsr_model_file *f);
+tsr_model_format tsr_model_file_format(const tsr_model_file *f);
+
+/* NULL if absent. */
+const tsr_tensor *tsr_model_file_tensor(const tsr_model_file *f, const char *name);
+int tsr_model_file_n_tensors(const tsr_model_file *f);
+const tsr_tensor *tsr_model_file_tensor_at(const tsr_model_file *f, int i);
+
+/* Folder the model was read from (tokenizer.json, tokenizer_config.json). */
+const char *tsr_model_file_dir(const tsr_model_file *f);
+/* The path as given to open. */
+const char *tsr_model_file_path(const tsr_model_file *f);
+
+/* The GGUF reader behind a GGUF model (metadata for the tokenizer and chat
+ * template), NULL for other formats. */
+const struct tsr_gguf *tsr_model_file_gguf(const tsr_model_file *f);
+
+/* Total bytes of tensor data mapped. */
+uint64_t tsr_model_file_bytes(const tsr_model_file *f);
+
+#endif /* TSR_MODEL_FILE_H */

@@ -1,0 +1,66 @@
+/*
+ * engine.h - an assembled engine: one loaded, initialised plugin per slot.
+ *
+ * This is the face the host runtime shows to the model runtime, the CLI and
+ * the server. Everything before it (catalog of manifests, assembly parsing,
+ * checking) lives in catalog.h, assembly.h and checker.h; tsr_engine_open
+ * runs that whole path for the common case.
+ */
+#ifndef TSR_ENGINE_H
+#define TSR_ENGINE_H
+
+#include "../../slots/tsr_attention.h"
+#include "../../slots/tsr_drafter.h"
+#include "../../slots/tsr_expert_cache.h"
+#include "../../slots/tsr_gemv.h"
+#include "../../slots/tsr_kv_cache.h"
+#include "../../slots/tsr_plugin.h"
+#include "../format/model_config.h"
+#include "../util/error.h"
+#include "../util/threadpool.h"
+
+typedef struct tsr_engine tsr_engine;
+
+typedef struct tsr_engine_opts {
+    const char *catalog_dir; /* NULL: $TESSERA_CATALOG, else <exe dir>/../catalog */
+    int n_threads;           /* 0: every online core */
+    int device_id;           /* CUDA ordinal */
+} tsr_engine_opts;
+
+/* One slot of a loaded engine. */
+typedef struct tsr_slot_ref {
+    tsr_slot slot;
+    const char *plugin;          /* plugin name */
+    const char *version;
+    const void *iface;           /* the slot's interface table, version-checked */
+    void *inst;                  /* the plugin's instance */
+    const tsr_plugin_ctx *ctx;
+    int exact;                   /* manifest exactness: 1 exact, 0 lossy */
+    int baseline;                /* it is its slot's baseline for the device */
+} tsr_slot_ref;
+
+/* Load the catalog, read the assembly (YAML or Lua; Lua sees the model's
+ * config), check it against the catalog and the model, then dlopen and init
+ * every plugin. Nothing is loaded unless the whole check passes. On failure
+ * err holds the first problem and, in its message, how many there were. */
+int tsr_engine_open(const char *assembly_path, const tsr_model_config *cfg,
+                    const tsr_model_desc *desc, const tsr_engine_opts *opts, tsr_engine **out,
+                    tsr_error *err);
+void tsr_engine_free(tsr_engine *e);
+
+const tsr_slot_ref *tsr_engine_slot(const tsr_engine *e, tsr_slot slot);
+tsr_threadpool *tsr_engine_pool(const tsr_engine *e);
+int tsr_engine_device(const tsr_engine *e);   /* tsr_device_kind */
+const char *tsr_engine_name(const tsr_engine *e); /* the assembly's name */
+/* Print the resolved engine (slot, plugin, version, params, capabilities,
+ * exactness), one slot per line, as `tessera check` does. */
+void tsr_engine_describe(const tsr_engine *e, FILE *f);
+
+/* Bytes of host (and device) memory plugins hold through the host's
+ * allocator. */
+uint64_t tsr_engine_host_bytes(const tsr_engine *e);
+
+/* The text of the last error a plugin reported through set_error (or ""). */
+const char *tsr_engine_plugin_error(const tsr_engine *e, tsr_slot slot);
+
+#endif /* TSR_ENGINE_H */

@@ -1,0 +1,209 @@
+/*
+ * tsr_plugin.h - the plugin ABI shared by the host and every plugin.
+ *
+ * A plugin is a shared object exporting exactly one symbol, TSR_PLUGIN_ENTRY
+ * ("tsr_plugin_entry"), a function returning a const tsr_plugin_desc. The host
+ * allocates the instance (desc->instance_size bytes, zeroed), calls init(), and
+ * from then on calls the slot interface (desc->iface) through the wrappers in
+ * core/host. Plugins never link against the host: everything they need from it
+ * comes through the tsr_host_api table reachable from their tsr_plugin_ctx.
+ *
+ * Versioning: the ABI major must match exactly, the host accepts any minor
+ * <= its own. Interface tables start with struct_size and version; members
+ * are only ever appended, and the host checks struct_size before touching a
+ * member newer than version 1.
+ *
+ * Shapes are written [outer, inner]; all activations crossing a slot are f32
+ * and live on the device named in tsr_exec (host memory for TSR_DEVICE_CPU).
+ */
+#ifndef TSR_PLUGIN_H
+#define TSR_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TSR_ABI_MAJOR 1
+#define TSR_ABI_MINOR 0
+
+#define TSR_PLUGIN_ENTRY_NAME "tsr_plugin_entry"
+#define TSR_PLUGIN_EXPORT __attribute__((visibility("default")))
+
+/* Status codes returned by every fallible call, host or plugin. */
+typedef enum tsr_status {
+    TSR_OK = 0,
+    TSR_ERR_INVALID = -1,         /* bad argument or bad input */
+    TSR_ERR_NOMEM = -2,           /* allocation failed */
+    TSR_ERR_IO = -3,              /* open/read/mmap failed */
+    TSR_ERR_FORMAT = -4,          /* malformed file or document */
+    TSR_ERR_UNSUPPORTED = -5,     /* well-formed, but not supported here */
+    TSR_ERR_NOT_IMPLEMENTED = -6, /* a declared member that does nothing yet */
+    TSR_ERR_REFUSED = -7,         /* checker or loader refused */
+    TSR_ERR_PLUGIN = -8,          /* a plugin call failed */
+    TSR_ERR_RANGE = -9,           /* out of capacity: context full, budget too small */
+    TSR_ERR_DEVICE = -10,         /* device (CUDA) error */
+    TSR_ERR_CANCELLED = -11       /* the caller asked to stop */
+} tsr_status;
+
+/* Slots, in the order the assembly lists them. */
+typedef enum tsr_slot {
+    TSR_SLOT_ATTENTION = 0,
+    TSR_SLOT_KV_CACHE = 1,
+    TSR_SLOT_DRAFTER = 2,
+    TSR_SLOT_EXPERT_CACHE = 3,
+    TSR_SLOT_GEMV = 4,
+    TSR_SLOT_COUNT = 5
+} tsr_slot;
+
+typedef enum tsr_device_kind {
+    TSR_DEVICE_CPU = 0,
+    TSR_DEVICE_CUDA = 1
+} tsr_device_kind;
+
+/* Element types of stored tensors and KV entries. Block-quantised types
+ * (Q8_0, Q4_0, Q4_K, Q6_K) use GGUF's block layouts. */
+typedef enum tsr_dtype {
+    TSR_DTYPE_F32 = 0,
+    TSR_DTYPE_F16 = 1,
+    TSR_DTYPE_BF16 = 2,
+    TSR_DTYPE_F8_E4M3 = 3,
+    TSR_DTYPE_Q8_0 = 4,
+    TSR_DTYPE_Q4_0 = 5,
+    TSR_DTYPE_Q4_K = 6,
+    TSR_DTYPE_Q6_K = 7,
+    TSR_DTYPE_I8 = 8,
+    TSR_DTYPE_I32 = 9,
+    TSR_DTYPE_I64 = 10,
+    TSR_DTYPE_COUNT = 11
+} tsr_dtype;
+
+/* Capability bits of a descriptor, cross-checked against the manifest. */
+#define TSR_CAP_DEVICE_CPU (1u << 0)  /* runs on the CPU            (manifest devices: cpu)  */
+#define TSR_CAP_DEVICE_CUDA (1u << 1) /* runs on CUDA devices       (manifest devices: cuda) */
+#define TSR_CAP_EXACT (1u << 2)       /* output identical to the reference (exactness: exact) */
+
+/* Typed parameter values, resolved by the host from the assembly and the
+ * manifest's defaults before init. Strings are owned by the host. */
+typedef enum tsr_param_type {
+    TSR_PARAM_INT = 0,
+    TSR_PARAM_FLOAT = 1,
+    TSR_PARAM_BOOL = 2,
+    TSR_PARAM_STRING = 3
+} tsr_param_type;
+
+typedef struct tsr_param {
+    const char *name;
+    tsr_param_type type;
+    union {
+        int64_t i;
+        double f;
+        int b;
+        const char *s;
+    } v;
+} tsr_param;
+
+/* What a plugin needs to know of the model to size itself. */
+typedef struct tsr_model_desc {
+    const char *arch;      /* "llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe" */
+    int n_layers;
+    int hidden;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int ffn;               /* dense FFN width (0 if every layer is MoE) */
+    int vocab;
+    int max_ctx;           /* the context the engine was sized for */
+    int n_experts;         /* 0 for dense models */
+    int n_experts_used;    /* experts per token */
+    int expert_ffn;
+    uint32_t weight_dtype; /* tsr_dtype of the projection weights as stored */
+} tsr_model_desc;
+
+/* Where and how a call executes. */
+typedef struct tsr_exec {
+    int device;     /* tsr_device_kind */
+    int device_id;  /* CUDA ordinal; 0 on the CPU */
+    void *stream;   /* cudaStream_t on CUDA; NULL on the CPU */
+    int n_threads;  /* threads the host's parallel_for uses */
+} tsr_exec;
+
+struct tsr_plugin_ctx;
+
+/* Log levels for tsr_host_api.log. */
+enum { TSR_LOG_ERROR = 0, TSR_LOG_WARN = 1, TSR_LOG_INFO = 2, TSR_LOG_DEBUG = 3 };
+
+/* Work function for parallel_for: process items [i0, i1) as worker tid. */
+typedef void (*tsr_work_fn)(void *arg, int64_t i0, int64_t i1, int tid);
+
+/* Services the host gives every plugin. All members are required (the host
+ * always fills them); device members answer TSR_ERR_UNSUPPORTED on a host
+ * built without CUDA. */
+typedef struct tsr_host_api {
+    uint32_t struct_size;
+    uint32_t version; /* 1 */
+    /* Log a line under the plugin's name. */
+    void (*log)(const struct tsr_plugin_ctx *ctx, int level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+    /* Describe why the call now failing fails; the host shows it with the
+     * plugin's name next to the returned status. */
+    void (*set_error)(const struct tsr_plugin_ctx *ctx, const char *fmt, ...)
+        __attribute__((format(printf, 2, 3)));
+    /* Host memory, zeroed, aligned to align (a power of two, >= 16),
+     * accounted to the plugin; NULL on failure. free(NULL) does nothing. */
+    void *(*alloc)(const struct tsr_plugin_ctx *ctx, size_t size, size_t align);
+    void (*free)(const struct tsr_plugin_ctx *ctx, void *p);
+    /* Device memory on ctx's device, accounted to the plugin. */
+    int (*dev_alloc)(const struct tsr_plugin_ctx *ctx, size_t size, void **out);
+    void (*dev_free)(const struct tsr_plugin_ctx *ctx, void *p);
+    /* Split [0, n) into chunks over the host's thread pool and wait. Nested
+     * calls run inline. Returns TSR_OK. */
+    int (*parallel_for)(const struct tsr_plugin_ctx *ctx, int64_t n, tsr_work_fn fn, void *arg);
+    /* Resolved value of a parameter the manifest declares, NULL otherwise. */
+    const tsr_param *(*param)(const struct tsr_plugin_ctx *ctx, const char *name);
+} tsr_host_api;
+
+/* The context a plugin instance lives in. The host keeps it alive and
+ * unchanged for the instance's whole life, so plugins may keep the pointer. */
+typedef struct tsr_plugin_ctx {
+    const tsr_host_api *host;
+    void *host_data;              /* opaque to plugins */
+    const char *name;             /* plugin name, for messages */
+    int device;                   /* tsr_device_kind the engine runs on */
+    int device_id;
+    const tsr_model_desc *model;  /* the model the engine serves */
+    const tsr_param *params;      /* every declared param, defaults applied */
+    int n_params;
+} tsr_plugin_ctx;
+
+/* The descriptor a plugin's entry symbol returns. Static, const, and built
+ * without running plugin code (no constructors). */
+typedef struct tsr_plugin_desc {
+    uint32_t abi_major;    /* TSR_ABI_MAJOR at build time */
+    uint32_t abi_minor;    /* TSR_ABI_MINOR at build time */
+    const char *name;      /* equals the manifest's name */
+    uint32_t slot;         /* tsr_slot; equals the manifest's slot */
+    const char *version;   /* "MAJOR.MINOR.PATCH"; equals the manifest's */
+    size_t instance_size;  /* bytes the host allocates, zeroed, for init */
+    uint32_t caps;         /* TSR_CAP_* bits; must agree with the manifest */
+    /* required: set up the zeroed instance. On failure, return a negative
+     * tsr_status after host->set_error; the host then calls fini (if set),
+     * which must cope with a partly initialised instance. */
+    int (*init)(void *inst, const tsr_plugin_ctx *ctx);
+    /* optional (default: nothing to release): release what init acquired. */
+    void (*fini)(void *inst);
+    /* required: the slot's interface table (tsr_gemv_i, tsr_attention_i, ...). */
+    const void *iface;
+} tsr_plugin_desc;
+
+typedef const tsr_plugin_desc *(*tsr_plugin_entry_fn)(void);
+
+/* Each plugin defines exactly this function. */
+#define TSR_PLUGIN_ENTRY tsr_plugin_entry
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TSR_PLUGIN_H */

@@ -1,0 +1,83 @@
+/* Tests of core/util: checked sizes, errors, the thread pool. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/util/checked.h"
+#include "core/util/error.h"
+#include "core/util/threadpool.h"
+
+static void test_checked_overflow(void **state) {
+    (void)state;
+    uint64_t r = 0;
+    assert_int_equal(tsr_mul_u64(1ull << 32, 1ull << 31, &r), 0);
+    assert_true(r == (1ull << 63));
+    assert_int_equal(tsr_mul_u64(1ull << 32, 1ull << 32, &r), -1);
+    assert_int_equal(tsr_add_u64(UINT64_MAX, 1, &r), -1);
+    assert_int_equal(tsr_muladd_u64(3, 5, 7, &r), 0);
+    assert_true(r == 22);
+    int64_t dims[3] = {1 << 21, 1 << 21, 1 << 21};
+    assert_int_equal(tsr_dims_product(dims, 3, &r), 0);
+    int64_t big[3] = {1ll << 40, 1ll << 40, 2};
+    assert_int_equal(tsr_dims_product(big, 3, &r), -1);
+    int64_t neg[2] = {4, -1};
+    assert_int_equal(tsr_dims_product(neg, 2, &r), -1);
+    assert_true(tsr_range_in(10, 5, 15));
+    assert_false(tsr_range_in(10, 6, 15));
+    assert_false(tsr_range_in(UINT64_MAX, 2, UINT64_MAX));
+}
+
+static void test_error_format(void **state) {
+    (void)state;
+    tsr_error e;
+    char buf[2048];
+    tsr_error_clear(&e);
+    assert_int_equal(e.code, TSR_OK);
+    assert_int_equal(tsr_error_set_at(&e, TSR_ERR_FORMAT, "a.yaml", 3, 7, "bad key '%s'", "x"),
+                     TSR_ERR_FORMAT);
+    assert_string_equal(tsr_error_format(&e, buf, sizeof buf), "a.yaml:3:7: error: bad key 'x'");
+    tsr_error_prefix(&e, "loading %s", "engine");
+    assert_string_equal(e.msg, "loading engine: bad key 'x'");
+    assert_int_equal(tsr_error_set(NULL, TSR_ERR_NOMEM, "ignored"), TSR_ERR_NOMEM);
+}
+
+typedef struct sum_arg {
+    int64_t *out;
+    int seen[8];
+} sum_arg;
+
+static void fill_squares(void *p, int64_t i0, int64_t i1, int tid) {
+    sum_arg *a = p;
+    a->seen[tid] = 1;
+    for (int64_t i = i0; i < i1; i++) a->out[i] = i * i;
+}
+
+static void test_threadpool_covers_range(void **state) {
+    (void)state;
+    for (int nt = 1; nt <= 4; nt++) {
+        tsr_threadpool *tp = tsr_threadpool_new(nt);
+        assert_non_null(tp);
+        for (int64_t n = 0; n < 50; n += 7) {
+            int64_t out[64];
+            memset(out, 0xff, sizeof out);
+            sum_arg a = {out, {0}};
+            tsr_threadpool_run(tp, n, fill_squares, &a);
+            for (int64_t i = 0; i < n; i++) assert_true(out[i] == i * i);
+            assert_true(out[n] == -1); /* nothing past the end */
+        }
+        tsr_threadpool_free(tp);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_checked_overflow),
+        cmocka_unit_test(test_error_format),
+        cmocka_unit_test(test_threadpool_covers_range),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages tessera builds and tests with (as root).
+set -euo pipefail
+pkgs="build-essential cmake pkg-config libyaml-dev liblua5.4-dev libffi-dev libcmocka-dev
+      libmicrohttpd-dev libjansson-dev libpcre2-dev libopenblas-dev libcurl4-openssl-dev"
+missing=""
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends $missing
+fi
