@@ -10,6 +10,7 @@ int tsr_cmd_check(int argc, char **argv);   /* cmd_check.c   */
 int tsr_cmd_plugins(int argc, char **argv); /* cmd_plugins.c */
 int tsr_cmd_run(int argc, char **argv);     /* cmd_run.c     */
 int tsr_cmd_score(int argc, char **argv);   /* cmd_score.c   */
+int tsr_cmd_serve(int argc, char **argv);   /* cmd_serve.c   */
 
 /* Shared helpers (cli_util.c). */
 /* Directory of the running executable (no trailing slash). */

@@ -13,6 +13,7 @@ typedef struct command {
 static const command commands[] = {
     {"run", tsr_cmd_run, "generate text from a prompt with an assembled engine"},
     {"score", tsr_cmd_score, "write the logits of every position of a token sequence"},
+    {"serve", tsr_cmd_serve, "serve an assembled engine over an OpenAI-compatible HTTP API"},
     {"check", tsr_cmd_check, "check an assembly against the catalog and print the engine"},
     {"plugins", tsr_cmd_plugins, "list, show and call plugins of the catalog"},
 };
