@@ -1,0 +1,112 @@
+/*
+ * ref_attention - the reference attention: for each row and query head, the
+ * scores of every visible key, a max-subtracted softmax, and the weighted sum
+ * of values, in f32 and in index order. Reads f32 contiguous KV only (its
+ * manifest requires that of the kv_cache plugin).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "slots/tsr_attention.h"
+
+typedef struct ref_attn {
+    const tsr_plugin_ctx *ctx;
+} ref_attn;
+
+static int attn_init(void *inst, const tsr_plugin_ctx *ctx) {
+    ((ref_attn *)inst)->ctx = ctx;
+    return TSR_OK;
+}
+
+typedef struct attn_job {
+    const tsr_attn_args *a;
+    int failed;
+} attn_job;
+
+/* One work item is one (row, head) pair. */
+static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    attn_job *j = arg;
+    const tsr_attn_args *a = j->a;
+    const tsr_kv_view *kv = a->kv;
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    const float *K = kv->k, *V = kv->v;
+    float *scores = malloc(((size_t)a->pos0 + a->rows) * sizeof *scores);
+    if (!scores) {
+        j->failed = 1;
+        return;
+    }
+    for (int64_t item = i0; item < i1; item++) {
+        int row = (int)(item / a->n_heads), h = (int)(item % a->n_heads), kvh = h / group;
+        int last = a->pos0 + row; /* inclusive */
+        int first = a->window > 0 && last - a->window + 1 > 0 ? last - a->window + 1 : 0;
+        const float *q = a->q + ((int64_t)row * a->n_heads + h) * hd;
+        float mx = -INFINITY;
+        for (int t = first; t <= last; t++) {
+            const float *k = K + t * kv->token_stride + kvh * kv->head_stride;
+            float s = 0.0f;
+            for (int d = 0; d < hd; d++) s += q[d] * k[d];
+            s *= a->scale;
+            scores[t] = s;
+            if (s > mx) mx = s;
+        }
+        float sum = 0.0f;
+        for (int t = first; t <= last; t++) {
+            scores[t] = expf(scores[t] - mx);
+            sum += scores[t];
+        }
+        float *out = a->out + (int64_t)row * a->n_heads * hd + (int64_t)h * hd;
+        for (int d = 0; d < hd; d++) out[d] = 0.0f;
+        for (int t = first; t <= last; t++) {
+            const float *v = V + t * kv->token_stride + kvh * kv->head_stride;
+            float p = scores[t] / sum;
+            for (int d = 0; d < hd; d++) out[d] += p * v[d];
+        }
+    }
+    free(scores);
+}
+
+static int attn_run(void *inst, const tsr_attn_args *a, const tsr_exec *ex) {
+    ref_attn *r = inst;
+    (void)ex;
+    const tsr_kv_view *kv = a->kv;
+    if (kv->dtype != TSR_DTYPE_F32 || kv->layout != TSR_KV_CONTIGUOUS) {
+        r->ctx->host->set_error(r->ctx, "reads f32 contiguous KV only (got dtype %u layout %u)",
+                                kv->dtype, kv->layout);
+        return TSR_ERR_UNSUPPORTED;
+    }
+    if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads != 0 || kv->n_tokens < a->pos0 + a->rows ||
+        kv->head_dim != a->head_dim || kv->n_kv_heads != a->n_kv_heads) {
+        r->ctx->host->set_error(r->ctx, "inconsistent shapes: %d heads, %d kv heads, %d KV tokens for rows %d..%d",
+                                a->n_heads, a->n_kv_heads, kv->n_tokens, a->pos0, a->pos0 + a->rows - 1);
+        return TSR_ERR_INVALID;
+    }
+    attn_job j = {a, 0};
+    r->ctx->host->parallel_for(r->ctx, (int64_t)a->rows * a->n_heads, attn_items, &j);
+    if (j.failed) {
+        r->ctx->host->set_error(r->ctx, "out of memory for scores");
+        return TSR_ERR_NOMEM;
+    }
+    return TSR_OK;
+}
+
+static const tsr_attention_i ref_attn_iface = {
+    .struct_size = sizeof(tsr_attention_i),
+    .version = TSR_ATTENTION_IFACE_VERSION,
+    .run = attn_run,
+};
+
+static const tsr_plugin_desc ref_attn_desc = {
+    .abi_major = TSR_ABI_MAJOR,
+    .abi_minor = TSR_ABI_MINOR,
+    .name = "ref_attention",
+    .slot = TSR_SLOT_ATTENTION,
+    .version = "1.0.0",
+    .instance_size = sizeof(ref_attn),
+    .caps = TSR_CAP_DEVICE_CPU | TSR_CAP_EXACT,
+    .init = attn_init,
+    .fini = NULL,
+    .iface = &ref_attn_iface,
+};
+
+TSR_PLUGIN_EXPORT const tsr_plugin_desc *TSR_PLUGIN_ENTRY(void) { return &ref_attn_desc; }
