@@ -1,0 +1,104 @@
+#include "ops.h"
+
+#include <math.h>
+
+void tsr_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = (x[i] * inv) * w[i];
+}
+
+int tsr_rope_init(tsr_rope *r, int head_dim, float theta, int interleaved, int scaling,
+                  float factor, float low_freq_factor, float high_freq_factor, int orig_ctx) {
+    if (head_dim <= 0 || head_dim % 2 || head_dim / 2 > (int)(sizeof r->inv_freq / sizeof r->inv_freq[0]))
+        return -1;
+    r->head_dim = head_dim;
+    r->interleaved = interleaved;
+    r->pos_scale = 1.0f;
+    for (int i = 0; i < head_dim / 2; i++)
+        r->inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+    if (scaling == 1) { /* llama3: long wavelengths slowed by factor, smooth in between */
+        float low_wavelen = (float)orig_ctx / low_freq_factor;
+        float high_wavelen = (float)orig_ctx / high_freq_factor;
+        for (int i = 0; i < head_dim / 2; i++) {
+            float f = r->inv_freq[i], wavelen = 2.0f * (float)M_PI / f;
+            if (wavelen < high_wavelen) continue;
+            if (wavelen > low_wavelen) {
+                r->inv_freq[i] = f / factor;
+            } else {
+                float smooth = ((float)orig_ctx / wavelen - low_freq_factor) /
+                               (high_freq_factor - low_freq_factor);
+                r->inv_freq[i] = (1.0f - smooth) * f / factor + smooth * f;
+            }
+        }
+    } else if (scaling == 2) {
+        r->pos_scale = 1.0f / factor;
+    }
+    return 0;
+}
+
+void tsr_rope_apply(const tsr_rope *r, float *x, int n_heads, int pos) {
+    const int hd = r->head_dim, half = hd / 2;
+    const float p = (float)pos * r->pos_scale;
+    for (int i = 0; i < half; i++) {
+        float a = p * r->inv_freq[i], c = cosf(a), s = sinf(a);
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (int64_t)h * hd;
+            int i0 = r->interleaved ? 2 * i : i, i1 = r->interleaved ? 2 * i + 1 : i + half;
+            float x0 = v[i0], x1 = v[i1];
+            v[i0] = x0 * c - x1 * s;
+            v[i1] = x1 * c + x0 * s;
+        }
+    }
+}
+
+void tsr_silu_mul(float *y, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float a = g[i];
+        y[i] = a / (1.0f + expf(-a)) * u[i];
+    }
+}
+
+void tsr_add(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void tsr_axpy(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void tsr_softmax(float *x, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; i++) x[i] /= sum;
+}
+
+void tsr_topk(const float *x, int n, int k, int32_t *idx) {
+    /* k is small (experts per token): selection by insertion. */
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (isnan(x[i])) continue;
+        if (m == k && !(x[i] > x[idx[m - 1]])) continue;
+        int j = m < k ? m++ : k - 1;
+        while (j > 0 && x[i] > x[idx[j - 1]]) {
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        idx[j] = i;
+    }
+    for (int j = m; j < k; j++) idx[j] = -1;
+}
+
+int32_t tsr_argmax(const float *x, int n) {
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+    return best < 0 ? 0 : best;
+}

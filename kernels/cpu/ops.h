@@ -1,0 +1,44 @@
+/*
+ * ops.h - the core's elementwise and per-row kernels on the CPU: norms,
+ * rotary embeddings, activations, softmax, top-k. f32, written to match the
+ * arithmetic of the reference implementation (transformers) closely.
+ */
+#ifndef TSR_KERNELS_CPU_OPS_H
+#define TSR_KERNELS_CPU_OPS_H
+
+#include <stdint.h>
+
+/* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i], n elements; y may equal x. */
+void tsr_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+
+/* Rotary embedding tables: inv_freq[i] for i < head_dim/2, from theta and
+ * the scaling rule (tsr_rope_scaling in core/format/model_config.h). */
+typedef struct tsr_rope {
+    int head_dim;
+    int interleaved;   /* rotate pairs (2i, 2i+1) instead of (i, i + d/2) */
+    float inv_freq[512];
+    float pos_scale;   /* linear scaling: positions multiplied by this */
+} tsr_rope;
+
+/* scaling: 0 none, 1 llama3, 2 linear (values of tsr_rope_scaling). */
+int tsr_rope_init(tsr_rope *r, int head_dim, float theta, int interleaved, int scaling,
+                  float factor, float low_freq_factor, float high_freq_factor, int orig_ctx);
+/* Rotate n_heads heads of head_dim at x (contiguous [n_heads, head_dim]) to position pos. */
+void tsr_rope_apply(const tsr_rope *r, float *x, int n_heads, int pos);
+
+/* y = silu(g) * u, n elements; y may equal g. */
+void tsr_silu_mul(float *y, const float *g, const float *u, int64_t n);
+/* y += x */
+void tsr_add(float *y, const float *x, int64_t n);
+/* y += a * x */
+void tsr_axpy(float *y, float a, const float *x, int64_t n);
+/* In-place softmax of n values (max-subtracted, f32). */
+void tsr_softmax(float *x, int n);
+/* Indices of the k largest values of x[n] (ties: lower index first), in
+ * descending order of value. */
+void tsr_topk(const float *x, int n, int k, int32_t *idx);
+/* Index of the largest value (ties: lowest index; NaN never chosen). */
+int32_t tsr_argmax(const float *x, int n);
+static inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+
+#endif /* TSR_KERNELS_CPU_OPS_H */
