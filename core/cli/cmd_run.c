@@ -1,11 +1,178 @@
-/* Placeholder until this command lands: it says so and fails. */
+/* tessera run: generate text from a prompt, streamed to stdout. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "commands.h"
+#include "model_opts.h"
+
+static void run_usage(FILE *f) {
+    fprintf(f,
+            "usage: tessera run [ASSEMBLY] [--model PATH] [-p PROMPT | --chat MESSAGE] [-n N]\n"
+            "                   [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S]\n"
+            "                   [--repeat-penalty R] [--stop STR]... [--ignore-eos] [--echo]\n"
+            "                   [--chat-format chatml|llama3|llama2] [--system TEXT]\n\n"
+            "Streams the generated text to stdout; prompt and decode speed go to stderr.\n"
+            "Sampling is greedy unless --temp > 0 (see core/runtime/sampling.h for the order).\n\n"
+            "%s"
+            "  -p, --prompt TEXT  raw prompt (BOS added when the tokenizer wants one)\n"
+            "  --chat MESSAGE     a user message rendered with the model's chat template\n"
+            "  -n N               tokens to generate (default 128)\n",
+            TSR_MODEL_OPTS_HELP);
+}
 
 int tsr_cmd_run(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "tessera run: not implemented yet\n");
-    return 2;
+    if (tsr_cli_wants_help(argc, argv)) {
+        run_usage(stdout);
+        return 0;
+    }
+    tsr_model_opts o = {.progress = 1};
+    tsr_gen_params gp = {.sampling = tsr_sampling_greedy(), .max_tokens = 128};
+    const char *prompt = NULL, *chat = NULL, *chat_format = NULL, *system = NULL;
+    int echo = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = tsr_cli_model_opt(argc, argv, &i, &o, "run");
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *a = argv[i];
+        if (!strcmp(a, "--ignore-eos")) {
+            gp.ignore_eos = 1;
+            continue;
+        }
+        if (!strcmp(a, "--echo")) {
+            echo = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "tessera run: unknown option or missing value: %s\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long n;
+        double d;
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--chat")) chat = v;
+        else if (!strcmp(a, "--chat-format")) chat_format = v;
+        else if (!strcmp(a, "--system")) system = v;
+        else if (!strcmp(a, "-n")) {
+            if (tsr_cli_parse_int("run", a, v, 1, 1 << 24, &n)) return 2;
+            gp.max_tokens = (int)n;
+        } else if (!strcmp(a, "--temp")) {
+            if (tsr_cli_parse_float("run", a, v, 0, 100, &d)) return 2;
+            gp.sampling.temperature = (float)d;
+        } else if (!strcmp(a, "--top-p")) {
+            if (tsr_cli_parse_float("run", a, v, 0, 1, &d)) return 2;
+            gp.sampling.top_p = (float)d;
+        } else if (!strcmp(a, "--min-p")) {
+            if (tsr_cli_parse_float("run", a, v, 0, 1, &d)) return 2;
+            gp.sampling.min_p = (float)d;
+        } else if (!strcmp(a, "--top-k")) {
+            if (tsr_cli_parse_int("run", a, v, 0, 1 << 30, &n)) return 2;
+            gp.sampling.top_k = (int)n;
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            if (tsr_cli_parse_float("run", a, v, 0.01, 100, &d)) return 2;
+            gp.sampling.repetition_penalty = (float)d;
+        } else if (!strcmp(a, "--seed")) {
+            if (tsr_cli_parse_int("run", a, v, 0, 0x7fffffffffffffffL, &n)) return 2;
+            gp.sampling.seed = (uint64_t)n;
+            gp.sampling.has_seed = 1;
+        } else if (!strcmp(a, "--stop")) {
+            if (gp.n_stop == TSR_MAX_STOP || !v[0]) {
+                fprintf(stderr, "tessera run: at most %d non-empty --stop strings\n", TSR_MAX_STOP);
+                return 2;
+            }
+            gp.stop[gp.n_stop++] = v;
+        } else {
+            fprintf(stderr, "tessera run: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    if (!!prompt == !!chat) {
+        fprintf(stderr, "tessera run: give exactly one of -p PROMPT or --chat MESSAGE\n");
+        return 2;
+    }
+    tsr_error err;
+    tsr_error_clear(&err);
+    char msg[2048];
+    tsr_model *m;
+    if (tsr_model_load(&o, &m, &err) != TSR_OK) {
+        fprintf(stderr, "tessera run: %s\n", tsr_error_format(&err, msg, sizeof msg));
+        return err.code == TSR_ERR_NOMEM || err.code == TSR_ERR_IO ? 1 : 2;
+    }
+    const tsr_tokenizer *tok = tsr_model_get_tokenizer(m);
+    char *rendered = NULL;
+    int status = 1;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    tsr_gen *g = NULL;
+    const char *text = prompt;
+    int parse_special = 0;
+    if (chat) {
+        tsr_chat_format fmt;
+        if (chat_format) {
+            int f = tsr_chat_format_from_name(chat_format);
+            if (f < 0) {
+                fprintf(stderr, "tessera run: unknown --chat-format '%s' (chatml, llama3, llama2)\n",
+                        chat_format);
+                status = 2;
+                goto done;
+            }
+            fmt = (tsr_chat_format)f;
+        } else if (tsr_chat_format_detect(tok, &fmt, &err) != TSR_OK || fmt == TSR_CHAT_NONE) {
+            if (err.code == TSR_OK)
+                tsr_error_set(&err, TSR_ERR_UNSUPPORTED,
+                              "the model has no chat template; choose one with --chat-format");
+            fprintf(stderr, "tessera run: %s\n", tsr_error_format(&err, msg, sizeof msg));
+            status = 2;
+            goto done;
+        }
+        tsr_chat_msg msgs[2];
+        int nm = 0;
+        if (system) msgs[nm++] = (tsr_chat_msg){"system", system};
+        msgs[nm++] = (tsr_chat_msg){"user", chat};
+        rendered = tsr_chat_render(fmt, msgs, nm, 1, NULL, &err);
+        if (!rendered) {
+            fprintf(stderr, "tessera run: %s\n", tsr_error_format(&err, msg, sizeof msg));
+            status = 2;
+            goto done;
+        }
+        text = rendered;
+        parse_special = 1;
+    }
+    if (tsr_tokenizer_encode(tok, text, strlen(text), tsr_tokenizer_adds_bos(tok), parse_special,
+                             &ids, &n_ids, &err) != TSR_OK ||
+        tsr_gen_start(m, ids, n_ids, &gp, &g, &err) != TSR_OK) {
+        fprintf(stderr, "tessera run: %s\n", tsr_error_format(&err, msg, sizeof msg));
+        status = 2;
+        goto done;
+    }
+    if (echo) fputs(text, stdout);
+    for (;;) {
+        tsr_gen_event ev;
+        if (tsr_gen_step(g, &ev, &err) != TSR_OK) {
+            fprintf(stderr, "\ntessera run: %s\n", tsr_error_format(&err, msg, sizeof msg));
+            goto done;
+        }
+        fwrite(ev.text, 1, ev.text_len, stdout);
+        fflush(stdout);
+        if (ev.finish != TSR_FINISH_NONE) break;
+    }
+    tsr_gen_stats st;
+    tsr_gen_get_stats(g, &st);
+    fprintf(stderr, "\n[%s] prompt %d tokens, %.1f tok/s | decode %d tokens, %.1f tok/s | load %.2f s\n",
+            tsr_engine_name(tsr_model_get_engine(m)), st.n_prompt,
+            st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0.0, st.n_generated - 1,
+            st.decode_seconds > 0 ? (st.n_generated - 1) / st.decode_seconds : 0.0,
+            tsr_model_load_seconds(m));
+    if (st.verify_passes)
+        fprintf(stderr, "drafts: %lld proposed, %lld accepted, %.2f tokens per verify pass\n",
+                (long long)st.draft_proposed, (long long)st.draft_accepted,
+                (double)(st.draft_accepted + st.verify_passes) / (double)st.verify_passes);
+    status = 0;
+done:
+    tsr_gen_free(g);
+    free(ids);
+    free(rendered);
+    tsr_model_free(m);
+    return status;
 }

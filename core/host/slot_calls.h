@@ -50,7 +50,7 @@ static inline int tsr_kv_append(const tsr_slot_ref *s, int seq, int layer, int p
                                 const float *k, const float *v, const tsr_exec *ex) {
     return TSR_IFACE(s, tsr_kv_cache_i)->append(s->inst, seq, layer, pos0, rows, k, v, ex);
 }
-static inline int tsr_kv_view(const tsr_slot_ref *s, int seq, int layer, tsr_kv_view *out) {
+static inline int tsr_kv_view_get(const tsr_slot_ref *s, int seq, int layer, tsr_kv_view *out) {
     return TSR_IFACE(s, tsr_kv_cache_i)->view(s->inst, seq, layer, out);
 }
 static inline int tsr_kv_truncate(const tsr_slot_ref *s, int seq, int n_tokens) {

@@ -1,0 +1,356 @@
+/*
+ * generate.c - step-wise generation with speculative verification.
+ *
+ * Each step asks the drafter for up to k tokens, runs the last sampled token
+ * and the drafts as k+1 rows in one forward pass, and accepts drafts in
+ * order: greedy requests accept a draft iff it is the target's choice (so
+ * the output is token for token that of plain greedy decoding); sampled
+ * requests accept draft x with probability min(1, p(x)/q(x)) and on
+ * rejection draw from normalise(max(0, p - q)) (Leviathan et al.), which
+ * leaves the target distribution exactly as it is. Rejected rows are rolled
+ * back in the KV cache. Text is released only in complete UTF-8 and never
+ * while it could still turn into a stop string.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model_internal.h"
+
+#define TSR_MAX_DRAFT 16
+
+struct tsr_gen {
+    tsr_model *m;
+    tsr_seq *seq;
+    tsr_gen_params p;
+    tsr_sampler *sampler;
+    int n_prompt;
+    int32_t *hist;            /* prompt + generated, [ctx] */
+    int n_hist;
+    int started;
+    int cancelled;
+    tsr_finish finish;
+    int drafter_seq;
+    float *logits;            /* [TSR_MAX_DRAFT + 1, vocab] */
+    float *probs;             /* [vocab] */
+    float *qprobs;            /* [TSR_MAX_DRAFT, vocab] */
+    int32_t draft[TSR_MAX_DRAFT];
+    tsr_token_info toks[TSR_MAX_DRAFT + 1];
+    tsr_detok detok;
+    char *text;               /* generated text so far */
+    size_t text_len, text_cap, emitted;
+    size_t max_stop;
+    tsr_gen_stats stats;
+    double t_start;
+};
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int next_drafter_seq;
+
+int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_gen_params *p,
+                  tsr_gen **out, tsr_error *err) {
+    *out = NULL;
+    if (n_prompt < 1) return tsr_error_set(err, TSR_ERR_INVALID, "the prompt has no tokens");
+    if (p->max_tokens < 1)
+        return tsr_error_set(err, TSR_ERR_INVALID, "max_tokens %d must be at least 1", p->max_tokens);
+    if ((int64_t)n_prompt + p->max_tokens > m->ctx)
+        return tsr_error_set(err, TSR_ERR_RANGE,
+                             "prompt of %d tokens plus max_tokens %d exceeds the context of %d tokens",
+                             n_prompt, p->max_tokens, m->ctx);
+    if (p->n_stop < 0 || p->n_stop > TSR_MAX_STOP || p->top_logprobs < 0 ||
+        p->top_logprobs > TSR_MAX_TOP_LOGPROBS)
+        return tsr_error_set(err, TSR_ERR_INVALID, "bad stop or top_logprobs count");
+    for (int i = 0; i < p->n_stop; i++)
+        if (!p->stop[i] || !p->stop[i][0])
+            return tsr_error_set(err, TSR_ERR_INVALID, "stop string %d is empty", i);
+    tsr_gen *g = calloc(1, sizeof *g);
+    if (!g) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    const int vocab = m->cfg.vocab;
+    int total = n_prompt + p->max_tokens;
+    g->m = m;
+    g->p = *p;
+    g->n_prompt = n_prompt;
+    g->hist = malloc((size_t)total * sizeof *g->hist);
+    g->logits = malloc((size_t)(TSR_MAX_DRAFT + 1) * vocab * sizeof(float));
+    g->probs = malloc((size_t)vocab * sizeof(float));
+    g->qprobs = malloc((size_t)TSR_MAX_DRAFT * vocab * sizeof(float));
+    g->sampler = tsr_sampler_new(&p->sampling, vocab);
+    g->text_cap = 256;
+    g->text = malloc(g->text_cap);
+    if (!g->hist || !g->logits || !g->probs || !g->qprobs || !g->sampler || !g->text) {
+        tsr_gen_free(g);
+        return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    }
+    /* KV for every token that is ever run: the last generated one never is,
+     * but drafts beyond it may be, within the same bound */
+    int rc = tsr_seq_new(m, total, &g->seq, err);
+    if (rc != TSR_OK) {
+        tsr_gen_free(g);
+        return rc;
+    }
+    memcpy(g->hist, prompt, (size_t)n_prompt * sizeof *prompt);
+    g->n_hist = n_prompt;
+    for (int i = 0; i < p->n_stop; i++) {
+        size_t l = strlen(p->stop[i]);
+        if (l > g->max_stop) g->max_stop = l;
+    }
+    tsr_detok_init(&g->detok, m->tok, 0);
+    g->drafter_seq = __atomic_fetch_add(&next_drafter_seq, 1, __ATOMIC_RELAXED);
+    g->stats.n_prompt = n_prompt;
+    g->t_start = now_seconds();
+    *out = g;
+    return TSR_OK;
+}
+
+void tsr_gen_free(tsr_gen *g) {
+    if (!g) return;
+    if (g->seq) tsr_drafter_seq_end(g->m->drafter, g->drafter_seq);
+    tsr_seq_free(g->seq);
+    tsr_sampler_free(g->sampler);
+    free(g->hist);
+    free(g->logits);
+    free(g->probs);
+    free(g->qprobs);
+    free(g->text);
+    free(g);
+}
+
+void tsr_gen_cancel(tsr_gen *g) { g->cancelled = 1; }
+
+void tsr_gen_get_stats(const tsr_gen *g, tsr_gen_stats *out) { *out = g->stats; }
+
+static int text_append(tsr_gen *g, const char *s, size_t n) {
+    if (g->text_len + n + 1 > g->text_cap) {
+        size_t cap = g->text_cap * 2;
+        while (cap < g->text_len + n + 1) cap *= 2;
+        char *t = realloc(g->text, cap);
+        if (!t) return -1;
+        g->text = t;
+        g->text_cap = cap;
+    }
+    memcpy(g->text + g->text_len, s, n);
+    g->text_len += n;
+    g->text[g->text_len] = '\0';
+    return 0;
+}
+
+/* Earliest stop string match at or after from; returns its offset or -1. */
+static long find_stop(const tsr_gen *g, size_t from) {
+    long best = -1;
+    for (int i = 0; i < g->p.n_stop; i++) {
+        const char *hit = memmem(g->text + from, g->text_len - from, g->p.stop[i], strlen(g->p.stop[i]));
+        if (hit && (best < 0 || hit - g->text < best)) best = hit - g->text;
+    }
+    return best;
+}
+
+/* Bytes at the end of the text that could begin a stop string. */
+static size_t stop_holdback(const tsr_gen *g) {
+    size_t hold = 0;
+    for (int i = 0; i < g->p.n_stop; i++) {
+        size_t sl = strlen(g->p.stop[i]);
+        for (size_t k = sl - 1; k > hold; k--)
+            if (k <= g->text_len - g->emitted &&
+                !memcmp(g->text + g->text_len - k, g->p.stop[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+static int is_eos(const tsr_gen *g, int32_t id) {
+    const tsr_model_config *c = &g->m->cfg;
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos[i] == id) return 1;
+    return id == tsr_tokenizer_eos(g->m->tok);
+}
+
+/* Account one chosen token; returns 1 when generation ends with it. */
+static int take_token(tsr_gen *g, const tsr_token_info *info, tsr_gen_event *ev, long *stop_at,
+                      tsr_error *err) {
+    g->toks[ev->n_tokens++] = *info;
+    g->hist[g->n_hist++] = info->id;
+    g->stats.n_generated++;
+    if (!g->p.ignore_eos && is_eos(g, info->id)) {
+        g->finish = TSR_FINISH_STOP;
+        return 1;
+    }
+    char buf[256];
+    size_t n = tsr_detok_push(&g->detok, info->id, buf, sizeof buf);
+    size_t before = g->text_len;
+    if (n && text_append(g, buf, n) != 0) {
+        tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for text");
+        return -1;
+    }
+    if (g->p.n_stop && g->text_len > before) {
+        size_t from = g->emitted;
+        long at = find_stop(g, from);
+        if (at >= 0) {
+            *stop_at = at;
+            g->finish = TSR_FINISH_STOP;
+            return 1;
+        }
+    }
+    if (g->stats.n_generated >= g->p.max_tokens || g->n_hist >= g->m->ctx) {
+        g->finish = TSR_FINISH_LENGTH;
+        return 1;
+    }
+    return 0;
+}
+
+/* Choose a token from logits row (raw copy kept for log-probabilities). */
+static void token_info(tsr_gen *g, const float *raw, int32_t id, tsr_token_info *info) {
+    if (g->p.logprobs || g->p.top_logprobs)
+        tsr_logprobs(raw, g->m->cfg.vocab, id, g->p.top_logprobs, info);
+    else
+        memset(info, 0, sizeof *info);
+    info->id = id;
+}
+
+int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
+    tsr_model *m = g->m;
+    const int vocab = m->cfg.vocab;
+    memset(ev, 0, sizeof *ev);
+    if (g->finish != TSR_FINISH_NONE) {
+        ev->finish = g->finish;
+        return TSR_OK;
+    }
+    size_t emit_from = g->emitted;
+    long stop_at = -1;
+    int rc, done = 0;
+    if (g->cancelled) {
+        g->finish = TSR_FINISH_CANCELLED;
+        ev->finish = g->finish;
+        return TSR_OK;
+    }
+    float *raw = malloc((size_t)vocab * sizeof(float));
+    if (!raw) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    if (!g->started) {
+        double t0 = now_seconds();
+        rc = tsr_seq_forward(g->seq, g->hist, g->n_hist, g->logits, 0, err);
+        if (rc != TSR_OK) goto out;
+        g->started = 1;
+        g->stats.prefill_seconds = now_seconds() - t0;
+        memcpy(raw, g->logits, (size_t)vocab * sizeof(float));
+        tsr_sampler_dist(g->sampler, g->logits, g->hist, g->n_hist, g->n_prompt, g->probs);
+        tsr_token_info info;
+        token_info(g, raw, tsr_sampler_draw(g->sampler, g->probs), &info);
+        g->stats.first_token_seconds = now_seconds() - g->t_start;
+        done = take_token(g, &info, ev, &stop_at, err);
+        if (done < 0) {
+            rc = err->code;
+            goto out;
+        }
+    } else {
+        double t0 = now_seconds();
+        /* the last generated token is not in the KV yet: it leads the rows */
+        int room = g->p.max_tokens - g->stats.n_generated - 1;
+        int ctx_room = m->ctx - g->n_hist - 1;
+        int k_max = TSR_MAX_DRAFT;
+        if (room < k_max) k_max = room;
+        if (ctx_room < k_max) k_max = ctx_room;
+        int k = 0;
+        int sampled = g->p.sampling.temperature > 0.0f && g->p.sampling.top_k != 1;
+        tsr_draft_out dout = {.tokens = g->draft, .probs = sampled ? g->qprobs : NULL};
+        if (k_max > 0) {
+            tsr_draft_req req = {g->drafter_seq, g->hist, g->n_hist, k_max};
+            rc = tsr_drafter_propose(m->drafter, &req, &dout);
+            if (rc != TSR_OK) {
+                rc = tsr_model_slot_error(m, m->drafter, rc, err, "drafter propose");
+                goto out;
+            }
+            k = dout.n < 0 ? 0 : dout.n > k_max ? k_max : dout.n;
+        }
+        int32_t rows[TSR_MAX_DRAFT + 1];
+        rows[0] = g->hist[g->n_hist - 1];
+        memcpy(rows + 1, g->draft, (size_t)k * sizeof *rows);
+        int kv_before = tsr_seq_len(g->seq);
+        rc = tsr_seq_forward(g->seq, rows, k + 1, g->logits, 1, err);
+        if (rc != TSR_OK) goto out;
+        int accepted = 0;
+        for (int i = 0; i <= k && !done; i++) {
+            float *row = g->logits + (int64_t)i * vocab;
+            memcpy(raw, row, (size_t)vocab * sizeof(float));
+            tsr_sampler_dist(g->sampler, row, g->hist, g->n_hist, g->n_prompt, g->probs);
+            int32_t choice;
+            int accept_draft = 0;
+            if (i < k) {
+                int32_t d = g->draft[i];
+                if (!sampled) {
+                    choice = tsr_sampler_draw(g->sampler, g->probs);
+                    accept_draft = choice == d;
+                } else {
+                    float q = dout.deterministic ? 1.0f : g->qprobs[(int64_t)i * vocab + d];
+                    float pd = g->probs[d];
+                    accept_draft = q > 0.0f && tsr_sampler_uniform(g->sampler) < fminf(1.0f, pd / q);
+                    if (accept_draft) {
+                        choice = d;
+                    } else { /* residual: normalise(max(0, p - q)) */
+                        double sum = 0.0;
+                        for (int t = 0; t < vocab; t++) {
+                            float qt = dout.deterministic ? (t == d ? 1.0f : 0.0f)
+                                                          : g->qprobs[(int64_t)i * vocab + t];
+                            float r = g->probs[t] - qt;
+                            g->probs[t] = r > 0.0f ? r : 0.0f;
+                            sum += g->probs[t];
+                        }
+                        if (sum > 0.0)
+                            for (int t = 0; t < vocab; t++) g->probs[t] = (float)(g->probs[t] / sum);
+                        choice = tsr_sampler_draw(g->sampler, g->probs);
+                    }
+                }
+            } else {
+                choice = tsr_sampler_draw(g->sampler, g->probs);
+            }
+            tsr_token_info info;
+            token_info(g, raw, choice, &info);
+            done = take_token(g, &info, ev, &stop_at, err);
+            if (done < 0) {
+                rc = err->code;
+                goto out;
+            }
+            if (!accept_draft) break;
+            accepted++;
+        }
+        /* keep the KV of the rows whose tokens were accepted: row 0 and accepted drafts */
+        rc = tsr_seq_truncate(g->seq, kv_before + 1 + accepted, err);
+        if (rc != TSR_OK) goto out;
+        if (k > 0) {
+            g->stats.draft_proposed += k;
+            g->stats.draft_accepted += accepted;
+            g->stats.verify_passes++;
+            tsr_drafter_accept(m->drafter, g->drafter_seq, k, accepted);
+        }
+        g->stats.decode_seconds += now_seconds() - t0;
+    }
+    if (done) {
+        if (stop_at < 0) { /* nothing more can match: release what was held */
+            char buf[64];
+            size_t n = tsr_detok_flush(&g->detok, buf, sizeof buf);
+            if (n && text_append(g, buf, n) != 0) {
+                rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for text");
+                goto out;
+            }
+            g->emitted = g->text_len;
+        } else {
+            g->emitted = (size_t)stop_at;
+        }
+        ev->finish = g->finish;
+    } else {
+        g->emitted = g->text_len - (g->p.n_stop ? stop_holdback(g) : 0);
+    }
+    ev->tokens = g->toks;
+    ev->text = g->text + emit_from;
+    ev->text_len = g->emitted > emit_from ? g->emitted - emit_from : 0;
+    rc = TSR_OK;
+out:
+    free(raw);
+    return rc;
+}

@@ -1,0 +1,419 @@
+/*
+ * model.c - loading a model: open the checkpoint, assemble the engine for
+ * it, prepare every projection through the gemv plugin, attach the experts
+ * to the expert cache, and size the scratch of a forward chunk.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../kernels/dtype.h"
+#include "model_internal.h"
+
+#ifndef TESSERA_SOURCE_DIR
+#define TESSERA_SOURCE_DIR "."
+#endif
+
+#define TSR_FORWARD_CHUNK 64
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static const char *source_dir(void) {
+    const char *env = getenv("TESSERA_SOURCE_DIR");
+    return env && env[0] ? env : TESSERA_SOURCE_DIR;
+}
+
+int tsr_model_slot_error(const tsr_model *m, const tsr_slot_ref *s, int rc, tsr_error *err,
+                         const char *what) {
+    const char *msg = tsr_engine_plugin_error(m->engine, s->slot);
+    return tsr_error_set(err, rc, "%s: plugin %s failed (%s)%s%s", what, s->plugin,
+                         tsr_status_str(rc), msg && msg[0] ? ": " : "", msg ? msg : "");
+}
+
+/* A weight by canonical name, checked to be [rows, cols]. */
+static int find_matrix(tsr_model *m, const char *name, int64_t rows, int64_t cols, int optional,
+                       const tsr_tensor **out, tsr_error *err) {
+    const tsr_tensor *t = tsr_model_file_tensor(m->file, name);
+    *out = NULL;
+    if (!t) {
+        if (optional) return TSR_OK;
+        return tsr_error_set_at(err, TSR_ERR_FORMAT, tsr_model_file_path(m->file), 0, 0,
+                                "tensor %s is missing", name);
+    }
+    int64_t r = t->shape[0], c = t->n_dims > 1 ? t->shape[1] : 1;
+    if (t->n_dims > 2 || r != rows || c != cols)
+        return tsr_error_set_at(err, TSR_ERR_FORMAT, tsr_model_file_path(m->file), 0, 0,
+                                "tensor %s has shape [%lld, %lld], the config implies [%lld, %lld]",
+                                name, (long long)r, (long long)c, (long long)rows, (long long)cols);
+    *out = t;
+    return TSR_OK;
+}
+
+static int prepare(tsr_model *m, const tsr_tensor *t, void **out, tsr_error *err) {
+    tsr_weight w = {
+        .name = t->name,
+        .dtype = t->dtype,
+        .rows = t->shape[0],
+        .cols = t->n_dims > 1 ? t->shape[1] : t->shape[0],
+        .data = t->data,
+        .nbytes = t->nbytes,
+    };
+    if (t->n_dims == 1) w.rows = 1;
+    int rc = tsr_gemv_prepare(m->gemv, &w, out);
+    if (rc != TSR_OK) {
+        *out = NULL;
+        char what[300];
+        snprintf(what, sizeof what, "preparing %s (%s)", t->name, tsr_dtype_name(t->dtype));
+        return tsr_model_slot_error(m, m->gemv, rc, err, what);
+    }
+    return TSR_OK;
+}
+
+/* Find [rows, cols] and prepare it; optional weights may be absent (*out NULL). */
+static int load_matrix(tsr_model *m, const char *name, int64_t rows, int64_t cols, int optional,
+                       void **out, tsr_error *err) {
+    const tsr_tensor *t;
+    *out = NULL;
+    int rc = find_matrix(m, name, rows, cols, optional, &t, err);
+    if (rc != TSR_OK || !t) return rc;
+    return prepare(m, t, out, err);
+}
+
+/* A vector of n values widened to f32 (norm weights, biases). */
+static int load_vector(tsr_model *m, const char *name, int64_t n, int optional, float **out,
+                       tsr_error *err) {
+    const tsr_tensor *t = tsr_model_file_tensor(m->file, name);
+    *out = NULL;
+    if (!t) {
+        if (optional) return TSR_OK;
+        return tsr_error_set_at(err, TSR_ERR_FORMAT, tsr_model_file_path(m->file), 0, 0,
+                                "tensor %s is missing", name);
+    }
+    if (t->n_dims != 1 || t->shape[0] != n)
+        return tsr_error_set_at(err, TSR_ERR_FORMAT, tsr_model_file_path(m->file), 0, 0,
+                                "tensor %s should be a vector of %lld values", name, (long long)n);
+    if (n % tsr_dtype_block_elems(t->dtype) != 0)
+        return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "tensor %s: %s vector of %lld values", name,
+                             tsr_dtype_name(t->dtype), (long long)n);
+    *out = malloc((size_t)n * sizeof(float));
+    if (!*out) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for %s", name);
+    tsr_dequant_row(t->dtype, t->data, *out, n);
+    return TSR_OK;
+}
+
+/* Canonical names of one expert's matrices. */
+static void expert_names(const tsr_model *m, int layer, int e, char *gate, char *up, char *down,
+                         size_t size) {
+    if (m->cfg.arch == TSR_ARCH_MIXTRAL) {
+        snprintf(gate, size, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", layer, e);
+        snprintf(up, size, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", layer, e);
+        snprintf(down, size, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", layer, e);
+    } else {
+        snprintf(gate, size, "model.layers.%d.mlp.experts.%d.gate_proj.weight", layer, e);
+        snprintf(up, size, "model.layers.%d.mlp.experts.%d.up_proj.weight", layer, e);
+        snprintf(down, size, "model.layers.%d.mlp.experts.%d.down_proj.weight", layer, e);
+    }
+}
+
+/* tsr_expert_source.load: prepare one expert through the gemv plugin. */
+static int expert_load(void *data, int layer, int e, tsr_expert_weights *out, uint64_t *bytes) {
+    tsr_model *m = data;
+    if (layer < 0 || layer >= m->cfg.n_layers || !m->layers[layer].moe || e < 0 ||
+        e >= m->cfg.n_experts)
+        return TSR_ERR_INVALID;
+    char gn[160], un[160], dn[160];
+    expert_names(m, layer, e, gn, un, dn, sizeof gn);
+    tsr_error err;
+    tsr_error_clear(&err);
+    void *g = NULL, *u = NULL, *d = NULL;
+    int64_t h = m->cfg.hidden, f = m->cfg.expert_ffn;
+    int rc = load_matrix(m, gn, f, h, 0, &g, &err);
+    if (rc == TSR_OK) rc = load_matrix(m, un, f, h, 0, &u, &err);
+    if (rc == TSR_OK) rc = load_matrix(m, dn, h, f, 0, &d, &err);
+    if (rc != TSR_OK) {
+        fprintf(stderr, "tessera: expert %d of layer %d: %s\n", e, layer, err.msg);
+        tsr_gemv_release(m->gemv, g);
+        tsr_gemv_release(m->gemv, u);
+        tsr_gemv_release(m->gemv, d);
+        return rc;
+    }
+    out->gate = g;
+    out->up = u;
+    out->down = d;
+    *bytes = tsr_gemv_bytes(m->gemv, g, 0) + tsr_gemv_bytes(m->gemv, u, 0) +
+             tsr_gemv_bytes(m->gemv, d, 0);
+    return TSR_OK;
+}
+
+static void expert_unload(void *data, int layer, int e, tsr_expert_weights *w) {
+    tsr_model *m = data;
+    (void)layer;
+    (void)e;
+    tsr_gemv_release(m->gemv, (void *)w->gate);
+    tsr_gemv_release(m->gemv, (void *)w->up);
+    tsr_gemv_release(m->gemv, (void *)w->down);
+    memset(w, 0, sizeof *w);
+}
+
+static uint64_t handle_bytes(const tsr_model *m, const void *h) {
+    return h ? tsr_gemv_bytes(m->gemv, h, 0) : 0;
+}
+
+static int load_layer(tsr_model *m, int l, tsr_error *err) {
+    const tsr_model_config *c = &m->cfg;
+    tsr_layer_w *L = &m->layers[l];
+    char n[200];
+    const int64_t h = c->hidden, qd = (int64_t)c->n_heads * c->head_dim,
+                  kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    int rc;
+#define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
+    if ((rc = load_vector(m, NAME("input_layernorm.weight"), h, 0, &L->attn_norm, err))) return rc;
+    if ((rc = load_vector(m, NAME("post_attention_layernorm.weight"), h, 0, &L->ffn_norm, err)))
+        return rc;
+    if ((rc = load_matrix(m, NAME("self_attn.q_proj.weight"), qd, h, 0, &L->wq, err))) return rc;
+    if ((rc = load_matrix(m, NAME("self_attn.k_proj.weight"), kvd, h, 0, &L->wk, err))) return rc;
+    if ((rc = load_matrix(m, NAME("self_attn.v_proj.weight"), kvd, h, 0, &L->wv, err))) return rc;
+    if ((rc = load_matrix(m, NAME("self_attn.o_proj.weight"), h, qd, 0, &L->wo, err))) return rc;
+    if (c->attn_bias) {
+        if ((rc = load_vector(m, NAME("self_attn.q_proj.bias"), qd, 0, &L->bq, err))) return rc;
+        if ((rc = load_vector(m, NAME("self_attn.k_proj.bias"), kvd, 0, &L->bk, err))) return rc;
+        if ((rc = load_vector(m, NAME("self_attn.v_proj.bias"), kvd, 0, &L->bv, err))) return rc;
+    }
+    if (c->attn_out_bias &&
+        (rc = load_vector(m, NAME("self_attn.o_proj.bias"), h, 0, &L->bo, err)))
+        return rc;
+    if (c->qk_norm) {
+        if ((rc = load_vector(m, NAME("self_attn.q_norm.weight"), c->head_dim, 0, &L->q_norm, err)))
+            return rc;
+        if ((rc = load_vector(m, NAME("self_attn.k_norm.weight"), c->head_dim, 0, &L->k_norm, err)))
+            return rc;
+    }
+    L->moe = c->n_experts > 0 && c->layer_moe[l];
+    if (!L->moe) {
+        if ((rc = load_matrix(m, NAME("mlp.gate_proj.weight"), c->ffn, h, 0, &L->w_gate, err)))
+            return rc;
+        if ((rc = load_matrix(m, NAME("mlp.up_proj.weight"), c->ffn, h, 0, &L->w_up, err))) return rc;
+        if ((rc = load_matrix(m, NAME("mlp.down_proj.weight"), h, c->ffn, 0, &L->w_down, err)))
+            return rc;
+        m->weight_bytes_token += handle_bytes(m, L->w_gate) + handle_bytes(m, L->w_up) +
+                                 handle_bytes(m, L->w_down);
+    } else {
+        const char *router = c->arch == TSR_ARCH_MIXTRAL ? "block_sparse_moe.gate.weight"
+                                                         : "mlp.gate.weight";
+        snprintf(n, sizeof n, "model.layers.%d.%s", l, router);
+        if ((rc = load_matrix(m, n, c->n_experts, h, 0, &L->w_router, err))) return rc;
+        if (c->shared_expert_ffn > 0) {
+            const int64_t sf = c->shared_expert_ffn;
+            if ((rc = load_matrix(m, NAME("mlp.shared_expert.gate_proj.weight"), sf, h, 0,
+                                  &L->sh_gate, err)))
+                return rc;
+            if ((rc = load_matrix(m, NAME("mlp.shared_expert.up_proj.weight"), sf, h, 0, &L->sh_up,
+                                  err)))
+                return rc;
+            if ((rc = load_matrix(m, NAME("mlp.shared_expert.down_proj.weight"), h, sf, 0,
+                                  &L->sh_down, err)))
+                return rc;
+            if ((rc = load_matrix(m, NAME("mlp.shared_expert_gate.weight"), 1, h, 0, &L->sh_router,
+                                  err)))
+                return rc;
+            m->weight_bytes_token += handle_bytes(m, L->sh_gate) + handle_bytes(m, L->sh_up) +
+                                     handle_bytes(m, L->sh_down) + handle_bytes(m, L->sh_router);
+        }
+        /* experts read per token: n_experts_used of them, at the stored size */
+        char gn[160], un[160], dn[160];
+        expert_names(m, l, 0, gn, un, dn, sizeof gn);
+        const tsr_tensor *tg = tsr_model_file_tensor(m->file, gn);
+        const tsr_tensor *tu = tsr_model_file_tensor(m->file, un);
+        const tsr_tensor *td = tsr_model_file_tensor(m->file, dn);
+        if (!tg || !tu || !td)
+            return tsr_error_set_at(err, TSR_ERR_FORMAT, tsr_model_file_path(m->file), 0, 0,
+                                    "tensor %s is missing", !tg ? gn : !tu ? un : dn);
+        m->weight_bytes_token +=
+            (uint64_t)c->n_experts_used * (tg->nbytes + tu->nbytes + td->nbytes) +
+            handle_bytes(m, L->w_router);
+    }
+#undef NAME
+    m->weight_bytes_token += handle_bytes(m, L->wq) + handle_bytes(m, L->wk) +
+                             handle_bytes(m, L->wv) + handle_bytes(m, L->wo);
+    return TSR_OK;
+}
+
+static void free_layer(tsr_model *m, tsr_layer_w *L) {
+    float *vecs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->bq, L->bk, L->bv, L->bo};
+    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) free(vecs[i]);
+    void *mats[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down, L->w_router,
+                    L->sh_gate, L->sh_up, L->sh_down, L->sh_router};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) tsr_gemv_release(m->gemv, mats[i]);
+}
+
+static int alloc_scratch(tsr_model *m, tsr_error *err) {
+    const tsr_model_config *c = &m->cfg;
+    const size_t R = (size_t)m->chunk, h = (size_t)c->hidden,
+                 qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t f = (size_t)c->ffn;
+    if ((size_t)c->expert_ffn > f) f = (size_t)c->expert_ffn;
+    if ((size_t)c->shared_expert_ffn > f) f = (size_t)c->shared_expert_ffn;
+    if (f == 0) f = 1;
+    const size_t E = c->n_experts > 0 ? (size_t)c->n_experts : 1;
+    const size_t K = c->n_experts_used > 0 ? (size_t)c->n_experts_used : 1;
+    float **bufs[] = {&m->x, &m->xn, &m->q, &m->k, &m->v, &m->att, &m->o, &m->g, &m->u,
+                      &m->router, &m->moe_out, &m->ex_in, &m->ex_g, &m->ex_u, &m->ex_d,
+                      &m->sh_gate_out, &m->topk_w, &m->ex_wts};
+    size_t sizes[] = {R * h, R * h, R * qd, R * kvd, R * kvd, R * qd, R * h, R * f, R * f,
+                      R * E, R * h, R * h, R * f, R * f, R * h, R, R * K, R};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *bufs[i] = calloc(sizes[i], sizeof(float));
+        if (!*bufs[i]) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
+    }
+    m->topk_idx = calloc(R * K, sizeof(int32_t));
+    m->ex_rows = calloc(R, sizeof(int32_t));
+    if (!m->topk_idx || !m->ex_rows)
+        return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
+    return TSR_OK;
+}
+
+static void fill_desc(tsr_model *m) {
+    const tsr_model_config *c = &m->cfg;
+    tsr_model_desc *d = &m->desc;
+    d->arch = c->arch_name;
+    d->n_layers = c->n_layers;
+    d->hidden = c->hidden;
+    d->n_heads = c->n_heads;
+    d->n_kv_heads = c->n_kv_heads;
+    d->head_dim = c->head_dim;
+    d->ffn = c->ffn;
+    d->vocab = c->vocab;
+    d->max_ctx = m->ctx;
+    d->n_experts = c->n_experts;
+    d->n_experts_used = c->n_experts_used;
+    d->expert_ffn = c->expert_ffn;
+    d->weight_dtype = c->dtype;
+}
+
+int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
+    double t0 = now_seconds();
+    char default_model[4096], default_asm[4096];
+    const char *model_path = o->model_path, *asm_path = o->assembly_path;
+    if (!model_path) {
+        snprintf(default_model, sizeof default_model, "%s/models/stories260K/stories260K.gguf",
+                 source_dir());
+        model_path = default_model;
+    }
+    if (!asm_path) {
+        snprintf(default_asm, sizeof default_asm, "%s/assemblies/cpu-reference.yaml", source_dir());
+        asm_path = default_asm;
+    }
+    *out = NULL;
+    tsr_model *m = calloc(1, sizeof *m);
+    if (!m) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    int rc = tsr_model_file_open(model_path, &m->file, err);
+    if (rc != TSR_OK) goto fail;
+    m->cfg = *tsr_model_file_config(m->file);
+    const tsr_model_config *c = &m->cfg;
+    m->ctx = o->max_ctx > 0 ? o->max_ctx : c->max_ctx;
+    if (m->ctx <= 0) m->ctx = 2048;
+    m->chunk = TSR_FORWARD_CHUNK;
+    fill_desc(m);
+
+    tsr_engine_opts eo = {.catalog_dir = o->catalog_dir, .n_threads = o->n_threads};
+    rc = tsr_engine_open(asm_path, &m->cfg, &m->desc, &eo, &m->engine, err);
+    if (rc != TSR_OK) goto fail;
+    m->gemv = tsr_engine_slot(m->engine, TSR_SLOT_GEMV);
+    m->attn = tsr_engine_slot(m->engine, TSR_SLOT_ATTENTION);
+    m->kv = tsr_engine_slot(m->engine, TSR_SLOT_KV_CACHE);
+    m->drafter = tsr_engine_slot(m->engine, TSR_SLOT_DRAFTER);
+    m->experts = tsr_engine_slot(m->engine, TSR_SLOT_EXPERT_CACHE);
+    m->ex.device = tsr_engine_device(m->engine);
+    m->ex.n_threads = tsr_threadpool_size(tsr_engine_pool(m->engine));
+
+    rc = tsr_tokenizer_load_for_model(m->file, o->tokenizer_path, &m->tok, err);
+    if (rc != TSR_OK) goto fail;
+
+    if (tsr_rope_init(&m->rope, c->head_dim, c->rope_theta, c->rope_interleaved,
+                      (int)c->rope_scaling, c->rope_factor, c->rope_low_freq_factor,
+                      c->rope_high_freq_factor, c->rope_orig_ctx) != 0) {
+        rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED, "head_dim %d is not supported by RoPE",
+                           c->head_dim);
+        goto fail;
+    }
+    m->embed = tsr_model_file_tensor(m->file, "model.embed_tokens.weight");
+    if (!m->embed || m->embed->n_dims != 2 || m->embed->shape[0] != c->vocab ||
+        m->embed->shape[1] != c->hidden) {
+        rc = tsr_error_set_at(err, TSR_ERR_FORMAT, tsr_model_file_path(m->file), 0, 0,
+                              "tensor model.embed_tokens.weight is missing or not [%d, %d]",
+                              c->vocab, c->hidden);
+        goto fail;
+    }
+    if ((rc = load_vector(m, "model.norm.weight", c->hidden, 0, &m->final_norm, err))) goto fail;
+    if (c->tie_embeddings)
+        rc = prepare(m, m->embed, &m->lm_head, err);
+    else
+        rc = load_matrix(m, "lm_head.weight", c->vocab, c->hidden, 0, &m->lm_head, err);
+    if (rc != TSR_OK) goto fail;
+    m->weight_bytes_token += handle_bytes(m, m->lm_head);
+
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    int show = o->progress && tsr_model_file_bytes(m->file) > (64u << 20);
+    for (int l = 0; l < c->n_layers; l++) {
+        if ((rc = load_layer(m, l, err))) goto fail;
+        if (show) fprintf(stderr, "\rtessera: loading layer %d/%d", l + 1, c->n_layers);
+    }
+    if (show) fprintf(stderr, "\n");
+    if (c->n_experts > 0) {
+        m->esrc = (tsr_expert_source){c->n_layers, c->n_experts, m, expert_load, expert_unload};
+        rc = tsr_expert_attach(m->experts, &m->esrc);
+        if (rc != TSR_OK) {
+            tsr_model_slot_error(m, m->experts, rc, err, "attaching the experts");
+            goto fail;
+        }
+    }
+    if ((rc = alloc_scratch(m, err))) goto fail;
+    m->load_seconds = now_seconds() - t0;
+    *out = m;
+    return TSR_OK;
+fail:
+    tsr_model_free(m);
+    return rc;
+}
+
+void tsr_model_free(tsr_model *m) {
+    if (!m) return;
+    /* the engine (and with it the expert cache) goes before the weights it borrows */
+    if (m->engine) {
+        if (m->layers)
+            for (int l = 0; l < m->cfg.n_layers; l++) free_layer(m, &m->layers[l]);
+        if (m->gemv) tsr_gemv_release(m->gemv, m->lm_head);
+    }
+    tsr_engine_free(m->engine);
+    free(m->layers);
+    free(m->final_norm);
+    float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->o, m->g, m->u,
+                     m->router, m->moe_out, m->ex_in, m->ex_g, m->ex_u, m->ex_d,
+                     m->sh_gate_out, m->topk_w, m->ex_wts};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(m->topk_idx);
+    free(m->ex_rows);
+    tsr_tokenizer_free(m->tok);
+    tsr_model_file_close(m->file);
+    free(m);
+}
+
+const tsr_model_config *tsr_model_get_config(const tsr_model *m) { return &m->cfg; }
+const tsr_tokenizer *tsr_model_get_tokenizer(const tsr_model *m) { return m->tok; }
+tsr_engine *tsr_model_get_engine(const tsr_model *m) { return m->engine; }
+int tsr_model_ctx(const tsr_model *m) { return m->ctx; }
+double tsr_model_load_seconds(const tsr_model *m) { return m->load_seconds; }
+uint64_t tsr_model_weight_bytes_per_token(const tsr_model *m) { return m->weight_bytes_token; }
+
+void tsr_model_kv_usage(const tsr_model *m, uint64_t *used, uint64_t *capacity) {
+    tsr_kv_usage(m->kv, used, capacity);
+}

@@ -1,0 +1,78 @@
+/*
+ * seq.c - sequences: a KV sequence of the kv_cache plugin plus the tokens
+ * it holds. Forward passes are cut into chunks of at most m->chunk rows.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+int tsr_seq_new(tsr_model *m, int max_tokens, tsr_seq **out, tsr_error *err) {
+    *out = NULL;
+    if (max_tokens <= 0 || max_tokens > m->ctx)
+        return tsr_error_set(err, TSR_ERR_RANGE, "a sequence of %d tokens does not fit the context of %d",
+                             max_tokens, m->ctx);
+    tsr_seq *s = calloc(1, sizeof *s);
+    if (!s) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    s->tokens = malloc((size_t)max_tokens * sizeof *s->tokens);
+    if (!s->tokens) {
+        free(s);
+        return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    }
+    int rc = tsr_kv_seq_alloc(m->kv, max_tokens, &s->kv_seq);
+    if (rc != TSR_OK) {
+        free(s->tokens);
+        free(s);
+        return tsr_model_slot_error(m, m->kv, rc, err, "allocating a KV sequence");
+    }
+    s->m = m;
+    s->max_tokens = max_tokens;
+    *out = s;
+    return TSR_OK;
+}
+
+void tsr_seq_free(tsr_seq *s) {
+    if (!s) return;
+    tsr_kv_seq_free(s->m->kv, s->kv_seq);
+    free(s->tokens);
+    free(s);
+}
+
+int tsr_seq_len(const tsr_seq *s) { return s->n; }
+const int32_t *tsr_seq_tokens(const tsr_seq *s) { return s->tokens; }
+
+int tsr_seq_forward(tsr_seq *s, const int32_t *tokens, int n, float *logits, int all_rows,
+                    tsr_error *err) {
+    tsr_model *m = s->m;
+    if (n <= 0) return tsr_error_set(err, TSR_ERR_INVALID, "no tokens to run");
+    if (s->n + n > s->max_tokens)
+        return tsr_error_set(err, TSR_ERR_RANGE, "%d + %d tokens exceed the sequence's %d", s->n, n,
+                             s->max_tokens);
+    const int vocab = m->cfg.vocab;
+    for (int done = 0; done < n;) {
+        int rows = n - done < m->chunk ? n - done : m->chunk;
+        int last_chunk = done + rows == n;
+        float *out = NULL;
+        if (logits && all_rows) out = logits + (int64_t)done * vocab;
+        else if (logits && last_chunk) out = logits;
+        int rc = tsr_forward_chunk(m, s->kv_seq, s->n, tokens + done, rows, out, all_rows, err);
+        if (rc != TSR_OK) {
+            /* drop what the failed chunk appended to some layers */
+            tsr_kv_truncate(m->kv, s->kv_seq, s->n);
+            return rc;
+        }
+        memcpy(s->tokens + s->n, tokens + done, (size_t)rows * sizeof *tokens);
+        s->n += rows;
+        done += rows;
+    }
+    return TSR_OK;
+}
+
+int tsr_seq_truncate(tsr_seq *s, int n, tsr_error *err) {
+    if (n < 0 || n > s->n)
+        return tsr_error_set(err, TSR_ERR_INVALID, "truncate to %d of %d tokens", n, s->n);
+    int rc = tsr_kv_truncate(s->m->kv, s->kv_seq, n);
+    if (rc != TSR_OK) return tsr_model_slot_error(s->m, s->m->kv, rc, err, "kv truncate");
+    s->n = n;
+    return TSR_OK;
+}
