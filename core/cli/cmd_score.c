@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../format/safetensors_write.h"
+#include "../format/safetensors.h"
 #include "commands.h"
 #include "model_opts.h"
 
@@ -128,11 +128,12 @@ int tsr_cmd_score(int argc, char **argv) {
     }
     if (tsr_seq_new(m, n, &s, &err) != TSR_OK || tsr_seq_forward(s, ids, n, logits, 1, &err) != TSR_OK)
         goto fail;
-    tsr_st_out t[2] = {
-        {"logits", TSR_DTYPE_F32, 2, {n, vocab}, logits},
-        {"input_ids", TSR_DTYPE_I32, 1, {n}, ids},
+    tsr_tensor t[2] = {
+        {"input_ids", TSR_DTYPE_I32, 1, {n}, ids, (uint64_t)n * sizeof *ids},
+        {"logits", TSR_DTYPE_F32, 2, {n, vocab}, logits, (uint64_t)n * vocab * sizeof *logits},
     };
-    if (tsr_safetensors_write(out_path, t, 2, &err) != TSR_OK) goto fail;
+    const char *meta[] = {"producer", "tessera score", NULL};
+    if (tsr_safetensors_write(out_path, t, 2, meta, &err) != TSR_OK) goto fail;
     status = 0;
     goto done;
 fail:
