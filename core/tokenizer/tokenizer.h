@@ -27,7 +27,12 @@ int tsr_tokenizer_load_json(const char *path, tsr_tokenizer **out, tsr_error *er
 /* The vocabulary stored in GGUF metadata (tokenizer.ggml.*). */
 int tsr_tokenizer_load_gguf(const struct tsr_gguf *g, const char *name, tsr_tokenizer **out,
                             tsr_error *err);
-/* llama2.c's tokenizer.bin (e.g. tok512.bin): SentencePiece scores, bos 1, eos 2. */
+/* The same from a buffer (name is used in error messages; no
+ * tokenizer_config.json is read). */
+int tsr_tokenizer_load_json_mem(const char *buf, size_t len, const char *name, tsr_tokenizer **out,
+                                tsr_error *err);
+/* llama2.c's tokenizer.bin (e.g. tok512.bin): SentencePiece scores, bos 1, eos 2.
+ * vocab_size <= 0: as many tokens as the file holds. */
 int tsr_tokenizer_load_llama2c(const char *path, int vocab_size, tsr_tokenizer **out,
                                tsr_error *err);
 /* What goes with a model: override_path if not NULL (tokenizer.json or a
@@ -54,9 +59,14 @@ int tsr_tokenizer_token_id(const tsr_tokenizer *t, const char *text);
 int tsr_tokenizer_encode(const tsr_tokenizer *t, const char *text, size_t len, int add_bos,
                          int parse_special, int32_t **ids, int *n_ids, tsr_error *err);
 
+/* Longest token text accepted at load (bytes); a token's decoded bytes never
+ * exceed it. */
+#define TSR_TOKEN_MAX_BYTES 1024
+
 /* Bytes of one token as it appears in decoded text (SentencePiece "▁" as a
  * space, byte tokens <0xNN> as their byte, byte-level BPE mapped back to
- * bytes). Special tokens give "" unless render_special. Returns length. */
+ * bytes). Special tokens give "" unless render_special. Returns the token's
+ * length; writes min(length, size) bytes and a NUL when length < size. */
 size_t tsr_tokenizer_token_bytes(const tsr_tokenizer *t, int id, int render_special, char *buf,
                                  size_t size);
 
@@ -64,9 +74,23 @@ size_t tsr_tokenizer_token_bytes(const tsr_tokenizer *t, int id, int render_spec
  * the tokenizer's decoder rules (e.g. SentencePiece strips the leading space
  * that the encoder added when skip_leading_space is 1). NULL on failure. */
 char *tsr_tokenizer_decode(const tsr_tokenizer *t, const int32_t *ids, int n, int skip_special);
+/* The same with the leading-space rule chosen by the caller: decode strips
+ * the first output space exactly when tsr_tokenizer_strips_leading_space(t)
+ * (SentencePiece with the dummy prefix), which is right for a whole encoded
+ * text; pass 0 to decode a continuation (its leading space is real). */
+char *tsr_tokenizer_decode_ex(const tsr_tokenizer *t, const int32_t *ids, int n, int skip_special,
+                              int strip_leading_space);
+int tsr_tokenizer_strips_leading_space(const tsr_tokenizer *t);
+/* The chat_template text found at load, NULL if none. */
+const char *tsr_tokenizer_chat_template(const tsr_tokenizer *t);
 
 /* Streaming detokenizer: push ids one at a time and get back only complete
- * UTF-8 sequences; incomplete bytes wait for the next token. */
+ * UTF-8 sequences; incomplete bytes wait for the next token. Bytes that can
+ * never complete a valid sequence are written as U+FFFD at once (decode keeps
+ * them raw), so for valid UTF-8 text the pushes concatenate to decode's
+ * output. An out buffer of TSR_DETOK_OUT_MIN bytes always holds one push;
+ * with less, sequences that do not fit are dropped. */
+#define TSR_DETOK_OUT_MIN (3 * (TSR_TOKEN_MAX_BYTES + 8) + 1)
 typedef struct tsr_detok {
     const tsr_tokenizer *t;
     char pending[8];
@@ -100,10 +124,15 @@ typedef struct tsr_chat_msg {
  * An unrecognised template is TSR_ERR_UNSUPPORTED with a message naming the
  * --chat-format option. */
 int tsr_chat_format_detect(const tsr_tokenizer *t, tsr_chat_format *out, tsr_error *err);
+/* The same for a template text (NULL or "" -> TSR_CHAT_NONE). */
+int tsr_chat_format_detect_text(const char *tmpl, tsr_chat_format *out, tsr_error *err);
 /* "chatml", "llama3", "llama2" -> format; -1 if unknown. */
 int tsr_chat_format_from_name(const char *name);
 /* Render messages, ending with the assistant turn opened when add_generation
- * is set. Returns a malloc'ed string (caller frees), NULL on failure. */
+ * is set. bos_text (NULL = "") starts Llama-3 prompts and every Llama-2 user
+ * turn; ChatML has none. Llama-2 closes answers with "</s>" and needs
+ * user/assistant turns alternating after an optional system message.
+ * Returns a malloc'ed string (caller frees), NULL on failure. */
 char *tsr_chat_render(tsr_chat_format fmt, const tsr_chat_msg *msgs, int n, int add_generation,
                       const char *bos_text, tsr_error *err);
 

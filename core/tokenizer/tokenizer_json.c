@@ -1,0 +1,342 @@
+/*
+ * tokenizer_json.c - Hugging Face tokenizer.json (byte-level BPE) and the
+ * tokenizer_config.json beside it (bos/eos, add_bos_token, chat_template).
+ *
+ * Supported: model.type "BPE" with vocab, merges ("a b" strings or [a, b]
+ * pairs), ignore_merges; added_tokens (special -> control, others -> always
+ * matched); pre_tokenizer ByteLevel (use_regex, add_prefix_space), Split
+ * (Regex or String pattern, behavior Isolated) and Sequence of those;
+ * normalizer null or NFC. NFC is applied as the identity: input that is
+ * already NFC (nearly all text) encodes exactly; text with decomposed
+ * accents may give different (still lossless) ids than Hugging Face.
+ */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "tokenizer_impl.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../util/checked.h"
+
+#define JSON_MAX_BYTES (512ull << 20)
+
+typedef struct jctx {
+    const char *file;
+    tsr_error *err;
+} jctx;
+
+static int jfail(jctx *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int jfail(jctx *c, int code, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return tsr_error_set_at(c->err, code, c->file, 0, 0, "%s", msg);
+}
+
+/* Pre-tokenizer: one node (ByteLevel, Split, Sequence). */
+static int add_pre(tsr_tokenizer *t, json_t *pre, int depth, int *byte_level, jctx *c) {
+    if (!pre || json_is_null(pre)) return TSR_OK;
+    if (depth > 8) return jfail(c, TSR_ERR_FORMAT, "pre_tokenizer: nested too deeply");
+    if (!json_is_object(pre)) return jfail(c, TSR_ERR_FORMAT, "pre_tokenizer: not an object");
+    const char *type = json_string_value(json_object_get(pre, "type"));
+    if (!type) return jfail(c, TSR_ERR_FORMAT, "pre_tokenizer: 'type' is missing or not a string");
+    if (!strcmp(type, "Sequence")) {
+        json_t *list = json_object_get(pre, "pretokenizers");
+        if (!json_is_array(list))
+            return jfail(c, TSR_ERR_FORMAT, "pre_tokenizer.pretokenizers: not an array");
+        size_t i;
+        json_t *v;
+        json_array_foreach(list, i, v) {
+            int rc = add_pre(t, v, depth + 1, byte_level, c);
+            if (rc) return rc;
+        }
+        return TSR_OK;
+    }
+    if (!strcmp(type, "ByteLevel")) {
+        *byte_level = 1;
+        json_t *ur = json_object_get(pre, "use_regex");
+        if (json_is_true(json_object_get(pre, "add_prefix_space"))) t->add_prefix_space = 1;
+        if (ur && !json_is_boolean(ur))
+            return jfail(c, TSR_ERR_FORMAT, "pre_tokenizer ByteLevel: use_regex is not a boolean");
+        if (!ur || json_is_true(ur))
+            return tsr_bpe_add_pre_named(t, "gpt-2", c->err);
+        return TSR_OK;
+    }
+    if (!strcmp(type, "Split")) {
+        json_t *pat = json_object_get(pre, "pattern");
+        const char *behavior = json_string_value(json_object_get(pre, "behavior"));
+        if (json_is_true(json_object_get(pre, "invert")))
+            return jfail(c, TSR_ERR_UNSUPPORTED, "pre_tokenizer Split: invert is not supported");
+        if (behavior && strcmp(behavior, "Isolated"))
+            return jfail(c, TSR_ERR_UNSUPPORTED, "pre_tokenizer Split: behavior '%s' is not supported (only Isolated)",
+                         behavior);
+        const char *re = json_string_value(json_object_get(pat, "Regex"));
+        const char *lit = json_string_value(json_object_get(pat, "String"));
+        if (re) return tsr_bpe_add_regex(t, re, "pre_tokenizer Split pattern", c->err);
+        if (lit) {
+            size_t n = strlen(lit);
+            char *esc = malloc(2 * n + 1), *o = esc;
+            if (!esc) return tsr_error_set(c->err, TSR_ERR_NOMEM, "out of memory");
+            for (size_t i = 0; i < n; i++) {
+                unsigned char ch = (unsigned char)lit[i];
+                if (ch < 0x80 && !((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')))
+                    *o++ = '\\';
+                *o++ = (char)ch;
+            }
+            *o = '\0';
+            int rc = tsr_bpe_add_regex(t, esc, "pre_tokenizer Split pattern", c->err);
+            free(esc);
+            return rc;
+        }
+        return jfail(c, TSR_ERR_FORMAT, "pre_tokenizer Split: pattern has neither Regex nor String");
+    }
+    return jfail(c, TSR_ERR_UNSUPPORTED, "pre_tokenizer type '%s' is not supported", type);
+}
+
+static int get_id(json_t *v, int *id) {
+    if (!json_is_integer(v)) return -1;
+    json_int_t x = json_integer_value(v);
+    if (x < 0 || x >= TSR_TOKEN_MAX_ID) return -1;
+    *id = (int)x;
+    return 0;
+}
+
+/* "a b" or ["a", "b"] */
+static int add_merge(tsr_tokenizer *t, json_t *m, size_t i, jctx *c) {
+    char what[64];
+    snprintf(what, sizeof what, "model.merges[%zu]", i);
+    const char *a, *b;
+    size_t al, bl;
+    if (json_is_string(m)) {
+        const char *s = json_string_value(m);
+        size_t n = json_string_length(m);
+        const char *sp = memchr(s, ' ', n);
+        if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - s)))
+            return jfail(c, TSR_ERR_FORMAT, "%s: not two tokens separated by one space", what);
+        a = s;
+        al = (size_t)(sp - s);
+        b = sp + 1;
+        bl = n - al - 1;
+    } else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+               json_is_string(json_array_get(m, 1))) {
+        a = json_string_value(json_array_get(m, 0));
+        al = json_string_length(json_array_get(m, 0));
+        b = json_string_value(json_array_get(m, 1));
+        bl = json_string_length(json_array_get(m, 1));
+    } else {
+        return jfail(c, TSR_ERR_FORMAT, "%s: neither \"a b\" nor a pair of strings", what);
+    }
+    int rc = tsr_bpe_add_merge(t, a, al, b, bl, what, c->err);
+    if (rc) tsr_error_set_at(c->err, rc, c->file, 0, 0, "%s", c->err ? c->err->msg : "");
+    return rc;
+}
+
+/* bos_token / eos_token: "text", {"content": "text"} or null. */
+static const char *token_text(json_t *v) {
+    if (json_is_string(v)) return json_string_value(v);
+    if (json_is_object(v)) return json_string_value(json_object_get(v, "content"));
+    return NULL;
+}
+
+static int apply_config(tsr_tokenizer *t, json_t *cfg, jctx *c) {
+    if (!json_is_object(cfg)) return jfail(c, TSR_ERR_FORMAT, "not a JSON object");
+    const char *names[2] = {"bos_token", "eos_token"};
+    int *ids[2] = {&t->bos, &t->eos};
+    for (int k = 0; k < 2; k++) {
+        json_t *v = json_object_get(cfg, names[k]);
+        const char *s = token_text(v);
+        if (!s) {
+            if (v && !json_is_null(v))
+                return jfail(c, TSR_ERR_FORMAT, "%s: not a string, an object with content, or null",
+                             names[k]);
+            continue;
+        }
+        int id = tsr_tok_find(t, s, strlen(s));
+        if (id < 0) return jfail(c, TSR_ERR_FORMAT, "%s '%.200s' is not in the vocabulary", names[k], s);
+        *ids[k] = id;
+    }
+    json_t *ab = json_object_get(cfg, "add_bos_token");
+    if (ab && !json_is_boolean(ab)) return jfail(c, TSR_ERR_FORMAT, "add_bos_token: not a boolean");
+    if (ab) t->add_bos = json_is_true(ab);
+    json_t *ct = json_object_get(cfg, "chat_template");
+    const char *tmpl = json_string_value(ct);
+    if (json_is_array(ct)) { /* [{"name": "default", "template": "..."}, ...] */
+        size_t i;
+        json_t *v;
+        json_array_foreach(ct, i, v) {
+            const char *name = json_string_value(json_object_get(v, "name"));
+            if (name && !strcmp(name, "default")) tmpl = json_string_value(json_object_get(v, "template"));
+        }
+    } else if (ct && !json_is_null(ct) && !tmpl) {
+        return jfail(c, TSR_ERR_FORMAT, "chat_template: not a string or a list of named templates");
+    }
+    if (tmpl) {
+        free(t->chat_template);
+        t->chat_template = strdup(tmpl);
+        if (!t->chat_template) return tsr_error_set(c->err, TSR_ERR_NOMEM, "out of memory");
+    }
+    return TSR_OK;
+}
+
+static int load_root(json_t *root, const char *file, tsr_tokenizer **out, tsr_error *err) {
+    jctx c = {file, err};
+    if (!json_is_object(root)) return jfail(&c, TSR_ERR_FORMAT, "the document is not a JSON object");
+    json_t *model = json_object_get(root, "model");
+    if (!json_is_object(model)) return jfail(&c, TSR_ERR_FORMAT, "'model' is %s", model ? "not an object" : "missing");
+    json_t *type = json_object_get(model, "type");
+    if (type && !json_is_string(type)) return jfail(&c, TSR_ERR_FORMAT, "model.type: not a string");
+    if (type && strcmp(json_string_value(type), "BPE"))
+        return jfail(&c, TSR_ERR_UNSUPPORTED, "model.type '%s' is not supported (only BPE)",
+                     json_string_value(type));
+    json_t *vocab = json_object_get(model, "vocab");
+    json_t *merges = json_object_get(model, "merges");
+    json_t *added = json_object_get(root, "added_tokens");
+    if (!json_is_object(vocab)) return jfail(&c, TSR_ERR_FORMAT, "model.vocab is %s", vocab ? "not an object" : "missing");
+    if (merges && !json_is_array(merges)) return jfail(&c, TSR_ERR_FORMAT, "model.merges: not an array");
+    if (added && !json_is_null(added) && !json_is_array(added))
+        return jfail(&c, TSR_ERR_FORMAT, "added_tokens: not an array");
+    json_t *im = json_object_get(model, "ignore_merges");
+    if (im && !json_is_boolean(im)) return jfail(&c, TSR_ERR_FORMAT, "model.ignore_merges: not a boolean");
+
+    int n_vocab = 0, id;
+    const char *key;
+    json_t *v;
+    json_object_foreach(vocab, key, v) {
+        if (get_id(v, &id)) return jfail(&c, TSR_ERR_FORMAT, "model.vocab['%.200s']: not an integer id in range", key);
+        if (id + 1 > n_vocab) n_vocab = id + 1;
+    }
+    size_t i;
+    json_array_foreach(added, i, v) {
+        if (!json_is_object(v) || get_id(json_object_get(v, "id"), &id) || !json_is_string(json_object_get(v, "content")))
+            return jfail(&c, TSR_ERR_FORMAT, "added_tokens: an entry lacks an integer 'id' in range or a string 'content'");
+        if (id + 1 > n_vocab) n_vocab = id + 1;
+    }
+    if (n_vocab == 0) return jfail(&c, TSR_ERR_FORMAT, "model.vocab is empty");
+
+    tsr_tokenizer *t = tsr_tok_new(TSR_TOK_BPE, n_vocab, err);
+    if (!t) return err ? err->code : TSR_ERR_NOMEM;
+    int rc = TSR_OK;
+    t->ignore_merges = json_is_true(im);
+    json_object_foreach(vocab, key, v) {
+        get_id(v, &id);
+        if ((rc = tsr_tok_set(t, id, key, strlen(key), TSR_TOKATTR_NORMAL, "model.vocab", err))) goto fail;
+    }
+    json_array_foreach(added, i, v) {
+        get_id(json_object_get(v, "id"), &id);
+        json_t *content = json_object_get(v, "content");
+        const char *s = json_string_value(content);
+        size_t n = json_string_length(content);
+        uint8_t attr = TSR_TOKATTR_RAW | (json_is_true(json_object_get(v, "special")) ? TSR_TOKATTR_CONTROL : TSR_TOKATTR_USER);
+        if (t->text[id]) {
+            if (t->len[id] != n || memcmp(t->text[id], s, n)) {
+                rc = tsr_error_set(err, TSR_ERR_FORMAT, "added_tokens: id %d is '%.100s' in model.vocab", id, t->text[id]);
+                goto fail;
+            }
+            t->attr[id] = attr;
+        } else if ((rc = tsr_tok_set(t, id, s, n, attr, "added_tokens", err))) {
+            goto fail;
+        }
+    }
+    if ((rc = tsr_tok_finish(t, err))) goto fail;
+    if (merges) {
+        if ((rc = tsr_bpe_reserve_merges(t, json_array_size(merges), err))) goto fail;
+        json_array_foreach(merges, i, v)
+            if ((rc = add_merge(t, v, i, &c))) goto fail;
+    }
+    int byte_level = 0;
+    if ((rc = add_pre(t, json_object_get(root, "pre_tokenizer"), 0, &byte_level, &c))) goto fail;
+    json_t *dec = json_object_get(root, "decoder");
+    const char *dtype = json_string_value(json_object_get(dec, "type"));
+    if (dtype && !strcmp(dtype, "ByteLevel")) byte_level = 1;
+    if (!byte_level) {
+        rc = jfail(&c, TSR_ERR_UNSUPPORTED,
+                   "only byte-level BPE tokenizer.json is supported (no ByteLevel pre_tokenizer or "
+                   "decoder); for SentencePiece models use the GGUF vocabulary");
+        goto fail;
+    }
+    json_t *norm = json_object_get(root, "normalizer");
+    if (norm && !json_is_null(norm)) {
+        const char *nt = json_string_value(json_object_get(norm, "type"));
+        if (!nt || strcmp(nt, "NFC")) {
+            rc = jfail(&c, TSR_ERR_UNSUPPORTED, "normalizer '%s' is not supported (only none or NFC)",
+                       nt ? nt : "?");
+            goto fail;
+        }
+    }
+    *out = t;
+    return TSR_OK;
+fail:
+    if (err && !err->file[0]) snprintf(err->file, sizeof err->file, "%s", file);
+    tsr_tokenizer_free(t);
+    return rc;
+}
+
+int tsr_tokenizer_load_json_mem(const char *buf, size_t len, const char *name, tsr_tokenizer **out,
+                                tsr_error *err) {
+    *out = NULL;
+    tsr_error_clear(err);
+    json_error_t je;
+    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return tsr_error_set_at(err, TSR_ERR_FORMAT, name, je.line > 0 ? je.line : 0,
+                                je.column > 0 ? je.column : 0, "not valid JSON: %s", je.text);
+    int rc = load_root(root, name, out, err);
+    json_decref(root);
+    return rc;
+}
+
+static json_t *load_file(const char *path, tsr_error *err, int *rc) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        *rc = tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "cannot open the file");
+        return NULL;
+    }
+    if ((uint64_t)st.st_size > JSON_MAX_BYTES) {
+        *rc = tsr_error_set_at(err, TSR_ERR_FORMAT, path, 0, 0, "file of %lld bytes is larger than %llu MiB",
+                               (long long)st.st_size, JSON_MAX_BYTES >> 20);
+        return NULL;
+    }
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        *rc = tsr_error_set_at(err, TSR_ERR_FORMAT, path, je.line > 0 ? je.line : 0,
+                               je.column > 0 ? je.column : 0, "not valid JSON: %s", je.text);
+    return root;
+}
+
+int tsr_tokenizer_load_json(const char *path, tsr_tokenizer **out, tsr_error *err) {
+    *out = NULL;
+    tsr_error_clear(err);
+    int rc = TSR_OK;
+    json_t *root = load_file(path, err, &rc);
+    if (!root) return rc;
+    rc = load_root(root, path, out, err);
+    json_decref(root);
+    if (rc) return rc;
+
+    /* tokenizer_config.json in the same folder, if present */
+    const char *slash = strrchr(path, '/');
+    size_t dl = slash ? (size_t)(slash - path + 1) : 0;
+    char cpath[4096];
+    if (dl + sizeof "tokenizer_config.json" > sizeof cpath) return TSR_OK;
+    memcpy(cpath, path, dl);
+    memcpy(cpath + dl, "tokenizer_config.json", sizeof "tokenizer_config.json");
+    struct stat st;
+    if (stat(cpath, &st) != 0) return TSR_OK;
+    json_t *cfg = load_file(cpath, err, &rc);
+    if (cfg) {
+        jctx c = {cpath, err};
+        rc = apply_config(*out, cfg, &c);
+        json_decref(cfg);
+    }
+    if (rc) {
+        tsr_tokenizer_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
