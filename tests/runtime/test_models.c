@@ -1,0 +1,236 @@
+/*
+ * End-to-end checks of the model runtime with the reference assembly against
+ * transformers: every fixture family's logits and greedy ids, and
+ * stories260K's logits and greedy text read from each of its formats.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "core/format/safetensors.h"
+#include "core/runtime/runtime.h"
+
+static const char *src_dir(void) {
+    const char *s = getenv("TESSERA_SOURCE_DIR");
+    return s ? s : ".";
+}
+
+static char asm_path[4096];
+
+static tsr_model *load(const char *model, const char *tokenizer) {
+    tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .tokenizer_path = tokenizer,
+                        .n_threads = 2};
+    tsr_error err;
+    tsr_error_clear(&err);
+    tsr_model *m = NULL;
+    int rc = tsr_model_load(&o, &m, &err);
+    if (rc != TSR_OK) fail_msg("loading %s: %s: %s", model, err.file, err.msg);
+    return m;
+}
+
+static const tsr_tensor *ref_tensor(const tsr_safetensors *st, const char *name, uint32_t dtype) {
+    const tsr_tensor *t = tsr_safetensors_find(st, name);
+    if (!t || t->dtype != dtype) fail_msg("reference tensor %s missing or of the wrong dtype", name);
+    return t;
+}
+
+/* Largest |a - b| over n floats (data may be unaligned: memcpy). */
+static double max_abs_diff(const float *a, const void *b_raw, size_t n) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        float b;
+        memcpy(&b, (const char *)b_raw + i * 4, 4);
+        double d = a[i] > b ? a[i] - b : b - a[i];
+        if (d != d) return 1e30; /* NaN */
+        if (d > worst) worst = d;
+    }
+    return worst;
+}
+
+static int32_t *read_i32(const tsr_tensor *t, int *n) {
+    *n = (int)(t->nbytes / 4);
+    int32_t *v = malloc(t->nbytes);
+    assert_non_null(v);
+    memcpy(v, t->data, t->nbytes);
+    return v;
+}
+
+/* logits of every position of ids, compared with ref within tol. */
+static void check_logits(tsr_model *m, const int32_t *ids, int n, const tsr_tensor *ref, double tol,
+                         const char *what) {
+    const int vocab = tsr_model_get_config(m)->vocab;
+    assert_int_equal(ref->shape[0], n);
+    assert_int_equal(ref->shape[1], vocab);
+    float *logits = malloc((size_t)n * vocab * sizeof *logits);
+    assert_non_null(logits);
+    tsr_seq *s;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
+    if (tsr_seq_forward(s, ids, n, logits, 1, &err) != TSR_OK) fail_msg("%s: forward: %s", what, err.msg);
+    double d = max_abs_diff(logits, ref->data, (size_t)n * vocab);
+    printf("# %s: max |logits - transformers| = %.3g over %d x %d\n", what, d, n, vocab);
+    if (d > tol) fail_msg("%s: logits differ from transformers by %g > %g", what, d, tol);
+    tsr_seq_free(s);
+    free(logits);
+}
+
+/* Greedy generation of n_expect tokens after ids; returns the text. */
+static char *greedy(tsr_model *m, const int32_t *ids, int n, const int32_t *expect, int n_expect,
+                    const char *what) {
+    tsr_gen_params p = {.sampling = tsr_sampling_greedy(), .max_tokens = n_expect, .ignore_eos = 1};
+    tsr_gen *g;
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (tsr_gen_start(m, ids, n, &p, &g, &err) != TSR_OK) fail_msg("%s: gen_start: %s", what, err.msg);
+    int32_t *got = calloc((size_t)n_expect, sizeof *got);
+    char *text = calloc(1, 1);
+    size_t tl = 0;
+    int k = 0;
+    for (;;) {
+        tsr_gen_event ev;
+        if (tsr_gen_step(g, &ev, &err) != TSR_OK) fail_msg("%s: step: %s", what, err.msg);
+        for (int i = 0; i < ev.n_tokens && k < n_expect; i++) got[k++] = ev.tokens[i].id;
+        text = realloc(text, tl + ev.text_len + 1);
+        memcpy(text + tl, ev.text, ev.text_len);
+        tl += ev.text_len;
+        text[tl] = '\0';
+        if (ev.finish != TSR_FINISH_NONE) {
+            assert_int_equal(ev.finish, TSR_FINISH_LENGTH);
+            break;
+        }
+    }
+    assert_int_equal(k, n_expect);
+    for (int i = 0; i < n_expect; i++)
+        if (got[i] != expect[i])
+            fail_msg("%s: greedy token %d is %d, transformers chose %d", what, i, got[i], expect[i]);
+    tsr_gen_free(g);
+    free(got);
+    return text;
+}
+
+static void check_fixture(const char *family) {
+    char dir[4096], ref_path[4200];
+    snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), family);
+    snprintf(ref_path, sizeof ref_path, "%s/reference.safetensors", dir);
+    tsr_safetensors *ref;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
+    int n_ids, n_greedy;
+    int32_t *ids = read_i32(ref_tensor(ref, "input_ids", TSR_DTYPE_I32), &n_ids);
+    int32_t *expect = read_i32(ref_tensor(ref, "greedy_ids", TSR_DTYPE_I32), &n_greedy);
+    tsr_model *m = load(dir, NULL);
+    check_logits(m, ids, n_ids, ref_tensor(ref, "logits", TSR_DTYPE_F32), 1e-3, family);
+    free(greedy(m, ids, n_ids, expect, n_greedy, family));
+    tsr_model_free(m);
+    free(ids);
+    free(expect);
+    tsr_safetensors_free(ref);
+}
+
+static void test_llama(void **state) { (void)state; check_fixture("llama"); }
+static void test_qwen2(void **state) { (void)state; check_fixture("qwen2"); }
+static void test_qwen3(void **state) { (void)state; check_fixture("qwen3"); }
+static void test_mixtral(void **state) { (void)state; check_fixture("mixtral"); }
+static void test_qwen3_moe(void **state) { (void)state; check_fixture("qwen3_moe"); }
+
+/* stories260K from one of its files: logits (when tol > 0) and greedy text of
+ * every reference.json case. */
+static void check_stories(const char *file, const char *tokenizer, double tol) {
+    char model[4096], tok[4096], ref_path[4096], json_path[4096];
+    const char *base = src_dir();
+    snprintf(model, sizeof model, "%s/models/stories260K/%s", base, file);
+    if (tokenizer) snprintf(tok, sizeof tok, "%s/models/stories260K/%s", base, tokenizer);
+    snprintf(ref_path, sizeof ref_path, "%s/models/stories260K/hf/reference.safetensors", base);
+    snprintf(json_path, sizeof json_path, "%s/models/stories260K/hf/reference.json", base);
+    tsr_safetensors *ref;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
+    json_error_t jerr;
+    json_t *root = json_load_file(json_path, 0, &jerr);
+    assert_non_null(root);
+    json_t *cases = json_object_get(root, "cases");
+    assert_true(json_is_array(cases));
+    tsr_model *m = load(model, tokenizer ? tok : NULL);
+    for (size_t c = 0; c < json_array_size(cases); c++) {
+        char name[64], what[256];
+        int n_ids, n_greedy;
+        snprintf(name, sizeof name, "input_ids_%zu", c);
+        int32_t *ids = read_i32(ref_tensor(ref, name, TSR_DTYPE_I32), &n_ids);
+        snprintf(name, sizeof name, "greedy_ids_%zu", c);
+        int32_t *expect = read_i32(ref_tensor(ref, name, TSR_DTYPE_I32), &n_greedy);
+        snprintf(what, sizeof what, "%s case %zu", file, c);
+        if (tol > 0) {
+            snprintf(name, sizeof name, "logits_%zu", c);
+            check_logits(m, ids, n_ids, ref_tensor(ref, name, TSR_DTYPE_F32), tol, what);
+        }
+        char *text = greedy(m, ids, n_ids, expect, n_greedy, what);
+        const char *want = json_string_value(json_object_get(json_array_get(cases, c), "greedy_text"));
+        assert_non_null(want);
+        if (strcmp(text, want)) fail_msg("%s: text\n  got  '%s'\n  want '%s'", what, text, want);
+        free(text);
+        free(ids);
+        free(expect);
+    }
+    tsr_model_free(m);
+    json_decref(root);
+    tsr_safetensors_free(ref);
+}
+
+static void test_stories_hf(void **state) { (void)state; check_stories("hf", "tok512.bin", 1e-3); }
+static void test_stories_gguf(void **state) { (void)state; check_stories("stories260K.gguf", NULL, 1e-3); }
+static void test_stories_llama2c(void **state) {
+    (void)state;
+    check_stories("stories260K.bin", "tok512.bin", 1e-3);
+}
+
+/* The CLI prints exactly the greedy text. */
+static void test_cli_run_prints_greedy_text(void **state) {
+    (void)state;
+    const char *bin = getenv("TESSERA_BIN");
+    if (!bin) skip();
+    char json_path[4096], cmd[8192];
+    snprintf(json_path, sizeof json_path, "%s/models/stories260K/hf/reference.json", src_dir());
+    json_error_t jerr;
+    json_t *root = json_load_file(json_path, 0, &jerr);
+    assert_non_null(root);
+    json_t *c0 = json_array_get(json_object_get(root, "cases"), 0);
+    const char *prompt = json_string_value(json_object_get(c0, "prompt"));
+    const char *want = json_string_value(json_object_get(c0, "greedy_text"));
+    size_t n_greedy = json_array_size(json_object_get(c0, "greedy_ids"));
+    snprintf(cmd, sizeof cmd, "'%s' run -p '%s' -n %zu --ignore-eos --threads 1 2>/dev/null", bin, prompt,
+             n_greedy);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char out[8192];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    assert_int_equal(pclose(p), 0);
+    if (strcmp(out, want)) fail_msg("tessera run printed\n  '%s'\nwant\n  '%s'", out, want);
+    json_decref(root);
+}
+
+int main(void) {
+    snprintf(asm_path, sizeof asm_path, "%s/assemblies/cpu-reference.yaml", src_dir());
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama),
+        cmocka_unit_test(test_qwen2),
+        cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_mixtral),
+        cmocka_unit_test(test_qwen3_moe),
+        cmocka_unit_test(test_stories_hf),
+        cmocka_unit_test(test_stories_gguf),
+        cmocka_unit_test(test_stories_llama2c),
+        cmocka_unit_test(test_cli_run_prints_greedy_text),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
