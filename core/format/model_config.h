@@ -66,4 +66,22 @@ typedef struct tsr_model_config {
     uint32_t dtype;          /* tsr_dtype most projection weights are stored in */
 } tsr_model_config;
 
+
+struct tsr_error;
+
+/* "llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"; -1 if
+ * unknown. */
+int tsr_arch_from_name(const char *name);
+const char *tsr_arch_name(tsr_arch arch);
+
+/* Read a Hugging Face config.json (either spelling) into cfg. Fields the
+ * model cannot be built without (model_type, vocab_size, hidden_size,
+ * num_hidden_layers, num_attention_heads, intermediate_size where a dense MLP
+ * exists, the expert counts and widths of MoE families) are required; others
+ * take the transformers defaults of the family. cfg->dtype is left
+ * TSR_DTYPE_COUNT: tsr_model_file_open sets it from the tensors. Errors name
+ * the file and the field. */
+int tsr_model_config_load(const char *config_json_path, tsr_model_config *cfg,
+                          struct tsr_error *err);
+
 #endif /* TSR_MODEL_CONFIG_H */

@@ -1,0 +1,90 @@
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "format_internal.h"
+
+int tsr_map_file(const char *path, tsr_map *m, tsr_error *err) {
+    m->addr = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "cannot open: %s", strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "cannot stat: %s", strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "not a regular file");
+    }
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "cannot mmap: %s", strerror(e));
+        }
+        m->addr = p;
+        m->size = (uint64_t)st.st_size;
+    }
+    close(fd);
+    return TSR_OK;
+}
+
+void tsr_map_release(tsr_map *m) {
+    if (m && m->addr) munmap(m->addr, (size_t)m->size);
+    if (m) {
+        m->addr = NULL;
+        m->size = 0;
+    }
+}
+
+/* --- tensor table -------------------------------------------------------------- */
+
+int tsr_table_add(tsr_tensor_table *tab, const char *name, const tsr_tensor *t) {
+    if (tab->n == tab->cap) {
+        int cap = tab->cap ? tab->cap * 2 : 64;
+        tsr_tensor *nt = realloc(tab->t, (size_t)cap * sizeof *nt);
+        if (!nt) return TSR_ERR_NOMEM;
+        tab->t = nt;
+        tab->cap = cap;
+    }
+    char *copy = strdup(name);
+    if (!copy) return TSR_ERR_NOMEM;
+    tab->t[tab->n] = *t;
+    tab->t[tab->n].name = copy;
+    tab->n++;
+    return TSR_OK;
+}
+
+static int cmp_tensor_name(const void *a, const void *b) {
+    return strcmp(((const tsr_tensor *)a)->name, ((const tsr_tensor *)b)->name);
+}
+
+const char *tsr_table_sort(tsr_tensor_table *tab) {
+    if (tab->n > 1) qsort(tab->t, (size_t)tab->n, sizeof *tab->t, cmp_tensor_name);
+    for (int i = 1; i < tab->n; i++)
+        if (strcmp(tab->t[i - 1].name, tab->t[i].name) == 0) return tab->t[i].name;
+    return NULL;
+}
+
+const tsr_tensor *tsr_table_find(const tsr_tensor_table *tab, const char *name) {
+    if (!tab->n || !name) return NULL;
+    tsr_tensor key = {.name = name};
+    return bsearch(&key, tab->t, (size_t)tab->n, sizeof *tab->t, cmp_tensor_name);
+}
+
+void tsr_table_free(tsr_tensor_table *tab) {
+    if (!tab) return;
+    for (int i = 0; i < tab->n; i++) free((char *)tab->t[i].name);
+    free(tab->t);
+    tab->t = NULL;
+    tab->n = tab->cap = 0;
+}
