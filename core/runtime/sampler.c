@@ -3,9 +3,8 @@
  *
  * Hot path costs for a vocabulary of V with h history tokens: penalties
  * O(h); temperature, candidate collection and one exp per candidate O(V);
- * top-k a partial selection O(V); top-p a growing partial selection whose
- * sorted prefix stops as soon as it holds mass p (no full sort unless the
- * distribution is flat enough to need one); the draw two passes over V.
+ * top-k a partial selection O(V); top-p a bucketed pass O(V) plus a sort of
+ * the one bucket where the mass reaches p; the draw two passes over V.
  */
 #include <float.h>
 #include <math.h>
@@ -35,6 +34,7 @@ struct tsr_sampler {
     tsr_cand *cand; /* [vocab] */
     float *probs;   /* [vocab] scratch of tsr_sampler_sample */
     float *raw;     /* [vocab] raw logits kept for log-probabilities */
+    double bsum[32 * 32 + 1]; /* top-p bucket sums (TSR_TOPP_BUCKETS) */
 };
 
 /* --- random stream -------------------------------------------------------- */
@@ -261,6 +261,85 @@ static void select_first(tsr_cand *c, int n, int k) {
 
 /* --- rules 2-5 ------------------------------------------------------------ */
 
+/* Top-p's kept set: the shortest prefix of the order whose weight reaches
+ * need. Only its tokens matter, not their order, so instead of sorting, the
+ * weights are summed per bucket of (max - logit) (32 per logit unit, beyond
+ * 32 units one last bucket): buckets follow the order, the boundary bucket
+ * is found from their sums, and only that bucket is sorted. Moves the kept
+ * tokens to c[0..kept) and returns kept. */
+#define TSR_TOPP_PER_UNIT 32
+#define TSR_TOPP_UNITS 32
+#define TSR_TOPP_BUCKETS (TSR_TOPP_PER_UNIT * TSR_TOPP_UNITS + 1)
+
+static int topp_bucket(float logit, float mx) {
+    double d = (double)mx - (double)logit; /* >= 0 */
+    return d < TSR_TOPP_UNITS ? (int)(d * TSR_TOPP_PER_UNIT) : TSR_TOPP_BUCKETS - 1;
+}
+
+static int top_p_cut(tsr_sampler *s, tsr_cand *c, int n, float mx, const float *w, double need) {
+    double *bsum = s->bsum;
+    memset(bsum, 0, sizeof s->bsum);
+    for (int i = 0; i < n; i++) bsum[topp_bucket(c[i].logit, mx)] += (double)w[c[i].id];
+    double cum = 0;
+    int bb = -1;
+    for (int b = 0; b < TSR_TOPP_BUCKETS; b++) {
+        if (cum + bsum[b] >= need) {
+            bb = b;
+            break;
+        }
+        cum += bsum[b];
+    }
+    if (bb < 0) return n; /* rounding: the whole mass did not reach need */
+    int a = 0;
+    for (int i = 0; i < n; i++)
+        if (topp_bucket(c[i].logit, mx) < bb) cand_swap(&c[a++], &c[i]);
+    int e = a;
+    for (int i = a; i < n; i++)
+        if (topp_bucket(c[i].logit, mx) == bb) cand_swap(&c[e++], &c[i]);
+    qsort(c + a, (size_t)(e - a), sizeof *c, cand_cmp);
+    for (int i = a; i < e; i++) {
+        cum += (double)w[c[i].id];
+        if (cum >= need) return i + 1;
+    }
+    return e;
+}
+
+/* Top-k for small k in one pass over the logits: a heap of the k first in
+ * order whose root is the last of them, so most logits cost one comparison.
+ * Writes the finite logits' k first (fewer if there are fewer) to c. */
+#define TSR_HEAP_TOP_K 1024
+
+static void heap_down(tsr_cand *h, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && cand_before(&h[w], &h[l])) w = l;
+        if (r < n && cand_before(&h[w], &h[r])) w = r;
+        if (w == i) return;
+        cand_swap(&h[i], &h[w]);
+        i = w;
+    }
+}
+
+static int heap_top_k(const float *logits, int V, int k, tsr_cand *h) {
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        float l = logits[i];
+        if (!isfinite(l)) continue;
+        if (n < k) {
+            int j = n++;
+            h[j] = (tsr_cand){l, i};
+            while (j > 0 && cand_before(&h[(j - 1) / 2], &h[j])) {
+                cand_swap(&h[(j - 1) / 2], &h[j]);
+                j = (j - 1) / 2;
+            }
+        } else if (l > h[0].logit) { /* ids grow: an equal logit never wins */
+            h[0] = (tsr_cand){l, i};
+            heap_down(h, n, 0);
+        }
+    }
+    return n;
+}
+
 static int is_greedy(const tsr_sampler *s) {
     return s->p.temperature == 0 || s->p.top_k == 1;
 }
@@ -285,32 +364,34 @@ static void dist_sampled(tsr_sampler *s, float *logits, float *probs) {
     const int V = s->vocab;
     memset(probs, 0, (size_t)V * sizeof *probs);
 
-    float t = s->p.temperature;
-    if (t != 1.0f)
-        for (int i = 0; i < V; i++)
-            if (isfinite(logits[i])) logits[i] /= t;
-
-    /* Candidates: the +inf logits if any (then uniform), else every finite one. */
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++)
+    /* Rule 3, with the maximum in the same pass. */
+    float t = s->p.temperature, mx = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (t != 1.0f && isfinite(logits[i])) logits[i] /= t;
         if (logits[i] > mx) mx = logits[i];
+    }
     if (mx == -INFINITY) return; /* nothing can be chosen */
-    int n = 0;
+
+    /* Candidates: the +inf logits if any (then uniform), else every finite
+     * one; rule 4's top-k straight from the logits when k is small. */
+    int n = 0, k = s->p.top_k;
     tsr_cand *c = s->cand;
     if (mx == INFINITY) {
         for (int i = 0; i < V; i++)
             if (logits[i] == INFINITY) c[n++] = (tsr_cand){0.0f, i};
         mx = 0.0f;
+    } else if (k > 0 && k <= TSR_HEAP_TOP_K) {
+        n = heap_top_k(logits, V, k, c);
     } else {
         for (int i = 0; i < V; i++)
             if (isfinite(logits[i])) c[n++] = (tsr_cand){logits[i], i};
     }
-
-    /* Rule 4: top-k, then softmax (weights relative to the top, in probs). */
-    if (s->p.top_k > 0 && s->p.top_k < n) {
-        select_first(c, n, s->p.top_k);
-        n = s->p.top_k;
+    if (k > 0 && k < n) {
+        select_first(c, n, k);
+        n = k;
     }
+
+    /* Softmax: weights relative to the top, in probs; the sum in double. */
     double z = 0;
     for (int i = 0; i < n; i++) {
         double w = exp((double)c[i].logit - (double)mx);
@@ -318,44 +399,21 @@ static void dist_sampled(tsr_sampler *s, float *logits, float *probs) {
         z += (double)probs[c[i].id];
     }
 
-    /* Rule 5: top-p over a sorted prefix grown on demand, then min-p. */
+    /* Rule 5: top-p, then min-p (a threshold: a filter in any order). */
     int kept = n;
-    if (s->p.top_p < 1.0f) {
-        double need = ((double)s->p.top_p - TSR_SAMPLER_SLACK) * z;
-        double cum = 0;
-        int sorted = 0, m = n < 64 ? n : 64;
-        kept = -1;
-        while (kept < 0) {
-            select_first(c + sorted, n - sorted, m - sorted);
-            qsort(c + sorted, (size_t)(m - sorted), sizeof *c, cand_cmp);
-            for (int i = sorted; i < m; i++) {
-                cum += (double)probs[c[i].id];
-                if (cum >= need) {
-                    kept = i + 1;
-                    break;
-                }
-            }
-            if (kept < 0 && m == n) kept = n;
-            sorted = m;
-            m = m > n / 4 ? n : m * 4;
-        }
-        if (s->p.min_p > 0) { /* the kept prefix is sorted: cut it */
-            double thr = (double)s->p.min_p * (1.0 - TSR_SAMPLER_SLACK);
-            int j = 1;
-            while (j < kept && (double)probs[c[j].id] >= thr) j++;
-            kept = j;
-        }
-    } else if (s->p.min_p > 0) { /* unsorted: compact, keeping order */
+    if (s->p.top_p < 1.0f)
+        kept = top_p_cut(s, c, n, mx, probs, ((double)s->p.top_p - TSR_SAMPLER_SLACK) * z);
+    for (int i = kept; i < n; i++) probs[c[i].id] = 0.0f;
+    if (s->p.min_p > 0) {
         double thr = (double)s->p.min_p * (1.0 - TSR_SAMPLER_SLACK);
         int j = 0;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < kept; i++)
             if ((double)probs[c[i].id] >= thr) cand_swap(&c[j++], &c[i]);
-        }
+        for (int i = j; i < kept; i++) probs[c[i].id] = 0.0f;
         kept = j; /* the top token has weight 1 >= thr: j >= 1 */
     }
 
     /* Rule 6 (first half): renormalise over the kept set. */
-    for (int i = kept; i < n; i++) probs[c[i].id] = 0.0f;
     double zk = 0;
     for (int i = 0; i < kept; i++) zk += (double)probs[c[i].id];
     for (int i = 0; i < kept; i++) probs[c[i].id] = (float)((double)probs[c[i].id] / zk);

@@ -252,6 +252,14 @@ static void test_top_p(void **state) {
     check_kept(l, 3, &p, (int[]){0, 1, 0});
     p.top_p = 0.63f;
     check_kept(l, 3, &p, (int[]){1, 1, 0});
+    /* ties: three tokens at 2 with p = 0.2854 each; 0.5 needs two of them,
+     * the lowest ids */
+    const float t[5] = {1.0f, 2.0f, 2.0f, 2.0f, 0.0f};
+    tsr_sampling r = params_t1(5);
+    r.top_p = 0.5f;
+    check_kept(t, 5, &r, (int[]){0, 1, 1, 0, 0});
+    r.top_p = 0.86f; /* 3 * 0.2854 = 0.856 < 0.86: token 0 joins */
+    check_kept(t, 5, &r, (int[]){1, 1, 1, 1, 0});
 }
 
 static void test_min_p(void **state) {
@@ -363,9 +371,9 @@ static void test_partial_selection_large_vocab(void **state) {
         sorted[i][1] = (float)i;
     }
     qsort(sorted, V, sizeof sorted[0], ref_cmp);
-    const int ks[3] = {0, 40, 3000}; /* 0: top-k off */
+    const int ks[5] = {0, 40, 1024, 1025, 3000}; /* 0: top-k off */
     const float ps[4] = {0.3f, 0.9f, 0.999f, 1.0f};
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < 5; a++) {
         for (int b = 0; b < 4; b++) {
             tsr_sampling p = params_t1(1);
             p.top_k = ks[a];
