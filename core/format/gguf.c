@@ -86,7 +86,7 @@ static int rd_bytes(reader *r, void *dst, uint64_t n, const char *what) {
 }
 
 static int rd_u32(reader *r, uint32_t *v, const char *what) {
-    uint8_t b[4];
+    uint8_t b[4] = {0};
     int rc = rd_bytes(r, b, 4, what);
     if (rc) return rc;
     *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
@@ -100,7 +100,7 @@ static uint64_t le64(const uint8_t *b) {
 }
 
 static int rd_u64(reader *r, uint64_t *v, const char *what) {
-    uint8_t b[8];
+    uint8_t b[8] = {0};
     int rc = rd_bytes(r, b, 8, what);
     if (rc) return rc;
     *v = le64(b);
