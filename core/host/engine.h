@@ -25,6 +25,11 @@ typedef struct tsr_engine_opts {
     const char *catalog_dir; /* NULL: $TESSERA_CATALOG, else <exe dir>/../catalog */
     int n_threads;           /* 0: every online core */
     int device_id;           /* CUDA ordinal */
+    /* appended by the host runtime: */
+    int allow_test;          /* test plugins may be assembled (tests only) */
+    int no_init;             /* check, load and cross-check every plugin but do not
+                              * allocate instances or call init (tessera check without
+                              * a model): slots then have iface but inst == NULL */
 } tsr_engine_opts;
 
 /* One slot of a loaded engine. */
@@ -47,6 +52,12 @@ int tsr_engine_open(const char *assembly_path, const tsr_model_config *cfg,
                     const tsr_model_desc *desc, const tsr_engine_opts *opts, tsr_engine **out,
                     tsr_error *err);
 void tsr_engine_free(tsr_engine *e);
+
+struct tsr_diag;
+/* The same, collecting every problem in d (see diag.h) instead of the first. */
+int tsr_engine_open_diag(const char *assembly_path, const tsr_model_config *cfg,
+                         const tsr_model_desc *desc, const tsr_engine_opts *opts, tsr_engine **out,
+                         struct tsr_diag *d);
 
 const tsr_slot_ref *tsr_engine_slot(const tsr_engine *e, tsr_slot slot);
 tsr_threadpool *tsr_engine_pool(const tsr_engine *e);

@@ -1,9 +1,12 @@
 /*
- * slot_calls.h - the only way the host calls into plugins: one small
- * wrapper per interface member. Each checks that an optional member exists
- * in the plugin's table (struct_size covers it and the pointer is set)
- * before calling it, and otherwise applies the default documented in
- * slots/tsr_*.h. Required members were checked at load (loader).
+ * slot_calls.h - the only way the host calls a plugin's slot interface.
+ *
+ * Each wrapper takes the engine's tsr_slot_ref, checks that the member
+ * exists in the plugin's table (struct_size/version) before touching it, and
+ * applies the default the slot header documents when an optional member is
+ * absent. Required members were checked at load; the wrappers still answer
+ * TSR_ERR_UNSUPPORTED rather than crash if handed an unloaded slot (a
+ * tsr_engine opened with no_init has iface but no instance).
  */
 #ifndef TSR_SLOT_CALLS_H
 #define TSR_SLOT_CALLS_H
@@ -12,96 +15,110 @@
 
 #include "engine.h"
 
-/* 1 if the member at offset off (of size sz) lies within the table the
- * plugin was built with and is set. */
-#define TSR_HAS_MEMBER(tbl, type, member)                                                   \
-    ((tbl)->struct_size >= offsetof(type, member) + sizeof(((type *)0)->member) &&         \
-     (tbl)->member != NULL)
+/* 1 if the table at s->iface has member at byte offset off (of size ptr). */
+static inline int tsr_slot_has(const tsr_slot_ref *s, size_t off) {
+    if (!s || !s->iface || !s->inst) return 0;
+    const uint32_t *hdr = (const uint32_t *)s->iface; /* struct_size, version */
+    return hdr[1] >= 1 && (size_t)hdr[0] >= off + sizeof(void *);
+}
 
-#define TSR_IFACE(s, type) ((const type *)(s)->iface)
+#define TSR_SLOT_MEMBER(s, type, member) \
+    (tsr_slot_has((s), offsetof(type, member)) ? ((const type *)(s)->iface)->member : NULL)
 
-/* gemv */
+/* --- gemv --- */
 static inline int tsr_gemv_prepare(const tsr_slot_ref *s, const tsr_weight *w, void **out) {
-    return TSR_IFACE(s, tsr_gemv_i)->prepare(s->inst, w, out);
+    int (*f)(void *, const tsr_weight *, void **) = TSR_SLOT_MEMBER(s, tsr_gemv_i, prepare);
+    return f ? f(s->inst, w, out) : TSR_ERR_UNSUPPORTED;
 }
 static inline void tsr_gemv_release(const tsr_slot_ref *s, void *prepared) {
-    const tsr_gemv_i *i = TSR_IFACE(s, tsr_gemv_i);
-    if (prepared && TSR_HAS_MEMBER(i, tsr_gemv_i, release)) i->release(s->inst, prepared);
+    void (*f)(void *, void *) = TSR_SLOT_MEMBER(s, tsr_gemv_i, release);
+    if (f) f(s->inst, prepared); /* default: nothing */
 }
-static inline int tsr_gemv_run(const tsr_slot_ref *s, const void *prepared, int rows,
-                               const float *x, float *y, const tsr_exec *ex) {
-    return TSR_IFACE(s, tsr_gemv_i)->run(s->inst, prepared, rows, x, y, ex);
+static inline int tsr_gemv_run(const tsr_slot_ref *s, const void *prepared, int rows, const float *x,
+                               float *y, const tsr_exec *ex) {
+    int (*f)(void *, const void *, int, const float *, float *, const tsr_exec *) =
+        TSR_SLOT_MEMBER(s, tsr_gemv_i, run);
+    return f ? f(s->inst, prepared, rows, x, y, ex) : TSR_ERR_UNSUPPORTED;
 }
-/* default: the stored bytes */
-static inline uint64_t tsr_gemv_bytes(const tsr_slot_ref *s, const void *prepared,
-                                      uint64_t stored_bytes) {
-    const tsr_gemv_i *i = TSR_IFACE(s, tsr_gemv_i);
-    return TSR_HAS_MEMBER(i, tsr_gemv_i, bytes) ? i->bytes(s->inst, prepared) : stored_bytes;
+/* default: w->nbytes */
+static inline uint64_t tsr_gemv_bytes(const tsr_slot_ref *s, const void *prepared, const tsr_weight *w) {
+    uint64_t (*f)(void *, const void *) = TSR_SLOT_MEMBER(s, tsr_gemv_i, bytes);
+    return f ? f(s->inst, prepared) : (w ? w->nbytes : 0);
 }
 
-/* kv_cache */
+/* --- kv_cache --- */
 static inline int tsr_kv_seq_alloc(const tsr_slot_ref *s, int max_tokens, int *seq) {
-    return TSR_IFACE(s, tsr_kv_cache_i)->seq_alloc(s->inst, max_tokens, seq);
+    int (*f)(void *, int, int *) = TSR_SLOT_MEMBER(s, tsr_kv_cache_i, seq_alloc);
+    return f ? f(s->inst, max_tokens, seq) : TSR_ERR_UNSUPPORTED;
 }
 static inline void tsr_kv_seq_free(const tsr_slot_ref *s, int seq) {
-    TSR_IFACE(s, tsr_kv_cache_i)->seq_free(s->inst, seq);
+    void (*f)(void *, int) = TSR_SLOT_MEMBER(s, tsr_kv_cache_i, seq_free);
+    if (f) f(s->inst, seq);
 }
 static inline int tsr_kv_append(const tsr_slot_ref *s, int seq, int layer, int pos0, int rows,
                                 const float *k, const float *v, const tsr_exec *ex) {
-    return TSR_IFACE(s, tsr_kv_cache_i)->append(s->inst, seq, layer, pos0, rows, k, v, ex);
+    int (*f)(void *, int, int, int, int, const float *, const float *, const tsr_exec *) =
+        TSR_SLOT_MEMBER(s, tsr_kv_cache_i, append);
+    return f ? f(s->inst, seq, layer, pos0, rows, k, v, ex) : TSR_ERR_UNSUPPORTED;
 }
-static inline int tsr_kv_view_get(const tsr_slot_ref *s, int seq, int layer, tsr_kv_view *out) {
-    return TSR_IFACE(s, tsr_kv_cache_i)->view(s->inst, seq, layer, out);
+static inline int tsr_kv_view(const tsr_slot_ref *s, int seq, int layer, tsr_kv_view *out) {
+    int (*f)(void *, int, int, tsr_kv_view *) = TSR_SLOT_MEMBER(s, tsr_kv_cache_i, view);
+    return f ? f(s->inst, seq, layer, out) : TSR_ERR_UNSUPPORTED;
 }
 static inline int tsr_kv_truncate(const tsr_slot_ref *s, int seq, int n_tokens) {
-    return TSR_IFACE(s, tsr_kv_cache_i)->truncate(s->inst, seq, n_tokens);
+    int (*f)(void *, int, int) = TSR_SLOT_MEMBER(s, tsr_kv_cache_i, truncate);
+    return f ? f(s->inst, seq, n_tokens) : TSR_ERR_UNSUPPORTED;
 }
 /* default: 0 and 0 */
 static inline void tsr_kv_usage(const tsr_slot_ref *s, uint64_t *used, uint64_t *capacity) {
-    const tsr_kv_cache_i *i = TSR_IFACE(s, tsr_kv_cache_i);
-    *used = *capacity = 0;
-    if (TSR_HAS_MEMBER(i, tsr_kv_cache_i, usage)) i->usage(s->inst, used, capacity);
+    void (*f)(void *, uint64_t *, uint64_t *) = TSR_SLOT_MEMBER(s, tsr_kv_cache_i, usage);
+    *used = 0;
+    *capacity = 0;
+    if (f) f(s->inst, used, capacity);
 }
 
-/* attention */
-static inline int tsr_attention_run(const tsr_slot_ref *s, const tsr_attn_args *a,
-                                    const tsr_exec *ex) {
-    return TSR_IFACE(s, tsr_attention_i)->run(s->inst, a, ex);
+/* --- attention --- */
+static inline int tsr_attention_run(const tsr_slot_ref *s, const tsr_attn_args *a, const tsr_exec *ex) {
+    int (*f)(void *, const tsr_attn_args *, const tsr_exec *) = TSR_SLOT_MEMBER(s, tsr_attention_i, run);
+    return f ? f(s->inst, a, ex) : TSR_ERR_UNSUPPORTED;
 }
 
-/* expert_cache */
+/* --- expert_cache --- */
 static inline int tsr_expert_attach(const tsr_slot_ref *s, const tsr_expert_source *src) {
-    return TSR_IFACE(s, tsr_expert_cache_i)->attach(s->inst, src);
+    int (*f)(void *, const tsr_expert_source *) = TSR_SLOT_MEMBER(s, tsr_expert_cache_i, attach);
+    return f ? f(s->inst, src) : TSR_ERR_UNSUPPORTED;
 }
-static inline int tsr_expert_lookup(const tsr_slot_ref *s, int layer, int n,
-                                    const int32_t *experts, const tsr_expert_weights **out) {
-    return TSR_IFACE(s, tsr_expert_cache_i)->lookup(s->inst, layer, n, experts, out);
+static inline int tsr_expert_lookup(const tsr_slot_ref *s, int layer, int n, const int32_t *experts,
+                                    const tsr_expert_weights **out) {
+    int (*f)(void *, int, int, const int32_t *, const tsr_expert_weights **) =
+        TSR_SLOT_MEMBER(s, tsr_expert_cache_i, lookup);
+    return f ? f(s->inst, layer, n, experts, out) : TSR_ERR_UNSUPPORTED;
 }
-static inline void tsr_expert_stats_get(const tsr_slot_ref *s, tsr_expert_stats *out) {
-    TSR_IFACE(s, tsr_expert_cache_i)->stats(s->inst, out);
+static inline void tsr_expert_stats(const tsr_slot_ref *s, tsr_expert_stats *out) {
+    void (*f)(void *, tsr_expert_stats *) = TSR_SLOT_MEMBER(s, tsr_expert_cache_i, stats);
+    *out = (tsr_expert_stats){0};
+    if (f) f(s->inst, out);
 }
 /* default: nothing */
-static inline void tsr_expert_prefetch(const tsr_slot_ref *s, int layer, int n,
-                                       const int32_t *experts) {
-    const tsr_expert_cache_i *i = TSR_IFACE(s, tsr_expert_cache_i);
-    if (TSR_HAS_MEMBER(i, tsr_expert_cache_i, prefetch)) i->prefetch(s->inst, layer, n, experts);
+static inline void tsr_expert_prefetch(const tsr_slot_ref *s, int layer, int n, const int32_t *experts) {
+    void (*f)(void *, int, int, const int32_t *) = TSR_SLOT_MEMBER(s, tsr_expert_cache_i, prefetch);
+    if (f) f(s->inst, layer, n, experts);
 }
 
-/* drafter */
-static inline int tsr_drafter_propose(const tsr_slot_ref *s, const tsr_draft_req *r,
-                                      tsr_draft_out *out) {
-    return TSR_IFACE(s, tsr_drafter_i)->propose(s->inst, r, out);
+/* --- drafter --- */
+static inline int tsr_drafter_propose(const tsr_slot_ref *s, const tsr_draft_req *r, tsr_draft_out *out) {
+    int (*f)(void *, const tsr_draft_req *, tsr_draft_out *) = TSR_SLOT_MEMBER(s, tsr_drafter_i, propose);
+    return f ? f(s->inst, r, out) : TSR_ERR_UNSUPPORTED;
 }
 /* default: nothing */
-static inline void tsr_drafter_accept(const tsr_slot_ref *s, int seq, int n_proposed,
-                                      int n_accepted) {
-    const tsr_drafter_i *i = TSR_IFACE(s, tsr_drafter_i);
-    if (TSR_HAS_MEMBER(i, tsr_drafter_i, accept)) i->accept(s->inst, seq, n_proposed, n_accepted);
+static inline void tsr_drafter_accept(const tsr_slot_ref *s, int seq, int n_proposed, int n_accepted) {
+    void (*f)(void *, int, int, int) = TSR_SLOT_MEMBER(s, tsr_drafter_i, accept);
+    if (f) f(s->inst, seq, n_proposed, n_accepted);
 }
 /* default: nothing */
 static inline void tsr_drafter_seq_end(const tsr_slot_ref *s, int seq) {
-    const tsr_drafter_i *i = TSR_IFACE(s, tsr_drafter_i);
-    if (TSR_HAS_MEMBER(i, tsr_drafter_i, seq_end)) i->seq_end(s->inst, seq);
+    void (*f)(void *, int) = TSR_SLOT_MEMBER(s, tsr_drafter_i, seq_end);
+    if (f) f(s->inst, seq);
 }
 
 #endif /* TSR_SLOT_CALLS_H */
