@@ -85,8 +85,8 @@ int tsr_tokenizer_load_gguf(const tsr_gguf *g, const char *name, tsr_tokenizer *
     if (n == 0 || n > TSR_TOKEN_MAX_ID)
         return tsr_error_set_at(err, TSR_ERR_FORMAT, name, 0, 0, "tokenizer.ggml.tokens: %llu tokens is out of range",
                                 (unsigned long long)n);
-    const float *scores;
-    const int32_t *types;
+    /* metadata arrays are packed, not aligned: read elements with memcpy */
+    const unsigned char *scores, *types;
     int rc = get_arr(g, "tokenizer.ggml.scores", TSR_GGUF_FLOAT32, n, (const void **)&scores, name, err);
     if (!rc) rc = get_arr(g, "tokenizer.ggml.token_type", TSR_GGUF_INT32, n, (const void **)&types, name, err);
     if (rc) return rc;
@@ -101,7 +101,8 @@ int tsr_tokenizer_load_gguf(const tsr_gguf *g, const char *name, tsr_tokenizer *
                                   (unsigned long long)i);
             goto fail;
         }
-        int32_t ty = types ? types[i] : GT_NORMAL;
+        int32_t ty = GT_NORMAL;
+        if (types) memcpy(&ty, types + 4 * i, 4);
         uint8_t attr;
         switch (ty) {
         case GT_UNKNOWN: attr = TSR_TOKATTR_UNKNOWN; break;
@@ -119,7 +120,7 @@ int tsr_tokenizer_load_gguf(const tsr_gguf *g, const char *name, tsr_tokenizer *
             goto fail;
         }
         if ((rc = tsr_tok_set(t, (int)i, s, (size_t)len, attr, "tokenizer.ggml.tokens", err))) goto fail;
-        if (scores) t->score[i] = scores[i];
+        if (scores) memcpy(&t->score[i], scores + 4 * i, 4);
         else if (kind == TSR_TOK_SPM) t->score[i] = -(float)i;
     }
 
