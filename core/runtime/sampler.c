@@ -71,10 +71,14 @@ static uint64_t clock_seed(const void *salt) {
 }
 
 double tsr_sampler_uniform(tsr_sampler *s) {
+    TSR_ASSERT(s);
     return (double)(xoshiro_next(s->rng) >> 11) * 0x1.0p-53;
 }
 
-uint64_t tsr_sampler_seed(const tsr_sampler *s) { return s->seed; }
+uint64_t tsr_sampler_seed(const tsr_sampler *s) {
+    TSR_ASSERT(s);
+    return s->seed;
+}
 
 /* --- parameters ----------------------------------------------------------- */
 
@@ -421,6 +425,7 @@ static void dist_sampled(tsr_sampler *s, float *logits, float *probs) {
 
 void tsr_sampler_dist(tsr_sampler *s, float *logits, const int32_t *history, int n_history,
                       int n_prompt, float *probs) {
+    TSR_ASSERT(s && logits && probs);
     apply_penalties(s, logits, history, n_history, n_prompt);
     if (is_greedy(s)) {
         memset(probs, 0, (size_t)s->vocab * sizeof *probs);
@@ -436,6 +441,7 @@ void tsr_sampler_dist(tsr_sampler *s, float *logits, const int32_t *history, int
 static int weight_ok(float v) { return v > 0 && v <= FLT_MAX; }
 
 int32_t tsr_sampler_draw(tsr_sampler *s, const float *probs) {
+    TSR_ASSERT(s && probs);
     const int V = s->vocab;
     double total = 0;
     for (int i = 0; i < V; i++)
@@ -461,6 +467,7 @@ static double residual(const float *p, const float *q, int32_t x, int i) {
 
 int tsr_sampler_verify(tsr_sampler *s, const float *p, const float *q, int32_t drafted,
                        int32_t *out) {
+    TSR_ASSERT(s && p && out);
     const int V = s->vocab;
     double ptot = 0;
     for (int i = 0; i < V; i++)
@@ -498,7 +505,16 @@ int tsr_sampler_verify(tsr_sampler *s, const float *p, const float *q, int32_t d
 
 /* --- log-probabilities and the whole step --------------------------------- */
 
+/* log p of a logit l given the maximum and the log-normaliser: l - lse; when
+ * some logits are +inf the distribution is uniform over them (-log n). */
+static float logprob_of(float l, float mx, double lse) {
+    if (lse == INFINITY || !(l > -INFINITY)) return -INFINITY;
+    if (mx == INFINITY) return l == INFINITY ? (float)(0.0 - lse) : -INFINITY;
+    return (float)((double)l - lse);
+}
+
 void tsr_logprobs(const float *logits, int vocab, int32_t id, int n_top, tsr_token_info *info) {
+    TSR_ASSERT(info && (logits || vocab <= 0));
     memset(info, 0, sizeof *info);
     info->id = id;
     if (n_top < 0) n_top = 0;
@@ -510,23 +526,20 @@ void tsr_logprobs(const float *logits, int vocab, int32_t id, int n_top, tsr_tok
         if (logits[i] > mx) mx = logits[i];
         if (logits[i] == INFINITY) n_pinf++;
     }
-    /* log-probability of a logit l: l - lse, with the +inf case uniform. */
+    /* Log-normaliser; lse == INFINITY: no distribution (every logit NaN or
+     * -inf), every token gets -inf. */
     double lse;
     if (mx == -INFINITY) {
-        lse = INFINITY; /* no distribution: every token -inf */
+        lse = INFINITY;
     } else if (mx == INFINITY) {
-        lse = log((double)n_pinf); /* +inf tokens: -log(n); others -inf */
+        lse = log((double)n_pinf);
     } else {
         double z = 0;
         for (int i = 0; i < vocab; i++)
             if (logits[i] > -INFINITY) z += exp((double)logits[i] - (double)mx);
         lse = (double)mx + log(z);
     }
-#define TSR_LOGPROB(l)                                                                   \
-    (mx == INFINITY ? ((l) == INFINITY ? (float)(0.0 - lse) : -INFINITY)                        \
-                    : (lse == INFINITY || !((l) > -INFINITY) ? -INFINITY : (float)((double)(l) - lse)))
-
-    info->logprob = (id >= 0 && id < vocab) ? TSR_LOGPROB(logits[id]) : -INFINITY;
+    info->logprob = (id >= 0 && id < vocab) ? logprob_of(logits[id], mx, lse) : -INFINITY;
 
     /* The n_top first in order by insertion into a short sorted list. */
     tsr_cand top[TSR_MAX_TOP_LOGPROBS];
@@ -549,13 +562,13 @@ void tsr_logprobs(const float *logits, int vocab, int32_t id, int n_top, tsr_tok
     info->n_top = nt;
     for (int j = 0; j < nt; j++) {
         info->top_ids[j] = top[j].id;
-        info->top_logprobs[j] = TSR_LOGPROB(top[j].logit);
+        info->top_logprobs[j] = logprob_of(top[j].logit, mx, lse);
     }
-#undef TSR_LOGPROB
 }
 
 int32_t tsr_sampler_sample(tsr_sampler *s, float *logits, const int32_t *history, int n_history,
                            int n_prompt, int n_top, tsr_token_info *info) {
+    TSR_ASSERT(s && logits);
     const int V = s->vocab;
     if (info) memcpy(s->raw, logits, (size_t)V * sizeof *logits);
     apply_penalties(s, logits, history, n_history, n_prompt);

@@ -645,6 +645,24 @@ static void test_logprobs(void **state) {
     assert_int_equal(info.top_ids[1], 3);
     assert_true(fabs(info.logprob - log(0.5)) < 1e-7);
 
+    const float pinf[3] = {INFINITY, 0.0f, INFINITY};
+    tsr_logprobs(pinf, 3, 1, 3, &info);
+    assert_true(isinf(info.logprob) && info.logprob < 0);
+    assert_int_equal(info.n_top, 2);
+    assert_int_equal(info.top_ids[0], 0);
+    assert_int_equal(info.top_ids[1], 2);
+    assert_true(fabs(info.top_logprobs[1] - log(0.5)) < 1e-7);
+    {
+        tsr_sampling g = tsr_sampling_greedy();
+        tsr_sampler *s = tsr_sampler_new(&g, 3);
+        float nan3[3] = {NAN, NAN, -INFINITY};
+        assert_int_equal(tsr_sampler_sample(s, nan3, NULL, 0, 0, 2, &info), -1);
+        assert_int_equal(info.id, -1);
+        assert_true(isinf(info.logprob) && info.logprob < 0);
+        assert_int_equal(info.n_top, 0);
+        tsr_sampler_free(s);
+    }
+
     /* sample reports the raw distribution, not the penalised/tempered one */
     tsr_sampling p = params_t1(17);
     p.temperature = 0.5f;
