@@ -507,6 +507,17 @@ static void test_chi_square_draws(void **state) {
     for (int i = 0; i < 6; i++) tt[i] /= z;
     draw_and_test(&p, tt, 60000);
 
+    /* top-k 3 and min-p 0.5 (threshold 0.15: keeps 0.30, 0.25, 0.20) */
+    p = params_t1(141421);
+    p.top_k = 3;
+    draw_and_test(&p, tp, 60000);
+    p = params_t1(173205);
+    p.min_p = 0.5f;
+    draw_and_test(&p, tp, 60000);
+    p.min_p = 0.35f; /* threshold 0.105: keeps 0.12 too */
+    double mp[6] = {0.30 / 0.87, 0.25 / 0.87, 0.20 / 0.87, 0.12 / 0.87, 0, 0};
+    draw_and_test(&p, mp, 60000);
+
     /* the draw really discriminates: the top-p distribution is not the full one */
     tsr_sampling q = params_t1(314159);
     tsr_sampler *s = tsr_sampler_new(&q, 6);
@@ -592,6 +603,88 @@ static void test_verify_preserves_target(void **state) {
     assert_int_equal(tsr_sampler_verify(s, none, draft, 1, &out), -1);
     assert_int_equal(out, -1);
     tsr_sampler_free(s);
+}
+
+/* One verified token per seed, over many consecutive seeds: the output is
+ * distributed as the target (and consecutive seeds are not correlated). */
+static void test_verify_over_seeds(void **state) {
+    (void)state;
+    const float target[4] = {0.1f, 0.2f, 0.3f, 0.4f};
+    const float draft[4] = {0.4f, 0.3f, 0.2f, 0.1f};
+    long obs[4] = {0};
+    const int N = 40000;
+    printf("seeds 1..%d\n", N);
+    for (int seed = 1; seed <= N; seed++) {
+        tsr_sampling p = params_t1((uint64_t)seed);
+        tsr_sampler *s = tsr_sampler_new(&p, 4);
+        int32_t x = tsr_sampler_draw(s, draft), out = -1;
+        assert_true(tsr_sampler_verify(s, target, draft, x, &out) >= 0);
+        obs[out]++;
+        tsr_sampler_free(s);
+    }
+    const double expect[4] = {0.1, 0.2, 0.3, 0.4};
+    int df;
+    double x = chi_square(obs, expect, 4, N, &df);
+    printf("verify over seeds: chi2 %.3f df %d\n", x, df);
+    assert_true(x < chi2_999[df]);
+}
+
+/* Invariants on random logits (NaN, infinities), random parameters (in and
+ * out of range) and random histories with bad ids. */
+static void test_random_invariants(void **state) {
+    (void)state;
+    enum { V = 97 };
+    lcg_state = 4242;
+    printf("lcg seed 4242\n");
+    for (int it = 0; it < 3000; it++) {
+        tsr_sampling p = params_t1((uint64_t)it);
+        p.temperature = (float)(lcg_uniform() * 3.0 - 0.5);
+        p.top_k = (int)(lcg_uniform() * 120) - 10;
+        p.top_p = (float)(lcg_uniform() * 1.4 - 0.2);
+        p.min_p = (float)(lcg_uniform() * 1.4 - 0.2);
+        p.repetition_penalty = (float)(lcg_uniform() * 3.0 - 0.5);
+        p.presence_penalty = (float)(lcg_uniform() * 4.0 - 2.0);
+        p.frequency_penalty = (float)(lcg_uniform() * 4.0 - 2.0);
+        if (it % 50 == 0) p.temperature = NAN;
+        tsr_sampler *s = tsr_sampler_new(&p, V);
+        tsr_sampler *t = tsr_sampler_new(&p, V);
+        assert_non_null(s);
+        float l[V], l2[V], probs[V];
+        int bad[V];
+        int n_ok = 0;
+        for (int i = 0; i < V; i++) {
+            double r = lcg_uniform();
+            l[i] = r < 0.05 ? NAN : r < 0.1 ? -INFINITY : r < 0.101 ? INFINITY
+                                            : (float)(lcg_uniform() * 40.0 - 20.0);
+            if (it % 7 == 0) l[i] = NAN; /* sometimes nothing is allowed */
+            bad[i] = isnan(l[i]) || l[i] == -INFINITY;
+            n_ok += !bad[i];
+        }
+        memcpy(l2, l, sizeof l);
+        int32_t hist[30];
+        int nh = (int)(lcg_uniform() * 30);
+        for (int i = 0; i < nh; i++) hist[i] = (int32_t)(lcg_uniform() * (V + 20)) - 10;
+        int np = (int)(lcg_uniform() * 40) - 5;
+        tsr_sampler_dist(s, l, hist, nh, np, probs);
+        double sum = 0;
+        for (int i = 0; i < V; i++) {
+            assert_true(probs[i] >= 0.0f && probs[i] <= 1.0f);
+            if (bad[i]) assert_true(probs[i] == 0.0f);
+            sum += probs[i];
+        }
+        if (n_ok > 0) assert_true(fabs(sum - 1.0) < 1e-5);
+        else assert_true(sum == 0.0);
+        tsr_token_info info;
+        int32_t id = tsr_sampler_sample(t, l2, hist, nh, np, it % 25, &info);
+        if (n_ok == 0) {
+            assert_int_equal(id, -1);
+        } else {
+            assert_true(id >= 0 && id < V && !bad[id] && probs[id] > 0);
+            assert_true(info.logprob <= 0.0f);
+        }
+        tsr_sampler_free(s);
+        tsr_sampler_free(t);
+    }
 }
 
 /* --- log-probabilities ---------------------------------------------------- */
@@ -753,6 +846,8 @@ int main(void) {
         cmocka_unit_test(test_chi_square_draws),
         cmocka_unit_test(test_draw_weights),
         cmocka_unit_test(test_verify_preserves_target),
+        cmocka_unit_test(test_verify_over_seeds),
+        cmocka_unit_test(test_random_invariants),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_validate),
     };
