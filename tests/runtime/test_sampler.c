@@ -173,7 +173,8 @@ static void check_kept(const float *logits, int n, const tsr_sampling *p, const 
     tsr_sampler *s = tsr_sampler_new(p, n);
     assert_non_null(s);
     float *l = malloc((size_t)n * sizeof *l), *probs = malloc((size_t)n * sizeof *probs);
-    double *ld = malloc((size_t)n * sizeof *ld), *want = malloc((size_t)n * sizeof *want);
+    double *ld = calloc((size_t)n, sizeof *ld), *want = calloc((size_t)n, sizeof *want);
+    assert_true(l && probs && ld && want);
     memcpy(l, logits, (size_t)n * sizeof *l);
     for (int i = 0; i < n; i++) ld[i] = (double)logits[i] / p->temperature;
     ref_softmax(ld, keep, n, want);
