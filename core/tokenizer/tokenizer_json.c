@@ -132,7 +132,7 @@ static int add_merge(tsr_tokenizer *t, json_t *m, size_t i, jctx *c) {
         return jfail(c, TSR_ERR_FORMAT, "%s: neither \"a b\" nor a pair of strings", what);
     }
     int rc = tsr_bpe_add_merge(t, a, al, b, bl, what, c->err);
-    if (rc) tsr_error_set_at(c->err, rc, c->file, 0, 0, "%s", c->err ? c->err->msg : "");
+    if (rc && c->err) snprintf(c->err->file, sizeof c->err->file, "%s", c->file);
     return rc;
 }
 
