@@ -27,10 +27,10 @@
  *   - candidates are ordered by logit, ties to the lowest id; top-k keeps the
  *     first k of that order (partial selection, no full sort).
  *   - top-p keeps the shortest prefix of that order whose mass reaches p; the
- *     token that reaches p is kept, and "reaches" allows 1e-6 of slack so that
+ *     token that reaches p is kept, and "reaches" means mass >= p - 1e-6 so that
  *     p = 0.8f keeps {0.5, 0.3} of {0.5, 0.3, 0.2} despite rounding. At least
  *     one token is always kept (top_p <= 0 keeps only the best).
- *   - min-p keeps tokens with p >= min_p * p_max (same 1e-6 slack); min-p is
+ *   - min-p keeps tokens with p >= min_p * p_max * (1 - 1e-6); min-p is
  *     relative, so applying it before or after top-p's renormalisation is the
  *     same.
  *   - softmax subtracts the maximum and accumulates in double.
