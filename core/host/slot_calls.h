@@ -61,7 +61,7 @@ static inline int tsr_kv_append(const tsr_slot_ref *s, int seq, int layer, int p
         TSR_SLOT_MEMBER(s, tsr_kv_cache_i, append);
     return f ? f(s->inst, seq, layer, pos0, rows, k, v, ex) : TSR_ERR_UNSUPPORTED;
 }
-static inline int tsr_kv_view(const tsr_slot_ref *s, int seq, int layer, tsr_kv_view *out) {
+static inline int tsr_kv_view_get(const tsr_slot_ref *s, int seq, int layer, tsr_kv_view *out) {
     int (*f)(void *, int, int, tsr_kv_view *) = TSR_SLOT_MEMBER(s, tsr_kv_cache_i, view);
     return f ? f(s->inst, seq, layer, out) : TSR_ERR_UNSUPPORTED;
 }
@@ -94,7 +94,7 @@ static inline int tsr_expert_lookup(const tsr_slot_ref *s, int layer, int n, con
         TSR_SLOT_MEMBER(s, tsr_expert_cache_i, lookup);
     return f ? f(s->inst, layer, n, experts, out) : TSR_ERR_UNSUPPORTED;
 }
-static inline void tsr_expert_stats(const tsr_slot_ref *s, tsr_expert_stats *out) {
+static inline void tsr_expert_stats_get(const tsr_slot_ref *s, tsr_expert_stats *out) {
     void (*f)(void *, tsr_expert_stats *) = TSR_SLOT_MEMBER(s, tsr_expert_cache_i, stats);
     *out = (tsr_expert_stats){0};
     if (f) f(s->inst, out);

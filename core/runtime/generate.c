@@ -240,8 +240,13 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         g->stats.prefill_seconds = now_seconds() - t0;
         memcpy(raw, g->logits, (size_t)vocab * sizeof(float));
         tsr_sampler_dist(g->sampler, g->logits, g->hist, g->n_hist, g->n_prompt, g->probs);
+        int32_t choice = tsr_sampler_draw(g->sampler, g->probs);
+        if (choice < 0) {
+            rc = tsr_error_set(err, TSR_ERR_INVALID, "no token can be chosen: every logit is NaN or -inf");
+            goto out;
+        }
         tsr_token_info info;
-        token_info(g, raw, tsr_sampler_draw(g->sampler, g->probs), &info);
+        token_info(g, raw, choice, &info);
         g->stats.first_token_seconds = now_seconds() - g->t_start;
         done = take_token(g, &info, ev, &stop_at, err);
         if (done < 0) {
@@ -279,35 +284,19 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
             float *row = g->logits + (int64_t)i * vocab;
             memcpy(raw, row, (size_t)vocab * sizeof(float));
             tsr_sampler_dist(g->sampler, row, g->hist, g->n_hist, g->n_prompt, g->probs);
-            int32_t choice;
+            int32_t choice = -1;
             int accept_draft = 0;
-            if (i < k) {
-                int32_t d = g->draft[i];
-                if (!sampled) {
-                    choice = tsr_sampler_draw(g->sampler, g->probs);
-                    accept_draft = choice == d;
-                } else {
-                    float q = dout.deterministic ? 1.0f : g->qprobs[(int64_t)i * vocab + d];
-                    float pd = g->probs[d];
-                    accept_draft = q > 0.0f && tsr_sampler_uniform(g->sampler) < fminf(1.0f, pd / q);
-                    if (accept_draft) {
-                        choice = d;
-                    } else { /* residual: normalise(max(0, p - q)) */
-                        double sum = 0.0;
-                        for (int t = 0; t < vocab; t++) {
-                            float qt = dout.deterministic ? (t == d ? 1.0f : 0.0f)
-                                                          : g->qprobs[(int64_t)i * vocab + t];
-                            float r = g->probs[t] - qt;
-                            g->probs[t] = r > 0.0f ? r : 0.0f;
-                            sum += g->probs[t];
-                        }
-                        if (sum > 0.0)
-                            for (int t = 0; t < vocab; t++) g->probs[t] = (float)(g->probs[t] / sum);
-                        choice = tsr_sampler_draw(g->sampler, g->probs);
-                    }
-                }
+            if (i < k && sampled) {
+                const float *q = dout.deterministic ? NULL : g->qprobs + (int64_t)i * vocab;
+                accept_draft = tsr_sampler_verify(g->sampler, g->probs, q, g->draft[i], &choice) == 1;
             } else {
                 choice = tsr_sampler_draw(g->sampler, g->probs);
+                accept_draft = i < k && choice == g->draft[i];
+            }
+            if (choice < 0) {
+                rc = tsr_error_set(err, TSR_ERR_INVALID,
+                                   "no token can be chosen: every logit is NaN or -inf");
+                goto out;
             }
             tsr_token_info info;
             token_info(g, raw, choice, &info);

@@ -54,7 +54,8 @@ static int find_matrix(tsr_model *m, const char *name, int64_t rows, int64_t col
     return TSR_OK;
 }
 
-static int prepare(tsr_model *m, const tsr_tensor *t, void **out, tsr_error *err) {
+/* Prepare t through the gemv plugin; adds its prepared size to *bytes. */
+static int prepare(tsr_model *m, const tsr_tensor *t, void **out, uint64_t *bytes, tsr_error *err) {
     tsr_weight w = {
         .name = t->name,
         .dtype = t->dtype,
@@ -71,17 +72,18 @@ static int prepare(tsr_model *m, const tsr_tensor *t, void **out, tsr_error *err
         snprintf(what, sizeof what, "preparing %s (%s)", t->name, tsr_dtype_name(t->dtype));
         return tsr_model_slot_error(m, m->gemv, rc, err, what);
     }
+    *bytes += tsr_gemv_bytes(m->gemv, *out, &w);
     return TSR_OK;
 }
 
 /* Find [rows, cols] and prepare it; optional weights may be absent (*out NULL). */
 static int load_matrix(tsr_model *m, const char *name, int64_t rows, int64_t cols, int optional,
-                       void **out, tsr_error *err) {
+                       void **out, uint64_t *bytes, tsr_error *err) {
     const tsr_tensor *t;
     *out = NULL;
     int rc = find_matrix(m, name, rows, cols, optional, &t, err);
     if (rc != TSR_OK || !t) return rc;
-    return prepare(m, t, out, err);
+    return prepare(m, t, out, bytes, err);
 }
 
 /* A vector of n values widened to f32 (norm weights, biases). */
@@ -132,9 +134,10 @@ static int expert_load(void *data, int layer, int e, tsr_expert_weights *out, ui
     tsr_error_clear(&err);
     void *g = NULL, *u = NULL, *d = NULL;
     int64_t h = m->cfg.hidden, f = m->cfg.expert_ffn;
-    int rc = load_matrix(m, gn, f, h, 0, &g, &err);
-    if (rc == TSR_OK) rc = load_matrix(m, un, f, h, 0, &u, &err);
-    if (rc == TSR_OK) rc = load_matrix(m, dn, h, f, 0, &d, &err);
+    *bytes = 0;
+    int rc = load_matrix(m, gn, f, h, 0, &g, bytes, &err);
+    if (rc == TSR_OK) rc = load_matrix(m, un, f, h, 0, &u, bytes, &err);
+    if (rc == TSR_OK) rc = load_matrix(m, dn, h, f, 0, &d, bytes, &err);
     if (rc != TSR_OK) {
         fprintf(stderr, "tessera: expert %d of layer %d: %s\n", e, layer, err.msg);
         tsr_gemv_release(m->gemv, g);
@@ -145,8 +148,6 @@ static int expert_load(void *data, int layer, int e, tsr_expert_weights *out, ui
     out->gate = g;
     out->up = u;
     out->down = d;
-    *bytes = tsr_gemv_bytes(m->gemv, g, 0) + tsr_gemv_bytes(m->gemv, u, 0) +
-             tsr_gemv_bytes(m->gemv, d, 0);
     return TSR_OK;
 }
 
@@ -160,10 +161,6 @@ static void expert_unload(void *data, int layer, int e, tsr_expert_weights *w) {
     memset(w, 0, sizeof *w);
 }
 
-static uint64_t handle_bytes(const tsr_model *m, const void *h) {
-    return h ? tsr_gemv_bytes(m->gemv, h, 0) : 0;
-}
-
 static int load_layer(tsr_model *m, int l, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     tsr_layer_w *L = &m->layers[l];
@@ -175,10 +172,10 @@ static int load_layer(tsr_model *m, int l, tsr_error *err) {
     if ((rc = load_vector(m, NAME("input_layernorm.weight"), h, 0, &L->attn_norm, err))) return rc;
     if ((rc = load_vector(m, NAME("post_attention_layernorm.weight"), h, 0, &L->ffn_norm, err)))
         return rc;
-    if ((rc = load_matrix(m, NAME("self_attn.q_proj.weight"), qd, h, 0, &L->wq, err))) return rc;
-    if ((rc = load_matrix(m, NAME("self_attn.k_proj.weight"), kvd, h, 0, &L->wk, err))) return rc;
-    if ((rc = load_matrix(m, NAME("self_attn.v_proj.weight"), kvd, h, 0, &L->wv, err))) return rc;
-    if ((rc = load_matrix(m, NAME("self_attn.o_proj.weight"), h, qd, 0, &L->wo, err))) return rc;
+    if ((rc = load_matrix(m, NAME("self_attn.q_proj.weight"), qd, h, 0, &L->wq, &m->weight_bytes_token, err))) return rc;
+    if ((rc = load_matrix(m, NAME("self_attn.k_proj.weight"), kvd, h, 0, &L->wk, &m->weight_bytes_token, err))) return rc;
+    if ((rc = load_matrix(m, NAME("self_attn.v_proj.weight"), kvd, h, 0, &L->wv, &m->weight_bytes_token, err))) return rc;
+    if ((rc = load_matrix(m, NAME("self_attn.o_proj.weight"), h, qd, 0, &L->wo, &m->weight_bytes_token, err))) return rc;
     if (c->attn_bias) {
         if ((rc = load_vector(m, NAME("self_attn.q_proj.bias"), qd, 0, &L->bq, err))) return rc;
         if ((rc = load_vector(m, NAME("self_attn.k_proj.bias"), kvd, 0, &L->bk, err))) return rc;
@@ -195,34 +192,30 @@ static int load_layer(tsr_model *m, int l, tsr_error *err) {
     }
     L->moe = c->n_experts > 0 && c->layer_moe[l];
     if (!L->moe) {
-        if ((rc = load_matrix(m, NAME("mlp.gate_proj.weight"), c->ffn, h, 0, &L->w_gate, err)))
+        if ((rc = load_matrix(m, NAME("mlp.gate_proj.weight"), c->ffn, h, 0, &L->w_gate, &m->weight_bytes_token, err)))
             return rc;
-        if ((rc = load_matrix(m, NAME("mlp.up_proj.weight"), c->ffn, h, 0, &L->w_up, err))) return rc;
-        if ((rc = load_matrix(m, NAME("mlp.down_proj.weight"), h, c->ffn, 0, &L->w_down, err)))
+        if ((rc = load_matrix(m, NAME("mlp.up_proj.weight"), c->ffn, h, 0, &L->w_up, &m->weight_bytes_token, err))) return rc;
+        if ((rc = load_matrix(m, NAME("mlp.down_proj.weight"), h, c->ffn, 0, &L->w_down, &m->weight_bytes_token, err)))
             return rc;
-        m->weight_bytes_token += handle_bytes(m, L->w_gate) + handle_bytes(m, L->w_up) +
-                                 handle_bytes(m, L->w_down);
     } else {
         const char *router = c->arch == TSR_ARCH_MIXTRAL ? "block_sparse_moe.gate.weight"
                                                          : "mlp.gate.weight";
         snprintf(n, sizeof n, "model.layers.%d.%s", l, router);
-        if ((rc = load_matrix(m, n, c->n_experts, h, 0, &L->w_router, err))) return rc;
+        if ((rc = load_matrix(m, n, c->n_experts, h, 0, &L->w_router, &m->weight_bytes_token, err))) return rc;
         if (c->shared_expert_ffn > 0) {
             const int64_t sf = c->shared_expert_ffn;
             if ((rc = load_matrix(m, NAME("mlp.shared_expert.gate_proj.weight"), sf, h, 0,
-                                  &L->sh_gate, err)))
+                                  &L->sh_gate, &m->weight_bytes_token, err)))
                 return rc;
             if ((rc = load_matrix(m, NAME("mlp.shared_expert.up_proj.weight"), sf, h, 0, &L->sh_up,
-                                  err)))
+                                  &m->weight_bytes_token, err)))
                 return rc;
             if ((rc = load_matrix(m, NAME("mlp.shared_expert.down_proj.weight"), h, sf, 0,
-                                  &L->sh_down, err)))
+                                  &L->sh_down, &m->weight_bytes_token, err)))
                 return rc;
             if ((rc = load_matrix(m, NAME("mlp.shared_expert_gate.weight"), 1, h, 0, &L->sh_router,
-                                  err)))
+                                  &m->weight_bytes_token, err)))
                 return rc;
-            m->weight_bytes_token += handle_bytes(m, L->sh_gate) + handle_bytes(m, L->sh_up) +
-                                     handle_bytes(m, L->sh_down) + handle_bytes(m, L->sh_router);
         }
         /* experts read per token: n_experts_used of them, at the stored size */
         char gn[160], un[160], dn[160];
@@ -233,13 +226,9 @@ static int load_layer(tsr_model *m, int l, tsr_error *err) {
         if (!tg || !tu || !td)
             return tsr_error_set_at(err, TSR_ERR_FORMAT, tsr_model_file_path(m->file), 0, 0,
                                     "tensor %s is missing", !tg ? gn : !tu ? un : dn);
-        m->weight_bytes_token +=
-            (uint64_t)c->n_experts_used * (tg->nbytes + tu->nbytes + td->nbytes) +
-            handle_bytes(m, L->w_router);
+        m->weight_bytes_token += (uint64_t)c->n_experts_used * (tg->nbytes + tu->nbytes + td->nbytes);
     }
 #undef NAME
-    m->weight_bytes_token += handle_bytes(m, L->wq) + handle_bytes(m, L->wk) +
-                             handle_bytes(m, L->wv) + handle_bytes(m, L->wo);
     return TSR_OK;
 }
 
@@ -351,11 +340,11 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
     }
     if ((rc = load_vector(m, "model.norm.weight", c->hidden, 0, &m->final_norm, err))) goto fail;
     if (c->tie_embeddings)
-        rc = prepare(m, m->embed, &m->lm_head, err);
+        rc = prepare(m, m->embed, &m->lm_head, &m->weight_bytes_token, err);
     else
-        rc = load_matrix(m, "lm_head.weight", c->vocab, c->hidden, 0, &m->lm_head, err);
+        rc = load_matrix(m, "lm_head.weight", c->vocab, c->hidden, 0, &m->lm_head,
+                         &m->weight_bytes_token, err);
     if (rc != TSR_OK) goto fail;
-    m->weight_bytes_token += handle_bytes(m, m->lm_head);
 
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) {
