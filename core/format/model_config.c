@@ -1,10 +1,12 @@
 #include "model_config.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../kernels/dtype.h"
 #include "format_internal.h"
@@ -304,12 +306,15 @@ int tsr_config_from_json(const json_t *root, const char *file, tsr_model_config 
     if (any_dense && cfg->ffn == 0)
         return tsr_error_set_at(err, TSR_ERR_FORMAT, file, 0, 0,
                                 "field \"intermediate_size\" must be > 0 (dense layers exist)");
+    if (!any_dense) cfg->ffn = 0; /* no dense MLP: tsr_model_desc.ffn is 0 */
 
     CK(read_tokens(&c, cfg, qwen ? -1 : 1, qwen ? -1 : 2));
     return TSR_OK;
 }
 
 int tsr_model_config_load(const char *path, tsr_model_config *cfg, tsr_error *err) {
+    if (access(path, R_OK) != 0)
+        return tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "cannot open: %s", strerror(errno));
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root)
@@ -453,15 +458,15 @@ int tsr_config_from_gguf(const tsr_gguf *g, const char *file, tsr_model_config *
     /* llama.cpp's converter permutes llama's q/k rows for interleaved RoPE */
     cfg->rope_interleaved = cfg->arch == TSR_ARCH_LLAMA || cfg->arch == TSR_ARCH_MIXTRAL;
 
-    /* vocabulary: the token list, else the embedding's rows */
+    /* vocabulary: the embedding's rows (it may be padded past the token list) */
     uint64_t nv = 0;
     tsr_gguf_type et;
     int ei = tsr_gguf_find_tensor(g, "token_embd.weight");
-    if (tsr_gguf_get_arr(g, tsr_gguf_find(g, "tokenizer.ggml.tokens"), &et, &nv, NULL) == 0)
-        cfg->vocab = nv > INT32_MAX ? -1 : (int)nv;
-    else if (ei >= 0 && tsr_gguf_tensor(g, ei)->n_dims == 2)
+    if (ei >= 0 && tsr_gguf_tensor(g, ei)->n_dims == 2)
         cfg->vocab = tsr_gguf_tensor(g, ei)->ne[1] > INT32_MAX ? -1
                                                                 : (int)tsr_gguf_tensor(g, ei)->ne[1];
+    else if (tsr_gguf_get_arr(g, tsr_gguf_find(g, "tokenizer.ggml.tokens"), &et, &nv, NULL) == 0)
+        cfg->vocab = nv > INT32_MAX ? -1 : (int)nv;
     if (cfg->vocab <= 0)
         return tsr_error_set_at(err, TSR_ERR_FORMAT, file, 0, 0,
                                 "no vocabulary size: neither tokenizer.ggml.tokens nor "
@@ -495,6 +500,7 @@ int tsr_config_from_gguf(const tsr_gguf *g, const char *file, tsr_model_config *
     for (int i = 0; i < cfg->n_layers; i++) any_dense |= !cfg->layer_moe[i];
     if (cfg->arch != TSR_ARCH_MIXTRAL)
         CK(g_int(&c, "feed_forward_length", any_dense, 0, 0, 1 << 24, &cfg->ffn));
+    if (!any_dense) cfg->ffn = 0;
 
     int64_t v;
     cfg->bos = -1;

@@ -136,6 +136,7 @@ static void test_fixture_qwen3_moe(void **state) {
     assert_int_equal(c->norm_topk_prob, 1);
     assert_int_equal(c->expert_ffn, 32);
     assert_int_equal(c->shared_expert_ffn, 0);
+    assert_int_equal(c->ffn, 0); /* every layer is MoE: no dense MLP */
     assert_int_equal(c->qk_norm, 1);
     assert_int_equal(c->layer_moe[0], 1);
     assert_int_equal(c->layer_moe[1], 1);
@@ -1121,6 +1122,15 @@ static void test_bad_model_files(void **state) {
     assert_non_null(strstr(e.msg, "model.safetensors"));
     snprintf(p, sizeof p, "%s/none.gguf", g_tmp);
     assert_int_equal(tsr_model_file_open(p, &f, &e), TSR_ERR_IO);
+    /* weights without their config.json */
+    char w[1300];
+    snprintf(p, sizeof p, "%s/model.safetensors", g_tmp);
+    src_path(w, sizeof w, "tests/data/fixtures/transformers/llama/model.safetensors");
+    assert_int_equal(symlink(w, p), 0);
+    tsr_error_clear(&e);
+    assert_int_equal(tsr_model_file_open(g_tmp, &f, &e), TSR_ERR_IO);
+    assert_non_null(strstr(e.file, "config.json"));
+    unlink(p);
     tsr_model_file_close(NULL);
     tsr_safetensors_free(NULL);
     tsr_gguf_free(NULL);
