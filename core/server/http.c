@@ -4,6 +4,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +73,14 @@ static int client_gone(struct MHD_Connection *c) {
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return 1;
     }
     return 0;
+}
+
+/* libmicrohttpd's messages, less the one every client abort causes. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (strstr(msg, "application error generating response")) return;
+    fprintf(stderr, "tessera serve: %s", msg);
 }
 
 static enum MHD_Result reply(struct MHD_Connection *c, conn_ctx *cc, int status, const char *type,
@@ -154,8 +163,9 @@ static void stream_fill(stream_ctx *st, tsr_srv_take *t) {
             tsr_srv_sse_append(&st->out, js);
             free(js);
         }
+        tsr_srv_buf_append(&st->out, "data: [DONE]\n\n", 14);
     }
-    tsr_srv_buf_append(&st->out, "data: [DONE]\n\n", 14);
+    /* After an error event the stream just ends (no [DONE]), as OpenAI's does. */
     st->finished = 1;
 }
 
@@ -420,7 +430,8 @@ int tsr_server_start(const tsr_server_opts *o, tsr_server **out, tsr_error *err)
      * (libmicrohttpd answers 431 beyond it); bodies stream through it. */
     s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                                 MHD_USE_ITC | MHD_USE_ERROR_LOG,
-                            0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
+                            0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+                            NULL, MHD_OPTION_SOCK_ADDR, &addr,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)s->o.max_header,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
