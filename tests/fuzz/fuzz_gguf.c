@@ -3,6 +3,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/format/format_internal.h"
 #include "core/format/gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -36,6 +37,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const tsr_gguf_tensor_info *t = tsr_gguf_tensor(g, i);
         sink += (uint64_t)tsr_gguf_find_tensor(g, t->name);
         if (t->nbytes) sink += ((const uint8_t *)t->data)[t->nbytes - 1];
+    }
+    /* the model-level reading of the metadata: config and tensor names */
+    tsr_model_config cfg;
+    if (tsr_config_from_gguf(g, "fuzz.gguf", &cfg, &err) == TSR_OK) {
+        sink += (uint64_t)cfg.n_layers;
+        for (int i = 0; i < tsr_gguf_n_tensors(g); i++) {
+            char name[192];
+            sink += (uint64_t)tsr_gguf_name_to_hf(tsr_gguf_tensor(g, i)->name, cfg.arch, name,
+                                                  sizeof name);
+        }
     }
     (void)sink;
     tsr_gguf_free(g);
