@@ -1,0 +1,147 @@
+/* libFuzzer harness for the tokenizer.
+ * Input: 2 bytes (big-endian) of JSON length, that many bytes of
+ * tokenizer.json, the rest is text. Whatever tokenizer.json loads is used to
+ * encode the text (with and without special tokens), decode and stream it.
+ * The whole input is also encoded with a fixed small byte-level tokenizer
+ * that has all 256 byte tokens, where decode(encode(x)) == x must hold and
+ * the streamed text must be valid UTF-8. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/tokenizer/tokenizer.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static tsr_tokenizer *fixed_tok;
+
+/* GPT-2's byte alphabet, written independently of the library's. */
+static void byte_char(unsigned b, char *out) {
+    unsigned cp = b, n = 0;
+    int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    if (!printable) {
+        for (unsigned i = 0; i < b; i++)
+            n += !((i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174);
+        cp = 256 + n;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        out[2] = 0;
+    }
+}
+
+static void json_str(char **o, const char *s) {
+    *(*o)++ = '"';
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') *(*o)++ = '\\';
+        *(*o)++ = *s;
+    }
+    *(*o)++ = '"';
+}
+
+static tsr_tokenizer *make_fixed(void) {
+    static char buf[16384];
+    char *o = buf, c[4];
+    o += sprintf(o, "{\"model\":{\"type\":\"BPE\",\"vocab\":{");
+    for (unsigned b = 0; b < 256; b++) {
+        byte_char(b, c);
+        json_str(&o, c);
+        o += sprintf(o, ":%u,", b);
+    }
+    o += sprintf(o, "\"\\u0120t\":256,\"he\":257,\"\\u0120the\":258,\"in\":259},"
+                    "\"merges\":[\"\\u0120 t\",\"h e\",[\"\\u0120t\",\"he\"],\"i n\"]},"
+                    "\"added_tokens\":[{\"id\":260,\"content\":\"<|end|>\",\"special\":true},"
+                    "{\"id\":261,\"content\":\"<x>\",\"special\":false}],"
+                    "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\","
+                    "\"pattern\":{\"Regex\":\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|"
+                    "\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
+                    "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"use_regex\":false}]},"
+                    "\"decoder\":{\"type\":\"ByteLevel\"}}");
+    tsr_tokenizer *t;
+    tsr_error err;
+    if (tsr_tokenizer_load_json_mem(buf, (size_t)(o - buf), "fixed.json", &t, &err) != TSR_OK) {
+        fprintf(stderr, "fixed tokenizer: %s\n", err.msg);
+        abort();
+    }
+    return t;
+}
+
+static int valid_utf8(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c < 0x80) { i++; continue; }
+        if (c >= 0xC2 && c <= 0xDF) k = 1;
+        else if (c >= 0xE0 && c <= 0xEF) { k = 2; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+        else if (c >= 0xF0 && c <= 0xF4) { k = 3; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+        else return 0;
+        if (i + k >= n || s[i + 1] < lo || s[i + 1] > hi) return 0;
+        for (size_t j = 2; j <= k; j++)
+            if ((s[i + j] & 0xC0) != 0x80) return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
+static void exercise(const tsr_tokenizer *t, const char *text, size_t len, int special, int must_round_trip) {
+    int32_t *ids;
+    int n;
+    tsr_error err;
+    if (tsr_tokenizer_encode(t, text, len, 1, special, &ids, &n, &err) != TSR_OK) return;
+    /* decode == the tokens' bytes joined (up to a NUL in the text) */
+    char *d = tsr_tokenizer_decode_ex(t, ids, n, 0, 0);
+    if (!d) abort();
+    char piece[TSR_TOKEN_MAX_BYTES + 1];
+    size_t off = 0, dl = strlen(d);
+    int diverged = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= tsr_tokenizer_vocab_size(t)) abort();
+        size_t k = tsr_tokenizer_token_bytes(t, ids[i], 1, piece, sizeof piece);
+        if (k > TSR_TOKEN_MAX_BYTES) abort();
+        if (must_round_trip && (off + k > len || memcmp(text + off, piece, k) != 0)) abort();
+        for (size_t j = 0; j < k && !diverged; j++, off++)
+            if (off < dl && d[off] != piece[j]) diverged = 1;
+        if (diverged) abort();
+    }
+    if (must_round_trip && off != len) abort();
+    free(d);
+    tsr_detok dt;
+    char out[TSR_DETOK_OUT_MIN];
+    tsr_detok_init(&dt, t, tsr_tokenizer_strips_leading_space(t));
+    for (int i = 0; i <= n; i++) {
+        size_t k = i < n ? tsr_detok_push(&dt, ids[i], out, sizeof out) : tsr_detok_flush(&dt, out, sizeof out);
+        if (k >= sizeof out || out[k] != 0 || !valid_utf8((const unsigned char *)out, k)) abort();
+    }
+    free(ids);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!fixed_tok) fixed_tok = make_fixed();
+    /* the fixed tokenizer: lossless on any bytes when special tokens are not parsed */
+    exercise(fixed_tok, (const char *)data, size, 0, 1);
+    exercise(fixed_tok, (const char *)data, size, 1, 0);
+    if (size < 2) return 0;
+    size_t jl = ((size_t)data[0] << 8) | data[1];
+    if (jl > size - 2) jl = size - 2;
+    tsr_tokenizer *t = NULL;
+    tsr_error err;
+    if (tsr_tokenizer_load_json_mem((const char *)data + 2, jl, "fuzz.json", &t, &err) == TSR_OK) {
+        const char *text = (const char *)data + 2 + jl;
+        size_t tl = size - 2 - jl;
+        exercise(t, text, tl, 0, 0);
+        exercise(t, text, tl, 1, 0);
+        tsr_chat_format f;
+        tsr_chat_format_detect(t, &f, &err);
+        tsr_tokenizer_free(t);
+    } else if (err.code == TSR_OK || !err.msg[0]) {
+        abort(); /* a failure must say why */
+    }
+    return 0;
+}
