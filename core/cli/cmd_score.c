@@ -77,7 +77,7 @@ int tsr_cmd_score(int argc, char **argv) {
         score_usage(stdout);
         return 0;
     }
-    tsr_model_opts o = {.progress = 1};
+    tsr_model_opts o = {.progress = 1, .no_tokenizer = 1};
     const char *tokens = NULL, *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         int r = tsr_cli_model_opt(argc, argv, &i, &o, "score");

@@ -100,7 +100,7 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
         size_t l = strlen(p->stop[i]);
         if (l > g->max_stop) g->max_stop = l;
     }
-    tsr_detok_init(&g->detok, m->tok, 0);
+    if (m->tok) tsr_detok_init(&g->detok, m->tok, 0);
     g->drafter_seq = __atomic_fetch_add(&next_drafter_seq, 1, __ATOMIC_RELAXED);
     g->stats.n_prompt = n_prompt;
     g->t_start = now_seconds();
@@ -169,7 +169,7 @@ static int is_eos(const tsr_gen *g, int32_t id) {
     const tsr_model_config *c = &g->m->cfg;
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos[i] == id) return 1;
-    return id == tsr_tokenizer_eos(g->m->tok);
+    return g->m->tok && id == tsr_tokenizer_eos(g->m->tok);
 }
 
 /* Account one chosen token; returns 1 when generation ends with it. */
@@ -183,7 +183,7 @@ static int take_token(tsr_gen *g, const tsr_token_info *info, tsr_gen_event *ev,
         return 1;
     }
     char buf[256];
-    size_t n = tsr_detok_push(&g->detok, info->id, buf, sizeof buf);
+    size_t n = g->m->tok ? tsr_detok_push(&g->detok, info->id, buf, sizeof buf) : 0;
     size_t before = g->text_len;
     if (n && text_append(g, buf, n) != 0) {
         tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for text");
@@ -322,7 +322,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
     if (done) {
         if (stop_at < 0) { /* nothing more can match: release what was held */
             char buf[64];
-            size_t n = tsr_detok_flush(&g->detok, buf, sizeof buf);
+            size_t n = g->m->tok ? tsr_detok_flush(&g->detok, buf, sizeof buf) : 0;
             if (n && text_append(g, buf, n) != 0) {
                 rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for text");
                 goto out;

@@ -320,8 +320,10 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
     m->ex.device = tsr_engine_device(m->engine);
     m->ex.n_threads = tsr_threadpool_size(tsr_engine_pool(m->engine));
 
-    rc = tsr_tokenizer_load_for_model(m->file, o->tokenizer_path, &m->tok, err);
-    if (rc != TSR_OK) goto fail;
+    if (!o->no_tokenizer) {
+        rc = tsr_tokenizer_load_for_model(m->file, o->tokenizer_path, &m->tok, err);
+        if (rc != TSR_OK) goto fail;
+    }
 
     if (tsr_rope_init(&m->rope, c->head_dim, c->rope_theta, c->rope_interleaved,
                       (int)c->rope_scaling, c->rope_factor, c->rope_low_freq_factor,

@@ -25,13 +25,15 @@ typedef struct tsr_model_opts {
     int n_threads;              /* 0: every core */
     int max_ctx;                /* 0: the model's context length */
     int progress;               /* print loading progress to stderr */
+    int no_tokenizer;           /* ids only (score): load no tokenizer; generation then
+                                 * reports tokens without text */
 } tsr_model_opts;
 
 int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err);
 void tsr_model_free(tsr_model *m);
 
 const tsr_model_config *tsr_model_get_config(const tsr_model *m);
-const tsr_tokenizer *tsr_model_get_tokenizer(const tsr_model *m);
+const tsr_tokenizer *tsr_model_get_tokenizer(const tsr_model *m); /* NULL with no_tokenizer */
 tsr_engine *tsr_model_get_engine(const tsr_model *m);
 int tsr_model_ctx(const tsr_model *m);              /* context length in tokens */
 double tsr_model_load_seconds(const tsr_model *m);

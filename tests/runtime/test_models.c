@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -24,9 +25,9 @@ static const char *src_dir(void) {
 
 static char asm_path[4096];
 
-static tsr_model *load(const char *model, const char *tokenizer) {
+static tsr_model *load(const char *model, const char *tokenizer, int no_tokenizer) {
     tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .tokenizer_path = tokenizer,
-                        .n_threads = 2};
+                        .n_threads = 2, .no_tokenizer = no_tokenizer};
     tsr_error err;
     tsr_error_clear(&err);
     tsr_model *m = NULL;
@@ -116,9 +117,8 @@ static char *greedy(tsr_model *m, const int32_t *ids, int n, const int32_t *expe
     return text;
 }
 
-static void check_fixture(const char *family) {
-    char dir[4096], ref_path[4200];
-    snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), family);
+static void check_dir(const char *dir, const char *family, double tol) {
+    char ref_path[4200];
     snprintf(ref_path, sizeof ref_path, "%s/reference.safetensors", dir);
     tsr_safetensors *ref;
     tsr_error err;
@@ -127,14 +127,36 @@ static void check_fixture(const char *family) {
     int n_ids, n_greedy;
     int32_t *ids = read_i32(ref_tensor(ref, "input_ids", TSR_DTYPE_I32), &n_ids);
     int32_t *expect = read_i32(ref_tensor(ref, "greedy_ids", TSR_DTYPE_I32), &n_greedy);
-    tsr_model *m = load(dir, NULL);
-    check_logits(m, ids, n_ids, ref_tensor(ref, "logits", TSR_DTYPE_F32), 1e-3, family);
+    tsr_model *m = load(dir, NULL, 1); /* fixtures ship no tokenizer */
+    check_logits(m, ids, n_ids, ref_tensor(ref, "logits", TSR_DTYPE_F32), tol, family);
     free(greedy(m, ids, n_ids, expect, n_greedy, family));
     tsr_model_free(m);
     free(ids);
     free(expect);
     tsr_safetensors_free(ref);
 }
+
+static void check_fixture(const char *family) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), family);
+    check_dir(dir, family, 1e-3);
+}
+
+/* The pystd models (bf16, sharded, a trained MoE) in ../shared, when present. */
+static void check_pystd(const char *name) {
+    const char *shared = getenv("TESSERA_SHARED_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/data/models/pystd/%s", shared ? shared : "../shared", name);
+    if (access(dir, R_OK) != 0) {
+        printf("# %s absent: pystd checks skipped (they need the project's shared data)\n", dir);
+        skip();
+    }
+    check_dir(dir, name, 1e-3);
+}
+
+static void test_pystd_target(void **state) { (void)state; check_pystd("target"); }
+static void test_pystd_draft(void **state) { (void)state; check_pystd("draft"); }
+static void test_pystd_moe(void **state) { (void)state; check_pystd("moe"); }
 
 static void test_llama(void **state) { (void)state; check_fixture("llama"); }
 static void test_qwen2(void **state) { (void)state; check_fixture("qwen2"); }
@@ -160,7 +182,7 @@ static void check_stories(const char *file, const char *tokenizer, double tol) {
     assert_non_null(root);
     json_t *cases = json_object_get(root, "cases");
     assert_true(json_is_array(cases));
-    tsr_model *m = load(model, tokenizer ? tok : NULL);
+    tsr_model *m = load(model, tokenizer ? tok : NULL, 0);
     for (size_t c = 0; c < json_array_size(cases); c++) {
         char name[64], what[256];
         int n_ids, n_greedy;
@@ -227,6 +249,9 @@ int main(void) {
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_mixtral),
         cmocka_unit_test(test_qwen3_moe),
+        cmocka_unit_test(test_pystd_target),
+        cmocka_unit_test(test_pystd_draft),
+        cmocka_unit_test(test_pystd_moe),
         cmocka_unit_test(test_stories_hf),
         cmocka_unit_test(test_stories_gguf),
         cmocka_unit_test(test_stories_llama2c),
