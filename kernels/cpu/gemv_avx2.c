@@ -1,0 +1,261 @@
+/*
+ * gemv_avx2.c - the AVX2 + FMA + F16C path of gemv_cpu.h. Built with those
+ * flags for this file only; called only after tsr_gemv_isa_runs() said yes.
+ *
+ * Each weight vector of 8 elements is decoded once in registers and used for
+ * up to 4 input rows; wider batches take the row again from L1 per group of 4.
+ */
+#include "gemv_cpu.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "../dtype.h"
+
+#define INL static inline __attribute__((always_inline))
+#define XG 4 /* input rows per pass over a weight row */
+
+INL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INL uint16_t rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+INL float h2f(const uint8_t *p) { return _cvtsh_ss(rd16(p)); }
+
+/* --- plain types: 8 elements to 8 floats ------------------------------------ */
+
+INL __m256 ld_f32(const uint8_t *p) { return _mm256_loadu_ps((const float *)(const void *)p); }
+INL __m256 ld_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
+INL __m256 ld_bf16(const uint8_t *p) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+INL __m256 ld_i8(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)));
+}
+
+INL float sc_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+INL float sc_f16(const uint8_t *p) { return h2f(p); }
+INL float sc_bf16(const uint8_t *p) { return tsr_bf16_to_f32(rd16(p)); }
+INL float sc_i8(const uint8_t *p) { return (float)(int8_t)p[0]; }
+
+/* out[i] = dot(w[0..n), x[i * ldx ..]) for i < nx, u independent chains each. */
+#define PLAIN_DOT(NAME, LOAD, SCALAR, ESZ)                                                       \
+    INL void NAME(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u,      \
+                  float *out) {                                                                  \
+        __m256 acc[XG][4];                                                                       \
+        for (int i = 0; i < nx; i++)                                                             \
+            for (int k = 0; k < u; k++) acc[i][k] = _mm256_setzero_ps();                         \
+        int64_t c = 0;                                                                           \
+        for (; c + 8 * u <= n; c += 8 * u) {                                                     \
+            for (int k = 0; k < u; k++) {                                                        \
+                __m256 wv = LOAD(w + (c + 8 * k) * ESZ);                                         \
+                for (int i = 0; i < nx; i++)                                                     \
+                    acc[i][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * ldx + c + 8 * k),    \
+                                                acc[i][k]);                                      \
+            }                                                                                    \
+        }                                                                                        \
+        for (; c + 8 <= n; c += 8) {                                                             \
+            __m256 wv = LOAD(w + c * ESZ);                                                       \
+            for (int i = 0; i < nx; i++)                                                         \
+                acc[i][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * ldx + c), acc[i][0]);    \
+        }                                                                                        \
+        for (int i = 0; i < nx; i++) {                                                           \
+            __m256 s = acc[i][0];                                                                \
+            for (int k = 1; k < u; k++) s = _mm256_add_ps(s, acc[i][k]);                         \
+            float t = hsum8(s);                                                                  \
+            for (int64_t cc = c; cc < n; cc++) t += SCALAR(w + cc * ESZ) * x[i * ldx + cc];      \
+            out[i] = t;                                                                          \
+        }                                                                                        \
+    }
+
+PLAIN_DOT(dot_f32, ld_f32, sc_f32, 4)
+PLAIN_DOT(dot_f16, ld_f16, sc_f16, 2)
+PLAIN_DOT(dot_bf16, ld_bf16, sc_bf16, 2)
+PLAIN_DOT(dot_i8, ld_i8, sc_i8, 1)
+
+/* --- Q8_0: {f16 d; i8 q[32]}; sum_b d_b * (q_b . x_b), two blocks in flight -- */
+
+INL __m256 q8_part(const uint8_t *b, int k) { return ld_i8(b + 2 + 8 * k); }
+
+INL void dot_q8_0(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u,
+                  float *out) {
+    (void)u;
+    __m256 acc[XG][2];
+    for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    int64_t nb = n / 32, b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *blk = w + (b + h) * 34;
+            __m256 d = _mm256_set1_ps(h2f(blk));
+            __m256 q0 = q8_part(blk, 0), q1 = q8_part(blk, 1), q2 = q8_part(blk, 2), q3 = q8_part(blk, 3);
+            for (int i = 0; i < nx; i++) {
+                const float *xp = x + i * ldx + (b + h) * 32;
+                __m256 s = _mm256_mul_ps(q0, _mm256_loadu_ps(xp));
+                __m256 t = _mm256_mul_ps(q1, _mm256_loadu_ps(xp + 8));
+                s = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xp + 16), s);
+                t = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xp + 24), t);
+                acc[i][h] = _mm256_fmadd_ps(d, _mm256_add_ps(s, t), acc[i][h]);
+            }
+        }
+    }
+    for (; b < nb; b++) {
+        const uint8_t *blk = w + b * 34;
+        __m256 d = _mm256_set1_ps(h2f(blk));
+        for (int i = 0; i < nx; i++) {
+            const float *xp = x + i * ldx + b * 32;
+            __m256 s = _mm256_mul_ps(q8_part(blk, 0), _mm256_loadu_ps(xp));
+            s = _mm256_fmadd_ps(q8_part(blk, 1), _mm256_loadu_ps(xp + 8), s);
+            s = _mm256_fmadd_ps(q8_part(blk, 2), _mm256_loadu_ps(xp + 16), s);
+            s = _mm256_fmadd_ps(q8_part(blk, 3), _mm256_loadu_ps(xp + 24), s);
+            acc[i][0] = _mm256_fmadd_ps(d, s, acc[i][0]);
+        }
+    }
+    for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
+}
+
+/* --- Q4_K: {f16 d, dmin; u8 scales[12]; u8 qs[128]} per 256 ------------------- */
+
+INL void q4k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+INL __m256 u8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+
+INL void dot_q4_k(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u,
+                  float *out) {
+    (void)u;
+    __m256 acc[XG][2];
+    for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    for (int64_t sb = 0; sb < n / 256; sb++) {
+        const uint8_t *blk = w + sb * 144;
+        float d = h2f(blk), dmin = h2f(blk + 2);
+        const uint8_t *scales = blk + 4, *qs = blk + 16;
+        for (int p = 0; p < 4; p++) {
+            int sc, m;
+            q4k_scale_min(2 * p, scales, &sc, &m);
+            __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(dmin * (float)m);
+            q4k_scale_min(2 * p + 1, scales, &sc, &m);
+            __m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(dmin * (float)m);
+            for (int h = 0; h < 2; h++) {
+                __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * p + 16 * h));
+                __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+                __m256 w0 = _mm256_fmsub_ps(d1, u8_to_ps(lo), m1);
+                __m256 w1 = _mm256_fmsub_ps(d1, u8_to_ps(_mm_srli_si128(lo, 8)), m1);
+                __m256 w2 = _mm256_fmsub_ps(d2, u8_to_ps(hi), m2);
+                __m256 w3 = _mm256_fmsub_ps(d2, u8_to_ps(_mm_srli_si128(hi, 8)), m2);
+                int64_t o = sb * 256 + 64 * p + 16 * h;
+                for (int i = 0; i < nx; i++) {
+                    const float *xp = x + i * ldx + o;
+                    acc[i][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp), acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp + 8), acc[i][1]);
+                    acc[i][0] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xp + 32), acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xp + 40), acc[i][1]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
+}
+
+/* --- other block types: decoded 256 elements at a time on the stack ----------- */
+
+INL void dot_chunked(uint32_t dtype, const uint8_t *w, const float *x, int64_t ldx, int64_t n,
+                     int nx, int u, float *out) {
+    float buf[256] __attribute__((aligned(32)));
+    float part[XG];
+    int be = tsr_dtype_block_elems(dtype), bb = tsr_dtype_block_bytes(dtype);
+    for (int i = 0; i < nx; i++) out[i] = 0.0f;
+    for (int64_t c = 0; c < n; c += 256) {
+        int64_t m = n - c < 256 ? n - c : 256;
+        tsr_dequant_row(dtype, w + (uint64_t)(c / be) * (uint64_t)bb, buf, m);
+        dot_f32((const uint8_t *)buf, x + c, ldx, m, nx, u, part);
+        for (int i = 0; i < nx; i++) out[i] += part[i];
+    }
+}
+
+/* One weight row against every input row, XG at a time, with nx and the
+ * number of chains known at compile time inside each case. */
+#define ROW_DRIVER(NAME, DOT)                                                                 \
+    static void NAME(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *rs) {       \
+        float out[XG];                                                                        \
+        for (int64_t r = r0; r < r1; r++) {                                                   \
+            const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;                           \
+            float s = rs ? rs[r] : 1.0f;                                                      \
+            for (int g = 0; g < a->nx; g += XG) {                                             \
+                const float *x = a->x + (int64_t)g * a->ldx;                                  \
+                int nn = a->nx - g < XG ? a->nx - g : XG;                                     \
+                switch (nn) {                                                                 \
+                case 1: DOT(row, x, a->ldx, a->cols, 1, 4, out); break;                       \
+                case 2: DOT(row, x, a->ldx, a->cols, 2, 4, out); break;                       \
+                case 3: DOT(row, x, a->ldx, a->cols, 3, 2, out); break;                       \
+                default: DOT(row, x, a->ldx, a->cols, 4, 2, out); break;                      \
+                }                                                                             \
+                for (int i = 0; i < nn; i++) a->y[(int64_t)(g + i) * a->ldy + r] = out[i] * s; \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+ROW_DRIVER(rows_f32, dot_f32)
+ROW_DRIVER(rows_f16, dot_f16)
+ROW_DRIVER(rows_bf16, dot_bf16)
+ROW_DRIVER(rows_i8, dot_i8)
+ROW_DRIVER(rows_q8_0, dot_q8_0)
+ROW_DRIVER(rows_q4_k, dot_q4_k)
+
+
+static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    float out[XG];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
+        for (int g = 0; g < a->nx; g += XG) {
+            const float *x = a->x + (int64_t)g * a->ldx;
+            int nn = a->nx - g < XG ? a->nx - g : XG;
+            switch (nn) {
+            case 1: dot_chunked(dtype, row, x, a->ldx, a->cols, 1, 4, out); break;
+            case 2: dot_chunked(dtype, row, x, a->ldx, a->cols, 2, 4, out); break;
+            case 3: dot_chunked(dtype, row, x, a->ldx, a->cols, 3, 2, out); break;
+            default: dot_chunked(dtype, row, x, a->ldx, a->cols, 4, 2, out); break;
+            }
+            for (int i = 0; i < nn; i++) a->y[(int64_t)(g + i) * a->ldy + r] = out[i];
+        }
+    }
+}
+
+void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    switch (dtype) {
+    case TSR_DTYPE_F32: rows_f32(a, r0, r1, NULL); break;
+    case TSR_DTYPE_F16: rows_f16(a, r0, r1, NULL); break;
+    case TSR_DTYPE_BF16: rows_bf16(a, r0, r1, NULL); break;
+    case TSR_DTYPE_I8: rows_i8(a, r0, r1, a->scale); break;
+    case TSR_DTYPE_Q8_0: rows_q8_0(a, r0, r1, NULL); break;
+    case TSR_DTYPE_Q4_K: rows_q4_k(a, r0, r1, NULL); break;
+    default: rows_chunked(dtype, a, r0, r1); break;
+    }
+}
+
+#else
+void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    tsr_gemv_rows_portable(dtype, a, r0, r1);
+}
+#endif

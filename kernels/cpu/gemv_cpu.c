@@ -1,0 +1,125 @@
+/*
+ * gemv_cpu.c - dispatch, the portable path, row widening and int8 row
+ * quantisation. The AVX2 path lives in gemv_avx2.c (built with its own flags).
+ */
+#include "gemv_cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../dtype.h"
+
+#define CHUNK 256 /* elements decoded at once: a multiple of every block size */
+#define GROUP 8   /* input rows accumulated together on the portable path */
+
+int tsr_gemv_dtype_supported(uint32_t dtype) {
+    return dtype < TSR_DTYPE_COUNT && dtype != TSR_DTYPE_I32 && dtype != TSR_DTYPE_I64;
+}
+
+const char *tsr_gemv_isa_name(tsr_gemv_isa isa) {
+    switch (isa) {
+    case TSR_GEMV_ISA_PORTABLE: return "portable";
+    case TSR_GEMV_ISA_AVX2: return "avx2";
+    default: return "unknown";
+    }
+}
+
+int tsr_gemv_isa_runs(tsr_gemv_isa isa) {
+    switch (isa) {
+    case TSR_GEMV_ISA_PORTABLE: return 1;
+#if defined(__x86_64__) || defined(__i386__)
+    case TSR_GEMV_ISA_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+#endif
+    default: return 0;
+    }
+}
+
+tsr_gemv_isa tsr_gemv_isa_best(void) {
+    static int best = -1; /* benign race: every thread computes the same value */
+    if (best < 0) best = tsr_gemv_isa_runs(TSR_GEMV_ISA_AVX2) ? TSR_GEMV_ISA_AVX2 : TSR_GEMV_ISA_PORTABLE;
+    return (tsr_gemv_isa)best;
+}
+
+tsr_gemv_kernel_fn tsr_gemv_kernel(tsr_gemv_isa isa) {
+    switch (isa) {
+    case TSR_GEMV_ISA_PORTABLE: return tsr_gemv_rows_portable;
+#if defined(__x86_64__)
+    case TSR_GEMV_ISA_AVX2: return tsr_gemv_rows_avx2;
+#endif
+    default: return NULL;
+    }
+}
+
+/* Pointer and element count of chunk [c, c + n) of a stored row. */
+static const uint8_t *chunk_ptr(uint32_t dtype, const uint8_t *row, int64_t c) {
+    return row + (uint64_t)(c / tsr_dtype_block_elems(dtype)) * (uint64_t)tsr_dtype_block_bytes(dtype);
+}
+
+void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    float buf[CHUNK];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
+        float rs = (dtype == TSR_DTYPE_I8 && a->scale) ? a->scale[r] : 1.0f;
+        for (int g = 0; g < a->nx; g += GROUP) {
+            int ng = a->nx - g < GROUP ? a->nx - g : GROUP;
+            float acc[GROUP][8];
+            memset(acc, 0, sizeof acc);
+            for (int64_t c = 0; c < a->cols; c += CHUNK) {
+                int64_t n = a->cols - c < CHUNK ? a->cols - c : CHUNK;
+                const float *wv = buf;
+                if (dtype == TSR_DTYPE_F32)
+                    memcpy(buf, row + (uint64_t)c * 4, (size_t)n * 4); /* row may be unaligned */
+                else
+                    tsr_dequant_row(dtype, chunk_ptr(dtype, row, c), buf, n);
+                for (int i = 0; i < ng; i++) {
+                    const float *x = a->x + (int64_t)(g + i) * a->ldx + c;
+                    for (int64_t k = 0; k < n; k++) acc[i][k & 7] += wv[k] * x[k];
+                }
+            }
+            for (int i = 0; i < ng; i++) {
+                float s = ((acc[i][0] + acc[i][4]) + (acc[i][1] + acc[i][5])) +
+                          ((acc[i][2] + acc[i][6]) + (acc[i][3] + acc[i][7]));
+                a->y[(int64_t)(g + i) * a->ldy + r] = s * rs;
+            }
+        }
+    }
+}
+
+void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1, float *dst) {
+    for (int64_t r = r0; r < r1; r++, dst += a->cols) {
+        const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
+        if (dtype == TSR_DTYPE_F32) {
+            memcpy(dst, row, (size_t)a->cols * 4);
+            continue;
+        }
+        tsr_dequant_row(dtype, row, dst, a->cols);
+        if (dtype == TSR_DTYPE_I8 && a->scale) {
+            float s = a->scale[r];
+            for (int64_t c = 0; c < a->cols; c++) dst[c] *= s;
+        }
+    }
+}
+
+float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < n; c++) {
+        float v = fabsf(src[c]);
+        if (!(v <= amax)) amax = v; /* NaN propagates into amax */
+    }
+    if (amax == 0.0f || !isfinite(amax)) {
+        memset(q, 0, (size_t)n);
+        return amax == 0.0f ? 0.0f : amax;
+    }
+    float s = amax / 127.0f;
+    float inv = 127.0f / amax;
+    for (int64_t c = 0; c < n; c++) {
+        float v = nearbyintf(src[c] * inv);
+        if (v > 127.0f) v = 127.0f;
+        if (v < -127.0f) v = -127.0f;
+        q[c] = (int8_t)v;
+    }
+    return s;
+}

@@ -1,0 +1,76 @@
+/*
+ * gemv_cpu.h - CPU matrix-vector kernels over stored weight rows.
+ *
+ * A kernel computes, for weight rows [r0, r1) of a matrix stored row-major in
+ * one of the tsr_dtype layouts (row_bytes apart), the dot product of each row
+ * with each of nx f32 input rows:
+ *
+ *     y[i * ldy + r] = scale[r] * sum_c W[r, c] * x[i * ldx + c]   (scale: I8 only)
+ *
+ * Weights are read as stored: plain types are converted in registers, GGUF
+ * block types (Q8_0, Q4_K) are decoded block by block in registers; the other
+ * block types go through tsr_dequant_row one 256-element chunk at a time on
+ * the stack. Nothing wider than a chunk is ever materialised, and each weight
+ * row is read once for all nx input rows (verification and small batches pay
+ * the weight traffic once). Accumulation is f32; the order differs from the
+ * reference's, so results differ from it by rounding only.
+ *
+ * The ISA is picked at run time (__builtin_cpu_supports): AVX2+FMA+F16C where
+ * present, otherwise a portable C path that computes the same sums.
+ */
+#ifndef TSR_KERNELS_GEMV_CPU_H
+#define TSR_KERNELS_GEMV_CPU_H
+
+#include <stdint.h>
+
+#include "../../slots/tsr_plugin.h"
+
+typedef enum tsr_gemv_isa {
+    TSR_GEMV_ISA_PORTABLE = 0,
+    TSR_GEMV_ISA_AVX2 = 1, /* AVX2 + FMA + F16C */
+    TSR_GEMV_ISA_COUNT = 2
+} tsr_gemv_isa;
+
+/* Arguments of one kernel call. w points at row 0 of the matrix. */
+typedef struct tsr_gemv_args {
+    const uint8_t *w;     /* [rows, row_bytes] as stored */
+    uint64_t row_bytes;   /* bytes of one stored row */
+    const float *scale;   /* [rows] per-row scale, used for TSR_DTYPE_I8 only (NULL: 1) */
+    int64_t cols;         /* a multiple of the dtype's block size */
+    const float *x;       /* [nx, ldx] */
+    int64_t ldx;
+    int nx;               /* >= 1, any count (taken 4 at a time) */
+    float *y;             /* [nx, ldy]; y[i * ldy + r] for r in [r0, r1) */
+    int64_t ldy;
+} tsr_gemv_args;
+
+typedef void (*tsr_gemv_kernel_fn)(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
+
+/* The best ISA this CPU runs (cached after the first call). */
+tsr_gemv_isa tsr_gemv_isa_best(void);
+/* "portable", "avx2". */
+const char *tsr_gemv_isa_name(tsr_gemv_isa isa);
+/* 1 if the running CPU can execute kernels of isa. */
+int tsr_gemv_isa_runs(tsr_gemv_isa isa);
+
+/* 1 if the kernels read dtype as a weight (every stored type except i32/i64). */
+int tsr_gemv_dtype_supported(uint32_t dtype);
+
+/* The kernel for isa; NULL if isa is unknown or this build lacks it. The
+ * caller checks tsr_gemv_isa_runs(isa) before calling an explicit ISA. */
+tsr_gemv_kernel_fn tsr_gemv_kernel(tsr_gemv_isa isa);
+
+/* Widen stored rows [r0, r1) to f32 into dst[(r - r0) * cols + c] (with the
+ * I8 row scale applied): the tile a BLAS sgemm reads in prefill. */
+void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1, float *dst);
+
+/* Symmetric int8 quantisation of one f32 row: q[c] = round(src[c] / s) with
+ * s = max|src| / 127 (0 for an all-zero row, then q = 0). Returns s. NaN or
+ * Inf in src give s = NaN/Inf and are the caller's to reject. */
+float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q);
+
+/* Internal: per-ISA entry points (one file each). */
+void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
+void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
+
+#endif /* TSR_KERNELS_GEMV_CPU_H */

@@ -1,0 +1,121 @@
+#include "gemv_engine.h"
+
+#include <cblas.h>
+#include <string.h>
+
+#include "core/util/checked.h"
+#include "kernels/dtype.h"
+
+/* Present when BLAS is OpenBLAS; weak so another BLAS still links. */
+extern void openblas_set_num_threads(int n) __attribute__((weak));
+
+int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
+    const tsr_param *p = ctx->host->param(ctx, "isa");
+    const char *isa = p && p->type == TSR_PARAM_STRING && p->v.s ? p->v.s : "auto";
+    tsr_gemv_isa want;
+    if (!strcmp(isa, "auto")) {
+        want = tsr_gemv_isa_best();
+    } else if (!strcmp(isa, "avx2")) {
+        want = TSR_GEMV_ISA_AVX2;
+    } else if (!strcmp(isa, "portable")) {
+        want = TSR_GEMV_ISA_PORTABLE;
+    } else {
+        ctx->host->set_error(ctx, "param isa: '%s' is not one of auto, avx2, portable", isa);
+        return TSR_ERR_INVALID;
+    }
+    if (!tsr_gemv_isa_runs(want) || !tsr_gemv_kernel(want)) {
+        ctx->host->set_error(ctx, "param isa: this CPU or build cannot run '%s'", isa);
+        return TSR_ERR_UNSUPPORTED;
+    }
+    cfg->kernel = tsr_gemv_kernel(want);
+    p = ctx->host->param(ctx, "blas_min_rows");
+    cfg->blas_min_rows = p && p->type == TSR_PARAM_INT ? p->v.i : 0;
+    p = ctx->host->param(ctx, "blas_tile_rows");
+    cfg->tile_rows = p && p->type == TSR_PARAM_INT ? p->v.i : 64;
+    if (cfg->blas_min_rows < 0 || cfg->tile_rows < 1 || cfg->tile_rows > 65536) {
+        ctx->host->set_error(ctx, "params: blas_min_rows %lld must be >= 0 and blas_tile_rows %lld in 1..65536",
+                             (long long)cfg->blas_min_rows, (long long)cfg->tile_rows);
+        return TSR_ERR_INVALID;
+    }
+    if (cfg->blas_min_rows > 0 && openblas_set_num_threads) openblas_set_num_threads(1);
+    ctx->host->log(ctx, TSR_LOG_DEBUG, "isa %s, sgemm from %lld rows", tsr_gemv_isa_name(want),
+                   (long long)cfg->blas_min_rows);
+    return TSR_OK;
+}
+
+int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *row_bytes) {
+    const char *name = w->name ? w->name : "(unnamed)";
+    if (!tsr_gemv_dtype_supported(w->dtype)) {
+        ctx->host->set_error(ctx, "%s: dtype %s is not a weight type", name, tsr_dtype_name(w->dtype));
+        return TSR_ERR_UNSUPPORTED;
+    }
+    uint64_t total;
+    if (w->rows <= 0 || w->cols <= 0 || !w->data || tsr_dtype_row_bytes(w->dtype, w->cols, row_bytes) != 0 ||
+        tsr_mul_u64(*row_bytes, (uint64_t)w->rows, &total) != 0 || total > w->nbytes) {
+        ctx->host->set_error(ctx, "%s: %lld x %lld %s does not fit its %llu bytes", name, (long long)w->rows,
+                             (long long)w->cols, tsr_dtype_name(w->dtype), (unsigned long long)w->nbytes);
+        return TSR_ERR_INVALID;
+    }
+    return TSR_OK;
+}
+
+typedef struct run_job {
+    const gemv_engine_cfg *cfg;
+    const tsr_plugin_ctx *ctx;
+    const gemv_matrix *m;
+    tsr_gemv_args args;
+    volatile int failed;
+} run_job;
+
+static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    run_job *j = arg;
+    j->cfg->kernel(j->m->dtype, &j->args, r0, r1);
+}
+
+/* Items are tiles of tile_rows weight rows: widen a tile, one sgemm. */
+static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    run_job *j = arg;
+    const gemv_matrix *m = j->m;
+    int64_t tr = j->cfg->tile_rows;
+    float *tile = j->ctx->host->alloc(j->ctx, (size_t)(tr * m->cols) * sizeof(float), 64);
+    if (!tile) {
+        j->failed = 1;
+        return;
+    }
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t r0 = t * tr, r1 = r0 + tr < m->rows ? r0 + tr : m->rows;
+        tsr_gemv_widen_rows(m->dtype, &j->args, r0, r1, tile);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->args.nx, (int)(r1 - r0), (int)m->cols, 1.0f,
+                    j->args.x, (int)m->cols, tile, (int)m->cols, 0.0f, j->args.y + r0, (int)m->rows);
+    }
+    j->ctx->host->free(j->ctx, tile);
+}
+
+int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
+                    int rows, const float *x, float *y) {
+    if (rows < 1 || !x || !y) {
+        ctx->host->set_error(ctx, "run: %d input rows (need >= 1) or a NULL buffer", rows);
+        return TSR_ERR_INVALID;
+    }
+    run_job j = {cfg, ctx, m,
+                 {.w = m->data, .row_bytes = m->row_bytes, .scale = m->scale, .cols = m->cols,
+                  .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = m->rows},
+                 0};
+    /* sgemm's int dimensions: fall back to the kernels past them. */
+    int blas = cfg->blas_min_rows > 0 && rows >= cfg->blas_min_rows && m->cols <= INT32_MAX / 2 &&
+               m->rows <= INT32_MAX / 2 && m->cols * cfg->tile_rows <= (int64_t)1 << 30;
+    if (blas) {
+        int64_t tiles = (m->rows + cfg->tile_rows - 1) / cfg->tile_rows;
+        ctx->host->parallel_for(ctx, tiles, run_blas, &j);
+        if (j.failed) {
+            ctx->host->set_error(ctx, "out of memory for a %lld x %lld sgemm tile", (long long)cfg->tile_rows,
+                                 (long long)m->cols);
+            return TSR_ERR_NOMEM;
+        }
+        return TSR_OK;
+    }
+    ctx->host->parallel_for(ctx, m->rows, run_kernel, &j);
+    return TSR_OK;
+}

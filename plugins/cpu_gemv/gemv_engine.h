@@ -1,0 +1,44 @@
+/*
+ * gemv_engine.h - what cpu_gemv and cpu_gemv_int8 share: a prepared matrix
+ * and its run over the host's thread pool (SIMD kernels for few rows, widened
+ * tiles through OpenBLAS sgemm for many).
+ */
+#ifndef CPU_GEMV_ENGINE_H
+#define CPU_GEMV_ENGINE_H
+
+#include <stdint.h>
+
+#include "kernels/cpu/gemv_cpu.h"
+#include "slots/tsr_gemv.h"
+
+/* Tunables from the plugin's params. */
+typedef struct gemv_engine_cfg {
+    tsr_gemv_kernel_fn kernel; /* the ISA picked at init */
+    int64_t blas_min_rows;     /* run() with >= this many rows uses sgemm; 0: never */
+    int64_t tile_rows;         /* weight rows widened per sgemm call */
+} gemv_engine_cfg;
+
+/* A prepared matrix: borrowed (cpu_gemv) or owned (cpu_gemv_int8) data. */
+typedef struct gemv_matrix {
+    uint32_t dtype;
+    int64_t rows, cols;
+    uint64_t row_bytes;
+    const uint8_t *data;
+    const float *scale; /* [rows], I8 only */
+    uint64_t bytes;     /* bytes read per full pass */
+    void *owned;        /* host allocation behind data and scale, or NULL */
+} gemv_matrix;
+
+/* Reads ctx params "isa" (auto, avx2, portable), "blas_min_rows",
+ * "blas_tile_rows"; sets up OpenBLAS to one thread (the host's pool is the
+ * only source of threads). set_error and a negative status on bad params. */
+int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx);
+
+/* Check w's shape against its bytes. TSR_OK, or set_error and an error. */
+int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *row_bytes);
+
+/* y[rows, m->rows] = x[rows, m->cols] . W^T. */
+int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
+                    int rows, const float *x, float *y);
+
+#endif /* CPU_GEMV_ENGINE_H */

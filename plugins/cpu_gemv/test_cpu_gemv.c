@@ -1,0 +1,363 @@
+/*
+ * Tests of cpu_gemv against an independent reference: each stored row
+ * widened with the kernels' dequantiser and dotted in double precision.
+ * A table of cases (dtypes, shapes with and without SIMD tails, 1..9 input
+ * rows, both ISAs, kernels and sgemm), guard words around the output, NaN
+ * parity, errors naming the tensor, and allocation failure at every step.
+ * Tolerance: 4 * sqrt(cols) * FLT_EPSILON * sum |w x| per output.
+ */
+#include <float.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "kernels/cpu/gemv_cpu.h"
+#include "kernels/dtype.h"
+#include "test_host.h"
+
+#define SEED 20261129u
+#define GUARD 16
+static const uint32_t guard_bits = 0x7fc0deadu;
+
+static uint64_t rng;
+static uint32_t rnd32(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng >> 32);
+}
+static float rndf(float lo, float hi) { return lo + (hi - lo) * (float)(rnd32() >> 8) * 0x1p-24f; }
+
+/* Random stored weights of a dtype: plain types from uniform floats, block
+ * types from random bytes with small finite f16 scales. */
+static uint8_t *make_weights(uint32_t dtype, int64_t rows, int64_t cols, uint64_t *row_bytes) {
+    assert_int_equal(tsr_dtype_row_bytes(dtype, cols, row_bytes), 0);
+    size_t n = (size_t)(*row_bytes * (uint64_t)rows);
+    uint8_t *w = malloc(n + 1);
+    assert_non_null(w);
+    for (size_t i = 0; i < n; i++) w[i] = (uint8_t)rnd32();
+    int64_t count = rows * cols;
+    uint16_t h;
+    switch (dtype) {
+    case TSR_DTYPE_F32:
+        for (int64_t i = 0; i < count; i++) {
+            float f = rndf(-1, 1);
+            memcpy(w + 4 * i, &f, 4);
+        }
+        break;
+    case TSR_DTYPE_F16:
+    case TSR_DTYPE_BF16:
+        for (int64_t i = 0; i < count; i++) {
+            float f = rndf(-1, 1);
+            h = dtype == TSR_DTYPE_F16 ? tsr_f32_to_f16(f) : tsr_f32_to_bf16(f);
+            memcpy(w + 2 * i, &h, 2);
+        }
+        break;
+    case TSR_DTYPE_F8_E4M3:
+        for (int64_t i = 0; i < count; i++)
+            if ((w[i] & 0x7f) == 0x7f) w[i] ^= 1; /* no NaN */
+        break;
+    case TSR_DTYPE_I8:
+        for (int64_t i = 0; i < count; i++)
+            if (w[i] == 0x80) w[i] = 0x81;
+        break;
+    default: {
+        int bb = tsr_dtype_block_bytes(dtype);
+        for (size_t b = 0; b < n / (size_t)bb; b++) {
+            uint8_t *blk = w + b * (size_t)bb;
+            h = tsr_f32_to_f16(rndf(0.001f, 0.05f));
+            if (dtype == TSR_DTYPE_Q6_K) {
+                memcpy(blk + 208, &h, 2);
+            } else {
+                memcpy(blk, &h, 2);
+                if (dtype == TSR_DTYPE_Q4_K) {
+                    h = tsr_f32_to_f16(rndf(0.001f, 0.05f));
+                    memcpy(blk + 2, &h, 2);
+                }
+            }
+        }
+    }
+    }
+    return w;
+}
+
+/* y_ref[i, r] in double and the bound on each. */
+static void reference(uint32_t dtype, const uint8_t *w, uint64_t row_bytes, int64_t rows, int64_t cols,
+                      const float *x, int nx, double *yref, double *tol) {
+    float *row = malloc((size_t)cols * sizeof *row);
+    assert_non_null(row);
+    for (int64_t r = 0; r < rows; r++) {
+        tsr_dequant_row(dtype, w + (uint64_t)r * row_bytes, row, cols);
+        for (int i = 0; i < nx; i++) {
+            double s = 0, a = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                double p = (double)row[c] * (double)x[i * cols + c];
+                s += p;
+                a += fabs(p);
+            }
+            yref[i * rows + r] = s;
+            tol[i * rows + r] = 4.0 * sqrt((double)cols) * FLT_EPSILON * a + 1e-30;
+        }
+    }
+    free(row);
+}
+
+extern const tsr_plugin_desc *tsr_plugin_entry(void);
+
+typedef struct inst_box {
+    const tsr_plugin_desc *d;
+    const tsr_gemv_i *g;
+    void *inst;
+} inst_box;
+
+static int open_inst(inst_box *b) {
+    b->d = tsr_plugin_entry();
+    b->g = b->d->iface;
+    b->inst = calloc(1, b->d->instance_size);
+    assert_non_null(b->inst);
+    th_err[0] = 0;
+    return b->d->init(b->inst, &th_ctx);
+}
+
+static void close_inst(inst_box *b) {
+    if (b->d->fini) b->d->fini(b->inst);
+    free(b->inst);
+}
+
+static int setup(void **state) {
+    (void)state;
+    th_pool = tsr_threadpool_new(2);
+    return th_pool ? 0 : -1;
+}
+static int teardown(void **state) {
+    (void)state;
+    tsr_threadpool_free(th_pool);
+    return 0;
+}
+
+typedef struct gcase {
+    uint32_t dtype;
+    int64_t rows, cols;
+} gcase;
+
+static const gcase cases[] = {
+    {TSR_DTYPE_F32, 37, 33},   {TSR_DTYPE_F32, 64, 256},  {TSR_DTYPE_F16, 37, 40},
+    {TSR_DTYPE_F16, 19, 896},  {TSR_DTYPE_BF16, 37, 33},  {TSR_DTYPE_BF16, 23, 512},
+    {TSR_DTYPE_I8, 37, 31},    {TSR_DTYPE_F8_E4M3, 13, 64}, {TSR_DTYPE_Q8_0, 37, 96},
+    {TSR_DTYPE_Q8_0, 20, 896}, {TSR_DTYPE_Q4_0, 9, 64},   {TSR_DTYPE_Q4_K, 37, 256},
+    {TSR_DTYPE_Q4_K, 11, 768}, {TSR_DTYPE_Q6_K, 7, 512},
+};
+static const int nxs[] = {1, 2, 3, 4, 5, 8, 9};
+
+/* Runs one case; returns the worst error / tolerance ratio. */
+static double run_case(const gcase *gc, int nx, const char *isa, int blas_min) {
+    th_n_params = 0;
+    th_set_str("isa", isa);
+    th_set_int("blas_min_rows", blas_min);
+    th_set_int("blas_tile_rows", 16);
+    inst_box b;
+    assert_int_equal(open_inst(&b), TSR_OK);
+    uint64_t rb;
+    uint8_t *w = make_weights(gc->dtype, gc->rows, gc->cols, &rb);
+    float *x = malloc((size_t)(nx * gc->cols) * sizeof *x);
+    assert_non_null(x);
+    for (int64_t i = 0; i < nx * gc->cols; i++) x[i] = rndf(-1, 1);
+    size_t ny = (size_t)(nx * gc->rows);
+    float *ybuf = malloc((ny + 2 * GUARD) * sizeof *ybuf);
+    double *yref = malloc(ny * sizeof *yref), *tol = malloc(ny * sizeof *tol);
+    assert_true(ybuf && yref && tol);
+    for (size_t i = 0; i < ny + 2 * GUARD; i++) memcpy(ybuf + i, &guard_bits, 4);
+    float *y = ybuf + GUARD;
+
+    tsr_weight tw = {"test.weight", gc->dtype, gc->rows, gc->cols, w, rb * (uint64_t)gc->rows};
+    void *prep = NULL;
+    assert_int_equal(b.g->prepare(b.inst, &tw, &prep), TSR_OK);
+    assert_int_equal(b.g->bytes(b.inst, prep), rb * (uint64_t)gc->rows);
+    tsr_exec ex = {TSR_DEVICE_CPU, 0, NULL, 2};
+    assert_int_equal(b.g->run(b.inst, prep, nx, x, y, &ex), TSR_OK);
+    reference(gc->dtype, w, rb, gc->rows, gc->cols, x, nx, yref, tol);
+
+    for (int i = 0; i < GUARD; i++) {
+        uint32_t u0, u1;
+        memcpy(&u0, ybuf + i, 4);
+        memcpy(&u1, ybuf + GUARD + ny + i, 4);
+        if (u0 != guard_bits || u1 != guard_bits)
+            fail_msg("%s %lldx%lld nx=%d %s blas=%d: guard word %d overwritten", tsr_dtype_name(gc->dtype),
+                     (long long)gc->rows, (long long)gc->cols, nx, isa, blas_min, i);
+    }
+    double worst = 0;
+    for (size_t k = 0; k < ny; k++) {
+        double e = fabs((double)y[k] - yref[k]);
+        if (!(e <= tol[k]))
+            fail_msg("%s %lldx%lld nx=%d %s blas_min_rows=%d: y[%zu] = %.9g, reference %.9g (tol %.3g)",
+                     tsr_dtype_name(gc->dtype), (long long)gc->rows, (long long)gc->cols, nx, isa, blas_min, k,
+                     (double)y[k], yref[k], tol[k]);
+        if (e / tol[k] > worst) worst = e / tol[k];
+    }
+    b.g->release(b.inst, prep);
+    close_inst(&b);
+    assert_int_equal(atomic_load(&th_live), 0);
+    free(w), free(x), free(ybuf), free(yref), free(tol);
+    return worst;
+}
+
+static void test_table(void **state) {
+    (void)state;
+    rng = SEED;
+    printf("seed %u, isa best: %s\n", SEED, tsr_gemv_isa_name(tsr_gemv_isa_best()));
+    const char *isas[] = {"portable", "avx2"};
+    int ran = 0, unsupported = 0;
+    for (int s = 0; s < 2; s++) {
+        if (!tsr_gemv_isa_runs(s == 0 ? TSR_GEMV_ISA_PORTABLE : TSR_GEMV_ISA_AVX2)) {
+            printf("isa %s: unsupported on this CPU, %zu cases skipped\n", isas[s], sizeof cases / sizeof *cases);
+            unsupported++;
+            continue;
+        }
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            double worst = 0;
+            for (size_t k = 0; k < sizeof nxs / sizeof *nxs; k++)
+                for (int blas = 0; blas < 2; blas++) {
+                    double r = run_case(&cases[c], nxs[k], isas[s], blas ? 4 : 0);
+                    if (r > worst) worst = r;
+                    ran++;
+                }
+            printf("  %-8s %-8s %4lld x %-4lld worst error/tol %.3f\n", isas[s], tsr_dtype_name(cases[c].dtype),
+                   (long long)cases[c].rows, (long long)cases[c].cols, worst);
+        }
+    }
+    printf("%d cases passed, %d isa unsupported\n", ran, unsupported);
+    assert_true(ran > 0);
+}
+
+/* NaN in one input row turns exactly that output row to NaN. */
+static void test_nan_parity(void **state) {
+    (void)state;
+    rng = SEED + 1;
+    const uint32_t dts[] = {TSR_DTYPE_F16, TSR_DTYPE_Q8_0, TSR_DTYPE_Q4_K, TSR_DTYPE_BF16};
+    const char *isas[] = {"portable", "avx2"};
+    for (int s = 0; s < 2; s++) {
+        if (s == 1 && !tsr_gemv_isa_runs(TSR_GEMV_ISA_AVX2)) continue;
+        for (int blas = 0; blas < 2; blas++)
+            for (size_t d = 0; d < 4; d++) {
+                th_n_params = 0;
+                th_set_str("isa", isas[s]);
+                th_set_int("blas_min_rows", blas ? 2 : 0);
+                inst_box b;
+                assert_int_equal(open_inst(&b), TSR_OK);
+                int64_t rows = 21, cols = 256;
+                uint64_t rb;
+                uint8_t *w = make_weights(dts[d], rows, cols, &rb);
+                float x[3 * 256], y[3 * 21];
+                for (int i = 0; i < 3 * 256; i++) x[i] = rndf(-1, 1);
+                x[256 + 77] = NAN;
+                tsr_weight tw = {"nan.weight", dts[d], rows, cols, w, rb * (uint64_t)rows};
+                void *prep;
+                assert_int_equal(b.g->prepare(b.inst, &tw, &prep), TSR_OK);
+                assert_int_equal(b.g->run(b.inst, prep, 3, x, y, NULL), TSR_OK);
+                for (int r = 0; r < rows; r++) {
+                    assert_true(isfinite(y[r]));
+                    assert_true(isnan(y[rows + r]));
+                    assert_true(isfinite(y[2 * rows + r]));
+                }
+                b.g->release(b.inst, prep);
+                close_inst(&b);
+                free(w);
+            }
+    }
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    th_n_params = 0;
+    inst_box b;
+    assert_int_equal(open_inst(&b), TSR_OK);
+    uint8_t buf[4096] = {0};
+    void *prep = (void *)1;
+    /* too few bytes for the shape */
+    tsr_weight w1 = {"blk.0.short", TSR_DTYPE_F16, 10, 100, buf, 1999};
+    assert_int_equal(b.g->prepare(b.inst, &w1, &prep), TSR_ERR_INVALID);
+    assert_non_null(strstr(th_err, "blk.0.short"));
+    /* cols not a multiple of the block */
+    tsr_weight w2 = {"blk.0.q8", TSR_DTYPE_Q8_0, 2, 33, buf, sizeof buf};
+    assert_int_equal(b.g->prepare(b.inst, &w2, &prep), TSR_ERR_INVALID);
+    assert_non_null(strstr(th_err, "blk.0.q8"));
+    /* rows * row_bytes overflows */
+    tsr_weight w3 = {"huge", TSR_DTYPE_F32, INT64_MAX / 4, 1024, buf, UINT64_MAX};
+    assert_int_equal(b.g->prepare(b.inst, &w3, &prep), TSR_ERR_INVALID);
+    /* negative and zero shapes */
+    tsr_weight w4 = {"neg", TSR_DTYPE_F32, -1, 4, buf, sizeof buf};
+    assert_int_equal(b.g->prepare(b.inst, &w4, &prep), TSR_ERR_INVALID);
+    tsr_weight w5 = {"zero", TSR_DTYPE_F32, 4, 0, buf, sizeof buf};
+    assert_int_equal(b.g->prepare(b.inst, &w5, &prep), TSR_ERR_INVALID);
+    /* not a weight type */
+    tsr_weight w6 = {"ids", TSR_DTYPE_I32, 4, 4, buf, sizeof buf};
+    assert_int_equal(b.g->prepare(b.inst, &w6, &prep), TSR_ERR_UNSUPPORTED);
+    assert_non_null(strstr(th_err, "i32"));
+    tsr_weight w7 = {"bad", 99, 4, 4, buf, sizeof buf};
+    assert_int_equal(b.g->prepare(b.inst, &w7, &prep), TSR_ERR_UNSUPPORTED);
+    /* run with no rows */
+    tsr_weight ok = {"ok", TSR_DTYPE_F32, 4, 4, buf, sizeof buf};
+    assert_int_equal(b.g->prepare(b.inst, &ok, &prep), TSR_OK);
+    float x[4] = {0}, y[4];
+    assert_int_equal(b.g->run(b.inst, prep, 0, x, y, NULL), TSR_ERR_INVALID);
+    assert_int_equal(b.g->run(b.inst, prep, 1, x, y, NULL), TSR_OK);
+    b.g->release(b.inst, prep);
+    close_inst(&b);
+    /* bad params */
+    th_set_str("isa", "sse9");
+    assert_int_equal(open_inst(&b), TSR_ERR_INVALID);
+    assert_non_null(strstr(th_err, "sse9"));
+    close_inst(&b);
+    th_n_params = 0;
+    th_set_int("blas_min_rows", -3);
+    assert_int_equal(open_inst(&b), TSR_ERR_INVALID);
+    close_inst(&b);
+    assert_int_equal(atomic_load(&th_live), 0);
+}
+
+/* Fail the Nth host allocation for every N: prepare and the sgemm path fail
+ * with NOMEM or succeed, and nothing leaks. */
+static void test_alloc_failure(void **state) {
+    (void)state;
+    rng = SEED + 2;
+    int64_t rows = 40, cols = 64;
+    uint64_t rb;
+    uint8_t *w = make_weights(TSR_DTYPE_F16, rows, cols, &rb);
+    float x[8 * 64], y[8 * 40];
+    for (int i = 0; i < 8 * 64; i++) x[i] = rndf(-1, 1);
+    int failures = 0;
+    for (long n = 1; n < 20; n++) {
+        th_n_params = 0;
+        th_set_int("blas_min_rows", 2);
+        th_set_int("blas_tile_rows", 8);
+        inst_box b;
+        assert_int_equal(open_inst(&b), TSR_OK);
+        atomic_store(&th_fail_at, atomic_load(&th_count) + n);
+        tsr_weight tw = {"f.weight", TSR_DTYPE_F16, rows, cols, w, rb * (uint64_t)rows};
+        void *prep = NULL;
+        int rc = b.g->prepare(b.inst, &tw, &prep);
+        if (rc == TSR_OK) {
+            rc = b.g->run(b.inst, prep, 8, x, y, NULL);
+            b.g->release(b.inst, prep);
+        }
+        atomic_store(&th_fail_at, 0);
+        assert_true(rc == TSR_OK || rc == TSR_ERR_NOMEM);
+        if (rc) failures++;
+        close_inst(&b);
+        assert_int_equal(atomic_load(&th_live), 0);
+    }
+    assert_true(failures > 0);
+    free(w);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_nan_parity),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_alloc_failure),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
