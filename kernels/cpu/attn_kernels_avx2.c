@@ -1,0 +1,233 @@
+/*
+ * attn_kernels_avx2.c - the AVX2 + FMA + F16C path of the attention kernels
+ * (built with -mavx2 -mfma -mf16c; called only after the run-time check in
+ * attn_kernels.c).
+ *
+ * Per block of TSR_ATTN_BLOCK tokens: (1) scores, token-major with one lane
+ * per query: each key vector is loaded once (cvtph for f16, sign-extend and
+ * convert for int8, in registers) and multiplied into every query's
+ * accumulator, then the 8 accumulators are reduced to one vector of 8
+ * scores; (2) the online softmax on those vectors, all queries at once;
+ * (3) for each 8-wide slice of head_dim, every query's output slice is kept
+ * in a register while the block's value vectors stream through once.
+ */
+#include "attn_kernels_impl.h"
+
+#ifdef TSR_ATTN_HAVE_AVX2_BUILD
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "slots/tsr_plugin.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* e^x, about 2 ulp, NaN in -> NaN out, x < -87 -> 0 (no subnormals). */
+ALWAYS_INLINE __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
+    /* operand order keeps NaN: max/min return the second operand on NaN */
+    __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    /* Taylor series of e^r to r^6 on |r| <= ln2/2 */
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 res = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), res);
+}
+
+/* Lane i of the result is the sum of the 8 lanes of a[i]. */
+ALWAYS_INLINE __m256 hsum8x8(const __m256 *a) {
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
+                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
+ALWAYS_INLINE __m256 ld8(uint32_t dt, const void *base, int64_t off) {
+    if (dt == TSR_DTYPE_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off)));
+    if (dt == TSR_DTYPE_I8)
+        return _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + off))));
+    return _mm256_loadu_ps((const float *)base + off);
+}
+
+/* One block of n <= TSR_ATTN_BLOCK tokens from tb, for NQ queries and KV type
+ * DT (both constants after inlining). */
+ALWAYS_INLINE void run_block(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale, int tb,
+                             int n, const int NQ, const uint32_t DT) {
+    float S[TSR_ATTN_BLOCK * 8] __attribute__((aligned(32)));
+    const int64_t ts = kv->token_stride;
+
+    /* (1) scores */
+    for (int j = 0; j < n; j++) {
+        const int64_t base = (int64_t)(tb + j) * ts;
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d += 8) {
+            __m256 kk = ld8(DT, kv->k, base + d);
+#pragma GCC unroll 8
+            for (int i = 0; i < NQ; i++) a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(t->q[i] + d), kk, a[i]);
+        }
+        float sc = scale;
+        if (DT == TSR_DTYPE_I8) sc *= kv->k_scale[(int64_t)(tb + j) * kv->scale_stride];
+        _mm256_store_ps(S + 8 * j, _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(sc)));
+    }
+
+    /* (2) online softmax over the block, one lane per query */
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 mo = _mm256_loadu_ps(t->m), mb = ninf, nanm = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m256 s = _mm256_load_ps(S + 8 * j);
+        nanm = _mm256_or_ps(nanm, _mm256_cmp_ps(s, s, _CMP_UNORD_Q));
+        mb = _mm256_max_ps(s, mb); /* NaN scores skipped here, caught by nanm */
+    }
+    __m256 mn = _mm256_max_ps(mb, mo);
+    /* lanes with nothing but -Inf so far: subtract 0 so -Inf scores give 0 */
+    __m256 mu = _mm256_blendv_ps(mn, _mm256_setzero_ps(), _mm256_cmp_ps(mn, ninf, _CMP_EQ_OQ));
+    __m256 alpha = exp256(_mm256_sub_ps(mo, mu));
+    __m256 lsum = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m256 p = exp256(_mm256_sub_ps(_mm256_load_ps(S + 8 * j), mu));
+        lsum = _mm256_add_ps(lsum, p);
+        if (DT == TSR_DTYPE_I8)
+            p = _mm256_mul_ps(p, _mm256_set1_ps(kv->v_scale[(int64_t)(tb + j) * kv->scale_stride]));
+        _mm256_store_ps(S + 8 * j, p);
+    }
+    __m256 l = _mm256_fmadd_ps(_mm256_loadu_ps(t->l), alpha, lsum);
+    _mm256_storeu_ps(t->l, _mm256_or_ps(l, nanm));
+    _mm256_storeu_ps(t->m, mn);
+    float al[8] __attribute__((aligned(32)));
+    _mm256_store_ps(al, alpha);
+
+    /* (3) acc = acc * alpha + sum_j p_j v_j, one 8-wide slice at a time */
+    for (int d = 0; d < hd; d += 8) {
+        __m256 o[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < NQ; i++)
+            o[i] = _mm256_mul_ps(_mm256_loadu_ps(t->acc[i] + d), _mm256_set1_ps(al[i]));
+        for (int j = 0; j < n; j++) {
+            __m256 vv = ld8(DT, kv->v, (int64_t)(tb + j) * ts + d);
+#pragma GCC unroll 8
+            for (int i = 0; i < NQ; i++)
+                o[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(S + 8 * j + i), vv, o[i]);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < NQ; i++) _mm256_storeu_ps(t->acc[i] + d, o[i]);
+    }
+}
+
+ALWAYS_INLINE void run_range(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale, int t0,
+                             int t1, const int NQ, const uint32_t DT) {
+    for (int tb = t0; tb < t1; tb += TSR_ATTN_BLOCK) {
+        int n = t1 - tb < TSR_ATTN_BLOCK ? t1 - tb : TSR_ATTN_BLOCK;
+        run_block(t, kv, hd, scale, tb, n, NQ, DT);
+    }
+}
+
+#define RANGE_FN(NQ)                                                                              \
+    static void run_range_##NQ(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale,    \
+                               int t0, int t1) {                                                  \
+        switch (kv->dtype) {                                                                      \
+        case TSR_DTYPE_F16: run_range(t, kv, hd, scale, t0, t1, NQ, TSR_DTYPE_F16); break;       \
+        case TSR_DTYPE_I8: run_range(t, kv, hd, scale, t0, t1, NQ, TSR_DTYPE_I8); break;         \
+        default: run_range(t, kv, hd, scale, t0, t1, NQ, TSR_DTYPE_F32); break;                  \
+        }                                                                                         \
+    }
+RANGE_FN(1)
+RANGE_FN(2)
+RANGE_FN(3)
+RANGE_FN(4)
+RANGE_FN(5)
+RANGE_FN(6)
+RANGE_FN(7)
+RANGE_FN(8)
+
+void tsr_attn_tile_run_avx2(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale, int t0,
+                            int t1) {
+    /* lanes beyond nq hold harmless state: the arrays are 8 wide */
+    for (int i = t->nq; i < TSR_ATTN_TILE; i++) {
+        t->m[i] = -INFINITY;
+        t->l[i] = 0.0f;
+    }
+    switch (t->nq) {
+    case 1: run_range_1(t, kv, hd, scale, t0, t1); break;
+    case 2: run_range_2(t, kv, hd, scale, t0, t1); break;
+    case 3: run_range_3(t, kv, hd, scale, t0, t1); break;
+    case 4: run_range_4(t, kv, hd, scale, t0, t1); break;
+    case 5: run_range_5(t, kv, hd, scale, t0, t1); break;
+    case 6: run_range_6(t, kv, hd, scale, t0, t1); break;
+    case 7: run_range_7(t, kv, hd, scale, t0, t1); break;
+    default: run_range_8(t, kv, hd, scale, t0, t1); break;
+    }
+}
+
+void tsr_attn_store_f16_avx2(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        float tail[8] = {0};
+        uint16_t out[8];
+        memcpy(tail, src + i, (size_t)(n - i) * sizeof(float));
+        _mm_storeu_si128((__m128i *)out, _mm256_cvtps_ph(_mm256_loadu_ps(tail), _MM_FROUND_TO_NEAREST_INT));
+        memcpy(dst + i, out, (size_t)(n - i) * sizeof(uint16_t));
+    }
+}
+
+void tsr_attn_quant_i8_avx2(int8_t *dst, float *scale, const float *src, int64_t n) {
+    if (n <= 0) {
+        *scale = 0.0f;
+        return;
+    }
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 fmax = _mm256_set1_ps(3.40282347e+38f);
+    __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_and_ps(_mm256_loadu_ps(src + i), absmask);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, fmax, _CMP_NLE_UQ));
+        amax = _mm256_max_ps(a, amax);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, amax);
+    float m = 0.0f;
+    int isbad = _mm256_movemask_ps(bad) != 0;
+    for (int k = 0; k < 8; k++) m = lanes[k] > m ? lanes[k] : m;
+    for (int64_t k = i; k < n; k++) {
+        float a = fabsf(src[k]);
+        if (!(a <= 3.40282347e+38f)) isbad = 1;
+        else if (a > m) m = a;
+    }
+    if (isbad || m == 0.0f) {
+        memset(dst, 0, (size_t)n);
+        *scale = isbad ? NAN : 0.0f;
+        return;
+    }
+    float invs = 127.0f / m;
+    const __m256 inv = _mm256_set1_ps(invs);
+    i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i), inv));
+        __m128i q16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        __m128i q8 = _mm_packs_epi16(q16, q16);
+        _mm_storel_epi64((__m128i *)(dst + i), q8);
+    }
+    for (; i < n; i++) dst[i] = (int8_t)lrintf(src[i] * invs);
+    *scale = m / 127.0f;
+}
+
+#endif /* TSR_ATTN_HAVE_AVX2_BUILD */
