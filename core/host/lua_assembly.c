@@ -53,7 +53,12 @@ static void l_hook(lua_State *L, lua_Debug *ar) {
     (void)ar;
     lctx *c = get_ctx(L);
     c->spent += HOOK_EVERY;
-    if (c->spent > c->budget) luaL_error(L, "instruction budget of %llu exceeded", (unsigned long long)c->budget);
+    if (c->spent > c->budget) {
+        luaL_where(L, 0); /* the interrupted function's file:line */
+        lua_pushfstring(L, "instruction budget of %I exceeded", (lua_Integer)c->budget);
+        lua_concat(L, 2);
+        lua_error(L);
+    }
 }
 
 /* --- tessera.* ------------------------------------------------------------- */

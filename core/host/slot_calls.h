@@ -46,7 +46,7 @@ static inline uint64_t tsr_gemv_bytes(const tsr_slot_ref *s, const void *prepare
     return f ? f(s->inst, prepared) : (w ? w->nbytes : 0);
 }
 
-/* --- kv_cache --- */
+/* --- kv_cache (the view member is tsr_kv_view_get: tsr_kv_view is its struct) --- */
 static inline int tsr_kv_seq_alloc(const tsr_slot_ref *s, int max_tokens, int *seq) {
     int (*f)(void *, int, int *) = TSR_SLOT_MEMBER(s, tsr_kv_cache_i, seq_alloc);
     return f ? f(s->inst, max_tokens, seq) : TSR_ERR_UNSUPPORTED;

@@ -1,0 +1,83 @@
+/* test_gemv: y = x . W^T for f32 weights, plus exports for the libffi tests. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "slots/tsr_gemv.h"
+
+typedef struct inst {
+    const tsr_plugin_ctx *ctx;
+    int64_t threads;
+} inst;
+
+static int g_init(void *p, const tsr_plugin_ctx *ctx) {
+    inst *g = p;
+    g->ctx = ctx;
+    const tsr_param *t = ctx->host->param(ctx, "threads");
+    g->threads = t ? t->v.i : 0;
+    return TSR_OK;
+}
+
+static int g_prepare(void *p, const tsr_weight *w, void **out) {
+    inst *g = p;
+    if (w->dtype != TSR_DTYPE_F32) {
+        g->ctx->host->set_error(g->ctx, "test_gemv reads f32 weights only");
+        return TSR_ERR_UNSUPPORTED;
+    }
+    tsr_weight *copy = g->ctx->host->alloc(g->ctx, sizeof *copy, 16);
+    if (!copy) return TSR_ERR_NOMEM;
+    *copy = *w;
+    *out = copy;
+    return TSR_OK;
+}
+
+static void g_release(void *p, void *prepared) {
+    inst *g = p;
+    g->ctx->host->free(g->ctx, prepared);
+}
+
+static int g_run(void *p, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
+    (void)p;
+    (void)ex;
+    const tsr_weight *w = prepared;
+    const float *W = w->data;
+    for (int r = 0; r < rows; r++)
+        for (int64_t o = 0; o < w->rows; o++) {
+            double acc = 0;
+            for (int64_t i = 0; i < w->cols; i++) acc += (double)x[r * w->cols + i] * W[o * w->cols + i];
+            y[r * w->rows + o] = (float)acc;
+        }
+    return TSR_OK;
+}
+
+static const tsr_gemv_i iface = {
+    .struct_size = sizeof(tsr_gemv_i),
+    .version = TSR_GEMV_IFACE_VERSION,
+    .prepare = g_prepare,
+    .release = g_release,
+    .run = g_run,
+};
+
+static const tsr_plugin_desc desc = {
+    .abi_major = TSR_ABI_MAJOR,
+    .abi_minor = TSR_ABI_MINOR,
+    .name = "test_gemv",
+    .slot = TSR_SLOT_GEMV,
+    .version = "1.2.3",
+    .instance_size = sizeof(inst),
+    .caps = TSR_CAP_DEVICE_CPU | TSR_CAP_EXACT,
+    .init = g_init,
+    .iface = &iface,
+};
+
+TSR_PLUGIN_EXPORT const tsr_plugin_desc *tsr_plugin_entry(void) { return &desc; }
+
+/* exports (pure functions) */
+TSR_PLUGIN_EXPORT int32_t test_gemv_add_i32(int32_t a, int32_t b) { return a + b; }
+TSR_PLUGIN_EXPORT int64_t test_gemv_mul_i64(int64_t a, int32_t b) { return a * b; }
+TSR_PLUGIN_EXPORT double test_gemv_fma(double a, float b, double c) { return a * b + c; }
+TSR_PLUGIN_EXPORT float test_gemv_half(float a) { return a / 2; }
+TSR_PLUGIN_EXPORT int64_t test_gemv_strlen(const char *s) { return (int64_t)strlen(s); }
+TSR_PLUGIN_EXPORT bool test_gemv_not(bool b) { return !b; }
+TSR_PLUGIN_EXPORT uint64_t test_gemv_umax(uint64_t a, uint32_t b) { return a > b ? a : b; }
+TSR_PLUGIN_EXPORT const char *test_gemv_parity(int32_t n) { return n % 2 ? "odd" : "even"; }
