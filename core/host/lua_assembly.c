@@ -264,6 +264,10 @@ static tsr_ynode *convert_table(lua_State *L, int idx, conv *c, const char *wher
         conv_fail(c, TSR_ERR_FORMAT, where, "nested deeper than 64 levels");
         return NULL;
     }
+    if (!lua_checkstack(L, 8)) {
+        conv_fail(c, TSR_ERR_NOMEM, where, "out of Lua stack");
+        return NULL;
+    }
     idx = lua_absindex(L, idx);
     lua_Integer n_int = 0, max_int = 0;
     int n_str = 0, n_other = 0;

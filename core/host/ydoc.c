@@ -138,8 +138,9 @@ int tsr_ynode_as_float(const tsr_ynode *n, double *out) {
 
 int tsr_ynode_as_str(const tsr_ynode *n, const char **out) {
     int b;
+    double f;
     if (!n || n->kind != TSR_YNODE_SCALAR) return 0;
-    if (!n->quoted && (tsr_ynode_is_null(n) || tsr_ynode_as_bool(n, &b))) return 0;
+    if (!n->quoted && (tsr_ynode_is_null(n) || tsr_ynode_as_bool(n, &b) || tsr_ynode_as_float(n, &f))) return 0;
     *out = n->str;
     return 1;
 }

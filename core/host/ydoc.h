@@ -61,7 +61,7 @@ int tsr_ynode_is_null(const tsr_ynode *n);
 int tsr_ynode_as_bool(const tsr_ynode *n, int *out);
 int tsr_ynode_as_int(const tsr_ynode *n, int64_t *out);
 int tsr_ynode_as_float(const tsr_ynode *n, double *out); /* ints are floats too */
-/* A string: any non-null scalar that is not a plain bool. */
+/* A string: a quoted scalar, or a plain one that is not null, a bool or a number. */
 int tsr_ynode_as_str(const tsr_ynode *n, const char **out);
 const char *tsr_ynode_kind_name(const tsr_ynode *n); /* "string", "integer", "mapping", ... */
 
