@@ -115,7 +115,7 @@ static int hist_out(tsr_srv_buf *b, const char *name, const char *help, const ts
 
 char *tsr_srv_metrics_render(tsr_srv_metrics *m) {
     static const char *const reasons[TSR_SRV_FIN_COUNT] = {"stop", "length", "cancelled",
-                                                           "error"};
+                                                           "error", "rejected"};
     tsr_srv_metrics s;
     pthread_mutex_lock(&m->mu);
     s = *m;
@@ -128,7 +128,7 @@ char *tsr_srv_metrics_render(tsr_srv_metrics *m) {
         rc |= outf(&b, "tessera_requests_total{status=\"%d\"} %llu\n", s.status_code[i],
                    (unsigned long long)s.status_count[i]);
     rc |= metric_head(&b, "tessera_requests_finished_total", "counter",
-                      "Generations that ended, by reason (cancelled: the client went away).");
+                      "Accepted requests that ended, by reason (cancelled: the client went away or the shutdown timeout; rejected: refused before generating, e.g. prompt too long).");
     for (int i = 0; i < TSR_SRV_FIN_COUNT; i++)
         rc |= outf(&b, "tessera_requests_finished_total{reason=\"%s\"} %llu\n", reasons[i],
                    (unsigned long long)s.finished[i]);

@@ -22,7 +22,8 @@ typedef enum tsr_srv_finish_reason {
     TSR_SRV_FIN_STOP = 0,
     TSR_SRV_FIN_LENGTH = 1,
     TSR_SRV_FIN_CANCELLED = 2,
-    TSR_SRV_FIN_ERROR = 3,
+    TSR_SRV_FIN_ERROR = 3,     /* failed after it started */
+    TSR_SRV_FIN_REJECTED = 4,  /* refused before it started (prompt too long, ...) */
     TSR_SRV_FIN_COUNT
 } tsr_srv_finish_reason;
 

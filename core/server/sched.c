@@ -222,7 +222,7 @@ static void *engine_main(void *arg) {
                 j->finish = TSR_FINISH_NONE;
                 j->state = TSR_SRV_JOB_DONE;
                 pthread_cond_broadcast(&j->cond);
-                tsr_srv_metrics_finish(s->m, TSR_SRV_FIN_ERROR, 0, 0, 0, 0, 0);
+                tsr_srv_metrics_finish(s->m, TSR_SRV_FIN_REJECTED, 0, 0, 0, 0, 0);
                 if (unref_locked(j)) job_free(j);
             }
         }

@@ -445,7 +445,8 @@ static void test_errors_over_http(void **state) {
     r = http("/health", NULL);
     assert_int_equal(r.status, 200);
     tsr_srv_buf_free(&r.body);
-    assert_float_equal(metric("tessera_requests_finished_total{reason=\"error\"}"), 2 + 2 + 1, 0);
+    assert_float_equal(metric("tessera_requests_finished_total{reason=\"error\"}"), 2, 0);
+    assert_float_equal(metric("tessera_requests_finished_total{reason=\"rejected\"}"), 2 + 1, 0);
     stop_server();
 }
 
@@ -562,7 +563,8 @@ static void test_client_aborts(void **state) {
         fin = metric("tessera_requests_finished_total{reason=\"stop\"}") +
               metric("tessera_requests_finished_total{reason=\"length\"}") +
               metric("tessera_requests_finished_total{reason=\"cancelled\"}") +
-              metric("tessera_requests_finished_total{reason=\"error\"}");
+              metric("tessera_requests_finished_total{reason=\"error\"}") +
+              metric("tessera_requests_finished_total{reason=\"rejected\"}");
         if (fin == N && metric("tessera_kv_cache_used_bytes") == 0) break;
         usleep(20000);
     }
