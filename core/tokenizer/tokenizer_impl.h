@@ -120,6 +120,18 @@ int tsr_bpe_byte_char(unsigned b, char out[2]);
 int tsr_spm_encode_text(const tsr_tokenizer *t, const char *s, size_t len, int add_prefix,
                         tsr_idvec *out);
 
+/* --- tokenizer_json_fast.c: model.vocab and model.merges without jansson --- */
+/* Spans [beg, end) of model.vocab (span[0..1]) and model.merges (span[2..3],
+ * zero if absent) in a tokenizer.json; -1 if the skeleton does not scan. */
+int tsr_json_fast_locate(const char *s, size_t n, size_t span[4]);
+/* Replace s[beg, end) with an empty object/array of the same length. */
+void tsr_json_fast_blank(char *s, size_t beg, size_t end);
+int tsr_json_fast_vocab_scan(const char *s, size_t beg, size_t end, const char *file, char **dec, void **ents,
+                             int *n_ents, int *n_vocab, tsr_error *err);
+int tsr_json_fast_vocab_set(tsr_tokenizer *t, const char *dec, const void *ents, int n, tsr_error *err);
+int tsr_json_fast_merges(tsr_tokenizer *t, const char *s, size_t beg, size_t end, const char *file,
+                         tsr_error *err);
+
 /* Length of the UTF-8 sequence starting at s (1 for an invalid lead byte,
  * clamped to n). */
 size_t tsr_utf8_len(const unsigned char *s, size_t n);

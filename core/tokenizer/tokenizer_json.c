@@ -183,8 +183,18 @@ static int apply_config(tsr_tokenizer *t, json_t *cfg, jctx *c) {
     return TSR_OK;
 }
 
-static int load_root(json_t *root, const char *file, tsr_tokenizer **out, tsr_error *err) {
+/* The document text with model.vocab and model.merges to read directly
+ * (see tokenizer_json_fast.c); NULL: everything comes from jansson. */
+typedef struct fast_src {
+    const char *s;
+    size_t span[4];
+} fast_src;
+
+static int load_root(json_t *root, const char *file, const fast_src *fs, tsr_tokenizer **out, tsr_error *err) {
     jctx c = {file, err};
+    char *fdec = NULL;
+    void *fents = NULL;
+    int n_fents = 0;
     if (!json_is_object(root)) return jfail(&c, TSR_ERR_FORMAT, "the document is not a JSON object");
     json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) return jfail(&c, TSR_ERR_FORMAT, "'model' is %s", model ? "not an object" : "missing");
@@ -203,7 +213,7 @@ static int load_root(json_t *root, const char *file, tsr_tokenizer **out, tsr_er
     json_t *im = json_object_get(model, "ignore_merges");
     if (im && !json_is_boolean(im)) return jfail(&c, TSR_ERR_FORMAT, "model.ignore_merges: not a boolean");
 
-    int n_vocab = 0, id;
+    int n_vocab = 0, id = 0;
     const char *key;
     json_t *v;
     json_object_foreach(vocab, key, v) {
@@ -216,11 +226,23 @@ static int load_root(json_t *root, const char *file, tsr_tokenizer **out, tsr_er
             return jfail(&c, TSR_ERR_FORMAT, "added_tokens: an entry lacks an integer 'id' in range or a string 'content'");
         if (id + 1 > n_vocab) n_vocab = id + 1;
     }
-    if (n_vocab == 0) return jfail(&c, TSR_ERR_FORMAT, "model.vocab is empty");
-
-    tsr_tokenizer *t = tsr_tok_new(TSR_TOK_BPE, n_vocab, err);
-    if (!t) return err ? err->code : TSR_ERR_NOMEM;
+    if (fs) {
+        int nv;
+        int rc = tsr_json_fast_vocab_scan(fs->s, fs->span[0], fs->span[1], file, &fdec, &fents, &n_fents, &nv, err);
+        if (rc) return rc;
+        if (nv > n_vocab) n_vocab = nv;
+    }
+    tsr_tokenizer *t = NULL;
     int rc = TSR_OK;
+    if (n_vocab == 0) {
+        rc = jfail(&c, TSR_ERR_FORMAT, "model.vocab is empty");
+        goto fail;
+    }
+    if (!(t = tsr_tok_new(TSR_TOK_BPE, n_vocab, err))) {
+        rc = err ? err->code : TSR_ERR_NOMEM;
+        goto fail;
+    }
+    if (fs && (rc = tsr_json_fast_vocab_set(t, fdec, fents, n_fents, err))) goto fail;
     t->ignore_merges = json_is_true(im);
     json_object_foreach(vocab, key, v) {
         get_id(v, &id);
@@ -243,7 +265,18 @@ static int load_root(json_t *root, const char *file, tsr_tokenizer **out, tsr_er
         }
     }
     if ((rc = tsr_tok_finish(t, err))) goto fail;
-    if (merges) {
+    /* a text given twice in model.vocab (the fast reader sees no duplicate keys) */
+    for (int k = 0; k < t->n_vocab; k++) {
+        if (!t->text[k] || (t->attr[k] & (TSR_TOKATTR_CONTROL | TSR_TOKATTR_USER))) continue;
+        int other = tsr_tok_find(t, t->text[k], t->len[k]);
+        if (other != k && !(t->attr[other] & (TSR_TOKATTR_CONTROL | TSR_TOKATTR_USER))) {
+            rc = jfail(&c, TSR_ERR_FORMAT, "model.vocab: '%.100s' is given twice (ids %d and %d)", t->text[k], other, k);
+            goto fail;
+        }
+    }
+    if (fs && fs->span[3]) {
+        if ((rc = tsr_json_fast_merges(t, fs->s, fs->span[2], fs->span[3], file, err))) goto fail;
+    } else if (merges) {
         if ((rc = tsr_bpe_reserve_merges(t, json_array_size(merges), err))) goto fail;
         json_array_foreach(merges, i, v)
             if ((rc = add_merge(t, v, i, &c))) goto fail;
@@ -268,11 +301,40 @@ static int load_root(json_t *root, const char *file, tsr_tokenizer **out, tsr_er
             goto fail;
         }
     }
+    free(fdec);
+    free(fents);
     *out = t;
     return TSR_OK;
 fail:
     if (err && !err->file[0]) snprintf(err->file, sizeof err->file, "%s", file);
+    free(fdec);
+    free(fents);
     tsr_tokenizer_free(t);
+    return rc;
+}
+
+/* Parse a document; model.vocab and model.merges are read directly when
+ * the skeleton scans (same errors, much faster on 150k-token vocabularies). */
+static int load_doc(const char *buf, size_t len, const char *name, tsr_tokenizer **out, tsr_error *err) {
+    fast_src fs;
+    char *copy = malloc(len + 1);
+    if (!copy) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for %zu bytes", len);
+    memcpy(copy, buf, len);
+    copy[len] = '\0';
+    int fast = tsr_json_fast_locate(copy, len, fs.span) == 0;
+    if (fast) {
+        fs.s = buf;
+        tsr_json_fast_blank(copy, fs.span[0], fs.span[1]);
+        if (fs.span[3]) tsr_json_fast_blank(copy, fs.span[2], fs.span[3]);
+    }
+    json_error_t je;
+    json_t *root = json_loadb(copy, len, JSON_REJECT_DUPLICATES, &je);
+    free(copy);
+    if (!root)
+        return tsr_error_set_at(err, TSR_ERR_FORMAT, name, je.line > 0 ? je.line : 0,
+                                je.column > 0 ? je.column : 0, "not valid JSON: %s", je.text);
+    int rc = load_root(root, name, fast ? &fs : NULL, out, err);
+    json_decref(root);
     return rc;
 }
 
@@ -280,14 +342,8 @@ int tsr_tokenizer_load_json_mem(const char *buf, size_t len, const char *name, t
                                 tsr_error *err) {
     *out = NULL;
     tsr_error_clear(err);
-    json_error_t je;
-    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root)
-        return tsr_error_set_at(err, TSR_ERR_FORMAT, name, je.line > 0 ? je.line : 0,
-                                je.column > 0 ? je.column : 0, "not valid JSON: %s", je.text);
-    int rc = load_root(root, name, out, err);
-    json_decref(root);
-    return rc;
+    if (!buf && len) return tsr_error_set(err, TSR_ERR_INVALID, "tokenizer.json buffer is NULL");
+    return load_doc(buf ? buf : "", len, name, out, err);
 }
 
 static json_t *load_file(const char *path, tsr_error *err, int *rc) {
@@ -313,10 +369,24 @@ int tsr_tokenizer_load_json(const char *path, tsr_tokenizer **out, tsr_error *er
     *out = NULL;
     tsr_error_clear(err);
     int rc = TSR_OK;
-    json_t *root = load_file(path, err, &rc);
-    if (!root) return rc;
-    rc = load_root(root, path, out, err);
-    json_decref(root);
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "cannot open the file");
+    if ((uint64_t)st.st_size > JSON_MAX_BYTES)
+        return tsr_error_set_at(err, TSR_ERR_FORMAT, path, 0, 0, "file of %lld bytes is larger than %llu MiB",
+                                (long long)st.st_size, JSON_MAX_BYTES >> 20);
+    FILE *f = fopen(path, "rb");
+    if (!f) return tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "cannot open the file");
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf || fread(buf, 1, n, f) != n) {
+        fclose(f);
+        free(buf);
+        return tsr_error_set_at(err, buf ? TSR_ERR_IO : TSR_ERR_NOMEM, path, 0, 0, "cannot read the file");
+    }
+    fclose(f);
+    rc = load_doc(buf, n, path, out, err);
+    free(buf);
     if (rc) return rc;
 
     /* tokenizer_config.json in the same folder, if present */
@@ -326,7 +396,6 @@ int tsr_tokenizer_load_json(const char *path, tsr_tokenizer **out, tsr_error *er
     if (dl + sizeof "tokenizer_config.json" > sizeof cpath) return TSR_OK;
     memcpy(cpath, path, dl);
     memcpy(cpath + dl, "tokenizer_config.json", sizeof "tokenizer_config.json");
-    struct stat st;
     if (stat(cpath, &st) != 0) return TSR_OK;
     json_t *cfg = load_file(cpath, err, &rc);
     if (cfg) {

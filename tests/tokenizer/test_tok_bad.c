@@ -40,7 +40,13 @@ static const bad_case k_bad[] = {
     {"{\"model\": {\"vocab\": {\"a\": 4000000000}}}", TSR_ERR_FORMAT, "model.vocab['a']"},
     {"{\"model\": {\"vocab\": {\"a\": 9223372036854775807}}}", TSR_ERR_FORMAT, "model.vocab['a']"},
     {"{\"model\": {\"vocab\": {\"a\": 0, \"b\": 0}}, " BL "}", TSR_ERR_FORMAT, "given twice"},
-    {"{\"model\": {\"vocab\": {\"a\": 0, \"a\": 1}}}", TSR_ERR_FORMAT, "duplicate"},
+    {"{\"model\": {\"vocab\": {\"a\": 0, \"a\": 1}}, " BL "}", TSR_ERR_FORMAT, "'a' is given twice"},
+    {"{\"model\": {\"vocab\": {\"a\": 0}, \"vocab\": {\"b\": 0}}}", TSR_ERR_FORMAT, "duplicate"},
+    {"{\"model\": {\"vocab\": {\"a\": 0, \"b\\x\": 1}}}", TSR_ERR_FORMAT, "not valid JSON"},
+    {"{\"model\": {\"vocab\": {\"\\ud800\": 0}}}", TSR_ERR_FORMAT, "not valid JSON"},
+    {"{\"model\": {\"vocab\": {\"a\": 0,}}}", TSR_ERR_FORMAT, "not valid JSON"},
+    {"{\"model\": {\"vocab\": {\"a\": 1e3}}}", TSR_ERR_FORMAT, "model.vocab['a']"},
+    {"{\"model\": {\"vocab\": {\"a\": 01}}}", TSR_ERR_FORMAT, "model.vocab['a']"},
     {"{\"model\": {" VOC ", \"merges\": {}}}", TSR_ERR_FORMAT, "model.merges"},
     {"{\"model\": {" VOC ", \"merges\": [\"a c\"]}, " BL "}", TSR_ERR_FORMAT, "'c' is not in the vocabulary"},
     {"{\"model\": {" VOC ", \"merges\": [\"b b\"]}, " BL "}", TSR_ERR_FORMAT, "merged token 'bb'"},
@@ -97,6 +103,21 @@ static void test_not_json_has_position(void **state) {
     assert_int_equal(tsr_tokenizer_load_json_mem(s, strlen(s), "pos.json", &t, &err), TSR_ERR_FORMAT);
     assert_int_equal(err.line, 3);
     assert_true(err.col > 0);
+    /* positions from the direct vocab/merges reader, and from jansson after a blanked span */
+    s = "{\"model\": {\n  \"vocab\": {\"a\": 0,\n    \"b\": 1.5}}}";
+    assert_int_equal(tsr_tokenizer_load_json_mem(s, strlen(s), "pos.json", &t, &err), TSR_ERR_FORMAT);
+    assert_int_equal(err.line, 3);
+    assert_int_equal(err.col, 10);
+    assert_non_null(strstr(err.msg, "model.vocab['b']"));
+    s = "{\"model\": {\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2},\n\"merges\": [\"a b\",\n  \"a q\"]}, " BL "}";
+    assert_int_equal(tsr_tokenizer_load_json_mem(s, strlen(s), "pos.json", &t, &err), TSR_ERR_FORMAT);
+    assert_int_equal(err.line, 3);
+    assert_int_equal(err.col, 3);
+    assert_non_null(strstr(err.msg, "model.merges[1]: 'q'"));
+    s = "{\"model\": {\"vocab\": {\"a\": 0,\n \"b\": 1}},\n \"added_tokens\": [,]}";
+    assert_int_equal(tsr_tokenizer_load_json_mem(s, strlen(s), "pos.json", &t, &err), TSR_ERR_FORMAT);
+    assert_int_equal(err.line, 3);
+    assert_int_equal(err.col, 19);
 }
 
 static void test_huge_token(void **state) {
