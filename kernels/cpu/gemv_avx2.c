@@ -15,6 +15,9 @@
 
 #define INL static inline __attribute__((always_inline))
 #define XG 4 /* input rows per pass over a weight row */
+#ifndef PF_DIST
+#define PF_DIST 1024 /* bytes ahead of the weight stream that software prefetch asks for */
+#endif
 
 INL float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -61,6 +64,7 @@ INL float sc_i8(const uint8_t *p) { return (float)(int8_t)p[0]; }
             for (int k = 0; k < u; k++) acc[i][k] = _mm256_setzero_ps();                         \
         int64_t c = 0;                                                                           \
         for (; c + 8 * u <= n; c += 8 * u) {                                                     \
+            _mm_prefetch((const char *)(w + c * ESZ) + PF_DIST, _MM_HINT_T0);                    \
             for (int k = 0; k < u; k++) {                                                        \
                 __m256 wv = LOAD(w + (c + 8 * k) * ESZ);                                         \
                 for (int i = 0; i < nx; i++)                                                     \
@@ -100,6 +104,7 @@ INL void dot_q8_0(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int 
     for (; b + 2 <= nb; b += 2) {
         for (int h = 0; h < 2; h++) {
             const uint8_t *blk = w + (b + h) * 34;
+            _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
             __m256 d = _mm256_set1_ps(h2f(blk));
             __m256 q0 = q8_part(blk, 0), q1 = q8_part(blk, 1), q2 = q8_part(blk, 2), q3 = q8_part(blk, 3);
             for (int i = 0; i < nx; i++) {
