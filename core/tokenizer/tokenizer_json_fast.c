@@ -367,7 +367,6 @@ int tsr_json_fast_merges(tsr_tokenizer *t, const char *s, size_t beg, size_t end
     if (j.i < end && s[j.i] == ']') j.i = end;
     while (j.i < end) {
         ws(&j);
-        snprintf(what, sizeof what, "model.merges[%zu]", idx);
         size_t st = j.i, al, bl;
         const char *a, *b;
         if (j.i < end && s[j.i] == '"') {
@@ -400,9 +399,14 @@ int tsr_json_fast_merges(tsr_tokenizer *t, const char *s, size_t beg, size_t end
             fail(&j, "neither \"a b\" nor a pair of strings");
             goto bad;
         }
-        rc = tsr_bpe_add_merge(t, a, al, b, bl, what, err);
+        rc = tsr_bpe_add_merge(t, a, al, b, bl, "model.merges", err);
         if (rc) {
             free(buf);
+            if (err) { /* name the element only now: formatting it per merge is measurable */
+                char msg[sizeof err->msg];
+                snprintf(msg, sizeof msg, "model.merges[%zu]%s", idx, err->msg + strlen("model.merges"));
+                memcpy(err->msg, msg, sizeof msg);
+            }
             int line, col;
             where(s, st, &line, &col);
             if (err) {
@@ -428,5 +432,6 @@ pair:
     j.why = "neither \"a b\" nor a pair of strings";
 bad:
     free(buf);
+    snprintf(what, sizeof what, "model.merges[%zu]", idx);
     return jerr(&j, file, what, err);
 }

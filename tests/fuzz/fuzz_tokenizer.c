@@ -2,20 +2,22 @@
  * Input: 2 bytes (big-endian) of JSON length, that many bytes of
  * tokenizer.json, the rest is text. Whatever tokenizer.json loads is used to
  * encode the text (with and without special tokens), decode and stream it.
- * The whole input is also encoded with a fixed small byte-level tokenizer
- * that has all 256 byte tokens, where decode(encode(x)) == x must hold and
- * the streamed text must be valid UTF-8. */
+ * The whole input is also encoded with two fixed small tokenizers that have
+ * all 256 bytes (byte-level BPE; SentencePiece with byte fallback), where the
+ * tokens' bytes must give back the input exactly; streamed text must always
+ * be valid UTF-8. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/tokenizer/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static tsr_tokenizer *fixed_tok;
+static tsr_tokenizer *fixed_tok, *fixed_spm;
 
 /* GPT-2's byte alphabet, written independently of the library's. */
 static void byte_char(unsigned b, char *out) {
@@ -72,6 +74,44 @@ static tsr_tokenizer *make_fixed(void) {
     return t;
 }
 
+/* A llama2.c tokenizer with all 256 byte tokens (written once to a
+ * temporary file, the only way that format is read). */
+static tsr_tokenizer *make_fixed_spm(void) {
+    static const char *const pieces[] = {" ", "a", "b", " a", "ab", " ab", "\xc3\xa9", "\xe6\x97\xa5",
+                                         "\xe6\x9c\xac", "\xe6\x97\xa5\xe6\x9c\xac", "  ", "<x>"};
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/fuzz_tokenizer_spm.%d.bin", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    if (!f) abort();
+    int32_t maxlen = 16;
+    fwrite(&maxlen, 4, 1, f);
+    int n = 3 + 256 + (int)(sizeof pieces / sizeof *pieces);
+    for (int i = 0; i < n; i++) {
+        char buf[16];
+        const char *p = buf;
+        if (i == 0) p = "<unk>";
+        else if (i == 1) p = "\n<s>\n";
+        else if (i == 2) p = "\n</s>\n";
+        else if (i < 259) snprintf(buf, sizeof buf, "<0x%02X>", i - 3);
+        else p = pieces[i - 259];
+        float score = i < 259 ? 0.0f : -(float)(i % 7);
+        int32_t len = (int32_t)strlen(p);
+        fwrite(&score, 4, 1, f);
+        fwrite(&len, 4, 1, f);
+        fwrite(p, 1, (size_t)len, f);
+    }
+    fclose(f);
+    tsr_tokenizer *t;
+    tsr_error err;
+    int rc = tsr_tokenizer_load_llama2c(path, 0, &t, &err);
+    remove(path);
+    if (rc != TSR_OK) {
+        fprintf(stderr, "fixed spm tokenizer: %s\n", err.msg);
+        abort();
+    }
+    return t;
+}
+
 static int valid_utf8(const unsigned char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned c = s[i];
@@ -94,7 +134,9 @@ static void exercise(const tsr_tokenizer *t, const char *text, size_t len, int s
     int32_t *ids;
     int n;
     tsr_error err;
-    if (tsr_tokenizer_encode(t, text, len, 1, special, &ids, &n, &err) != TSR_OK) return;
+    if (tsr_tokenizer_encode(t, text, len, !must_round_trip, special, &ids, &n, &err) != TSR_OK) return;
+    /* SentencePiece adds the dummy-prefix space to non-empty text */
+    size_t pre = must_round_trip && len > 0 && tsr_tokenizer_strips_leading_space(t) ? 1 : 0;
     /* decode == the tokens' bytes joined (up to a NUL in the text) */
     char *d = tsr_tokenizer_decode_ex(t, ids, n, 0, 0);
     if (!d) abort();
@@ -105,12 +147,17 @@ static void exercise(const tsr_tokenizer *t, const char *text, size_t len, int s
         if (ids[i] < 0 || ids[i] >= tsr_tokenizer_vocab_size(t)) abort();
         size_t k = tsr_tokenizer_token_bytes(t, ids[i], 1, piece, sizeof piece);
         if (k > TSR_TOKEN_MAX_BYTES) abort();
-        if (must_round_trip && (off + k > len || memcmp(text + off, piece, k) != 0)) abort();
+        for (size_t j = 0; must_round_trip && j < k; j++) {
+            size_t at = off + j;
+            char want = at < pre ? ' ' : at - pre < len ? text[at - pre] : 0;
+            if (at - pre >= len && at >= pre) abort(); /* longer than the text */
+            if (piece[j] != want) abort();
+        }
         for (size_t j = 0; j < k && !diverged; j++, off++)
             if (off < dl && d[off] != piece[j]) diverged = 1;
         if (diverged) abort();
     }
-    if (must_round_trip && off != len) abort();
+    if (must_round_trip && off != len + pre) abort();
     free(d);
     tsr_detok dt;
     char out[TSR_DETOK_OUT_MIN];
@@ -123,10 +170,15 @@ static void exercise(const tsr_tokenizer *t, const char *text, size_t len, int s
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (!fixed_tok) fixed_tok = make_fixed();
-    /* the fixed tokenizer: lossless on any bytes when special tokens are not parsed */
+    if (!fixed_tok) {
+        fixed_tok = make_fixed();
+        fixed_spm = make_fixed_spm();
+    }
+    /* the fixed tokenizers: lossless on any bytes when special tokens are not parsed */
     exercise(fixed_tok, (const char *)data, size, 0, 1);
     exercise(fixed_tok, (const char *)data, size, 1, 0);
+    exercise(fixed_spm, (const char *)data, size, 0, 1);
+    exercise(fixed_spm, (const char *)data, size, 1, 0);
     if (size < 2) return 0;
     size_t jl = ((size_t)data[0] << 8) | data[1];
     if (jl > size - 2) jl = size - 2;
