@@ -188,6 +188,11 @@ static int open_gguf(tsr_model_file *f, tsr_error *err) {
         char name[192];
         if (!tsr_gguf_name_to_hf(gi->name, f->cfg.arch, name, sizeof name))
             snprintf(name, sizeof name, "%s", gi->name); /* kept under its GGUF name */
+        if (t.n_dims == 1 && ends_with(name, ".shared_expert_gate.weight")) {
+            t.n_dims = 2; /* GGUF stores [hidden]; transformers [1, hidden] */
+            t.shape[1] = t.shape[0];
+            t.shape[0] = 1;
+        }
         if ((rc = add_tensor(f, name, &t, err))) return rc;
     }
     const char *dup = tsr_table_sort(&f->tab);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "core/format/format_internal.h"
 #include "core/format/gguf.h"
 #include "core/format/model_file.h"
 #include "core/format/safetensors.h"
@@ -904,6 +905,45 @@ static void test_gguf_moe_model(void **state) {
     free(b2.p);
 }
 
+static void test_gguf_names(void **state) {
+    (void)state;
+    static const struct {
+        tsr_arch arch;
+        const char *g, *hf;
+    } cases[] = {
+        {TSR_ARCH_LLAMA, "token_embd.weight", "model.embed_tokens.weight"},
+        {TSR_ARCH_LLAMA, "output.weight", "lm_head.weight"},
+        {TSR_ARCH_LLAMA, "output_norm.weight", "model.norm.weight"},
+        {TSR_ARCH_LLAMA, "blk.3.attn_norm.weight", "model.layers.3.input_layernorm.weight"},
+        {TSR_ARCH_LLAMA, "blk.3.ffn_norm.weight", "model.layers.3.post_attention_layernorm.weight"},
+        {TSR_ARCH_QWEN2, "blk.10.attn_k.bias", "model.layers.10.self_attn.k_proj.bias"},
+        {TSR_ARCH_QWEN2, "blk.0.attn_output.weight", "model.layers.0.self_attn.o_proj.weight"},
+        {TSR_ARCH_QWEN3, "blk.1.attn_q_norm.weight", "model.layers.1.self_attn.q_norm.weight"},
+        {TSR_ARCH_QWEN2, "blk.2.ffn_down.weight", "model.layers.2.mlp.down_proj.weight"},
+        {TSR_ARCH_QWEN2_MOE, "blk.0.ffn_gate_inp.weight", "model.layers.0.mlp.gate.weight"},
+        {TSR_ARCH_QWEN2_MOE, "blk.0.ffn_up_shexp.weight",
+         "model.layers.0.mlp.shared_expert.up_proj.weight"},
+        {TSR_ARCH_QWEN2_MOE, "blk.0.ffn_gate_inp_shexp.weight",
+         "model.layers.0.mlp.shared_expert_gate.weight"},
+        {TSR_ARCH_MIXTRAL, "blk.5.ffn_gate_inp.weight",
+         "model.layers.5.block_sparse_moe.gate.weight"},
+        {TSR_ARCH_MIXTRAL, "blk.5.ffn_down.7.weight",
+         "model.layers.5.block_sparse_moe.experts.7.w2.weight"},
+        {TSR_ARCH_QWEN3_MOE, "blk.5.ffn_up.2.weight", "model.layers.5.mlp.experts.2.up_proj.weight"},
+        {TSR_ARCH_LLAMA, "rope_freqs.weight", NULL},
+        {TSR_ARCH_LLAMA, "blk.1.unknown.weight", NULL},
+        {TSR_ARCH_LLAMA, "blk.x.attn_q.weight", NULL},
+        {TSR_ARCH_LLAMA, "blk.1.attn_q.scale", NULL},
+        {TSR_ARCH_MIXTRAL, "blk.5.ffn_side.1.weight", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[192] = "";
+        int ok = tsr_gguf_name_to_hf(cases[i].g, cases[i].arch, out, sizeof out);
+        assert_int_equal(ok, cases[i].hf != NULL);
+        if (cases[i].hf) assert_string_equal(out, cases[i].hf);
+    }
+}
+
 /* --- config.json ------------------------------------------------------------------------------ */
 
 /* A folder with a modified copy of a fixture's config.json and a link to its
@@ -1156,6 +1196,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_valid_and_truncated),
         cmocka_unit_test(test_gguf_bad_table),
         cmocka_unit_test(test_gguf_moe_model),
+        cmocka_unit_test(test_gguf_names),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_config_spellings),
         cmocka_unit_test(test_bad_model_files),
