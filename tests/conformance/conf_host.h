@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/host/catalog.h"
 #include "core/host/manifest.h"
 #include "core/host/engine.h"
 #include "core/util/threadpool.h"

@@ -1,0 +1,204 @@
+/*
+ * conf_gemv.c - gemv cases: every weight dtype x shape x row count (decode,
+ * verification, prefill), one case per dtype with NaN and Inf in x; output
+ * guarded, inputs checked untouched, NMSE against ref_gemv.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conf_cases.h"
+#include "kernels/dtype.h"
+
+#define GEMV_TOL_EXACT 1e-7 /* ggml's mul_mat bound: f32 sums in another order */
+#define GEMV_TOL_LOSSY 5e-3
+
+static const struct { int out, in; } shapes[] = {{16, 256}, {67, 512}, {160, 768}};
+static const int row_counts[] = {1, 5, 64};
+static const uint32_t dtypes[] = {TSR_DTYPE_F32,  TSR_DTYPE_F16,  TSR_DTYPE_BF16, TSR_DTYPE_F8_E4M3, TSR_DTYPE_I8,
+                                  TSR_DTYPE_Q8_0, TSR_DTYPE_Q4_0, TSR_DTYPE_Q4_K, TSR_DTYPE_Q6_K};
+
+static void put_f16(unsigned char *p, float v) {
+    uint16_t h = tsr_f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+/* Random stored weights of dtype, with finite block scales. */
+static unsigned char *make_weights(uint32_t dt, int out, int in, uint64_t *rng, uint64_t *nbytes) {
+    uint64_t row;
+    if (tsr_dtype_row_bytes(dt, in, &row)) return NULL;
+    *nbytes = row * (uint64_t)out;
+    unsigned char *w = malloc(*nbytes);
+    if (!w) return NULL;
+    for (uint64_t i = 0; i < *nbytes; i++) w[i] = (unsigned char)(conf_rand(rng) >> 56);
+    int64_t n = (int64_t)out * in;
+    switch (dt) {
+    case TSR_DTYPE_F32:
+        for (int64_t i = 0; i < n; i++) ((float *)w)[i] = 0.5f * conf_randf(rng);
+        break;
+    case TSR_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)w)[i] = tsr_f32_to_f16(0.5f * conf_randf(rng));
+        break;
+    case TSR_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)w)[i] = tsr_f32_to_bf16(0.5f * conf_randf(rng));
+        break;
+    case TSR_DTYPE_F8_E4M3:
+        for (int64_t i = 0; i < n; i++)
+            if ((w[i] & 0x7F) == 0x7F) w[i] &= 0xF0; /* 0x7F and 0xFF are NaN */
+        break;
+    case TSR_DTYPE_Q8_0:
+    case TSR_DTYPE_Q4_0: {
+        int bb = tsr_dtype_block_bytes(dt);
+        for (uint64_t b = 0; b < *nbytes / (uint64_t)bb; b++) put_f16(w + b * bb, 0.002f + 0.01f * fabsf(conf_randf(rng)));
+        break;
+    }
+    case TSR_DTYPE_Q4_K:
+        for (uint64_t b = 0; b < *nbytes / 144; b++) {
+            put_f16(w + b * 144, 0.001f + 0.004f * fabsf(conf_randf(rng)));
+            put_f16(w + b * 144 + 2, 0.001f + 0.004f * fabsf(conf_randf(rng)));
+        }
+        break;
+    case TSR_DTYPE_Q6_K:
+        for (uint64_t b = 0; b < *nbytes / 210; b++) put_f16(w + b * 210 + 208, 0.0005f + 0.002f * fabsf(conf_randf(rng)));
+        break;
+    default: break;
+    }
+    return w;
+}
+
+static int declares_dtype(const tsr_manifest *m, uint32_t dt) {
+    const tsr_mcap *c = tsr_manifest_provides(m, "weight_dtypes");
+    for (int i = 0; c && i < c->n_values; i++)
+        if (!strcmp(c->values[i], tsr_dtype_name(dt))) return 1;
+    return 0;
+}
+
+static int64_t max_rows(const tsr_manifest *m) {
+    const tsr_mcap *c = tsr_manifest_provides(m, "max_rows");
+    return c && c->n_values == 1 && c->values[0][0] != '$' ? strtoll(c->values[0], NULL, 10) : 0;
+}
+
+typedef struct gemv_pair {
+    conf_inst *ci, *ref;
+} gemv_pair;
+
+static int gemv_run(conf_inst *ci, const void *h, int rows, const float *x, float *y) {
+    tsr_exec ex = {TSR_DEVICE_CPU, 0, NULL, 2};
+    return CONF_MEMBER(ci, tsr_gemv_i, run)(CONF_INST(ci), h, rows, x, y, &ex);
+}
+
+static void release(conf_inst *ci, void *h) {
+    void (*rel)(void *, void *) = CONF_MEMBER(ci, tsr_gemv_i, release);
+    if (rel && h) rel(CONF_INST(ci), h);
+}
+
+/* One weight, every row count (and the non-finite case when nonfinite). */
+static void weight_cases(conf_env *env, gemv_pair *p, uint32_t dt, int out, int in, int nonfinite, uint64_t *rng) {
+    char what[128];
+    uint64_t nbytes;
+    unsigned char *wb = make_weights(dt, out, in, rng, &nbytes);
+    if (!wb) {
+        snprintf(what, sizeof what, "gemv %dx%d %s", out, in, tsr_dtype_name(dt));
+        conf_report(env, CONF_FAIL, what, "harness: no memory for the weights");
+        return;
+    }
+    unsigned char *wcopy = malloc(nbytes);
+    memcpy(wcopy, wb, nbytes);
+    tsr_weight w = {"conf.weight", dt, out, in, wb, nbytes};
+    void *h = NULL, *rh = NULL;
+    snprintf(what, sizeof what, "gemv prepare %dx%d %s", out, in, tsr_dtype_name(dt));
+    int rc = CONF_MEMBER(p->ref, tsr_gemv_i, prepare)(CONF_INST(p->ref), &w, &rh);
+    if (rc != TSR_OK) {
+        conf_report(env, CONF_FAIL, what, "reference refused it: %s", p->ref->err);
+        goto out;
+    }
+    p->ci->err[0] = '\0';
+    rc = CONF_MEMBER(p->ci, tsr_gemv_i, prepare)(CONF_INST(p->ci), &w, &h);
+    if (rc == TSR_ERR_UNSUPPORTED) {
+        if (declares_dtype(env->m, dt))
+            conf_report(env, CONF_FAIL, what, "refused a dtype its manifest's weight_dtypes lists: %s", p->ci->err);
+        else
+            conf_report(env, CONF_UNSUPPORTED, what, "%s", p->ci->err);
+        goto out;
+    }
+    if (rc != TSR_OK) {
+        conf_report(env, CONF_FAIL, what, "status %d (%s): %s", rc, tsr_status_str(rc), p->ci->err);
+        goto out;
+    }
+    const int n_cases = (int)(sizeof row_counts / sizeof row_counts[0]) + (nonfinite ? 1 : 0);
+    for (int c = 0; c < n_cases; c++) {
+        int rows = c < (int)(sizeof row_counts / sizeof row_counts[0]) ? row_counts[c] : 3;
+        int nf = c == n_cases - 1 && nonfinite;
+        snprintf(what, sizeof what, "gemv rows=%d %dx%d %s%s", rows, out, in, tsr_dtype_name(dt),
+                 nf ? " nan/inf in x" : "");
+        float *x = malloc((size_t)rows * in * sizeof *x), *xc = malloc((size_t)rows * in * sizeof *x);
+        float *y = conf_guarded_alloc((int64_t)rows * out), *yr = malloc((size_t)rows * out * sizeof *yr);
+        for (int64_t i = 0; i < (int64_t)rows * in; i++) x[i] = conf_randf(rng);
+        if (nf) {
+            x[5] = NAN;
+            x[2 * in + 9] = INFINITY;
+        }
+        memcpy(xc, x, (size_t)rows * in * sizeof *x);
+        int rrc = gemv_run(p->ref, rh, rows, x, yr);
+        p->ci->err[0] = '\0';
+        rc = gemv_run(p->ci, h, rows, x, y);
+        double nmse = 0.0;
+        int64_t bad = 0;
+        double tol = env->m->exact ? GEMV_TOL_EXACT : GEMV_TOL_LOSSY;
+        int64_t mr = max_rows(env->m);
+        if (rrc != TSR_OK) {
+            conf_report(env, CONF_FAIL, what, "reference failed: %s", p->ref->err);
+        } else if (rc == TSR_ERR_UNSUPPORTED && mr > 0 && rows > mr) {
+            conf_report(env, CONF_UNSUPPORTED, what, "rows above the declared max_rows %lld", (long long)mr);
+        } else if (rc != TSR_OK) {
+            conf_report(env, CONF_FAIL, what, "status %d (%s): %s", rc, tsr_status_str(rc), p->ci->err);
+        } else if (!conf_guard_intact(y, (int64_t)rows * out)) {
+            conf_report(env, CONF_FAIL, what, "wrote outside y (guard bytes changed)");
+        } else if (memcmp(x, xc, (size_t)rows * in * sizeof *x) || memcmp(wb, wcopy, nbytes)) {
+            conf_report(env, CONF_FAIL, what, "wrote into its input (x or the stored weight)");
+        } else if (conf_compare(y, yr, (int64_t)rows * out, env->m->exact, &nmse, &bad)) {
+            conf_report(env, CONF_FAIL, what, "NaN/Inf parity: y[%lld] = %g, reference %g", (long long)bad,
+                        y[bad], yr[bad]);
+        } else if (!(nmse <= tol)) {
+            conf_report(env, CONF_FAIL, what, "nmse %.3g > %.0e", nmse, tol);
+        } else {
+            conf_report(env, CONF_PASS, what, "nmse %.3g <= %.0e", nmse, tol);
+        }
+        free(x);
+        free(xc);
+        free(yr);
+        conf_guarded_free(y);
+    }
+out:
+    release(p->ci, h);
+    release(p->ref, rh);
+    free(wb);
+    free(wcopy);
+}
+
+void conf_run_gemv(conf_env *env) {
+    tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = 256, .n_heads = 4, .n_kv_heads = 4,
+                         .head_dim = 64, .ffn = 768, .vocab = 256, .max_ctx = 256};
+    gemv_pair p = {0};
+    const char *params[1];
+    int np = conf_params(env, NULL, 0, params);
+    int rc = conf_inst_new(env->lib.desc, env->m, &md, params, np, env->pool, &p.ci);
+    int rrc = conf_inst_new(env->ref_lib.desc, env->ref_m, &md, NULL, 0, env->pool, &p.ref);
+    if (rc != TSR_OK || rrc != TSR_OK) {
+        conf_report(env, CONF_FAIL, "gemv init", "%s", rc != TSR_OK ? (p.ci ? p.ci->err : "no memory")
+                                                                   : (p.ref ? p.ref->err : "no memory"));
+    } else {
+        p.ci->quiet = p.ref->quiet = 1;
+        uint64_t rng = env->seed;
+        for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                weight_cases(env, &p, dtypes[d], shapes[s].out, shapes[s].in, s == 1, &rng);
+        if (p.ci->live_allocs > 1)
+            conf_report(env, CONF_FAIL, "gemv release", "%lld host allocations (%llu bytes) still held after "
+                         "every prepared handle was released", (long long)p.ci->live_allocs - 1,
+                         (unsigned long long)p.ci->live_bytes);
+    }
+    conf_inst_free(p.ci);
+    conf_inst_free(p.ref);
+}
