@@ -68,8 +68,10 @@ typedef struct tsr_kv_cache_i {
     /* required: fill *out with a view of every token stored for layer. */
     int (*view)(void *inst, int seq, int layer, tsr_kv_view *out);
 
-    /* required: shrink every layer of the sequence to n_tokens (rollback of
-     * rejected drafts). n_tokens above the current length is an error. */
+    /* required: cut every layer of the sequence holding more than n_tokens
+     * to n_tokens (rollback of rejected drafts); layers holding fewer keep
+     * theirs (a model cut to its first layers fills only those). n_tokens
+     * above the longest layer, or negative, is an error. */
     int (*truncate)(void *inst, int seq, int n_tokens);
 
     /* optional (default: 0 and 0): bytes of KV in use and reserved. */

@@ -131,6 +131,10 @@ typedef struct tsr_exec {
 } tsr_exec;
 
 struct tsr_plugin_ctx;
+/* A model the host runs on behalf of a plugin, and one sequence of it
+ * (tsr_host_api version 2). Opaque. */
+typedef struct tsr_aux_model tsr_aux_model;
+typedef struct tsr_aux_seq tsr_aux_seq;
 
 /* Log levels for tsr_host_api.log. */
 enum { TSR_LOG_ERROR = 0, TSR_LOG_WARN = 1, TSR_LOG_INFO = 2, TSR_LOG_DEBUG = 3 };
@@ -163,6 +167,31 @@ typedef struct tsr_host_api {
     int (*parallel_for)(const struct tsr_plugin_ctx *ctx, int64_t n, tsr_work_fn fn, void *arg);
     /* Resolved value of a parameter the manifest declares, NULL otherwise. */
     const tsr_param *(*param)(const struct tsr_plugin_ctx *ctx, const char *name);
+
+    /* --- version 2: models the host runs for a plugin (model-based drafters).
+     * Call them from slot members, never from init: the engine's own model
+     * is prepared after every plugin is initialised. Each answers
+     * TSR_ERR_UNSUPPORTED (after set_error) where the host lends no models. */
+    /* Open a model: the checkpoint at path, assembled from assembly (NULL:
+     * the reference assembly of the engine's device); or, with path NULL,
+     * the engine's own model cut to its first n_layers layers followed by
+     * its final norm and output head (self-speculation; n_layers 0: all).
+     * Sharing the engine's weights, such a view costs only its scratch. */
+    int (*model_open)(const struct tsr_plugin_ctx *ctx, const char *path, const char *assembly,
+                      int n_layers, tsr_aux_model **out);
+    void (*model_close)(const struct tsr_plugin_ctx *ctx, tsr_aux_model *m);
+    /* Vocabulary size and context length of m. */
+    int (*model_dims)(const struct tsr_plugin_ctx *ctx, const tsr_aux_model *m, int *vocab,
+                      int *max_ctx);
+    /* A sequence of up to max_tokens tokens (its own KV). */
+    int (*seq_open)(const struct tsr_plugin_ctx *ctx, tsr_aux_model *m, int max_tokens,
+                    tsr_aux_seq **out);
+    void (*seq_close)(const struct tsr_plugin_ctx *ctx, tsr_aux_seq *s);
+    /* Run n tokens after those in s; logits [vocab] of the last one, or NULL. */
+    int (*seq_forward)(const struct tsr_plugin_ctx *ctx, tsr_aux_seq *s, const int32_t *tokens,
+                       int n, float *logits);
+    /* Keep the first n_tokens tokens of s. */
+    int (*seq_truncate)(const struct tsr_plugin_ctx *ctx, tsr_aux_seq *s, int n_tokens);
 } tsr_host_api;
 
 /* The context a plugin instance lives in. The host keeps it alive and

@@ -49,6 +49,7 @@ struct tsr_engine {
     int has_model;
     char arch[32];
     pthread_mutex_t mu;
+    const tsr_aux_api *aux; /* models lent by the runtime, or NULL */
     eslot slots[TSR_SLOT_COUNT];
 };
 
@@ -146,9 +147,57 @@ static const tsr_param *h_param(const tsr_plugin_ctx *ctx, const char *name) {
     return NULL;
 }
 
+/* Version 2: models lent by the runtime (tsr_engine_set_aux). */
+static const tsr_aux_api *ctx_aux(const tsr_plugin_ctx *ctx) {
+    const tsr_aux_api *a = ctx_slot(ctx)->e->aux;
+    if (!a) h_set_error(ctx, "this host lends no models to plugins");
+    return a;
+}
+
+static int h_model_open(const tsr_plugin_ctx *ctx, const char *path, const char *assembly,
+                        int n_layers, tsr_aux_model **out) {
+    const tsr_aux_api *a = ctx_aux(ctx);
+    *out = NULL;
+    return a ? a->model_open(a->data, ctx, path, assembly, n_layers, out) : TSR_ERR_UNSUPPORTED;
+}
+
+static void h_model_close(const tsr_plugin_ctx *ctx, tsr_aux_model *m) {
+    const tsr_aux_api *a = ctx_slot(ctx)->e->aux;
+    if (a && m) a->model_close(a->data, m);
+}
+
+static int h_model_dims(const tsr_plugin_ctx *ctx, const tsr_aux_model *m, int *vocab, int *max_ctx) {
+    const tsr_aux_api *a = ctx_aux(ctx);
+    return a ? a->model_dims(a->data, m, vocab, max_ctx) : TSR_ERR_UNSUPPORTED;
+}
+
+static int h_seq_open(const tsr_plugin_ctx *ctx, tsr_aux_model *m, int max_tokens, tsr_aux_seq **out) {
+    const tsr_aux_api *a = ctx_aux(ctx);
+    *out = NULL;
+    return a ? a->seq_open(a->data, ctx, m, max_tokens, out) : TSR_ERR_UNSUPPORTED;
+}
+
+static void h_seq_close(const tsr_plugin_ctx *ctx, tsr_aux_seq *s) {
+    const tsr_aux_api *a = ctx_slot(ctx)->e->aux;
+    if (a && s) a->seq_close(a->data, s);
+}
+
+static int h_seq_forward(const tsr_plugin_ctx *ctx, tsr_aux_seq *s, const int32_t *tokens, int n,
+                         float *logits) {
+    const tsr_aux_api *a = ctx_aux(ctx);
+    return a ? a->seq_forward(a->data, ctx, s, tokens, n, logits) : TSR_ERR_UNSUPPORTED;
+}
+
+static int h_seq_truncate(const tsr_plugin_ctx *ctx, tsr_aux_seq *s, int n_tokens) {
+    const tsr_aux_api *a = ctx_aux(ctx);
+    return a ? a->seq_truncate(a->data, ctx, s, n_tokens) : TSR_ERR_UNSUPPORTED;
+}
+
+void tsr_engine_set_aux(tsr_engine *e, const tsr_aux_api *api) { e->aux = api; }
+
 static const tsr_host_api host_api = {
     .struct_size = sizeof(tsr_host_api),
-    .version = 1,
+    .version = 2,
     .log = h_log,
     .set_error = h_set_error,
     .alloc = h_alloc,
@@ -157,6 +206,13 @@ static const tsr_host_api host_api = {
     .dev_free = h_dev_free,
     .parallel_for = h_parallel_for,
     .param = h_param,
+    .model_open = h_model_open,
+    .model_close = h_model_close,
+    .model_dims = h_model_dims,
+    .seq_open = h_seq_open,
+    .seq_close = h_seq_close,
+    .seq_forward = h_seq_forward,
+    .seq_truncate = h_seq_truncate,
 };
 
 /* --- interface tables --------------------------------------------------------- */

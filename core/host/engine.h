@@ -71,6 +71,27 @@ void tsr_engine_describe(const tsr_engine *e, FILE *f);
  * allocator. */
 uint64_t tsr_engine_host_bytes(const tsr_engine *e);
 
+/* Models the runtime lends plugins through tsr_host_api version 2: each
+ * member takes the runtime's data first, then the host member's arguments.
+ * Until tsr_engine_set_aux is called those host members answer
+ * TSR_ERR_UNSUPPORTED. */
+typedef struct tsr_aux_api {
+    void *data;
+    int (*model_open)(void *data, const tsr_plugin_ctx *ctx, const char *path, const char *assembly,
+                      int n_layers, tsr_aux_model **out);
+    void (*model_close)(void *data, tsr_aux_model *m);
+    int (*model_dims)(void *data, const tsr_aux_model *m, int *vocab, int *max_ctx);
+    int (*seq_open)(void *data, const tsr_plugin_ctx *ctx, tsr_aux_model *m, int max_tokens,
+                    tsr_aux_seq **out);
+    void (*seq_close)(void *data, tsr_aux_seq *s);
+    int (*seq_forward)(void *data, const tsr_plugin_ctx *ctx, tsr_aux_seq *s, const int32_t *tokens,
+                       int n, float *logits);
+    int (*seq_truncate)(void *data, const tsr_plugin_ctx *ctx, tsr_aux_seq *s, int n_tokens);
+} tsr_aux_api;
+
+/* Lend models to the engine's plugins (api borrowed; NULL withdraws it). */
+void tsr_engine_set_aux(tsr_engine *e, const tsr_aux_api *api);
+
 /* The text of the last error a plugin reported through set_error (or ""). */
 const char *tsr_engine_plugin_error(const tsr_engine *e, tsr_slot slot);
 

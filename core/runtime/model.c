@@ -240,7 +240,7 @@ static void free_layer(tsr_model *m, tsr_layer_w *L) {
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) tsr_gemv_release(m->gemv, mats[i]);
 }
 
-static int alloc_scratch(tsr_model *m, tsr_error *err) {
+int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     const size_t R = (size_t)m->chunk, h = (size_t)c->hidden,
                  qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
@@ -312,6 +312,12 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
     tsr_engine_opts eo = {.catalog_dir = o->catalog_dir, .n_threads = o->n_threads};
     rc = tsr_engine_open(asm_path, &m->cfg, &m->desc, &eo, &m->engine, err);
     if (rc != TSR_OK) goto fail;
+    m->n_threads = o->n_threads;
+    if (o->catalog_dir && !(m->catalog_dir = strdup(o->catalog_dir))) {
+        rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    tsr_model_lend_models(m);
     m->gemv = tsr_engine_slot(m->engine, TSR_SLOT_GEMV);
     m->attn = tsr_engine_slot(m->engine, TSR_SLOT_ATTENTION);
     m->kv = tsr_engine_slot(m->engine, TSR_SLOT_KV_CACHE);
@@ -367,7 +373,7 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
             goto fail;
         }
     }
-    if ((rc = alloc_scratch(m, err))) goto fail;
+    if ((rc = tsr_model_alloc_scratch(m, err))) goto fail;
     m->load_seconds = now_seconds() - t0;
     *out = m;
     return TSR_OK;
@@ -376,8 +382,22 @@ fail:
     return rc;
 }
 
+void tsr_model_free_scratch(tsr_model *m) {
+    float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->o, m->g, m->u,
+                     m->router, m->moe_out, m->ex_in, m->ex_g, m->ex_u, m->ex_d,
+                     m->sh_gate_out, m->topk_w, m->ex_wts};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(m->topk_idx);
+    free(m->ex_rows);
+}
+
 void tsr_model_free(tsr_model *m) {
     if (!m) return;
+    if (m->is_view) {
+        tsr_model_free_scratch(m);
+        free(m);
+        return;
+    }
     /* the engine (and with it the expert cache) goes before the weights it borrows */
     if (m->engine) {
         if (m->layers)
@@ -387,12 +407,8 @@ void tsr_model_free(tsr_model *m) {
     tsr_engine_free(m->engine);
     free(m->layers);
     free(m->final_norm);
-    float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->o, m->g, m->u,
-                     m->router, m->moe_out, m->ex_in, m->ex_g, m->ex_u, m->ex_d,
-                     m->sh_gate_out, m->topk_w, m->ex_wts};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    free(m->topk_idx);
-    free(m->ex_rows);
+    tsr_model_free_scratch(m);
+    free(m->catalog_dir);
     tsr_tokenizer_free(m->tok);
     tsr_model_file_close(m->file);
     free(m);

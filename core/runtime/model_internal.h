@@ -24,6 +24,10 @@ typedef struct tsr_layer_w {
 } tsr_layer_w;
 
 struct tsr_model {
+    int is_view;                  /* a cut of another model: shares all but its scratch */
+    char *catalog_dir;            /* as loaded, for models lent to plugins */
+    int n_threads;
+    tsr_aux_api aux;              /* models lent to this engine's plugins (aux.c) */
     tsr_model_file *file;
     tsr_model_config cfg;
     tsr_model_desc desc;
@@ -61,6 +65,13 @@ struct tsr_seq {
 /* A string naming a failed slot call: "plugin NAME: its message". */
 int tsr_model_slot_error(const tsr_model *m, const tsr_slot_ref *s, int rc, tsr_error *err,
                          const char *what);
+
+/* Scratch for one chunk of rows (model.c); freed by tsr_model_free_scratch. */
+int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err);
+void tsr_model_free_scratch(tsr_model *m);
+
+/* Fill m->aux so the engine's plugins can open models (aux.c). */
+void tsr_model_lend_models(tsr_model *m);
 
 /* The forward pass of rows tokens at positions [pos0, pos0 + rows) of kv
  * sequence kv_seq (rows <= m->chunk). logits: [rows, vocab] if all_rows,

@@ -184,7 +184,7 @@ static void test_errors(void **state) {
     assert_non_null(strstr(c.err, "unknown sequence"));
     assert_int_equal(I(&c)->append(c.inst, s, 0, 0, 2, k, v, &ex), TSR_OK);
     assert_int_equal(I(&c)->append(c.inst, s, 1, 0, 1, k, v, &ex), TSR_OK);
-    assert_int_equal(I(&c)->truncate(c.inst, s, 2), TSR_ERR_INVALID); /* layer 1 holds 1 */
+    assert_int_equal(I(&c)->truncate(c.inst, s, 3), TSR_ERR_INVALID); /* the longest holds 2 */
     assert_int_equal(I(&c)->truncate(c.inst, s, -1), TSR_ERR_INVALID);
     assert_int_equal(I(&c)->truncate(c.inst, s, 1), TSR_OK);
     tsr_kv_view vw;

@@ -165,13 +165,16 @@ static int kv_truncate(void *inst, int seq, int n_tokens) {
     ref_kv *kv = inst;
     kv_seq *s = seq_get(kv, seq);
     if (!s) return TSR_ERR_INVALID;
+    int longest = 0;
     for (int l = 0; l < kv->n_layers; l++)
-        if (n_tokens < 0 || n_tokens > s->lens[l]) {
-            kv->ctx->host->set_error(kv->ctx, "truncate to %d tokens: layer %d holds %d", n_tokens,
-                                     l, s->lens[l]);
-            return TSR_ERR_INVALID;
-        }
-    for (int l = 0; l < kv->n_layers; l++) s->lens[l] = n_tokens;
+        if (s->lens[l] > longest) longest = s->lens[l];
+    if (n_tokens < 0 || n_tokens > longest) {
+        kv->ctx->host->set_error(kv->ctx, "truncate to %d tokens: the sequence holds %d", n_tokens,
+                                 longest);
+        return TSR_ERR_INVALID;
+    }
+    for (int l = 0; l < kv->n_layers; l++)
+        if (s->lens[l] > n_tokens) s->lens[l] = n_tokens;
     return TSR_OK;
 }
 
