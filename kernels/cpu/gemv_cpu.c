@@ -105,13 +105,16 @@ void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
 
 float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
     float amax = 0.0f;
+    int nan = 0;
+    if (n <= 0) return 0.0f;
     for (int64_t c = 0; c < n; c++) {
         float v = fabsf(src[c]);
-        if (!(v <= amax)) amax = v; /* NaN propagates into amax */
+        if (v != v) nan = 1;
+        else if (v > amax) amax = v;
     }
-    if (amax == 0.0f || !isfinite(amax)) {
+    if (nan || amax == 0.0f || !isfinite(amax)) {
         memset(q, 0, (size_t)n);
-        return amax == 0.0f ? 0.0f : amax;
+        return nan ? NAN : amax;
     }
     float s = amax / 127.0f;
     float inv = 127.0f / amax;

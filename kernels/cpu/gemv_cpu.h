@@ -64,9 +64,10 @@ tsr_gemv_kernel_fn tsr_gemv_kernel(tsr_gemv_isa isa);
  * I8 row scale applied): the tile a BLAS sgemm reads in prefill. */
 void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1, float *dst);
 
-/* Symmetric int8 quantisation of one f32 row: q[c] = round(src[c] / s) with
- * s = max|src| / 127 (0 for an all-zero row, then q = 0). Returns s. NaN or
- * Inf in src give s = NaN/Inf and are the caller's to reject. */
+/* Symmetric int8 quantisation of one f32 row: with m = max|src|, returns
+ * s = m / 127 and sets q[c] = nearbyintf(src[c] * (127 / m)) (f32 arithmetic,
+ * clamped to +-127). An all-zero row gives s = 0 and q = 0. NaN or Inf in src
+ * give s = NaN or Inf (q zeroed), for the caller to reject. */
 float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q);
 
 /* Internal: per-ISA entry points (one file each). */

@@ -80,8 +80,9 @@ static const tsr_param *th_param(const tsr_plugin_ctx *ctx, const char *name) {
 }
 
 static const tsr_host_api th_api = {
-    sizeof(tsr_host_api), 1, th_log, th_set_error, th_alloc, th_free, th_dev_alloc, th_dev_free,
-    th_parallel_for, th_param,
+    .struct_size = sizeof(tsr_host_api), .version = 1, .log = th_log, .set_error = th_set_error,
+    .alloc = th_alloc, .free = th_free, .dev_alloc = th_dev_alloc, .dev_free = th_dev_free,
+    .parallel_for = th_parallel_for, .param = th_param,
 };
 
 static tsr_plugin_ctx th_ctx = {.host = &th_api, .name = "test"};

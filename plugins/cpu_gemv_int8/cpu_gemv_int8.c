@@ -1,0 +1,150 @@
+/*
+ * cpu_gemv_int8 - gemv over int8 weights with one f32 scale per output row,
+ * prepared at load from any stored float or block type (lossy).
+ *
+ * prepare() widens each stored row to f32 (one row of scratch per worker),
+ * quantises it symmetrically (scale = max|w| / 127, round to nearest) into a
+ * plugin-owned [rows, cols] int8 matrix, and never looks at the stored
+ * weights again: decode reads 1 byte per weight plus 4 per row. run() is
+ * cpu_gemv's engine with dtype I8 and the row scales (SIMD kernels for few
+ * input rows, widened tiles + OpenBLAS sgemm for many).
+ */
+#include <math.h>
+
+#include "core/util/checked.h"
+#include "kernels/dtype.h"
+#include "plugins/cpu_gemv/gemv_engine.h"
+
+typedef struct cpu_gemv_int8 {
+    const tsr_plugin_ctx *ctx;
+    gemv_engine_cfg cfg;
+} cpu_gemv_int8;
+
+static int gi_init(void *inst, const tsr_plugin_ctx *ctx) {
+    cpu_gemv_int8 *g = inst;
+    g->ctx = ctx;
+    return gemv_engine_init(&g->cfg, ctx);
+}
+
+typedef struct quant_job {
+    const tsr_plugin_ctx *ctx;
+    const tsr_weight *w;
+    uint64_t src_row_bytes;
+    int8_t *q;
+    float *scale;
+    volatile int nomem;
+    volatile int64_t bad_row; /* first row with NaN/Inf seen, or -1 */
+} quant_job;
+
+static void quant_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    quant_job *j = arg;
+    int64_t cols = j->w->cols;
+    float *row = j->ctx->host->alloc(j->ctx, (size_t)cols * sizeof *row, 64);
+    if (!row) {
+        j->nomem = 1;
+        return;
+    }
+    const uint8_t *src = j->w->data;
+    for (int64_t r = r0; r < r1; r++) {
+        tsr_dequant_row(j->w->dtype, src + (uint64_t)r * j->src_row_bytes, row, cols);
+        float s = tsr_gemv_quant_row_i8(row, cols, j->q + (uint64_t)r * (uint64_t)cols);
+        if (!isfinite(s)) {
+            j->bad_row = r;
+            break;
+        }
+        j->scale[r] = s;
+    }
+    j->ctx->host->free(j->ctx, row);
+}
+
+static int gi_prepare(void *inst, const tsr_weight *w, void **out) {
+    cpu_gemv_int8 *g = inst;
+    const tsr_plugin_ctx *ctx = g->ctx;
+    const char *name = w->name ? w->name : "(unnamed)";
+    uint64_t src_rb, qbytes, sbytes, total;
+    int rc = gemv_engine_check(ctx, w, &src_rb);
+    if (rc != TSR_OK) return rc;
+    /* int8 matrix, then the scales at a 64-byte boundary */
+    if (tsr_mul_u64((uint64_t)w->rows, (uint64_t)w->cols, &qbytes) || tsr_add_u64(qbytes, 63, &qbytes) ||
+        tsr_mul_u64((uint64_t)w->rows, sizeof(float), &sbytes) ||
+        tsr_add_u64(qbytes & ~(uint64_t)63, sbytes, &total) || total > SIZE_MAX / 2) {
+        ctx->host->set_error(ctx, "%s: %lld x %lld int8 copy does not fit in memory", name, (long long)w->rows,
+                             (long long)w->cols);
+        return TSR_ERR_NOMEM;
+    }
+    qbytes &= ~(uint64_t)63;
+    gemv_matrix *m = ctx->host->alloc(ctx, sizeof *m, 16);
+    uint8_t *buf = m ? ctx->host->alloc(ctx, (size_t)total, 64) : NULL;
+    if (!buf) {
+        ctx->host->free(ctx, m);
+        ctx->host->set_error(ctx, "%s: out of memory for its %llu-byte int8 copy", name,
+                             (unsigned long long)total);
+        return TSR_ERR_NOMEM;
+    }
+    quant_job j = {ctx, w, src_rb, (int8_t *)buf, (float *)(void *)(buf + qbytes), 0, -1};
+    ctx->host->parallel_for(ctx, w->rows, quant_rows, &j);
+    if (j.nomem || j.bad_row >= 0) {
+        if (j.nomem)
+            ctx->host->set_error(ctx, "%s: out of memory for a %lld-column row", name, (long long)w->cols);
+        else
+            ctx->host->set_error(ctx, "%s: row %lld holds NaN or Inf: int8 scales need finite weights", name,
+                                 (long long)j.bad_row);
+        ctx->host->free(ctx, buf);
+        ctx->host->free(ctx, m);
+        return j.nomem ? TSR_ERR_NOMEM : TSR_ERR_INVALID;
+    }
+    m->dtype = TSR_DTYPE_I8;
+    m->rows = w->rows;
+    m->cols = w->cols;
+    m->row_bytes = (uint64_t)w->cols;
+    m->data = buf;
+    m->scale = j.scale;
+    m->bytes = (uint64_t)w->rows * (uint64_t)w->cols + sbytes;
+    m->owned = buf;
+    *out = m;
+    return TSR_OK;
+}
+
+static void gi_release(void *inst, void *prepared) {
+    cpu_gemv_int8 *g = inst;
+    gemv_matrix *m = prepared;
+    if (!m) return;
+    g->ctx->host->free(g->ctx, m->owned);
+    g->ctx->host->free(g->ctx, m);
+}
+
+static int gi_run(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
+    cpu_gemv_int8 *g = inst;
+    (void)ex;
+    return gemv_engine_run(&g->cfg, g->ctx, prepared, rows, x, y);
+}
+
+static uint64_t gi_bytes(void *inst, const void *prepared) {
+    (void)inst;
+    return ((const gemv_matrix *)prepared)->bytes;
+}
+
+static const tsr_gemv_i cpu_gemv_int8_iface = {
+    .struct_size = sizeof(tsr_gemv_i),
+    .version = TSR_GEMV_IFACE_VERSION,
+    .prepare = gi_prepare,
+    .release = gi_release,
+    .run = gi_run,
+    .bytes = gi_bytes,
+};
+
+static const tsr_plugin_desc cpu_gemv_int8_desc = {
+    .abi_major = TSR_ABI_MAJOR,
+    .abi_minor = TSR_ABI_MINOR,
+    .name = "cpu_gemv_int8",
+    .slot = TSR_SLOT_GEMV,
+    .version = "1.0.0",
+    .instance_size = sizeof(cpu_gemv_int8),
+    .caps = TSR_CAP_DEVICE_CPU,
+    .init = gi_init,
+    .fini = NULL,
+    .iface = &cpu_gemv_int8_iface,
+};
+
+TSR_PLUGIN_EXPORT const tsr_plugin_desc *TSR_PLUGIN_ENTRY(void) { return &cpu_gemv_int8_desc; }

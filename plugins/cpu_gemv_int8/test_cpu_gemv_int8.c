@@ -1,0 +1,246 @@
+/*
+ * Tests of cpu_gemv_int8: outputs against (a) the int8 matrix and scales
+ * recomputed here and dotted in double (rounding tolerance), and (b) the
+ * stored weights in double, within the quantisation bound
+ * sum_c |x_c| * scale_r / 2. Both ISAs, kernels and sgemm; NaN weights
+ * refused naming the row; allocation failure at every step.
+ */
+#include <float.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "kernels/cpu/gemv_cpu.h"
+#include "kernels/dtype.h"
+#include "plugins/cpu_gemv/test_host.h"
+
+#define SEED 4242u
+
+static uint64_t rng;
+static float rndf(float lo, float hi) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float)(rng >> 40) * 0x1p-24f;
+}
+
+extern const tsr_plugin_desc *tsr_plugin_entry(void);
+
+static int setup(void **state) {
+    (void)state;
+    th_pool = tsr_threadpool_new(2);
+    return th_pool ? 0 : -1;
+}
+static int teardown(void **state) {
+    (void)state;
+    tsr_threadpool_free(th_pool);
+    return 0;
+}
+
+static void *open_inst(int *rc) {
+    const tsr_plugin_desc *d = tsr_plugin_entry();
+    void *inst = calloc(1, d->instance_size);
+    assert_non_null(inst);
+    *rc = d->init(inst, &th_ctx);
+    return inst;
+}
+
+/* A stored matrix of dtype (f32, f16 or bf16) from uniform values, one row
+ * scaled up so rows have different scales. */
+static uint8_t *make(uint32_t dtype, int64_t rows, int64_t cols, float *widened) {
+    size_t esz = dtype == TSR_DTYPE_F32 ? 4 : 2;
+    uint8_t *w = malloc((size_t)(rows * cols) * esz);
+    assert_non_null(w);
+    for (int64_t i = 0; i < rows * cols; i++) {
+        float f = rndf(-1, 1) * (i / cols == 3 ? 50.0f : 1.0f);
+        if (dtype == TSR_DTYPE_F32) memcpy(w + 4 * i, &f, 4);
+        else {
+            uint16_t h = dtype == TSR_DTYPE_F16 ? tsr_f32_to_f16(f) : tsr_f32_to_bf16(f);
+            memcpy(w + 2 * i, &h, 2);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) tsr_dequant_row(dtype, w + (size_t)(r * cols) * esz, widened + r * cols, cols);
+    return w;
+}
+
+static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char *isa, int blas) {
+    th_n_params = 0;
+    th_set_str("isa", isa);
+    th_set_int("blas_min_rows", blas);
+    th_set_int("blas_tile_rows", 8);
+    int rc;
+    const tsr_gemv_i *g = tsr_plugin_entry()->iface;
+    void *inst = open_inst(&rc);
+    assert_int_equal(rc, TSR_OK);
+    float *wf = malloc((size_t)(rows * cols) * sizeof *wf);
+    uint8_t *w = make(dtype, rows, cols, wf);
+    float *x = malloc((size_t)(nx * cols) * sizeof *x), *y = malloc((size_t)(nx * rows) * sizeof *y);
+    int8_t *q = malloc((size_t)cols);
+    for (int64_t i = 0; i < nx * cols; i++) x[i] = rndf(-1, 1);
+    size_t esz = dtype == TSR_DTYPE_F32 ? 4 : 2;
+    tsr_weight tw = {"int8.weight", dtype, rows, cols, w, (uint64_t)(rows * cols) * esz};
+    void *prep;
+    assert_int_equal(g->prepare(inst, &tw, &prep), TSR_OK);
+    assert_int_equal(g->bytes(inst, prep), (uint64_t)(rows * cols) + 4 * (uint64_t)rows);
+    assert_int_equal(g->run(inst, prep, nx, x, y, NULL), TSR_OK);
+    for (int64_t r = 0; r < rows; r++) {
+        /* independent quantisation of the row, as gemv_cpu.h documents it */
+        float amax = 0;
+        for (int64_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(wf[r * cols + c]));
+        double s = (double)(amax / 127.0f);
+        float inv = 127.0f / amax;
+        for (int64_t c = 0; c < cols; c++) q[c] = (int8_t)lrintf(wf[r * cols + c] * inv);
+        for (int i = 0; i < nx; i++) {
+            double yq = 0, yf = 0, a = 0, ax = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                double xv = x[i * cols + c];
+                yq += q[c] * s * xv;
+                a += fabs(q[c] * s * xv);
+                yf += (double)wf[r * cols + c] * xv;
+                ax += fabs(xv);
+            }
+            double got = y[i * rows + r];
+            double tol = 4 * sqrt((double)cols) * FLT_EPSILON * a + 1e-6 * s * ax;
+            if (!(fabs(got - yq) <= tol))
+                fail_msg("%s %s nx=%d blas=%d row %lld: %.9g, int8 reference %.9g (tol %.3g)", tsr_dtype_name(dtype),
+                         isa, nx, blas, (long long)r, got, yq, tol);
+            if (!(fabs(got - yf) <= ax * s * 0.5 * 1.0001 + tol))
+                fail_msg("%s row %lld: %.9g is outside the quantisation bound of %.9g", tsr_dtype_name(dtype),
+                         (long long)r, got, yf);
+        }
+    }
+    g->release(inst, prep);
+    free(inst);
+    assert_int_equal(atomic_load(&th_live), 0);
+    free(wf), free(w), free(x), free(y), free(q);
+}
+
+static void test_table(void **state) {
+    (void)state;
+    rng = SEED;
+    printf("seed %u\n", SEED);
+    const char *isas[] = {"portable", "avx2"};
+    const uint32_t dts[] = {TSR_DTYPE_F32, TSR_DTYPE_F16, TSR_DTYPE_BF16};
+    int ran = 0;
+    for (int s = 0; s < 2; s++) {
+        if (!tsr_gemv_isa_runs(s ? TSR_GEMV_ISA_AVX2 : TSR_GEMV_ISA_PORTABLE)) {
+            printf("isa %s unsupported here: its cases are skipped\n", isas[s]);
+            continue;
+        }
+        for (int d = 0; d < 3; d++)
+            for (int nx = 1; nx <= 9; nx += 4)
+                for (int blas = 0; blas < 2; blas++) {
+                    check(dts[d], 29, 67, nx, isas[s], blas ? 2 : 0);
+                    check(dts[d], 7, 512, nx, isas[s], blas ? 2 : 0);
+                    ran += 2;
+                }
+    }
+    printf("%d cases passed\n", ran);
+    assert_true(ran > 0);
+}
+
+/* A quantised block type goes through the same path. */
+static void test_from_q8_0(void **state) {
+    (void)state;
+    int rc;
+    th_n_params = 0;
+    const tsr_gemv_i *g = tsr_plugin_entry()->iface;
+    void *inst = open_inst(&rc);
+    assert_int_equal(rc, TSR_OK);
+    uint8_t blk[2 * 34];
+    uint16_t h = tsr_f32_to_f16(0.5f);
+    for (int b = 0; b < 2; b++) {
+        memcpy(blk + 34 * b, &h, 2);
+        for (int j = 0; j < 32; j++) blk[34 * b + 2 + j] = (uint8_t)(int8_t)(b ? -j : j);
+    }
+    tsr_weight tw = {"q.weight", TSR_DTYPE_Q8_0, 2, 32, blk, sizeof blk};
+    void *prep;
+    assert_int_equal(g->prepare(inst, &tw, &prep), TSR_OK);
+    float x[32], y[2];
+    for (int j = 0; j < 32; j++) x[j] = 1.0f;
+    assert_int_equal(g->run(inst, prep, 1, x, y, NULL), TSR_OK);
+    /* rows 0.5 * j and -0.5 * j: j = 31 maps to +-127 exactly, others round */
+    double s = 15.5 / 127.0, want = 0;
+    for (int j = 0; j < 32; j++) want += lrint(0.5 * j / s) * s;
+    assert_true(fabs(y[0] - want) < 1e-4);
+    assert_true(fabs(y[1] + want) < 1e-4);
+    g->release(inst, prep);
+    free(inst);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    int rc;
+    th_n_params = 0;
+    const tsr_gemv_i *g = tsr_plugin_entry()->iface;
+    void *inst = open_inst(&rc);
+    assert_int_equal(rc, TSR_OK);
+    float w[4 * 8];
+    for (int i = 0; i < 32; i++) w[i] = (float)i;
+    w[2 * 8 + 5] = NAN;
+    tsr_weight tw = {"blk.1.nan", TSR_DTYPE_F32, 4, 8, w, sizeof w};
+    void *prep = NULL;
+    assert_int_equal(g->prepare(inst, &tw, &prep), TSR_ERR_INVALID);
+    assert_non_null(strstr(th_err, "blk.1.nan"));
+    assert_non_null(strstr(th_err, "row 2"));
+    tsr_weight big = {"huge", TSR_DTYPE_I8, INT64_MAX / 2, 4, w, UINT64_MAX};
+    assert_int_equal(g->prepare(inst, &big, &prep), TSR_ERR_NOMEM); /* its int8 copy cannot exist */
+    assert_non_null(strstr(th_err, "huge"));
+    tsr_weight sh = {"short", TSR_DTYPE_F32, 4, 8, w, sizeof w - 1};
+    assert_int_equal(g->prepare(inst, &sh, &prep), TSR_ERR_INVALID);
+    assert_int_equal(atomic_load(&th_live), 0);
+    /* an all-zero row has scale 0 and gives 0 */
+    float z[8] = {0}, x[8] = {1, 1, 1, 1, 1, 1, 1, 1}, y[1] = {5};
+    tsr_weight zw = {"zero", TSR_DTYPE_F32, 1, 8, z, sizeof z};
+    assert_int_equal(g->prepare(inst, &zw, &prep), TSR_OK);
+    assert_int_equal(g->run(inst, prep, 1, x, y, NULL), TSR_OK);
+    assert_true(y[0] == 0.0f);
+    g->release(inst, prep);
+    free(inst);
+    assert_int_equal(atomic_load(&th_live), 0);
+}
+
+static void test_alloc_failure(void **state) {
+    (void)state;
+    rng = SEED + 1;
+    float wf[16 * 64];
+    for (int i = 0; i < 16 * 64; i++) wf[i] = rndf(-1, 1);
+    float x[4 * 64], y[4 * 16];
+    for (int i = 0; i < 4 * 64; i++) x[i] = rndf(-1, 1);
+    int failures = 0;
+    for (long n = 1; n < 16; n++) {
+        int rc;
+        th_n_params = 0;
+        th_set_int("blas_min_rows", 2);
+        th_set_int("blas_tile_rows", 4);
+        const tsr_gemv_i *g = tsr_plugin_entry()->iface;
+        void *inst = open_inst(&rc);
+        assert_int_equal(rc, TSR_OK);
+        atomic_store(&th_fail_at, atomic_load(&th_count) + n);
+        tsr_weight tw = {"f.weight", TSR_DTYPE_F32, 16, 64, wf, sizeof wf};
+        void *prep = NULL;
+        rc = g->prepare(inst, &tw, &prep);
+        if (rc == TSR_OK) {
+            rc = g->run(inst, prep, 4, x, y, NULL);
+            g->release(inst, prep);
+        }
+        atomic_store(&th_fail_at, 0);
+        assert_true(rc == TSR_OK || rc == TSR_ERR_NOMEM);
+        failures += rc != TSR_OK;
+        free(inst);
+        assert_int_equal(atomic_load(&th_live), 0);
+    }
+    assert_true(failures > 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_from_q8_0),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_alloc_failure),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
