@@ -478,6 +478,9 @@ int tsr_config_from_gguf(const tsr_gguf *g, const char *file, tsr_model_config *
     if (cfg->arch == TSR_ARCH_QWEN2 || cfg->arch == TSR_ARCH_QWEN2_MOE) cfg->attn_bias = 1;
 
     if (moe) {
+        if (n_exp <= 0)
+            return tsr_error_set_at(err, TSR_ERR_FORMAT, file, 0, 0,
+                                    "missing or zero metadata key \"%s.expert_count\"", arch);
         cfg->n_experts = n_exp;
         CK(g_int(&c, "expert_used_count", 1, 0, 1, n_exp > 0 ? n_exp : 1, &cfg->n_experts_used));
         if (cfg->arch == TSR_ARCH_MIXTRAL) {

@@ -1107,6 +1107,48 @@ static void test_config_spellings(void **state) {
     unlink(p);
 }
 
+/* A tiny llama2.c file with an untied classifier (negative vocab_size). */
+static void test_llama2c_untied(void **state) {
+    (void)state;
+    int32_t h[7] = {8, 16, 1, 2, 1, -10, 4};
+    enum { N = 80 + 8 + 64 + 32 + 32 + 64 + 8 + 3 * 128 + 8 + 16 + 80 };
+    static float w[N + 1];
+    for (int i = 0; i <= N; i++) w[i] = (float)i;
+    char p[1200];
+    snprintf(p, sizeof p, "%s/tiny.bin", g_tmp);
+    for (int extra = -1; extra <= 1; extra++) {
+        FILE *fp = fopen(p, "wb");
+        fwrite(h, 4, 7, fp);
+        fwrite(w, 4, (size_t)(N + extra), fp);
+        fclose(fp);
+        tsr_model_file *f = NULL;
+        tsr_error e;
+        int rc = tsr_model_file_open(p, &f, &e);
+        if (extra) {
+            assert_int_equal(rc, TSR_ERR_FORMAT);
+            continue;
+        }
+        if (rc) print_err(&e);
+        assert_int_equal(rc, TSR_OK);
+        const tsr_model_config *c = tsr_model_file_config(f);
+        assert_int_equal(c->tie_embeddings, 0);
+        assert_int_equal(c->vocab, 10);
+        assert_int_equal(c->head_dim, 4);
+        assert_int_equal(c->max_ctx, 4);
+        const tsr_tensor *lm = tsr_model_file_tensor(f, "lm_head.weight");
+        assert_non_null(lm);
+        assert_true(((const float *)lm->data)[0] == (float)(N - 80));
+        const tsr_tensor *q = tsr_model_file_tensor(f, "model.layers.0.self_attn.q_proj.weight");
+        assert_true(((const float *)q->data)[0] == 88.0f);
+        const tsr_tensor *dn = tsr_model_file_tensor(f, "model.layers.0.mlp.down_proj.weight");
+        assert_int_equal(dn->shape[0], 8);
+        assert_int_equal(dn->shape[1], 16);
+        assert_true(((const float *)dn->data)[0] == (float)(80 + 8 + 64 + 32 + 32 + 64 + 8 + 128));
+        tsr_model_file_close(f);
+    }
+    unlink(p);
+}
+
 /* --- other bad model files ---------------------------------------------------------------------- */
 
 static void test_bad_model_files(void **state) {
@@ -1199,6 +1241,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_names),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_config_spellings),
+        cmocka_unit_test(test_llama2c_untied),
         cmocka_unit_test(test_bad_model_files),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
