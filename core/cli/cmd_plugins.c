@@ -63,8 +63,8 @@ static void show(const tsr_manifest *m) {
         char def[256];
         tsr_param_format(&p->def, def, sizeof def);
         printf("  %s: %s, default %s", p->name, tn[p->type], def);
-        if (p->has_min) printf(", min %g", p->min);
-        if (p->has_max) printf(", max %g", p->max);
+        if (p->has_min) printf(", min %.17g", p->min);
+        if (p->has_max) printf(", max %.17g", p->max);
         if (p->n_values) {
             printf(", one of [");
             for (int j = 0; j < p->n_values; j++) printf("%s%s", j ? ", " : "", p->values[j]);

@@ -568,6 +568,7 @@ const char *tsr_engine_plugin_error(const tsr_engine *e, tsr_slot slot) {
 
 void tsr_engine_describe(const tsr_engine *e, FILE *f) {
     fprintf(f, "engine %s (device %s)\n", e->asmb->name, tsr_device_name(e->device));
+    if (e->asmb->description) fprintf(f, "  %s\n", e->asmb->description);
     for (int s = 0; s < TSR_SLOT_COUNT; s++) {
         const eslot *es = &e->slots[s];
         const tsr_plan_slot *ps = &e->plan->slots[s];

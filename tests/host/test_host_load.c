@@ -274,7 +274,7 @@ static void test_bad_plugins(void **state) {
 static const char *copy_catalog(const char *name) {
     static char dir[600];
     snprintf(dir, sizeof dir, "%s/%s", g_tmp, name);
-    char cmd[2400];
+    char cmd[4096];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s' && chmod -R go-w '%s'", dir, g_catalog, dir, dir);
     assert_int_equal(system(cmd), 0);
     return dir;
