@@ -49,7 +49,9 @@ typedef struct trace {
     int n[64];
 } trace;
 
-/* Run the script once on a fresh instance; 0 or -1 with why. */
+/* Run the script once on a fresh instance: 0, -1 with why (failed), or 1
+ * with why (refused as unsupported: e.g. it needs a model this host does
+ * not lend). */
 static int run_script(conf_env *env, const draft_case *c, const char **params, int n_params, uint64_t seed,
                       trace *tr, int *total, char *why, size_t size) {
     tsr_model_desc md = {.arch = "llama", .n_layers = 2, .hidden = 64, .n_heads = 2, .n_kv_heads = 2, .head_dim = 32,
@@ -57,9 +59,9 @@ static int run_script(conf_env *env, const draft_case *c, const char **params, i
     conf_inst *ci = NULL;
     int rc = conf_inst_new(env->lib.desc, env->m, &md, params, n_params, env->pool, &ci), ret = 0;
     if (rc != TSR_OK) {
-        snprintf(why, size, "init: %s", ci ? ci->err : "?");
+        snprintf(why, size, "init: status %d (%s): %s", rc, tsr_status_str(rc), ci ? ci->err : "?");
         conf_inst_free(ci);
-        return -1;
+        return rc == TSR_ERR_UNSUPPORTED ? 1 : -1;
     }
     ci->quiet = 1;
     int32_t ctx[CTX + 16];
@@ -77,7 +79,7 @@ static int run_script(conf_env *env, const draft_case *c, const char **params, i
         int32_t *tok = (int32_t *)tok_guarded;
         if (rc != TSR_OK) {
             snprintf(why, size, "step %d: status %d (%s): %s", step, rc, tsr_status_str(rc), ci->err);
-            ret = -1;
+            ret = rc == TSR_ERR_UNSUPPORTED ? 1 : -1;
             break;
         }
         if (o.n < 0 || o.n > c->max_draft) {
@@ -142,7 +144,10 @@ void conf_run_drafter(conf_env *env) {
         trace *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
         int ta = 0, tb = 0;
         uint64_t seed = env->seed + i;
-        if (run_script(env, c, params, np, seed, a, &ta, why, sizeof why)) {
+        int r1 = run_script(env, c, params, np, seed, a, &ta, why, sizeof why);
+        if (r1 > 0) {
+            conf_report(env, CONF_UNSUPPORTED, what, "%s", why);
+        } else if (r1 < 0) {
             conf_report(env, CONF_FAIL, what, "%s", why);
         } else if (run_script(env, c, params, np, seed, b, &tb, why, sizeof why)) {
             conf_report(env, CONF_FAIL, what, "replay: %s", why);

@@ -88,6 +88,38 @@ static const tsr_param *h_param(const tsr_plugin_ctx *ctx, const char *name) {
     return NULL;
 }
 
+/* Version 2: this host lends no models. */
+static int h_model_open(const tsr_plugin_ctx *ctx, const char *path, const char *assembly, int n_layers,
+                        tsr_aux_model **out) {
+    (void)path, (void)assembly, (void)n_layers;
+    *out = NULL;
+    h_set_error(ctx, "the test host lends no models");
+    return TSR_ERR_UNSUPPORTED;
+}
+static void h_model_close(const tsr_plugin_ctx *ctx, tsr_aux_model *m) { (void)ctx, (void)m; }
+static int h_model_dims(const tsr_plugin_ctx *ctx, const tsr_aux_model *m, int *vocab, int *max_ctx) {
+    (void)m, (void)vocab, (void)max_ctx;
+    h_set_error(ctx, "the test host lends no models");
+    return TSR_ERR_UNSUPPORTED;
+}
+static int h_seq_open(const tsr_plugin_ctx *ctx, tsr_aux_model *m, int max_tokens, tsr_aux_seq **out) {
+    (void)m, (void)max_tokens;
+    *out = NULL;
+    h_set_error(ctx, "the test host lends no models");
+    return TSR_ERR_UNSUPPORTED;
+}
+static void h_seq_close(const tsr_plugin_ctx *ctx, tsr_aux_seq *s) { (void)ctx, (void)s; }
+static int h_seq_forward(const tsr_plugin_ctx *ctx, tsr_aux_seq *s, const int32_t *tokens, int n, float *logits) {
+    (void)s, (void)tokens, (void)n, (void)logits;
+    h_set_error(ctx, "the test host lends no models");
+    return TSR_ERR_UNSUPPORTED;
+}
+static int h_seq_truncate(const tsr_plugin_ctx *ctx, tsr_aux_seq *s, int n_tokens) {
+    (void)s, (void)n_tokens;
+    h_set_error(ctx, "the test host lends no models");
+    return TSR_ERR_UNSUPPORTED;
+}
+
 const char *conf_catalog_dir(void) {
     const char *d = getenv("TESSERA_CATALOG");
     return d && *d ? d : NULL;
@@ -218,8 +250,12 @@ int conf_inst_new(const tsr_plugin_desc *desc, const tsr_manifest *m, const tsr_
     conf_inst *ci = calloc(1, sizeof *ci);
     *out = ci;
     if (!ci) return TSR_ERR_NOMEM;
-    ci->api = (tsr_host_api){sizeof(tsr_host_api), 1, h_log, h_set_error, h_alloc, h_free,
-                             h_dev_alloc, h_dev_free, h_parallel_for, h_param};
+    ci->api = (tsr_host_api){.struct_size = sizeof(tsr_host_api), .version = 2, .log = h_log,
+                             .set_error = h_set_error, .alloc = h_alloc, .free = h_free,
+                             .dev_alloc = h_dev_alloc, .dev_free = h_dev_free, .parallel_for = h_parallel_for,
+                             .param = h_param, .model_open = h_model_open, .model_close = h_model_close,
+                             .model_dims = h_model_dims, .seq_open = h_seq_open, .seq_close = h_seq_close,
+                             .seq_forward = h_seq_forward, .seq_truncate = h_seq_truncate};
     ci->desc = desc;
     ci->pool = pool;
     ci->model = *model;
