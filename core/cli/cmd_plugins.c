@@ -8,18 +8,40 @@
 #include "../host/ffi.h"
 #include "../host/loader.h"
 #include "commands.h"
+#include "scaffold.h"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tessera plugins [--catalog DIR]\n"
             "       tessera plugins show NAME [--catalog DIR]\n"
             "       tessera plugins call NAME FN [ARGS...] [--catalog DIR]\n"
+            "       tessera plugins new SLOT NAME\n"
             "\n"
             "List the plugins of the catalog (default: $TESSERA_CATALOG, else <exe dir>/../catalog),\n"
             "show one plugin's manifest, or call a function the plugin exports (its manifest's\n"
             "exports): arguments are parsed by the declared types (bool, int32, int64, uint32,\n"
             "uint64, float, double, string) and the result is printed. Exit status 2 on bad\n"
-            "input or a refused library.\n");
+            "input or a refused library.\n"
+            "'new' writes a plugin scaffold (plugins/NAME/, manifests/NAME.yaml) into the source\n"
+            "tree ($TESSERA_SOURCE_DIR, else the tree the binary was built from); see CONTRIBUTING.md.\n");
+}
+
+/* tessera plugins new SLOT NAME (core/cli/scaffold.c writes the files). */
+static int plugins_new(int npos, char **pos) {
+    if (npos != 3) {
+        usage(stderr);
+        return 2;
+    }
+    tsr_error err;
+    tsr_error_clear(&err);
+    char paths[4096];
+    if (tsr_scaffold_plugin(tsr_cli_source_dir(), pos[1], pos[2], paths, sizeof paths, &err) != TSR_OK) {
+        fprintf(stderr, "tessera plugins new: %s\n", err.msg);
+        return 2;
+    }
+    printf("%s", paths);
+    printf("next: re-run cmake and build; `test_conformance %s` fails until the stubs are implemented\n", pos[2]);
+    return 0;
 }
 
 static void print_values(const tsr_mcap *c) {
@@ -133,6 +155,7 @@ int tsr_cmd_plugins(int argc, char **argv) {
         if (!strcmp(argv[i], "--catalog") && i + 1 < argc) catalog = argv[++i];
         else if (npos < 64) pos[npos++] = argv[i];
     }
+    if (npos > 0 && !strcmp(pos[0], "new")) return plugins_new(npos, pos);
     if (npos > 0 && strcmp(pos[0], "show") && strcmp(pos[0], "call")) {
         fprintf(stderr, "tessera plugins: unknown subcommand '%s'\n", pos[0]);
         usage(stderr);
