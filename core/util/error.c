@@ -41,13 +41,18 @@ int tsr_error_set_at(tsr_error *err, int code, const char *file, int line, int c
 
 void tsr_error_prefix(tsr_error *err, const char *fmt, ...) {
     if (!err) return;
-    char pre[512], old[sizeof err->msg];
+    char pre[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
-    memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", pre, old);
+    size_t pl = strlen(pre), cap = sizeof err->msg;
+    /* shift the old message right (cut at the end if need be), then put "pre: " in front */
+    memmove(err->msg + pl + 2, err->msg, cap - pl - 3);
+    err->msg[cap - 1] = '\0';
+    memcpy(err->msg, pre, pl);
+    err->msg[pl] = ':';
+    err->msg[pl + 1] = ' ';
 }
 
 const char *tsr_error_format(const tsr_error *err, char *buf, size_t size) {
