@@ -117,8 +117,11 @@ static int th_open(th_inst *t, const char *name, const tsr_model_desc *model, co
     t->model = *model;
     for (; params && params[t->n_params].name && t->n_params < 8; t->n_params++)
         t->params[t->n_params] = params[t->n_params];
-    t->api = (tsr_host_api){sizeof(tsr_host_api), 1, th_log, th_set_error, th_alloc, th_free,
-                            th_dev_alloc, th_dev_free, th_parallel_for, th_param};
+    /* members past version 1 (auxiliary models) stay NULL: these plugins never call them */
+    t->api = (tsr_host_api){.struct_size = sizeof(tsr_host_api), .version = 1, .log = th_log,
+                            .set_error = th_set_error, .alloc = th_alloc, .free = th_free,
+                            .dev_alloc = th_dev_alloc, .dev_free = th_dev_free,
+                            .parallel_for = th_parallel_for, .param = th_param};
     t->ctx.host = &t->api;
     t->ctx.name = t->desc->name;
     t->ctx.device = TSR_DEVICE_CPU;
