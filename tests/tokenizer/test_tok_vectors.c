@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "core/format/gguf.h"
 #include "core/tokenizer/tokenizer.h"
@@ -164,6 +165,44 @@ static void gguf_vectors(const char *vocab, int check_ids) {
     tsr_tokenizer_free(t);
 }
 
+/* pystd's GPT-2-style tokenizer.json (trained with HF tokenizers): the 16
+ * held-out prompts of eval.json decode to their text and encode back to
+ * exactly their ids. */
+static void test_pystd_eval_prompts(void **state) {
+    char p[4096], e[4096];
+    if (!tt_shared("data/models/pystd/target/tokenizer.json", p, sizeof p)) skip();
+    if (!tt_shared("data/models/pystd/eval.json", e, sizeof e)) skip();
+    tsr_tokenizer *t;
+    tsr_error err;
+    assert_int_equal(tsr_tokenizer_load_json(p, &t, &err), TSR_OK);
+    assert_int_equal(tsr_tokenizer_bos(t), 1); /* <|bos|> from tokenizer_config.json */
+    assert_int_equal(tsr_tokenizer_eos(t), 0);
+    json_error_t je;
+    json_t *ev = json_load_file(e, 0, &je);
+    assert_non_null(ev);
+    json_t *prompts = json_object_get(ev, "prompts"), *texts = json_object_get(ev, "prompts_text");
+    assert_int_equal(json_array_size(prompts), 16);
+    for (size_t i = 0; i < json_array_size(prompts); i++) {
+        json_t *pi = json_array_get(prompts, i);
+        int n = (int)json_array_size(pi);
+        int32_t *want = malloc((size_t)n * sizeof *want);
+        for (int k = 0; k < n; k++) want[k] = (int32_t)json_integer_value(json_array_get(pi, (size_t)k));
+        const char *text = json_string_value(json_array_get(texts, i));
+        char *d = tsr_tokenizer_decode(t, want, n, 0);
+        assert_string_equal(d, text);
+        free(d);
+        int32_t *ids;
+        int m;
+        assert_int_equal(tsr_tokenizer_encode(t, text, strlen(text), 0, 0, &ids, &m, &err), TSR_OK);
+        assert_int_equal(m, n);
+        assert_memory_equal(ids, want, (size_t)n * sizeof *ids);
+        free(ids);
+        free(want);
+    }
+    json_decref(ev);
+    tsr_tokenizer_free(t);
+}
+
 static void test_phi3_vectors(void **state) { gguf_vectors("phi-3", 1); }
 static void test_gpt2_vectors(void **state) { gguf_vectors("gpt-2", 1); }
 static void test_deepseek_llm_round_trip(void **state) { gguf_vectors("deepseek-llm", 0); }
@@ -175,6 +214,7 @@ int main(void) {
         cmocka_unit_test(test_phi3_vectors),
         cmocka_unit_test(test_gpt2_vectors),
         cmocka_unit_test(test_deepseek_llm_round_trip),
+        cmocka_unit_test(test_pystd_eval_prompts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
