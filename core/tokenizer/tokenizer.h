@@ -4,9 +4,21 @@
  * Kinds: byte-level BPE from a Hugging Face tokenizer.json (GPT-2, Llama-3
  * and Qwen pre-tokenizer regexes, run with PCRE2 and Unicode properties) or
  * from a GGUF "gpt2" vocabulary; SentencePiece-style BPE with byte fallback
- * (GGUF "llama" vocabularies, tokenizer.json with a Metaspace/SPM model,
- * llama2.c's tokenizer.bin). Added and special tokens are matched before the
- * model runs on the text between them.
+ * (GGUF "llama" vocabularies, llama2.c's tokenizer.bin). Added and special
+ * tokens are matched before the model runs on the text between them, longest
+ * first: special ones only when parse_special, the others always.
+ *
+ * Limits (each refused with TSR_ERR_UNSUPPORTED, or documented here):
+ * - tokenizer.json must be byte-level BPE; SentencePiece-style tokenizer.json
+ *   (Metaspace / byte_fallback, e.g. Llama 2 on the Hub), Unigram and
+ *   WordPiece are refused: use the model's GGUF vocabulary instead.
+ * - The NFC normalizer is applied as the identity: text already in NFC (nearly
+ *   all text) encodes exactly; decomposed accents may give other (still
+ *   lossless) ids than Hugging Face.
+ * - Added tokens' lstrip / rstrip / single_word flags are not applied.
+ * - GGUF "deepseek-llm": its letter step uses \p{L&} (Lu, Ll, Lt) for the
+ *   explicit ranges of the original regex; encoding stays lossless.
+ * - Chat templates are recognised, not interpreted (see tsr_chat_render).
  */
 #ifndef TSR_TOKENIZER_H
 #define TSR_TOKENIZER_H

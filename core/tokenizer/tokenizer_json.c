@@ -292,6 +292,32 @@ static int load_root(json_t *root, const char *file, const fast_src *fs, tsr_tok
                    "decoder); for SentencePiece models use the GGUF vocabulary");
         goto fail;
     }
+    /* post_processor TemplateProcessing whose single template starts with a
+     * special token: that token is BOS and is added (Llama 3). */
+    json_t *pp = json_object_get(root, "post_processor");
+    const char *ppt = json_string_value(json_object_get(pp, "type"));
+    if (ppt && !strcmp(ppt, "Sequence")) {
+        size_t k;
+        json_t *q;
+        json_array_foreach(json_object_get(pp, "processors"), k, q) {
+            const char *qt = json_string_value(json_object_get(q, "type"));
+            if (qt && !strcmp(qt, "TemplateProcessing")) pp = q;
+        }
+        ppt = json_string_value(json_object_get(pp, "type"));
+    }
+    if (ppt && !strcmp(ppt, "TemplateProcessing")) {
+        json_t *first = json_array_get(json_object_get(pp, "single"), 0);
+        const char *bos = json_string_value(json_object_get(json_object_get(first, "SpecialToken"), "id"));
+        int id = bos ? tsr_tok_find(t, bos, strlen(bos)) : -1;
+        if (bos && id < 0) {
+            rc = jfail(&c, TSR_ERR_FORMAT, "post_processor: special token '%.100s' is not in the vocabulary", bos);
+            goto fail;
+        }
+        if (id >= 0) {
+            t->bos = id;
+            t->add_bos = 1;
+        }
+    }
     json_t *norm = json_object_get(root, "normalizer");
     if (norm && !json_is_null(norm)) {
         const char *nt = json_string_value(json_object_get(norm, "type"));

@@ -171,6 +171,25 @@ static void test_tiny_valid(void **state) {
     tsr_tokenizer_free(t);
 }
 
+/* Llama 3: BOS comes from the post_processor's template */
+static void test_post_processor_bos(void **state) {
+    const char *s = "{\"model\": {" VOC "}, \"added_tokens\": [{\"id\": 7, \"content\": \"<|begin|>\", "
+                    "\"special\": true}], \"post_processor\": {\"type\": \"Sequence\", \"processors\": ["
+                    "{\"type\": \"ByteLevel\"}, {\"type\": \"TemplateProcessing\", \"single\": ["
+                    "{\"SpecialToken\": {\"id\": \"<|begin|>\", \"type_id\": 0}}, "
+                    "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}]}]}, " BL "}";
+    tsr_tokenizer *t;
+    tsr_error err;
+    assert_int_equal(tsr_tokenizer_load_json_mem(s, strlen(s), "pp.json", &t, &err), TSR_OK);
+    assert_int_equal(tsr_tokenizer_bos(t), 7);
+    assert_int_equal(tsr_tokenizer_adds_bos(t), 1);
+    tsr_tokenizer_free(t);
+    const char *bad = "{\"model\": {" VOC "}, \"post_processor\": {\"type\": \"TemplateProcessing\", "
+                      "\"single\": [{\"SpecialToken\": {\"id\": \"<nope>\"}}]}, " BL "}";
+    assert_int_equal(tsr_tokenizer_load_json_mem(bad, strlen(bad), "pp.json", &t, &err), TSR_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "post_processor"));
+}
+
 static char tmpdir[256];
 
 static void write_file(const char *name, const char *text, size_t n) {
@@ -266,6 +285,7 @@ int main(void) {
         cmocka_unit_test(test_not_json_has_position),
         cmocka_unit_test(test_huge_token),
         cmocka_unit_test(test_tiny_valid),
+        cmocka_unit_test(test_post_processor_bos),
         cmocka_unit_test(test_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
