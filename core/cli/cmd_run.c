@@ -164,10 +164,11 @@ int tsr_cmd_run(int argc, char **argv) {
             st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0.0, st.n_generated - 1,
             st.decode_seconds > 0 ? (st.n_generated - 1) / st.decode_seconds : 0.0,
             tsr_model_load_seconds(m));
-    if (st.verify_passes)
-        fprintf(stderr, "drafts: %lld proposed, %lld accepted, %.2f tokens per verify pass\n",
+    if (st.draft_proposed)
+        fprintf(stderr, "drafts: %lld proposed, %lld accepted (%.0f%%), %.2f tokens per decode pass\n",
                 (long long)st.draft_proposed, (long long)st.draft_accepted,
-                (double)(st.draft_accepted + st.verify_passes) / (double)st.verify_passes);
+                100.0 * (double)st.draft_accepted / (double)st.draft_proposed,
+                st.decode_passes ? (double)(st.n_generated - 1) / (double)st.decode_passes : 0.0);
     status = 0;
 done:
     tsr_gen_free(g);

@@ -279,6 +279,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         int kv_before = tsr_seq_len(g->seq);
         rc = tsr_seq_forward(g->seq, rows, k + 1, g->logits, 1, err);
         if (rc != TSR_OK) goto out;
+        g->stats.decode_passes++;
         int accepted = 0;
         for (int i = 0; i <= k && !done; i++) {
             float *row = g->logits + (int64_t)i * vocab;

@@ -108,9 +108,10 @@ typedef struct tsr_gen_stats {
     double prefill_seconds;
     double decode_seconds;
     double first_token_seconds;   /* from start to the first token */
+    int64_t decode_passes;        /* forward passes after the prefill */
     int64_t draft_proposed;
     int64_t draft_accepted;
-    int64_t verify_passes;
+    int64_t verify_passes;        /* decode passes that verified at least one draft */
 } tsr_gen_stats;
 void tsr_gen_get_stats(const tsr_gen *g, tsr_gen_stats *out);
 
