@@ -35,13 +35,18 @@ int tsr_bpe_byte_char(unsigned b, char out[2]) {
     return 2;
 }
 
+/* The byte a byte-level character stands for, -1 if none. The 68 moved
+ * bytes are 0..32, 127..160 and 173, in that order from U+0100. */
+static int cp_to_byte(unsigned cp) {
+    if (cp < 256) return byte_printable(cp) ? (int)cp : -1;
+    unsigned n = cp - 256;
+    if (n < 33) return (int)n;
+    if (n < 67) return (int)(127 + n - 33);
+    if (n == 67) return 173;
+    return -1;
+}
+
 size_t tsr_bpe_unmap(const char *s, size_t len, char *out, size_t size) {
-    static int inv[324];
-    static int ready;
-    if (!ready) { /* idempotent: racing threads write the same values */
-        for (unsigned b = 0; b < 256; b++) inv[byte_to_cp(b)] = (int)b + 1;
-        ready = 1;
-    }
     const unsigned char *u = (const unsigned char *)s;
     size_t o = 0;
     for (size_t i = 0; i < len && o < size;) {
@@ -49,8 +54,9 @@ size_t tsr_bpe_unmap(const char *s, size_t len, char *out, size_t size) {
         unsigned cp = u[i];
         if (l == 2) cp = ((u[i] & 0x1Fu) << 6) | (u[i + 1] & 0x3Fu);
         if ((l == 1 && cp < 0x80) || l == 2) {
-            if (cp < 324 && inv[cp]) {
-                out[o++] = (char)(inv[cp] - 1);
+            int b = cp_to_byte(cp);
+            if (b >= 0) {
+                out[o++] = (char)b;
                 i += l;
                 continue;
             }
