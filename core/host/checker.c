@@ -80,7 +80,7 @@ int tsr_check_library(const tsr_manifest *m, tsr_diag *d) {
     struct stat dst;
     if (stat(dir, &dst) != 0)
         tsr_diag_add(d, TSR_ERR_IO, m->path, line, col, "plugin %s: folder %s: %s", m->name, dir, strerror(errno));
-    else if ((dst.st_mode & (S_IWGRP | S_IWOTH)) && !(dst.st_mode & S_ISVTX))
+    else if (dst.st_mode & (S_IWGRP | S_IWOTH))
         tsr_diag_add(d, TSR_ERR_REFUSED, m->path, line, col,
                      "plugin %s: the library's folder %s is writable by %s (refused; chmod go-w)", m->name,
                      dir, dst.st_mode & S_IWOTH ? "others" : "group");

@@ -335,6 +335,38 @@ static void test_writable(void **state) {
     tsr_diag_free(&d);
 }
 
+static void test_catalog_and_open_errors(void **state) {
+    (void)state;
+    /* two manifests of one name, and a malformed one: the catalog refuses, naming both files */
+    const char *dir = copy_catalog("cat_dup");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "cp '%s/test_gemv.yaml' '%s/zz_dup.yaml' && printf 'name: [x\\n' > '%s/broken.yml'",
+             dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    tsr_diag d;
+    tsr_diag_init(&d);
+    tsr_catalog *c = NULL;
+    assert_int_not_equal(tsr_catalog_load(dir, &c, &d), TSR_OK);
+    assert_null(c);
+    assert_int_equal(d.n_errors, 2);
+    assert_true(has_error(&d, TSR_ERR_FORMAT, "already used by"));
+    assert_true(has_error(&d, TSR_ERR_FORMAT, "malformed YAML"));
+    tsr_diag_free(&d);
+    /* tsr_engine_open: the first error, and how many there were */
+    tsr_error err;
+    tsr_engine *e = NULL;
+    tsr_engine_opts o = {.catalog_dir = g_catalog, .allow_test = 1};
+    const char *path = assembly("three.yaml", "name: t\ndevice: cpu\nslots:\n  gemv: a\n  drafter: b\n  attention: c\n");
+    assert_int_equal(tsr_engine_open(path, NULL, NULL, &o, &e, &err), TSR_ERR_REFUSED);
+    assert_null(e);
+    assert_int_equal(err.line, 6); /* slots are checked in slot order: attention first */
+    assert_int_equal(err.col, 3);
+    assert_non_null(strstr(err.msg, "(and 2 more errors)"));
+    /* a missing assembly file */
+    assert_int_equal(tsr_engine_open("/nonexistent/a.yaml", NULL, NULL, &o, &e, &err), TSR_ERR_IO);
+    assert_non_null(strstr(err.file, "/nonexistent/a.yaml"));
+}
+
 static void test_ffi(void **state) {
     (void)state;
     tsr_diag d;
@@ -473,6 +505,7 @@ int main(void) {
         cmocka_unit_test(test_bad_plugins),
         cmocka_unit_test(test_sha256_mismatch),
         cmocka_unit_test(test_writable),
+        cmocka_unit_test(test_catalog_and_open_errors),
         cmocka_unit_test(test_ffi),
         cmocka_unit_test(test_lua_call),
         cmocka_unit_test(test_alloc_failures),
