@@ -666,6 +666,39 @@ static void test_manifest_alloc_failures(void **state) {
     assert_true(n_ok > 0);
 }
 
+/* the same for a Lua assembly checked against the in-memory catalog */
+static void test_lua_alloc_failures(void **state) {
+    (void)state;
+    tsr_catalog *c = mem_catalog();
+    tsr_assembly_env env = {.catalog = c, .device = TSR_DEVICE_CPU};
+    const char *script = "return {name = 'x', device = 'cpu', slots = {gemv = {plugin = 'gemv_a',"
+                         " params = {threads = 2}}, kv_cache = 'kv_a'}}\n";
+    uint64_t live = tsr_halloc_live();
+    int failures = 0;
+    uint64_t n;
+    for (n = 1; n < 1000; n++) {
+        tsr_diag d;
+        tsr_diag_init(&d);
+        tsr_assembly *a = NULL;
+        tsr_plan *p = NULL;
+        tsr_halloc_fail_at(n);
+        int rc = lua_doc(script, &env, &a, &d);
+        if (rc == TSR_OK) {
+            tsr_check_opts o = {.skip_files = 1};
+            rc = tsr_check(c, a, &o, &p, &d);
+        }
+        tsr_halloc_fail_at(0);
+        tsr_plan_free(p);
+        tsr_assembly_free(a);
+        tsr_diag_free(&d);
+        assert_true(tsr_halloc_live() == live);
+        if (rc == TSR_OK) break;
+        failures++;
+    }
+    assert_true(failures > 10 && n < 1000);
+    tsr_catalog_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sha256),
@@ -681,6 +714,7 @@ int main(void) {
         cmocka_unit_test(test_lua_ok),
         cmocka_unit_test(test_lua_bad),
         cmocka_unit_test(test_manifest_alloc_failures),
+        cmocka_unit_test(test_lua_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
