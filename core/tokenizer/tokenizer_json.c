@@ -238,6 +238,14 @@ static int load_root(json_t *root, const char *file, const fast_src *fs, tsr_tok
         rc = jfail(&c, TSR_ERR_FORMAT, "model.vocab is empty");
         goto fail;
     }
+    /* Ids are dense in real vocabularies; a few sparse ids must not size a
+     * table of millions (memory bounded by the document). */
+    uint64_t n_tokens = (uint64_t)n_fents + json_object_size(vocab) + json_array_size(added);
+    if ((uint64_t)n_vocab > 2 * n_tokens + 1024) {
+        rc = jfail(&c, TSR_ERR_FORMAT, "model.vocab: ids are sparse (largest id %d for %llu tokens)", n_vocab - 1,
+                   (unsigned long long)n_tokens);
+        goto fail;
+    }
     if (!(t = tsr_tok_new(TSR_TOK_BPE, n_vocab, err))) {
         rc = err ? err->code : TSR_ERR_NOMEM;
         goto fail;
