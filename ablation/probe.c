@@ -1,0 +1,252 @@
+#include "probe.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef TSR_ABL_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void read_machine(tsr_probe_result *r) {
+    snprintf(r->cpu_model, sizeof r->cpu_model, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    if (f) {
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "model name", 10)) continue;
+            char *c = strchr(line, ':');
+            if (!c) continue;
+            c++;
+            while (*c == ' ' || *c == '\t') c++;
+            c[strcspn(c, "\n")] = 0;
+            snprintf(r->cpu_model, sizeof r->cpu_model, "%s", c);
+            break;
+        }
+        fclose(f);
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    r->n_cores = n > 0 ? (int)n : 1;
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    r->mem_bytes = pages > 0 && psz > 0 ? (unsigned long long)pages * (unsigned long long)psz : 0;
+    r->llc_bytes = 0;
+    for (int idx = 0; idx < 8; idx++) { /* the largest cache level listed */
+        char p[128];
+        snprintf(p, sizeof p, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
+        FILE *g = fopen(p, "r");
+        if (!g) break;
+        unsigned long long v = 0;
+        char unit = 0;
+        if (fscanf(g, "%llu%c", &v, &unit) >= 1) {
+            if (unit == 'K') v <<= 10;
+            else if (unit == 'M') v <<= 20;
+            if (v > r->llc_bytes) r->llc_bytes = v;
+        }
+        fclose(g);
+    }
+}
+
+typedef struct rd_job {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+    atomic_int *go;
+    double t0, t1;
+} rd_job;
+
+static void *rd_thread(void *arg) {
+    rd_job *j = arg;
+    while (!atomic_load(j->go)) {
+    }
+    j->t0 = now_s();
+    const uint64_t *p = j->p;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    size_t i = 0;
+    for (; i + 8 <= j->n; i += 8) {
+        a0 += p[i] + p[i + 4];
+        a1 += p[i + 1] + p[i + 5];
+        a2 += p[i + 2] + p[i + 6];
+        a3 += p[i + 3] + p[i + 7];
+    }
+    for (; i < j->n; i++) a0 += p[i];
+    j->sum = a0 ^ a1 ^ a2 ^ a3;
+    j->t1 = now_s();
+    return NULL;
+}
+
+/* One timed pass of nt threads over buf: GB/s from the first start to the
+ * last end. */
+static int read_pass(const uint64_t *buf, size_t words, int nt, double *gbs, uint64_t *sink) {
+    pthread_t th[256];
+    rd_job jobs[256];
+    atomic_int go = 0;
+    size_t per = words / (size_t)nt;
+    int started = 0;
+    for (int t = 0; t < nt; t++) {
+        jobs[t] = (rd_job){.p = buf + per * (size_t)t,
+                           .n = t == nt - 1 ? words - per * (size_t)t : per,
+                           .go = &go};
+        if (pthread_create(&th[t], NULL, rd_thread, &jobs[t])) break;
+        started++;
+    }
+    atomic_store(&go, 1);
+    if (started < nt) {
+        for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+        return -1;
+    }
+    double t0 = 1e300, t1 = 0;
+    for (int t = 0; t < nt; t++) {
+        pthread_join(th[t], NULL);
+        if (jobs[t].t0 < t0) t0 = jobs[t].t0;
+        if (jobs[t].t1 > t1) t1 = jobs[t].t1;
+        *sink ^= jobs[t].sum;
+    }
+    *gbs = (double)words * 8 / (t1 - t0) / 1e9;
+    return 0;
+}
+
+int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) {
+    memset(r, 0, sizeof *r);
+    read_machine(r);
+    r->n_threads = o && o->n_threads > 0 ? o->n_threads : r->n_cores;
+    if (r->n_threads > 256) r->n_threads = 256;
+    r->repeats = o && o->repeats > 0 ? o->repeats : 5;
+    if (r->repeats > 100) r->repeats = 100;
+    r->gemm_n = o && o->gemm_n > 0 ? o->gemm_n : 1024;
+    size_t bytes = o && o->buffer_bytes ? o->buffer_bytes : 0;
+    if (!bytes) {
+        bytes = (size_t)256 << 20;
+        if (r->llc_bytes && r->llc_bytes * 8 > bytes) bytes = (size_t)r->llc_bytes * 8;
+    }
+    bytes &= ~(size_t)63;
+    if (bytes < 4096) return tsr_error_set(err, TSR_ERR_INVALID, "probe: buffer of %zu bytes", bytes);
+    r->buffer_bytes = bytes;
+
+    uint64_t *buf = NULL;
+    if (posix_memalign((void **)&buf, 64, bytes))
+        return tsr_error_set(err, TSR_ERR_NOMEM, "probe: no memory for a %zu-byte buffer", bytes);
+    size_t words = bytes / 8;
+    for (size_t i = 0; i < words; i++) buf[i] = i * 0x9e3779b97f4a7c15ull; /* touch every page */
+    double *s = malloc(sizeof(double) * (size_t)r->repeats);
+    if (!s) {
+        free(buf);
+        return tsr_error_set(err, TSR_ERR_NOMEM, "probe: out of memory");
+    }
+    uint64_t sink = 0;
+    double warm;
+    if (read_pass(buf, words, r->n_threads, &warm, &sink)) {
+        free(buf);
+        free(s);
+        return tsr_error_set(err, TSR_ERR_IO, "probe: cannot start %d threads", r->n_threads);
+    }
+    for (int k = 0; k < r->repeats; k++) read_pass(buf, words, r->n_threads, &s[k], &sink);
+    r->read_gbs = median(s, r->repeats);
+    r->read_gbs_min = s[0];
+    r->read_gbs_max = s[r->repeats - 1];
+    free(buf);
+    if (sink == 0x1234) fputc(' ', stderr); /* keep the reads */
+
+#ifdef TSR_ABL_HAVE_CBLAS
+    int n = r->gemm_n;
+    size_t nn = (size_t)n * (size_t)n;
+    float *a = malloc(nn * sizeof *a), *b = malloc(nn * sizeof *b), *c = malloc(nn * sizeof *c);
+    if (!a || !b || !c) {
+        free(a), free(b), free(c), free(s);
+        return tsr_error_set(err, TSR_ERR_NOMEM, "probe: no memory for %dx%d matrices", n, n);
+    }
+    for (size_t i = 0; i < nn; i++) {
+        a[i] = (float)((i * 7) % 13) * 0.01f;
+        b[i] = (float)((i * 5) % 11) * 0.01f;
+    }
+    openblas_set_num_threads(r->n_threads);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    for (int k = 0; k < r->repeats; k++) {
+        double t0 = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        s[k] = 2.0 * n * (double)n * n / (now_s() - t0) / 1e9;
+    }
+    r->gemm_gflops = median(s, r->repeats);
+    r->gemm_gflops_min = s[0];
+    r->gemm_gflops_max = s[r->repeats - 1];
+    r->have_gemm = 1;
+    free(a), free(b), free(c);
+#endif
+    free(s);
+    return TSR_OK;
+}
+
+json_t *tsr_probe_to_json(const tsr_probe_result *r) {
+    return json_pack(
+        "{s:s, s:{s:s, s:i, s:I, s:I}, s:{s:f, s:f, s:f, s:i, s:I, s:i, s:s}, s:{s:o, s:f, s:f, s:f, "
+        "s:i, s:i, s:s}, s:{s:n, s:n, s:n, s:n, s:n, s:s}}",
+        "schema", "tessera.device/1",
+        "machine", "cpu_model", r->cpu_model, "cores", r->n_cores, "memory_bytes",
+        (json_int_t)r->mem_bytes, "llc_bytes", (json_int_t)r->llc_bytes,
+        "memory_read", "gbs", r->read_gbs, "gbs_min", r->read_gbs_min, "gbs_max", r->read_gbs_max,
+        "threads", r->n_threads, "buffer_bytes", (json_int_t)r->buffer_bytes, "repeats", r->repeats,
+        "method", "streaming 64-bit read of the buffer split across threads; median of repeats",
+        "gemm", "available", json_boolean(r->have_gemm), "gflops", r->gemm_gflops, "gflops_min",
+        r->gemm_gflops_min, "gflops_max", r->gemm_gflops_max, "n", r->gemm_n, "threads",
+        r->n_threads, "method",
+        r->have_gemm ? "OpenBLAS cblas_sgemm, square f32, median of repeats"
+                     : "not measured: built without cblas",
+        "gpu", "name", "driver", "read_gbs", "bf16_tflops", "fp8_tflops", "note",
+        "CUDA probing (device bandwidth, cuBLASLt bf16/fp8 rates) is not implemented yet");
+}
+
+static double num(const json_t *o, const char *k) {
+    const json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+int tsr_probe_from_json(const json_t *j, tsr_probe_result *r, tsr_error *err) {
+    memset(r, 0, sizeof *r);
+    const json_t *sch = json_object_get(j, "schema");
+    if (!json_is_string(sch) || strcmp(json_string_value(sch), "tessera.device/1"))
+        return tsr_error_set(err, TSR_ERR_FORMAT, "device record: schema is not \"tessera.device/1\"");
+    const json_t *m = json_object_get(j, "machine"), *mr = json_object_get(j, "memory_read"),
+                 *g = json_object_get(j, "gemm");
+    if (!json_is_object(m) || !json_is_object(mr) || !json_is_object(g))
+        return tsr_error_set(err, TSR_ERR_FORMAT,
+                             "device record: needs objects machine, memory_read and gemm");
+    r->read_gbs = num(mr, "gbs");
+    r->gemm_gflops = num(g, "gflops");
+    if (!isfinite(r->read_gbs) || r->read_gbs <= 0)
+        return tsr_error_set(err, TSR_ERR_FORMAT, "device record: memory_read.gbs must be > 0");
+    if (!isfinite(r->gemm_gflops) || r->gemm_gflops < 0)
+        return tsr_error_set(err, TSR_ERR_FORMAT, "device record: gemm.gflops must be >= 0");
+    r->read_gbs_min = num(mr, "gbs_min");
+    r->read_gbs_max = num(mr, "gbs_max");
+    r->gemm_gflops_min = num(g, "gflops_min");
+    r->gemm_gflops_max = num(g, "gflops_max");
+    r->have_gemm = json_is_true(json_object_get(g, "available"));
+    r->n_threads = (int)num(mr, "threads");
+    r->n_cores = (int)num(m, "cores");
+    const json_t *cm = json_object_get(m, "cpu_model");
+    snprintf(r->cpu_model, sizeof r->cpu_model, "%s", json_is_string(cm) ? json_string_value(cm) : "unknown");
+    double mb = num(m, "memory_bytes");
+    r->mem_bytes = isfinite(mb) && mb > 0 ? (unsigned long long)mb : 0;
+    return TSR_OK;
+}

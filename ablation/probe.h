@@ -1,0 +1,45 @@
+/*
+ * probe.h - this machine's ceilings: memory read bandwidth (a streaming read
+ * of a buffer far larger than the last-level cache by n threads, median of
+ * repeats) and the CPU GEMM rate (OpenBLAS sgemm), with a record of the
+ * machine (CPU model, cores, memory). GPU fields are null: CUDA probing
+ * (device bandwidth, cuBLASLt bf16/fp8 rates) is not implemented yet.
+ */
+#ifndef TSR_ABL_PROBE_H
+#define TSR_ABL_PROBE_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "../core/util/error.h"
+
+typedef struct tsr_probe_opts {
+    int n_threads;        /* 0: every online core */
+    size_t buffer_bytes;  /* 0: 8 x the last-level cache, at least 256 MiB */
+    int repeats;          /* 0: 5 */
+    int gemm_n;           /* square sgemm size; 0: 1024 */
+} tsr_probe_opts;
+
+typedef struct tsr_probe_result {
+    double read_gbs;          /* median, GB/s (1e9 bytes) */
+    double read_gbs_min, read_gbs_max;
+    double gemm_gflops;       /* median, GFLOP/s */
+    double gemm_gflops_min, gemm_gflops_max;
+    int have_gemm;            /* 0: built without cblas (then the rate is 0) */
+    int n_threads;
+    size_t buffer_bytes;
+    int repeats, gemm_n;
+    char cpu_model[256];
+    int n_cores;              /* online logical CPUs */
+    unsigned long long mem_bytes;
+    unsigned long long llc_bytes; /* 0 if unknown */
+} tsr_probe_result;
+
+int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err);
+
+/* device.json (schema "tessera.device/1"); NULL on no memory. */
+json_t *tsr_probe_to_json(const tsr_probe_result *r);
+/* Read it back (from `tessera probe --out` or result.json's "device"). */
+int tsr_probe_from_json(const json_t *j, tsr_probe_result *r, tsr_error *err);
+
+#endif
