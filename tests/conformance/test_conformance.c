@@ -13,6 +13,7 @@
  *
  *   test_conformance [PLUGIN]     (or TESSERA_CONF_PLUGIN=PLUGIN)
  *   TESSERA_CONF_SEED=N           (default 20261129; printed)
+ *   TESSERA_CONF_INCLUDE_TEST=1   run test plugins too (the harness's own test)
  */
 #include <math.h>
 #include <setjmp.h>
@@ -198,6 +199,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     const char *only = argc > 1 ? argv[1] : getenv("TESSERA_CONF_PLUGIN");
+    const char *inc = getenv("TESSERA_CONF_INCLUDE_TEST");
+    int include_test = inc && !strcmp(inc, "1");
     const char *s = getenv("TESSERA_CONF_SEED");
     if (s && *s) seed = strtoull(s, NULL, 10);
     if (!seed) seed = CONF_DEFAULT_SEED;
@@ -215,7 +218,7 @@ int main(int argc, char **argv) {
     int n = 0;
     for (int i = 0; i < catalog->n; i++) {
         tsr_manifest *m = catalog->items[i];
-        if (m->test || (only && *only && strcmp(only, m->name))) continue;
+        if ((m->test && !include_test) || (only && *only && strcmp(only, m->name))) continue;
         tests[n].name = m->name;
         tests[n].test_func = run_plugin;
         tests[n].initial_state = m;
