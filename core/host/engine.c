@@ -121,16 +121,39 @@ static void h_free(const tsr_plugin_ctx *ctx, void *p) {
     tsr_hfree(h->raw);
 }
 
+#ifdef TESSERA_CUDA
+#include "../cuda/device.h"
+#endif
+
 static int h_dev_alloc(const tsr_plugin_ctx *ctx, size_t size, void **out) {
-    (void)ctx;
-    (void)size;
     *out = NULL;
-    return TSR_ERR_UNSUPPORTED; /* this host is built without CUDA */
+#ifdef TESSERA_CUDA
+    eslot *s = ctx_slot(ctx);
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (!(*out = tsr_cuda_malloc(size, &err))) {
+        h_set_error(ctx, "%s", err.msg);
+        return err.code;
+    }
+    pthread_mutex_lock(&s->e->mu);
+    s->bytes += size;
+    pthread_mutex_unlock(&s->e->mu);
+    return TSR_OK;
+#else
+    (void)size;
+    h_set_error(ctx, "this tessera was built without CUDA");
+    return TSR_ERR_UNSUPPORTED;
+#endif
 }
 
 static void h_dev_free(const tsr_plugin_ctx *ctx, void *p) {
+#ifdef TESSERA_CUDA
+    (void)ctx;
+    tsr_cuda_free(p);
+#else
     (void)ctx;
     (void)p;
+#endif
 }
 
 static int h_parallel_for(const tsr_plugin_ctx *ctx, int64_t n, tsr_work_fn fn, void *arg) {

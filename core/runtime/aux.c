@@ -28,7 +28,8 @@ static int view_open(tsr_model *parent, int n_layers, tsr_model **out, tsr_error
     v->x = v->xn = v->q = v->k = v->v = v->att = v->o = v->g = v->u = NULL;
     v->router = v->moe_out = v->ex_in = v->ex_g = v->ex_u = v->ex_d = v->sh_gate_out = NULL;
     v->topk_w = v->ex_wts = NULL;
-    v->topk_idx = v->ex_rows = NULL;
+    v->topk_idx = v->ex_rows = v->ids = NULL;
+    v->logits_dev = NULL;
     int rc = tsr_model_alloc_scratch(v, err);
     if (rc != TSR_OK) {
         tsr_model_free(v);

@@ -1,6 +1,7 @@
 /*
  * forward.c - the decoder forward pass over a chunk of rows. The core does
- * embedding, norms, RoPE, activations and routing (kernels/cpu/ops.h); every
+ * embedding, norms, RoPE, activations (through its backend: backend.h) and
+ * routing (on the host); every
  * projection goes to the gemv slot, keys and values to the kv_cache slot,
  * attention to the attention slot, expert weights come from the
  * expert_cache slot.
@@ -17,9 +18,14 @@
         if (rc_ != TSR_OK) return tsr_model_slot_error(m, (slot), rc_, err, (what));          \
     } while (0)
 
-static void add_bias(float *y, const float *b, int rows, int n) {
-    if (!b) return;
-    for (int r = 0; r < rows; r++) tsr_add(y + (int64_t)r * n, b, n);
+#define BE(expr)                                                                               \
+    do {                                                                                       \
+        int rc_ = (expr);                                                                      \
+        if (rc_ != TSR_OK) return rc_;                                                         \
+    } while (0)
+
+static int add_bias(tsr_model *m, float *y, const float *b, int rows, int n, tsr_error *err) {
+    return b ? m->be->add_rows(y, b, rows, n, err) : TSR_OK;
 }
 
 /* y[rows, w.rows] = x . W^T through the gemv slot. */
@@ -34,7 +40,7 @@ static int ffn(tsr_model *m, const void *wg, const void *wu, const void *wd, int
     int rc;
     if ((rc = gemv(m, wg, rows, x, g, err))) return rc;
     if ((rc = gemv(m, wu, rows, x, u, err))) return rc;
-    tsr_silu_mul(g, g, u, (int64_t)rows * f);
+    BE(m->be->silu_mul(g, g, u, (int64_t)rows * f, err));
     return gemv(m, wd, rows, g, y, err);
 }
 
@@ -108,28 +114,23 @@ static int moe(tsr_model *m, int layer, int rows, tsr_error *err) {
 static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int rows,
                            tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
+    const tsr_backend *be = m->be;
     const tsr_layer_w *L = &m->layers[layer];
     const int h = c->hidden, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     int rc;
-    for (int r = 0; r < rows; r++)
-        tsr_rmsnorm(m->xn + (int64_t)r * h, m->x + (int64_t)r * h, L->attn_norm, h, c->norm_eps);
+    BE(be->rmsnorm(m->xn, m->x, L->attn_norm, rows, h, c->norm_eps, err));
     if ((rc = gemv(m, L->wq, rows, m->xn, m->q, err))) return rc;
     if ((rc = gemv(m, L->wk, rows, m->xn, m->k, err))) return rc;
     if ((rc = gemv(m, L->wv, rows, m->xn, m->v, err))) return rc;
-    add_bias(m->q, L->bq, rows, qd);
-    add_bias(m->k, L->bk, rows, kvd);
-    add_bias(m->v, L->bv, rows, kvd);
-    for (int r = 0; r < rows; r++) {
-        float *q = m->q + (int64_t)r * qd, *k = m->k + (int64_t)r * kvd;
-        if (L->q_norm) {
-            for (int hh = 0; hh < c->n_heads; hh++)
-                tsr_rmsnorm(q + hh * hd, q + hh * hd, L->q_norm, hd, c->norm_eps);
-            for (int hh = 0; hh < c->n_kv_heads; hh++)
-                tsr_rmsnorm(k + hh * hd, k + hh * hd, L->k_norm, hd, c->norm_eps);
-        }
-        tsr_rope_apply(&m->rope, q, c->n_heads, pos0 + r);
-        tsr_rope_apply(&m->rope, k, c->n_kv_heads, pos0 + r);
+    BE(add_bias(m, m->q, L->bq, rows, qd, err));
+    BE(add_bias(m, m->k, L->bk, rows, kvd, err));
+    BE(add_bias(m, m->v, L->bv, rows, kvd, err));
+    if (L->q_norm) { /* per head, before RoPE */
+        BE(be->rmsnorm(m->q, m->q, L->q_norm, rows * c->n_heads, hd, c->norm_eps, err));
+        BE(be->rmsnorm(m->k, m->k, L->k_norm, rows * c->n_kv_heads, hd, c->norm_eps, err));
     }
+    BE(be->rope(&m->rope, m->inv_freq, m->q, rows, c->n_heads, pos0, err));
+    BE(be->rope(&m->rope, m->inv_freq, m->k, rows, c->n_kv_heads, pos0, err));
     CALL(m->kv, tsr_kv_append(m->kv, kv_seq, layer, pos0, rows, m->k, m->v, &m->ex), "kv append");
     tsr_kv_view view;
     CALL(m->kv, tsr_kv_view_get(m->kv, kv_seq, layer, &view), "kv view");
@@ -147,46 +148,41 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
     };
     CALL(m->attn, tsr_attention_run(m->attn, &a, &m->ex), "attention");
     if ((rc = gemv(m, L->wo, rows, m->att, m->o, err))) return rc;
-    add_bias(m->o, L->bo, rows, h);
-    tsr_add(m->x, m->o, (int64_t)rows * h);
-    return TSR_OK;
+    BE(add_bias(m, m->o, L->bo, rows, h, err));
+    return be->add(m->x, m->o, (int64_t)rows * h, err);
 }
 
 int tsr_forward_chunk(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens, int rows,
                       float *logits, int all_rows, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
+    const tsr_backend *be = m->be;
     const int h = c->hidden;
     int rc;
     TSR_ASSERT(rows >= 1 && rows <= m->chunk);
-    uint64_t row_bytes;
-    if (tsr_dtype_row_bytes(m->embed->dtype, h, &row_bytes) != 0)
-        return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "embedding dtype %s with %d columns",
-                             tsr_dtype_name(m->embed->dtype), h);
-    for (int r = 0; r < rows; r++) {
+    for (int r = 0; r < rows; r++)
         if (tokens[r] < 0 || tokens[r] >= c->vocab)
             return tsr_error_set(err, TSR_ERR_INVALID, "token id %d is outside the vocabulary (%d)",
                                  tokens[r], c->vocab);
-        tsr_dequant_row(m->embed->dtype, (const uint8_t *)m->embed->data + row_bytes * tokens[r],
-                        m->x + (int64_t)r * h, h);
-    }
+    BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, tokens, m->ids, rows, err));
     for (int l = 0; l < c->n_layers; l++) {
         const tsr_layer_w *L = &m->layers[l];
         if ((rc = attention_block(m, l, kv_seq, pos0, rows, err))) return rc;
-        for (int r = 0; r < rows; r++)
-            tsr_rmsnorm(m->xn + (int64_t)r * h, m->x + (int64_t)r * h, L->ffn_norm, h, c->norm_eps);
+        BE(be->rmsnorm(m->xn, m->x, L->ffn_norm, rows, h, c->norm_eps, err));
         if (L->moe) {
             if ((rc = moe(m, l, rows, err))) return rc;
         } else {
             if ((rc = ffn(m, L->w_gate, L->w_up, L->w_down, rows, c->ffn, m->xn, m->g, m->u, m->o,
                           err)))
                 return rc;
-            tsr_add(m->x, m->o, (int64_t)rows * h);
+            BE(be->add(m->x, m->o, (int64_t)rows * h, err));
         }
     }
-    if (!logits) return TSR_OK;
+    if (!logits) return be->sync(err);
     int first = all_rows ? 0 : rows - 1, n = rows - first;
-    for (int r = first; r < rows; r++)
-        tsr_rmsnorm(m->xn + (int64_t)(r - first) * h, m->x + (int64_t)r * h, m->final_norm, h,
-                    c->norm_eps);
-    return gemv(m, m->lm_head, n, m->xn, logits, err);
+    BE(be->rmsnorm(m->xn, m->x + (int64_t)first * h, m->final_norm, n, h, c->norm_eps, err));
+    /* on the CPU the head writes the caller's logits; elsewhere they come back from the device */
+    float *out = be->device == TSR_DEVICE_CPU ? logits : m->logits_dev;
+    if ((rc = gemv(m, m->lm_head, n, m->xn, out, err))) return rc;
+    if (out != logits) BE(be->download(logits, out, (size_t)n * c->vocab * sizeof(float), err));
+    return be->sync(err);
 }

@@ -86,7 +86,8 @@ static int load_matrix(tsr_model *m, const char *name, int64_t rows, int64_t col
     return prepare(m, t, out, bytes, err);
 }
 
-/* A vector of n values widened to f32 (norm weights, biases). */
+/* A vector of n values widened to f32 (norm weights, biases), in the
+ * backend's memory. */
 static int load_vector(tsr_model *m, const char *name, int64_t n, int optional, float **out,
                        tsr_error *err) {
     const tsr_tensor *t = tsr_model_file_tensor(m->file, name);
@@ -102,10 +103,20 @@ static int load_vector(tsr_model *m, const char *name, int64_t n, int optional, 
     if (n % tsr_dtype_block_elems(t->dtype) != 0)
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "tensor %s: %s vector of %lld values", name,
                              tsr_dtype_name(t->dtype), (long long)n);
-    *out = malloc((size_t)n * sizeof(float));
-    if (!*out) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for %s", name);
-    tsr_dequant_row(t->dtype, t->data, *out, n);
-    return TSR_OK;
+    float *host = malloc((size_t)n * sizeof(float));
+    if (!host) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for %s", name);
+    tsr_dequant_row(t->dtype, t->data, host, n);
+    int rc = TSR_OK;
+    if (m->be->device == TSR_DEVICE_CPU) {
+        *out = host;
+        return TSR_OK;
+    }
+    if (!(*out = m->be->alloc((size_t)n * sizeof(float), err)))
+        rc = err->code;
+    else
+        rc = m->be->upload(*out, host, (size_t)n * sizeof(float), err);
+    free(host);
+    return rc;
 }
 
 /* Canonical names of one expert's matrices. */
@@ -234,7 +245,8 @@ static int load_layer(tsr_model *m, int l, tsr_error *err) {
 
 static void free_layer(tsr_model *m, tsr_layer_w *L) {
     float *vecs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->bq, L->bk, L->bv, L->bo};
-    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) free(vecs[i]);
+    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
+        if (vecs[i]) m->be->free(vecs[i]);
     void *mats[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down, L->w_router,
                     L->sh_gate, L->sh_up, L->sh_down, L->sh_router};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) tsr_gemv_release(m->gemv, mats[i]);
@@ -242,23 +254,29 @@ static void free_layer(tsr_model *m, tsr_layer_w *L) {
 
 int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
+    const tsr_backend *be = m->be;
     const size_t R = (size_t)m->chunk, h = (size_t)c->hidden,
                  qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     size_t f = (size_t)c->ffn;
     if ((size_t)c->expert_ffn > f) f = (size_t)c->expert_ffn;
     if ((size_t)c->shared_expert_ffn > f) f = (size_t)c->shared_expert_ffn;
     if (f == 0) f = 1;
-    const size_t E = c->n_experts > 0 ? (size_t)c->n_experts : 1;
-    const size_t K = c->n_experts_used > 0 ? (size_t)c->n_experts_used : 1;
-    float **bufs[] = {&m->x, &m->xn, &m->q, &m->k, &m->v, &m->att, &m->o, &m->g, &m->u,
-                      &m->router, &m->moe_out, &m->ex_in, &m->ex_g, &m->ex_u, &m->ex_d,
+    float **dev[] = {&m->x, &m->xn, &m->q, &m->k, &m->v, &m->att, &m->o, &m->g, &m->u};
+    size_t dev_sizes[] = {R * h, R * h, R * qd, R * kvd, R * kvd, R * qd, R * h, R * f, R * f};
+    for (size_t i = 0; i < sizeof dev_sizes / sizeof dev_sizes[0]; i++)
+        if (!(*dev[i] = be->alloc(dev_sizes[i] * sizeof(float), err))) return err->code;
+    if (!(m->ids = be->alloc(R * sizeof(int32_t), err))) return err->code;
+    if (be->device != TSR_DEVICE_CPU &&
+        !(m->logits_dev = be->alloc(R * (size_t)c->vocab * sizeof(float), err)))
+        return err->code;
+    if (c->n_experts == 0) return TSR_OK;
+    const size_t E = (size_t)c->n_experts, K = c->n_experts_used > 0 ? (size_t)c->n_experts_used : 1;
+    float **host[] = {&m->router, &m->moe_out, &m->ex_in, &m->ex_g, &m->ex_u, &m->ex_d,
                       &m->sh_gate_out, &m->topk_w, &m->ex_wts};
-    size_t sizes[] = {R * h, R * h, R * qd, R * kvd, R * kvd, R * qd, R * h, R * f, R * f,
-                      R * E, R * h, R * h, R * f, R * f, R * h, R, R * K, R};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        *bufs[i] = calloc(sizes[i], sizeof(float));
-        if (!*bufs[i]) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
-    }
+    size_t host_sizes[] = {R * E, R * h, R * h, R * f, R * f, R * h, R, R * K, R};
+    for (size_t i = 0; i < sizeof host_sizes / sizeof host_sizes[0]; i++)
+        if (!(*host[i] = calloc(host_sizes[i], sizeof(float))))
+            return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
     m->topk_idx = calloc(R * K, sizeof(int32_t));
     m->ex_rows = calloc(R, sizeof(int32_t));
     if (!m->topk_idx || !m->ex_rows)
@@ -325,6 +343,17 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
     m->experts = tsr_engine_slot(m->engine, TSR_SLOT_EXPERT_CACHE);
     m->ex.device = tsr_engine_device(m->engine);
     m->ex.n_threads = tsr_threadpool_size(tsr_engine_pool(m->engine));
+    m->be = m->ex.device == TSR_DEVICE_CUDA ? tsr_backend_cuda() : tsr_backend_cpu();
+    if (!m->be) {
+        rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED,
+                           "assembly %s runs on cuda, but this tessera was built without CUDA", asm_path);
+        goto fail;
+    }
+    if (m->be->device != TSR_DEVICE_CPU && c->n_experts > 0) {
+        rc = tsr_error_set(err, TSR_ERR_NOT_IMPLEMENTED,
+                           "mixture-of-experts models run on the CPU only for now (%s)", c->arch_name);
+        goto fail;
+    }
 
     if (!o->no_tokenizer) {
         rc = tsr_tokenizer_load_for_model(m->file, o->tokenizer_path, &m->tok, err);
@@ -347,6 +376,17 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
         goto fail;
     }
     if ((rc = load_vector(m, "model.norm.weight", c->hidden, 0, &m->final_norm, err))) goto fail;
+    m->embed_data = m->embed->data;
+    if (m->be->device != TSR_DEVICE_CPU) { /* the table and RoPE frequencies on the device */
+        if (!(m->embed_copy = m->be->alloc(m->embed->nbytes, err)) ||
+            m->be->upload(m->embed_copy, m->embed->data, m->embed->nbytes, err) != TSR_OK ||
+            !(m->inv_freq = m->be->alloc(sizeof m->rope.inv_freq, err)) ||
+            m->be->upload(m->inv_freq, m->rope.inv_freq, sizeof m->rope.inv_freq, err) != TSR_OK) {
+            rc = err->code;
+            goto fail;
+        }
+        m->embed_data = m->embed_copy;
+    }
     if (c->tie_embeddings)
         rc = prepare(m, m->embed, &m->lm_head, &m->weight_bytes_token, err);
     else
@@ -383,10 +423,13 @@ fail:
 }
 
 void tsr_model_free_scratch(tsr_model *m) {
-    float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->o, m->g, m->u,
-                     m->router, m->moe_out, m->ex_in, m->ex_g, m->ex_u, m->ex_d,
+    float *dev[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->o, m->g, m->u, m->logits_dev};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) m->be->free(dev[i]);
+    if (m->ids) m->be->free(m->ids);
+    float *host[] = {m->router, m->moe_out, m->ex_in, m->ex_g, m->ex_u, m->ex_d,
                      m->sh_gate_out, m->topk_w, m->ex_wts};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     free(m->topk_idx);
     free(m->ex_rows);
 }
@@ -406,8 +449,12 @@ void tsr_model_free(tsr_model *m) {
     }
     tsr_engine_free(m->engine);
     free(m->layers);
-    free(m->final_norm);
-    tsr_model_free_scratch(m);
+    if (m->be) {
+        if (m->final_norm) m->be->free(m->final_norm);
+        if (m->embed_copy) m->be->free(m->embed_copy);
+        if (m->inv_freq) m->be->free(m->inv_freq);
+        tsr_model_free_scratch(m);
+    }
     free(m->catalog_dir);
     tsr_tokenizer_free(m->tok);
     tsr_model_file_close(m->file);

@@ -8,6 +8,7 @@
 #include "../../kernels/cpu/ops.h"
 #include "../format/model_file.h"
 #include "../host/slot_calls.h"
+#include "backend.h"
 #include "runtime.h"
 
 /* One decoder layer's weights: projections as gemv handles, vectors in f32. */
@@ -45,8 +46,15 @@ struct tsr_model {
     tsr_expert_source esrc;
     uint64_t weight_bytes_token;
     double load_seconds;
-    /* scratch for one chunk of rows */
+    const tsr_backend *be;        /* where activations live and core kernels run */
+    const void *embed_data;       /* the embedding table in the backend's memory */
+    void *embed_copy;             /* the backend's copy of it (NULL on the CPU: the mmap) */
+    float *inv_freq;              /* the backend's copy of rope.inv_freq (NULL on the CPU) */
+    /* scratch for one chunk of rows, in the backend's memory */
     float *x, *xn, *q, *k, *v, *att, *o, *g, *u;
+    int32_t *ids;                 /* [chunk] token ids */
+    float *logits_dev;            /* [chunk, vocab] (NULL on the CPU) */
+    /* host scratch of the mixture-of-experts path (CPU only) */
     float *router, *moe_out, *ex_in, *ex_g, *ex_u, *ex_d, *sh_gate_out;
     int32_t *topk_idx;            /* [chunk, n_experts_used] */
     float *topk_w;

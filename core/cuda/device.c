@@ -1,0 +1,106 @@
+#include "device.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+
+static uint64_t allocated;
+static int sticky;
+
+static int status_of(cudaError_t e, const char *what, tsr_error *err) {
+    if (e == cudaSuccess) return TSR_OK;
+    /* errors that leave the context unusable */
+    if (e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure || e == cudaErrorAssert ||
+        e == cudaErrorHardwareStackError || e == cudaErrorIllegalInstruction ||
+        e == cudaErrorMisalignedAddress || e == cudaErrorInvalidPc || e == cudaErrorECCUncorrectable)
+        sticky = 1;
+    return tsr_error_set(err, e == cudaErrorMemoryAllocation ? TSR_ERR_NOMEM : TSR_ERR_DEVICE,
+                         "%s: CUDA error %d (%s)%s", what, (int)e, cudaGetErrorString(e),
+                         sticky ? "; the device context is lost" : "");
+}
+
+int tsr_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: not an error here */
+        return 0;
+    }
+    return n;
+}
+
+int tsr_cuda_init(int device_id, tsr_error *err) {
+    int n = tsr_cuda_device_count();
+    if (device_id < 0 || device_id >= n)
+        return tsr_error_set(err, TSR_ERR_DEVICE, "CUDA device %d requested, %d present", device_id, n);
+    int rc = status_of(cudaSetDevice(device_id), "cudaSetDevice", err);
+    if (rc == TSR_OK) rc = status_of(cudaFree(0), "creating the CUDA context", err);
+    return rc;
+}
+
+void tsr_cuda_describe(char *buf, size_t size) {
+    int dev = 0, drv = 0;
+    struct cudaDeviceProp p;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(buf, size, "no CUDA device");
+        return;
+    }
+    cudaDriverGetVersion(&drv);
+    snprintf(buf, size, "%s, %d SMs, %.1f GiB, compute %d.%d, driver %d.%d", p.name,
+             p.multiProcessorCount, (double)p.totalGlobalMem / (1u << 30), p.major, p.minor,
+             drv / 1000, (drv % 1000) / 10);
+}
+
+/* A header before each block records its size for the accounting. */
+typedef struct blk {
+    uint64_t bytes;
+    uint64_t pad;
+} blk;
+
+void *tsr_cuda_malloc(size_t bytes, tsr_error *err) {
+    void *p = NULL;
+    size_t total = bytes + 256; /* keep 256-byte alignment for the caller */
+    if (status_of(cudaMalloc(&p, total), "cudaMalloc", err) != TSR_OK) return NULL;
+    if (status_of(cudaMemset(p, 0, total), "cudaMemset", err) != TSR_OK) {
+        cudaFree(p);
+        return NULL;
+    }
+    blk h = {bytes, 0};
+    if (status_of(cudaMemcpy(p, &h, sizeof h, cudaMemcpyHostToDevice), "cudaMemcpy", err) != TSR_OK) {
+        cudaFree(p);
+        return NULL;
+    }
+    __atomic_add_fetch(&allocated, bytes, __ATOMIC_RELAXED);
+    return (char *)p + 256;
+}
+
+void tsr_cuda_free(void *p) {
+    if (!p) return;
+    char *base = (char *)p - 256;
+    blk h;
+    if (cudaMemcpy(&h, base, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess)
+        __atomic_sub_fetch(&allocated, h.bytes, __ATOMIC_RELAXED);
+    cudaFree(base);
+}
+
+uint64_t tsr_cuda_bytes_allocated(void) { return __atomic_load_n(&allocated, __ATOMIC_RELAXED); }
+
+int tsr_cuda_upload(void *dst, const void *src, size_t bytes, tsr_error *err) {
+    return status_of(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload", err);
+}
+
+int tsr_cuda_download(void *dst, const void *src, size_t bytes, tsr_error *err) {
+    return status_of(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "download", err);
+}
+
+int tsr_cuda_sync(tsr_error *err) {
+    return status_of(cudaDeviceSynchronize(), "device synchronise", err);
+}
+
+int tsr_cuda_check(int rc, const char *what, tsr_error *err) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return status_of(e, what, err);
+    if (rc != 0) return tsr_error_set(err, rc, "%s: %s", what, tsr_status_str(rc));
+    return TSR_OK;
+}
+
+int tsr_cuda_failed(void) { return sticky; }

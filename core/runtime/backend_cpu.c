@@ -1,0 +1,92 @@
+/* The CPU backend: host memory and kernels/cpu/ops.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../kernels/dtype.h"
+#include "backend.h"
+
+static void *cpu_alloc(size_t bytes, tsr_error *err) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for %zu bytes", bytes);
+    return p;
+}
+
+static int cpu_copy(void *dst, const void *src, size_t bytes, tsr_error *err) {
+    (void)err;
+    memcpy(dst, src, bytes);
+    return TSR_OK;
+}
+
+static int cpu_embed(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *host_ids,
+                     int32_t *ids, int rows, tsr_error *err) {
+    (void)ids;
+    uint64_t row_bytes;
+    if (tsr_dtype_row_bytes(dtype, hidden, &row_bytes) != 0)
+        return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "embedding dtype %s with %d columns",
+                             tsr_dtype_name(dtype), hidden);
+    for (int r = 0; r < rows; r++)
+        tsr_dequant_row(dtype, (const uint8_t *)table + row_bytes * (uint64_t)host_ids[r],
+                        x + (int64_t)r * hidden, hidden);
+    return TSR_OK;
+}
+
+static int cpu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
+                       tsr_error *err) {
+    (void)err;
+    for (int r = 0; r < rows; r++) tsr_rmsnorm(y + (int64_t)r * n, x + (int64_t)r * n, w, n, eps);
+    return TSR_OK;
+}
+
+static int cpu_rope(const tsr_rope *rp, const float *inv_freq, float *x, int rows, int n_heads,
+                    int pos0, tsr_error *err) {
+    (void)inv_freq;
+    (void)err;
+    for (int r = 0; r < rows; r++)
+        tsr_rope_apply(rp, x + (int64_t)r * n_heads * rp->head_dim, n_heads, pos0 + r);
+    return TSR_OK;
+}
+
+static int cpu_silu_mul(float *y, const float *g, const float *u, int64_t n, tsr_error *err) {
+    (void)err;
+    tsr_silu_mul(y, g, u, n);
+    return TSR_OK;
+}
+
+static int cpu_add(float *y, const float *x, int64_t n, tsr_error *err) {
+    (void)err;
+    tsr_add(y, x, n);
+    return TSR_OK;
+}
+
+static int cpu_add_rows(float *y, const float *b, int rows, int n, tsr_error *err) {
+    (void)err;
+    for (int r = 0; r < rows; r++) tsr_add(y + (int64_t)r * n, b, n);
+    return TSR_OK;
+}
+
+static int cpu_sync(tsr_error *err) {
+    (void)err;
+    return TSR_OK;
+}
+
+static const tsr_backend cpu_backend = {
+    .device = 0,
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .add_rows = cpu_add_rows,
+    .sync = cpu_sync,
+};
+
+const tsr_backend *tsr_backend_cpu(void) { return &cpu_backend; }
+
+#ifndef TESSERA_CUDA
+const tsr_backend *tsr_backend_cuda(void) { return NULL; }
+#endif

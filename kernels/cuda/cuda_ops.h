@@ -1,0 +1,43 @@
+/*
+ * cuda_ops.h - the core's kernels on a CUDA device (C interface). Every
+ * pointer is device memory unless named host_; stream is a cudaStream_t
+ * (NULL: the legacy default stream). Launches are asynchronous; errors
+ * surface at the next synchronising call (tsr_cuda_check in core/cuda).
+ */
+#ifndef TSR_KERNELS_CUDA_OPS_H
+#define TSR_KERNELS_CUDA_OPS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* x[r, :] = table row ids[r] widened to f32; dtype F32, F16 or BF16
+ * (tsr_dtype values 0, 1, 2). ids: device int32 [rows]. */
+int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids,
+                 int rows, void *stream);
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of n; y may equal x. */
+int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
+                   void *stream);
+/* Rotate rows x [rows, n_heads, head_dim] to positions pos0 + r. inv_freq:
+ * device [head_dim / 2]. */
+int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim, int pos0,
+                float pos_scale, int interleaved, void *stream);
+/* y = silu(g) * u */
+int tsr_cu_silu_mul(float *y, const float *g, const float *u, int64_t n, void *stream);
+/* y += x */
+int tsr_cu_add(float *y, const float *x, int64_t n, void *stream);
+/* y[r, :] += b for rows of n */
+int tsr_cu_add_rows(float *y, const float *b, int rows, int n, void *stream);
+/* dst[i] = (bf16) src[i] */
+int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream);
+/* dst[i] = (f32) src[i] */
+int tsr_cu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n, void *stream);
+/* out[r] = argmax of x[r, 0:n] (ties: lowest index; NaN never chosen). */
+int tsr_cu_argmax_rows(int32_t *out, const float *x, int rows, int n, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TSR_KERNELS_CUDA_OPS_H */

@@ -1,0 +1,192 @@
+// Core kernels on the device: one thread block per row where a row needs a
+// reduction, grid-stride loops elsewhere. f32 arithmetic throughout.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda_ops.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    const int n_warps = (blockDim.x + 31) >> 5;
+    v = threadIdx.x < n_warps ? part[threadIdx.x] : 0.0f;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __shared__ float total;
+    if (threadIdx.x == 0) total = v;
+    __syncthreads();
+    float t = total;
+    __syncthreads();
+    return t;
+}
+
+__global__ void embed_k(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids) {
+    const int r = blockIdx.x;
+    const int64_t row = ids[r];
+    float *out = x + (int64_t)r * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float v;
+        if (dtype == 0) v = ((const float *)table)[row * hidden + i];
+        else if (dtype == 1) v = __half2float(((const __half *)table)[row * hidden + i]);
+        else v = __bfloat162float(((const __nv_bfloat16 *)table)[row * hidden + i]);
+        out[i] = v;
+    }
+}
+
+__global__ void rmsnorm_k(float *y, const float *x, const float *w, int n, float eps) {
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    const float inv = rsqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+}
+
+__global__ void rope_k(float *x, const float *inv_freq, int n_heads, int head_dim, int pos0,
+                       float pos_scale, int interleaved) {
+    const int r = blockIdx.x, half = head_dim / 2;
+    const float p = (float)(pos0 + r) * pos_scale;
+    float *row = x + (int64_t)r * n_heads * head_dim;
+    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
+        const int h = j / half, i = j % half;
+        float s, c;
+        sincosf(p * inv_freq[i], &s, &c);
+        float *v = row + h * head_dim;
+        const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+        const float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * c - x1 * s;
+        v[i1] = x1 * c + x0 * s;
+    }
+}
+
+__global__ void silu_mul_k(float *y, const float *g, const float *u, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float a = g[i];
+        y[i] = a / (1.0f + __expf(-a)) * u[i];
+    }
+}
+
+__global__ void add_k(float *y, const float *x, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+__global__ void add_rows_k(float *y, const float *b, int n) {
+    float *row = y + (int64_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] += b[i];
+}
+
+__global__ void f32_to_bf16_k(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void bf16_to_f32_k(float *dst, const __nv_bfloat16 *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+__global__ void argmax_k(int32_t *out, const float *x, int n) {
+    const float *row = x + (int64_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int idx = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = row[i];
+        if (v == v && (idx < 0 || v > best)) {
+            best = v;
+            idx = i;
+        }
+    }
+    __shared__ float sv[kThreads];
+    __shared__ int si[kThreads];
+    sv[threadIdx.x] = best;
+    si[threadIdx.x] = idx;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            const float ov = sv[threadIdx.x + s];
+            const int oi = si[threadIdx.x + s];
+            const int mi = si[threadIdx.x];
+            if (oi >= 0 && (mi < 0 || ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < mi))) {
+                sv[threadIdx.x] = ov;
+                si[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = si[0] < 0 ? 0 : si[0];
+}
+
+int grid_for(int64_t n) {
+    int64_t b = (n + kThreads - 1) / kThreads;
+    return (int)(b > 65535 ? 65535 : b < 1 ? 1 : b);
+}
+
+int launched() { return cudaGetLastError() == cudaSuccess ? 0 : -10; }
+
+} // namespace
+
+#define STREAM(s) ((cudaStream_t)(s))
+
+extern "C" int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden,
+                            const int32_t *ids, int rows, void *stream) {
+    if (dtype > 2) return -5;
+    embed_k<<<rows, kThreads, 0, STREAM(stream)>>>(x, table, dtype, hidden, ids);
+    return launched();
+}
+
+extern "C" int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
+                              void *stream) {
+    rmsnorm_k<<<rows, kThreads, 0, STREAM(stream)>>>(y, x, w, n, eps);
+    return launched();
+}
+
+extern "C" int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim,
+                           int pos0, float pos_scale, int interleaved, void *stream) {
+    rope_k<<<rows, kThreads, 0, STREAM(stream)>>>(x, inv_freq, n_heads, head_dim, pos0, pos_scale,
+                                                  interleaved);
+    return launched();
+}
+
+extern "C" int tsr_cu_silu_mul(float *y, const float *g, const float *u, int64_t n, void *stream) {
+    silu_mul_k<<<grid_for(n), kThreads, 0, STREAM(stream)>>>(y, g, u, n);
+    return launched();
+}
+
+extern "C" int tsr_cu_add(float *y, const float *x, int64_t n, void *stream) {
+    add_k<<<grid_for(n), kThreads, 0, STREAM(stream)>>>(y, x, n);
+    return launched();
+}
+
+extern "C" int tsr_cu_add_rows(float *y, const float *b, int rows, int n, void *stream) {
+    add_rows_k<<<rows, kThreads, 0, STREAM(stream)>>>(y, b, n);
+    return launched();
+}
+
+extern "C" int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream) {
+    f32_to_bf16_k<<<grid_for(n), kThreads, 0, STREAM(stream)>>>((__nv_bfloat16 *)dst, src, n);
+    return launched();
+}
+
+extern "C" int tsr_cu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n, void *stream) {
+    bf16_to_f32_k<<<grid_for(n), kThreads, 0, STREAM(stream)>>>(dst, (const __nv_bfloat16 *)src, n);
+    return launched();
+}
+
+extern "C" int tsr_cu_argmax_rows(int32_t *out, const float *x, int rows, int n, void *stream) {
+    argmax_k<<<rows, kThreads, 0, STREAM(stream)>>>(out, x, n);
+    return launched();
+}
