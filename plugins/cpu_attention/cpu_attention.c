@@ -18,6 +18,9 @@
 #include "kernels/cpu/attn_kernels.h"
 #include "slots/tsr_attention.h"
 
+/* Below this many multiply-adds a call is not worth the thread pool's wake-up. */
+#define INLINE_MADDS 131072.0
+
 typedef struct cpu_attn {
     const tsr_plugin_ctx *ctx;
 } cpu_attn;
@@ -244,7 +247,12 @@ static int attn_run(void *inst, const tsr_attn_args *a, const tsr_exec *ex) {
             return TSR_ERR_NOMEM;
         }
     }
-    h->parallel_for(c->ctx, p.items, attn_items, &p);
+    /* Small calls (tiny models, short contexts) run on the calling thread:
+     * waking the pool costs more than the work. */
+    int64_t span = a->window > 0 && a->window < a->pos0 + a->rows ? a->window : a->pos0 + a->rows;
+    double madds = 2.0 * a->rows * a->n_heads * (double)span * a->head_dim;
+    if (nt == 1 || madds < INLINE_MADDS) attn_items(&p, 0, p.items, 0);
+    else h->parallel_for(c->ctx, p.items, attn_items, &p);
     if (p.splits > 1) {
         merge_splits(&p);
         h->free(c->ctx, p.part);
