@@ -124,6 +124,10 @@ static int cmp_added(const void *a, const void *b, void *ctx) {
     return x - y;
 }
 
+static int hexdig(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
 int tsr_tok_finish(tsr_tokenizer *t, tsr_error *err) {
     uint32_t cap = 16;
     while (cap < (uint32_t)t->n_vocab * 2u) cap <<= 1;
@@ -158,7 +162,13 @@ int tsr_tok_finish(tsr_tokenizer *t, tsr_error *err) {
     } else {
         for (int i = 0; i < t->n_vocab; i++) {
             const char *s = t->text[i];
-            if (!s || t->len[i] != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') continue;
+            int is_byte = s && t->len[i] == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' &&
+                          hexdig(s[3]) && hexdig(s[4]);
+            if (!is_byte) { /* a "byte" token that does not spell one is an ordinary piece */
+                if (s && (t->attr[i] & TSR_TOKATTR_BYTE))
+                    t->attr[i] = (uint8_t)((t->attr[i] & ~TSR_TOKATTR_BYTE) | TSR_TOKATTR_NORMAL);
+                continue;
+            }
             char *end;
             char hex[3] = {s[3], s[4], 0};
             long v = strtol(hex, &end, 16);
@@ -275,7 +285,7 @@ static size_t token_bytes(const tsr_tokenizer *t, int id, int render_special, ch
     const char *s = t->text[id];
     size_t n = t->len[id];
     if ((a & (TSR_TOKATTR_CONTROL | TSR_TOKATTR_UNKNOWN)) && !render_special) return 0;
-    if (a & TSR_TOKATTR_BYTE) {
+    if ((a & TSR_TOKATTR_BYTE) && t->kind == TSR_TOK_SPM) { /* "<0xNN>", checked at load */
         buf[0] = (char)strtol(s + 3, NULL, 16);
         return 1;
     }

@@ -2,6 +2,8 @@
  * Input: 2 bytes (big-endian) of JSON length, that many bytes of
  * tokenizer.json, the rest is text. Whatever tokenizer.json loads is used to
  * encode the text (with and without special tokens), decode and stream it.
+ * An input that starts with "GGUF" is read as a GGUF file instead and its
+ * vocabulary (tokenizer.ggml.*) is loaded and used.
  * The whole input is also encoded with two fixed small tokenizers that have
  * all 256 bytes (byte-level BPE; SentencePiece with byte fallback), where the
  * tokens' bytes must give back the input exactly; streamed text must always
@@ -13,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/format/gguf.h"
 #include "core/tokenizer/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -179,6 +182,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     exercise(fixed_tok, (const char *)data, size, 1, 0);
     exercise(fixed_spm, (const char *)data, size, 0, 1);
     exercise(fixed_spm, (const char *)data, size, 1, 0);
+    /* a GGUF file: its tokenizer.ggml.* vocabulary */
+    if (size >= 4 && memcmp(data, "GGUF", 4) == 0) {
+        tsr_gguf *g;
+        tsr_error err;
+        if (tsr_gguf_parse(data, size, "fuzz.gguf", &g, &err) == TSR_OK) {
+            tsr_tokenizer *t = NULL;
+            if (tsr_tokenizer_load_gguf(g, "fuzz.gguf", &t, &err) == TSR_OK) {
+                static const char text[] = "Hello w\xc3\xb6rld \xf0\x9f\xa6\x99 <s>[INST] ab a\xff";
+                exercise(t, text, sizeof text - 1, 0, 0);
+                exercise(t, text, sizeof text - 1, 1, 0);
+                tsr_chat_format f;
+                tsr_chat_format_detect(t, &f, &err);
+                tsr_tokenizer_free(t);
+            } else if (err.code == TSR_OK || !err.msg[0]) {
+                abort();
+            }
+            tsr_gguf_free(g);
+        }
+        return 0;
+    }
     if (size < 2) return 0;
     size_t jl = ((size_t)data[0] << 8) | data[1];
     if (jl > size - 2) jl = size - 2;
