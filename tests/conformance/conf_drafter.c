@@ -137,7 +137,7 @@ void conf_run_drafter(conf_env *env) {
         const draft_case *c = &cases[i];
         const char *params[3];
         int np = conf_params(env, c->params, 2, params);
-        char what[160], why[512];
+        char what[160], why[1400];
         snprintf(what, sizeof what, "drafter %s max_draft=%d%s%s", c->name, c->max_draft,
                  c->params[0] && np && params[0] == c->params[0] ? " " : "",
                  c->params[0] && np && params[0] == c->params[0] ? params[0] : "");

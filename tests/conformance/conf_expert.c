@@ -98,7 +98,7 @@ static int eval_expert(conf_inst *g, const tsr_expert_weights *w, const float *x
 static void run_case(conf_env *env, const ex_case *c, int idx) {
     const char *params[3];
     int np = conf_params(env, c->params, 2, params);
-    char what[160], why[512] = "";
+    char what[160], why[1400] = "";
     snprintf(what, sizeof what, "expert_cache trace %dx%d%s%s%s%s%s groups=%d", EX_LAYERS, EX_N,
              c->params[0] ? " " : "", c->params[0] ? c->params[0] : "", c->params[1] ? " " : "",
              c->params[1] ? c->params[1] : "", c->dense_layer >= 0 ? " dense-layer" : "", c->prefill_groups);

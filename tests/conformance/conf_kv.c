@@ -149,7 +149,7 @@ static int compare_views(conf_env *env, kv_side *p, kv_side *r, int q, const kv_
 }
 
 static void run_shape(conf_env *env, const kv_shape *sh, uint64_t *rng) {
-    char what[128], why[512];
+    char what[128], why[1400];
     snprintf(what, sizeof what, "kv_cache script %d layers x %d heads x %d", sh->n_layers, sh->n_kv_heads,
              sh->head_dim);
     tsr_model_desc md = {.arch = "llama", .n_layers = sh->n_layers, .hidden = 64, .n_heads = sh->n_kv_heads,

@@ -39,7 +39,7 @@ static const char *ref_names[TSR_SLOT_COUNT] = {
 
 void conf_report(conf_env *env, conf_outcome o, const char *what, const char *fmt, ...) {
     static const char *tag[] = {"OK", "UNSUPPORTED", "FAIL"};
-    char msg[768];
+    char msg[1600];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
