@@ -9,6 +9,7 @@
  * K-quant blocks), enough copies of the matrix are cycled through that
  * every pass comes from DRAM (>= 256 MiB in all, several times the L3), as a
  * model's successive layers do. Each figure is the median over passes.
+ * i8x16 is int8 weights with int16 activations (cpu_gemv_int8's decode).
  * --prefill also times the kernels against widened tiles + OpenBLAS sgemm at
  * 4..256 rows (the cpu_gemv plugin's blas_min_rows threshold).
  */
@@ -66,6 +67,9 @@ static void fill(uint32_t dtype, uint8_t *w, uint64_t n_bytes, int64_t n_elems) 
 
 typedef struct job {
     tsr_gemv_kernel_fn k;
+    tsr_gemv_i8_kernel_fn k8;
+    const int16_t *xq;
+    const float *xs;
     uint32_t dtype;
     tsr_gemv_args a;
     const uint8_t *buf; /* read loop */
@@ -73,10 +77,17 @@ typedef struct job {
     double sink[64];
 } job;
 
+#define DT_I8X16 100 /* pseudo dtype: int8 weights x int16 activations */
+
 static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
     (void)tid;
     job *j = arg;
-    j->k(j->dtype, &j->a, r0, r1);
+    if (j->dtype == DT_I8X16) {
+        tsr_gemv_i8_args ia = {(const int8_t *)j->a.w, j->a.scale, j->a.cols, j->xq, j->xs, j->a.nx, j->a.y, j->a.ldy};
+        j->k8(&ia, r0, r1);
+    } else {
+        j->k(j->dtype, &j->a, r0, r1);
+    }
 }
 
 /* The ceiling: sum every 8-byte word of the buffer, 32 bytes a load. */
@@ -159,14 +170,14 @@ int main(int argc, char **argv) {
     printf("bench_gemv: %d threads, isa %s, median of passes over >= 256 MiB of copies\n", threads,
            tsr_gemv_isa_name(isa));
     const int64_t shapes[3][2] = {{4864, 896}, {151936, 896}, {896, 4864}};
-    const uint32_t dtypes[] = {TSR_DTYPE_F32, TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_I8, TSR_DTYPE_Q8_0,
-                               TSR_DTYPE_Q4_K, TSR_DTYPE_Q6_K};
+    const uint32_t dtypes[] = {TSR_DTYPE_F32, TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_I8, DT_I8X16,
+                               TSR_DTYPE_Q8_0, TSR_DTYPE_Q4_K, TSR_DTYPE_Q6_K};
     const int nxs[] = {1, 2, 4, 8};
     printf("%-7s %-14s %9s %9s | %8s %8s %8s %8s | %8s %8s %8s %8s\n", "dtype", "shape", "MiB", "ceilGB/s",
            "GB/s@1", "GB/s@2", "GB/s@4", "GB/s@8", "%ceil@1", "%ceil@2", "%ceil@4", "%ceil@8");
     for (int s = 0; s < 3; s++)
         for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
-            uint32_t dt = dtypes[d];
+            uint32_t dt = dtypes[d] == DT_I8X16 ? TSR_DTYPE_I8 : dtypes[d];
             if (only >= 0 && s != only) continue;
             int64_t rows = shapes[s][0], cols = shapes[s][1];
             uint64_t rb;
@@ -185,7 +196,11 @@ int main(int argc, char **argv) {
             float *x = malloc((size_t)(8 * cols) * sizeof *x), *y = malloc((size_t)(8 * rows) * sizeof *y);
             for (int64_t i = 0; i < rows; i++) scale[i] = 0.01f;
             for (int64_t i = 0; i < 8 * cols; i++) x[i] = rndf();
-            job j = {.k = tsr_gemv_kernel(isa), .dtype = dt, .nbytes = bytes};
+            int16_t *xq = malloc((size_t)(8 * cols) * sizeof *xq);
+            float xs[8];
+            for (int i = 0; i < 8; i++) xs[i] = tsr_gemv_quant_x_i16(x + i * cols, cols, xq + i * cols);
+            job j = {.k = tsr_gemv_kernel(isa), .k8 = tsr_gemv_i8_kernel(isa), .xq = xq, .xs = xs,
+                     .dtype = dtypes[d], .nbytes = bytes};
             j.a = (tsr_gemv_args){copies[0], rb, scale, cols, x, cols, 1, y, rows};
             double tc = median_time(tp, &j, copies, ncopies, (int64_t)(bytes / 128), read_loop, seconds);
             double ceil_gbs = (double)bytes / tc * 1e-9;
@@ -197,11 +212,11 @@ int main(int argc, char **argv) {
             char shape[32];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
             printf("%-7s %-14s %9.1f %9.2f | %8.2f %8.2f %8.2f %8.2f | %7.0f%% %7.0f%% %7.0f%% %7.0f%%\n",
-                   tsr_dtype_name(dt), shape, (double)bytes / 1048576.0, ceil_gbs, gbs[0], gbs[1], gbs[2], gbs[3],
+                   dtypes[d] == DT_I8X16 ? "i8x16" : tsr_dtype_name(dt), shape, (double)bytes / 1048576.0, ceil_gbs, gbs[0], gbs[1], gbs[2], gbs[3],
                    100 * gbs[0] / ceil_gbs, 100 * gbs[1] / ceil_gbs, 100 * gbs[2] / ceil_gbs, 100 * gbs[3] / ceil_gbs);
             fflush(stdout);
             for (int c = 0; c < ncopies; c++) free(copies[c]);
-            free(scale), free(x), free(y);
+            free(scale), free(x), free(y), free(xq);
         }
     if (prefill) {
         const uint32_t pdt[] = {TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_Q8_0};

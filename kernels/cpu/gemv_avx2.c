@@ -59,12 +59,13 @@ INL float sc_i8(const uint8_t *p) { return (float)(int8_t)p[0]; }
 #define PLAIN_DOT(NAME, LOAD, SCALAR, ESZ)                                                       \
     INL void NAME(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u,      \
                   float *out) {                                                                  \
-        __m256 acc[XG][4];                                                                       \
+        __m256 acc[XG][8];                                                                       \
         for (int i = 0; i < nx; i++)                                                             \
             for (int k = 0; k < u; k++) acc[i][k] = _mm256_setzero_ps();                         \
         int64_t c = 0;                                                                           \
         for (; c + 8 * u <= n; c += 8 * u) {                                                     \
-            _mm_prefetch((const char *)(w + c * ESZ) + PF_DIST, _MM_HINT_T0);                    \
+            for (int pb = 0; pb < 8 * u * ESZ; pb += 64)                                         \
+                _mm_prefetch((const char *)(w + c * ESZ) + pb + PF_DIST, _MM_HINT_T0);           \
             for (int k = 0; k < u; k++) {                                                        \
                 __m256 wv = LOAD(w + (c + 8 * k) * ESZ);                                         \
                 for (int i = 0; i < nx; i++)                                                     \
@@ -104,7 +105,7 @@ INL void dot_q8_0(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int 
     for (; b + 2 <= nb; b += 2) {
         for (int h = 0; h < 2; h++) {
             const uint8_t *blk = w + (b + h) * 34;
-            _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
+            if (h == 0) _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
             __m256 d = _mm256_set1_ps(h2f(blk));
             __m256 q0 = q8_part(blk, 0), q1 = q8_part(blk, 1), q2 = q8_part(blk, 2), q3 = q8_part(blk, 3);
             for (int i = 0; i < nx; i++) {
@@ -201,7 +202,7 @@ INL void dot_chunked(uint32_t dtype, const uint8_t *w, const float *x, int64_t l
 
 /* One weight row against every input row, XG at a time, with nx and the
  * number of chains known at compile time inside each case. */
-#define ROW_DRIVER(NAME, DOT)                                                                 \
+#define ROW_DRIVER(NAME, DOT, U1)                                                             \
     static void NAME(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *rs) {       \
         float out[XG];                                                                        \
         for (int64_t r = r0; r < r1; r++) {                                                   \
@@ -211,7 +212,7 @@ INL void dot_chunked(uint32_t dtype, const uint8_t *w, const float *x, int64_t l
                 const float *x = a->x + (int64_t)g * a->ldx;                                  \
                 int nn = a->nx - g < XG ? a->nx - g : XG;                                     \
                 switch (nn) {                                                                 \
-                case 1: DOT(row, x, a->ldx, a->cols, 1, 4, out); break;                       \
+                case 1: DOT(row, x, a->ldx, a->cols, 1, U1, out); break;                      \
                 case 2: DOT(row, x, a->ldx, a->cols, 2, 4, out); break;                       \
                 case 3: DOT(row, x, a->ldx, a->cols, 3, 2, out); break;                       \
                 default: DOT(row, x, a->ldx, a->cols, 4, 2, out); break;                      \
@@ -221,12 +222,14 @@ INL void dot_chunked(uint32_t dtype, const uint8_t *w, const float *x, int64_t l
         }                                                                                     \
     }
 
-ROW_DRIVER(rows_f32, dot_f32)
-ROW_DRIVER(rows_f16, dot_f16)
-ROW_DRIVER(rows_bf16, dot_bf16)
-ROW_DRIVER(rows_i8, dot_i8)
-ROW_DRIVER(rows_q8_0, dot_q8_0)
-ROW_DRIVER(rows_q4_k, dot_q4_k)
+/* Chains for one input row: enough that a row of 64 bytes per iteration or
+ * more keeps the loads flowing. */
+ROW_DRIVER(rows_f32, dot_f32, 4)
+ROW_DRIVER(rows_f16, dot_f16, 4)
+ROW_DRIVER(rows_bf16, dot_bf16, 4)
+ROW_DRIVER(rows_i8, dot_i8, 8)
+ROW_DRIVER(rows_q8_0, dot_q8_0, 4)
+ROW_DRIVER(rows_q4_k, dot_q4_k, 4)
 
 
 static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
@@ -259,7 +262,58 @@ void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
     }
 }
 
+/* --- int8 x int16: vpmaddwd, int32 sums flushed to f32 every 1024 ----------- */
+
+INL void i8_dot(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {
+    __m256 accf[XG];
+    for (int i = 0; i < nx; i++) accf[i] = _mm256_setzero_ps();
+    int64_t c = 0;
+    while (c + 32 <= n) {
+        int64_t end = c + 1024 < n ? c + 1024 : n;
+        __m256i acc[XG][2];
+        for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+        for (; c + 32 <= end; c += 32) {
+            _mm_prefetch((const char *)(w + c) + PF_DIST, _MM_HINT_T0);
+            __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(w + c)));
+            __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(w + c + 16)));
+            for (int i = 0; i < nx; i++) {
+                const int16_t *xp = x + i * ldx + c;
+                acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(const void *)xp)));
+                acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(const void *)(xp + 16))));
+            }
+        }
+        for (int i = 0; i < nx; i++)
+            accf[i] = _mm256_add_ps(accf[i], _mm256_cvtepi32_ps(_mm256_add_epi32(acc[i][0], acc[i][1])));
+    }
+    for (int i = 0; i < nx; i++) {
+        int32_t t = 0; /* tail < 32 elements */
+        for (int64_t cc = c; cc < n; cc++) t += (int32_t)w[cc] * (int32_t)x[i * ldx + cc];
+        out[i] = hsum8(accf[i]) + (float)t;
+    }
+}
+
+void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    float out[XG];
+    for (int64_t r = r0; r < r1; r++) {
+        const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;
+        for (int g = 0; g < a->nx; g += XG) {
+            const int16_t *x = a->xq + (int64_t)g * a->cols;
+            int nn = a->nx - g < XG ? a->nx - g : XG;
+            switch (nn) {
+            case 1: i8_dot(w, x, a->cols, a->cols, 1, out); break;
+            case 2: i8_dot(w, x, a->cols, a->cols, 2, out); break;
+            case 3: i8_dot(w, x, a->cols, a->cols, 3, out); break;
+            default: i8_dot(w, x, a->cols, a->cols, 4, out); break;
+            }
+            for (int i = 0; i < nn; i++) a->y[(int64_t)(g + i) * a->ldy + r] = out[i] * a->wscale[r] * a->xscale[g + i];
+        }
+    }
+}
+
 #else
+void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    tsr_gemv_i8_rows_portable(a, r0, r1);
+}
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_rows_portable(dtype, a, r0, r1);
 }

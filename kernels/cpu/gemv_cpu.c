@@ -126,3 +126,51 @@ float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
     }
     return s;
 }
+
+/* --- int8 x int16 ------------------------------------------------------------- */
+
+tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa) {
+    switch (isa) {
+    case TSR_GEMV_ISA_PORTABLE: return tsr_gemv_i8_rows_portable;
+#if defined(__x86_64__)
+    case TSR_GEMV_ISA_AVX2: return tsr_gemv_i8_rows_avx2;
+#endif
+    default: return NULL;
+    }
+}
+
+float tsr_gemv_quant_x_i16(const float *x, int64_t n, int16_t *q) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < n; c++) {
+        float v = fabsf(x[c]);
+        if (v != v) return NAN;
+        if (v > amax) amax = v;
+    }
+    if (amax == 0.0f || !isfinite(amax)) {
+        if (n > 0) memset(q, 0, (size_t)n * sizeof *q);
+        return amax;
+    }
+    float inv = 32767.0f / amax;
+    for (int64_t c = 0; c < n; c++) {
+        float v = nearbyintf(x[c] * inv);
+        q[c] = (int16_t)(v > 32767.0f ? 32767.0f : v < -32767.0f ? -32767.0f : v);
+    }
+    return amax / 32767.0f;
+}
+
+void tsr_gemv_i8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+        const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;
+        for (int i = 0; i < a->nx; i++) {
+            const int16_t *x = a->xq + (int64_t)i * a->cols;
+            float acc = 0.0f;
+            for (int64_t c0 = 0; c0 < a->cols; c0 += 1024) {
+                int64_t c1 = c0 + 1024 < a->cols ? c0 + 1024 : a->cols;
+                int64_t s = 0; /* 1024 * 127 * 32767 does not fit int32 */
+                for (int64_t c = c0; c < c1; c++) s += (int32_t)w[c] * (int32_t)x[c];
+                acc += (float)s;
+            }
+            a->y[(int64_t)i * a->ldy + r] = acc * a->wscale[r] * a->xscale[i];
+        }
+    }
+}

@@ -70,7 +70,40 @@ void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
  * give s = NaN or Inf (q zeroed), for the caller to reject. */
 float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q);
 
+/* --- int8 weights x int16 activations (lossy, for int8 weight plugins) ----
+ *
+ * Activations are quantised per input row to int16 (xq = nearbyintf(x *
+ * (32767 / max|x|)), scale max|x| / 32767) so that the weight stream is
+ * consumed with integer multiply-adds (vpmaddwd): 16 weights per three
+ * instructions instead of 8 per three converted to f32. Sums are exact in
+ * int32 over 1024 elements and then moved to f32, so both ISAs give the same
+ * result up to that f32 accumulation:
+ *
+ *     y[i * ldy + r] = wscale[r] * xscale[i] * sum_c w[r, c] * xq[i, c]
+ */
+typedef struct tsr_gemv_i8_args {
+    const int8_t *w;       /* [rows, cols] */
+    const float *wscale;   /* [rows] */
+    int64_t cols;
+    const int16_t *xq;     /* [nx, cols] */
+    const float *xscale;   /* [nx] */
+    int nx;
+    float *y;              /* [nx, ldy] */
+    int64_t ldy;
+} tsr_gemv_i8_args;
+
+typedef void (*tsr_gemv_i8_kernel_fn)(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
+
+/* Quantise n activations to int16; returns the scale (0 for an all-zero
+ * row, NaN or Inf when x holds one: the caller falls back to f32). */
+float tsr_gemv_quant_x_i16(const float *x, int64_t n, int16_t *q);
+
+/* The int8 x int16 kernel of isa; NULL if this build lacks it. */
+tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa);
+
 /* Internal: per-ISA entry points (one file each). */
+void tsr_gemv_i8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
+void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 

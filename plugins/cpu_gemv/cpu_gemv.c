@@ -40,6 +40,7 @@ static int cg_prepare(void *inst, const tsr_weight *w, void **out) {
     m->scale = NULL;
     m->bytes = row_bytes * (uint64_t)w->rows;
     m->owned = NULL;
+    m->x_i16 = 0;
     *out = m;
     return TSR_OK;
 }

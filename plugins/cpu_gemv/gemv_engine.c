@@ -1,6 +1,7 @@
 #include "gemv_engine.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/util/checked.h"
@@ -28,6 +29,7 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
         return TSR_ERR_UNSUPPORTED;
     }
     cfg->kernel = tsr_gemv_kernel(want);
+    cfg->i8_kernel = tsr_gemv_i8_kernel(want);
     p = ctx->host->param(ctx, "blas_min_rows");
     cfg->blas_min_rows = p && p->type == TSR_PARAM_INT ? p->v.i : 0;
     p = ctx->host->param(ctx, "blas_tile_rows");
@@ -73,6 +75,42 @@ static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
     j->cfg->kernel(j->m->dtype, &j->args, r0, r1);
 }
 
+typedef struct i8_job {
+    const gemv_engine_cfg *cfg;
+    tsr_gemv_i8_args args;
+} i8_job;
+
+static void run_i8(void *arg, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    i8_job *j = arg;
+    j->cfg->i8_kernel(&j->args, r0, r1);
+}
+
+/* 1: done (or failed: *rc set); 0: x holds NaN/Inf, take the f32 path. */
+static int run_x_i16(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m, int rows,
+                     const float *x, float *y, int *rc) {
+    size_t n = (size_t)rows * (size_t)m->cols;
+    int16_t *xq = ctx->host->alloc(ctx, n * sizeof *xq + (size_t)rows * sizeof(float) + 64, 64);
+    if (!xq) {
+        ctx->host->set_error(ctx, "out of memory for %d x %lld int16 activations", rows, (long long)m->cols);
+        *rc = TSR_ERR_NOMEM;
+        return 1;
+    }
+    float *xs = (float *)(void *)((uint8_t *)xq + (n * sizeof *xq + 63) / 64 * 64);
+    for (int i = 0; i < rows; i++) {
+        xs[i] = tsr_gemv_quant_x_i16(x + (size_t)i * (size_t)m->cols, m->cols, xq + (size_t)i * (size_t)m->cols);
+        if (!isfinite(xs[i])) {
+            ctx->host->free(ctx, xq);
+            return 0;
+        }
+    }
+    i8_job j = {cfg, {(const int8_t *)m->data, m->scale, m->cols, xq, xs, rows, y, m->rows}};
+    ctx->host->parallel_for(ctx, m->rows, run_i8, &j);
+    ctx->host->free(ctx, xq);
+    *rc = TSR_OK;
+    return 1;
+}
+
 /* Items are tiles of tile_rows weight rows: widen a tile, one sgemm. */
 static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
     (void)tid;
@@ -116,6 +154,9 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
         }
         return TSR_OK;
     }
+    int rc;
+    if (m->x_i16 && m->dtype == TSR_DTYPE_I8 && m->scale && cfg->i8_kernel && run_x_i16(cfg, ctx, m, rows, x, y, &rc))
+        return rc;
     ctx->host->parallel_for(ctx, m->rows, run_kernel, &j);
     return TSR_OK;
 }

@@ -14,6 +14,7 @@
 /* Tunables from the plugin's params. */
 typedef struct gemv_engine_cfg {
     tsr_gemv_kernel_fn kernel; /* the ISA picked at init */
+    tsr_gemv_i8_kernel_fn i8_kernel;
     int64_t blas_min_rows;     /* run() with >= this many rows uses sgemm; 0: never */
     int64_t tile_rows;         /* weight rows widened per sgemm call */
 } gemv_engine_cfg;
@@ -27,6 +28,7 @@ typedef struct gemv_matrix {
     const float *scale; /* [rows], I8 only */
     uint64_t bytes;     /* bytes read per full pass */
     void *owned;        /* host allocation behind data and scale, or NULL */
+    int x_i16;          /* I8 only: decode with int16 activations (lossy) */
 } gemv_matrix;
 
 /* Reads ctx params "isa" (auto, avx2, portable), "blas_min_rows",
@@ -37,7 +39,9 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx);
 /* Check w's shape against its bytes. TSR_OK, or set_error and an error. */
 int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *row_bytes);
 
-/* y[rows, m->rows] = x[rows, m->cols] . W^T. */
+/* y[rows, m->rows] = x[rows, m->cols] . W^T. With m->x_i16, the kernel path
+ * quantises x to int16 per row first (tsr_gemv_i8_args); NaN or Inf in x
+ * takes the f32 path so that they propagate. */
 int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
                     int rows, const float *x, float *y);
 

@@ -223,9 +223,23 @@ static void log_softmax(const float *l, int n, double *out) {
     for (int i = 0; i < n; i++) out[i] = l[i] - lz;
 }
 
-static void accumulate(tsr_model *ref, tsr_model *q, const int32_t *ids, int n, kl_acc *a) {
-    int vocab = tsr_model_get_config(ref)->vocab;
-    float *lr = all_logits(ref, ids, n), *lq = all_logits(q, ids, n);
+/* Logits of every position, one decode row per step (the path decode and
+ * verification take, not prefill's sgemm). */
+static float *stepwise_logits(tsr_model *m, const int32_t *ids, int n) {
+    int vocab = tsr_model_get_config(m)->vocab;
+    float *l = malloc((size_t)n * (size_t)vocab * sizeof *l);
+    assert_non_null(l);
+    tsr_seq *s;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
+    for (int t = 0; t < n; t++)
+        if (tsr_seq_forward(s, ids + t, 1, l + (size_t)t * vocab, 0, &err) != TSR_OK) fail_msg("decode: %s", err.msg);
+    tsr_seq_free(s);
+    return l;
+}
+
+static void accumulate_one(const float *lr, const float *lq, int vocab, const int32_t *ids, int n, kl_acc *a) {
     double *pr = malloc((size_t)vocab * sizeof *pr), *pq = malloc((size_t)vocab * sizeof *pq);
     for (int t = 0; t < n; t++) {
         log_softmax(lr + (size_t)t * vocab, vocab, pr);
@@ -235,7 +249,16 @@ static void accumulate(tsr_model *ref, tsr_model *q, const int32_t *ids, int n, 
         a->kl += kl, a->n_kl++;
         if (t + 1 < n) a->nll_ref -= pr[ids[t + 1]], a->nll_q -= pq[ids[t + 1]], a->n_nll++;
     }
-    free(lr), free(lq), free(pr), free(pq);
+    free(pr), free(pq);
+}
+
+/* a: q's prefill logits (sgemm path); as: q's decode rows (kernel path). */
+static void accumulate(tsr_model *ref, tsr_model *q, const int32_t *ids, int n, kl_acc *a, kl_acc *as) {
+    int vocab = tsr_model_get_config(ref)->vocab;
+    float *lr = all_logits(ref, ids, n), *lq = all_logits(q, ids, n), *ls = stepwise_logits(q, ids, n);
+    accumulate_one(lr, lq, vocab, ids, n, a);
+    accumulate_one(lr, ls, vocab, ids, n, as);
+    free(lr), free(lq), free(ls);
 }
 
 static void report(const char *what, const kl_acc *a, double max_kl, double max_ppl) {
@@ -263,16 +286,17 @@ static void test_int8_quality_pystd(void **state) {
     json_t *prompts = json_object_get(root, "prompts");
     assert_true(json_is_array(prompts) && json_array_size(prompts) > 0);
     tsr_model *ref = load(dir, "cpu-reference", NULL, 1), *q = load(dir, "cpu-fast-gemv-int8", NULL, 1);
-    kl_acc a = {0};
+    kl_acc a = {0}, as = {0};
     for (size_t p = 0; p < json_array_size(prompts); p++) {
         json_t *arr = json_array_get(prompts, p);
         int n = (int)json_array_size(arr);
         int32_t *ids = malloc((size_t)n * sizeof *ids);
         for (int i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
-        accumulate(ref, q, ids, n, &a);
+        accumulate(ref, q, ids, n, &a, &as);
         free(ids);
     }
-    report("pystd target, 16 held-out prompts", &a, max_kl, max_ppl);
+    report("pystd target, 16 held-out prompts, prefill (sgemm)", &a, max_kl, max_ppl);
+    report("pystd target, 16 held-out prompts, decode rows (int16 activations)", &as, max_kl, max_ppl);
     tsr_model_free(ref);
     tsr_model_free(q);
     json_decref(root);
@@ -292,7 +316,7 @@ static void test_int8_quality_stories(void **state) {
     tsr_error_clear(&err);
     assert_int_equal(tsr_safetensors_open(ref_path, &st, &err), TSR_OK);
     tsr_model *ref = load(model, "cpu-reference", tok, 0), *q = load(model, "cpu-fast-gemv-int8", tok, 0);
-    kl_acc a = {0};
+    kl_acc a = {0}, as = {0};
     for (int c = 0;; c++) {
         snprintf(name, sizeof name, "input_ids_%d", c);
         if (!tsr_safetensors_find(st, name)) break;
@@ -303,10 +327,11 @@ static void test_int8_quality_stories(void **state) {
         int32_t *text = malloc((size_t)(n + n_out) * sizeof *text);
         memcpy(text, ids, (size_t)n * sizeof *ids);
         memcpy(text + n, g, (size_t)n_out * sizeof *g);
-        accumulate(ref, q, text, n + n_out, &a);
+        accumulate(ref, q, text, n + n_out, &a, &as);
         free(ids), free(g), free(text);
     }
-    report("stories260K, reference cases", &a, max_kl, max_ppl);
+    report("stories260K, reference cases, prefill", &a, max_kl, max_ppl);
+    report("stories260K, reference cases, decode rows", &as, max_kl, max_ppl);
     tsr_model_free(ref);
     tsr_model_free(q);
     tsr_safetensors_free(st);

@@ -6,8 +6,10 @@
  * quantises it symmetrically (scale = max|w| / 127, round to nearest) into a
  * plugin-owned [rows, cols] int8 matrix, and never looks at the stored
  * weights again: decode reads 1 byte per weight plus 4 per row. run() is
- * cpu_gemv's engine with dtype I8 and the row scales (SIMD kernels for few
- * input rows, widened tiles + OpenBLAS sgemm for many).
+ * cpu_gemv's engine with dtype I8 and the row scales: with x_int16 (the
+ * default) the activations of few-row calls are quantised to int16 per row
+ * and multiplied with integer multiply-adds; many-row calls widen tiles to
+ * f32 for OpenBLAS sgemm.
  */
 #include <math.h>
 
@@ -18,11 +20,14 @@
 typedef struct cpu_gemv_int8 {
     const tsr_plugin_ctx *ctx;
     gemv_engine_cfg cfg;
+    int x_i16; /* param x_int16 */
 } cpu_gemv_int8;
 
 static int gi_init(void *inst, const tsr_plugin_ctx *ctx) {
     cpu_gemv_int8 *g = inst;
     g->ctx = ctx;
+    const tsr_param *p = ctx->host->param(ctx, "x_int16");
+    g->x_i16 = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
     return gemv_engine_init(&g->cfg, ctx);
 }
 
@@ -102,6 +107,7 @@ static int gi_prepare(void *inst, const tsr_weight *w, void **out) {
     m->scale = j.scale;
     m->bytes = (uint64_t)w->rows * (uint64_t)w->cols + sbytes;
     m->owned = buf;
+    m->x_i16 = g->x_i16;
     *out = m;
     return TSR_OK;
 }

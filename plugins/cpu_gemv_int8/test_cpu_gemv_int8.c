@@ -65,8 +65,9 @@ static uint8_t *make(uint32_t dtype, int64_t rows, int64_t cols, float *widened)
     return w;
 }
 
-static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char *isa, int blas) {
+static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char *isa, int blas, int x16) {
     th_n_params = 0;
+    th_params[th_n_params++] = (tsr_param){.name = "x_int16", .type = TSR_PARAM_BOOL, .v.b = x16};
     th_set_str("isa", isa);
     th_set_int("blas_min_rows", blas);
     th_set_int("blas_tile_rows", 8);
@@ -93,19 +94,22 @@ static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char
         float inv = 127.0f / amax;
         for (int64_t c = 0; c < cols; c++) q[c] = (int8_t)lrintf(wf[r * cols + c] * inv);
         for (int i = 0; i < nx; i++) {
-            double yq = 0, yf = 0, a = 0, ax = 0;
+            double yq = 0, yf = 0, a = 0, ax = 0, aw = 0, xmax = 0;
             for (int64_t c = 0; c < cols; c++) {
                 double xv = x[i * cols + c];
                 yq += q[c] * s * xv;
                 a += fabs(q[c] * s * xv);
+                aw += fabs(q[c] * s);
                 yf += (double)wf[r * cols + c] * xv;
                 ax += fabs(xv);
+                xmax = fmax(xmax, fabs(xv));
             }
             double got = y[i * rows + r];
-            double tol = 4 * sqrt((double)cols) * FLT_EPSILON * a + 1e-6 * s * ax;
+            /* rounding, plus int16 activations: each within half a step of max|x| / 32767 */
+            double tol = 4 * sqrt((double)cols) * FLT_EPSILON * a + 1e-6 * s * ax + (x16 ? aw * xmax / 32767 * 0.5 : 0);
             if (!(fabs(got - yq) <= tol))
-                fail_msg("%s %s nx=%d blas=%d row %lld: %.9g, int8 reference %.9g (tol %.3g)", tsr_dtype_name(dtype),
-                         isa, nx, blas, (long long)r, got, yq, tol);
+                fail_msg("%s %s nx=%d blas=%d x_int16=%d row %lld: %.9g, int8 reference %.9g (tol %.3g)",
+                         tsr_dtype_name(dtype), isa, nx, blas, x16, (long long)r, got, yq, tol);
             if (!(fabs(got - yf) <= ax * s * 0.5 * 1.0001 + tol))
                 fail_msg("%s row %lld: %.9g is outside the quantisation bound of %.9g", tsr_dtype_name(dtype),
                          (long long)r, got, yf);
@@ -131,11 +135,13 @@ static void test_table(void **state) {
         }
         for (int d = 0; d < 3; d++)
             for (int nx = 1; nx <= 9; nx += 4)
-                for (int blas = 0; blas < 2; blas++) {
-                    check(dts[d], 29, 67, nx, isas[s], blas ? 2 : 0);
-                    check(dts[d], 7, 512, nx, isas[s], blas ? 2 : 0);
-                    ran += 2;
-                }
+                for (int blas = 0; blas < 2; blas++)
+                    for (int x16 = 0; x16 < 2; x16++) {
+                        check(dts[d], 29, 67, nx, isas[s], blas ? 2 : 0, x16);
+                        check(dts[d], 7, 512, nx, isas[s], blas ? 2 : 0, x16);
+                        check(dts[d], 3, 2100, nx, isas[s], blas ? 2 : 0, x16); /* > 1024: int32 flushes */
+                        ran += 3;
+                    }
     }
     printf("%d cases passed\n", ran);
     assert_true(ran > 0);
@@ -197,6 +203,17 @@ static void test_errors(void **state) {
     assert_int_equal(g->prepare(inst, &zw, &prep), TSR_OK);
     assert_int_equal(g->run(inst, prep, 1, x, y, NULL), TSR_OK);
     assert_true(y[0] == 0.0f);
+    g->release(inst, prep);
+    /* NaN in the activations propagates (the int16 path steps aside) */
+    float wv[8] = {1, -2, 3, -4, 5, -6, 7, -8};
+    tsr_weight nw = {"w", TSR_DTYPE_F32, 1, 8, wv, sizeof wv};
+    assert_int_equal(g->prepare(inst, &nw, &prep), TSR_OK);
+    x[3] = NAN;
+    assert_int_equal(g->run(inst, prep, 1, x, y, NULL), TSR_OK);
+    assert_true(isnan(y[0]));
+    x[3] = 1;
+    assert_int_equal(g->run(inst, prep, 1, x, y, NULL), TSR_OK);
+    assert_true(fabsf(y[0] + 4) < 0.1f); /* int8 weights: steps of 8/127 */
     g->release(inst, prep);
     free(inst);
     assert_int_equal(atomic_load(&th_live), 0);
