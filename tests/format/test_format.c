@@ -381,6 +381,61 @@ static void test_sharded(void **state) {
     tsr_model_file_close(f);
 }
 
+/* An index over one linked shard: good, then with a bad shard name and a
+ * tensor the shard lacks. */
+static void index_case(const char *extra, int code, const char *needle) {
+    char dir[1200], p[1300], w[1300];
+    snprintf(dir, sizeof dir, "%s/idx", g_tmp);
+    mkdir(dir, 0700);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    src_path(w, sizeof w, "tests/data/fixtures/transformers/llama/config.json");
+    assert_int_equal(symlink(w, p), 0);
+    snprintf(p, sizeof p, "%s/model-1.safetensors", dir);
+    src_path(w, sizeof w, "tests/data/fixtures/transformers/llama/model.safetensors");
+    assert_int_equal(symlink(w, p), 0);
+    tsr_safetensors *st;
+    tsr_error e;
+    assert_int_equal(tsr_safetensors_open(w, &st, &e), TSR_OK);
+    json_t *wm = json_object();
+    for (int i = 0; i < tsr_safetensors_n_tensors(st); i++)
+        json_object_set_new(wm, tsr_safetensors_tensor_at(st, i)->name,
+                            json_string("model-1.safetensors"));
+    tsr_safetensors_free(st);
+    if (extra) json_object_set_new(wm, extra, json_string(strchr(extra, '/') ? extra
+                                                                             : "model-1.safetensors"));
+    json_t *root = json_pack("{s:{s:i},s:o}", "metadata", "total_size", 1, "weight_map", wm);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    assert_int_equal(json_dump_file(root, p, 0), 0);
+    json_decref(root);
+    tsr_model_file *f = NULL;
+    tsr_error_clear(&e);
+    int rc = tsr_model_file_open(dir, &f, &e);
+    if (rc != code) print_err(&e);
+    assert_int_equal(rc, code);
+    if (code == TSR_OK) {
+        assert_int_equal(tsr_model_file_n_tensors(f), 21);
+        tsr_model_file_close(f);
+    } else {
+        assert_string_equal(e.file, p);
+        assert_non_null(strstr(e.msg, needle));
+    }
+    unlink(p);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/model-1.safetensors", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
+static void test_sharded_index_errors(void **state) {
+    (void)state;
+    index_case(NULL, TSR_OK, NULL);
+    index_case("model.extra.weight", TSR_ERR_FORMAT,
+               "tensor \"model.extra.weight\" listed in \"weight_map\" is not in shard "
+               "model-1.safetensors");
+    index_case("../evil.safetensors", TSR_ERR_FORMAT, "plain file name");
+}
+
 /* --- safetensors bad files ---------------------------------------------------------------- */
 
 /* A small valid file: header then data; hdr is the JSON text. */
@@ -1232,6 +1287,7 @@ int main(void) {
         cmocka_unit_test(test_reference_safetensors),
         cmocka_unit_test(test_stories_formats),
         cmocka_unit_test(test_sharded),
+        cmocka_unit_test(test_sharded_index_errors),
         cmocka_unit_test(test_st_valid_and_truncated),
         cmocka_unit_test(test_st_bad_table),
         cmocka_unit_test(test_st_write_roundtrip),
