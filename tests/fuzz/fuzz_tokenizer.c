@@ -133,6 +133,20 @@ static int valid_utf8(const unsigned char *s, size_t n) {
     return 1;
 }
 
+/* Every id (up to a bound) decodes and streams: a model may emit any of them. */
+static void every_id(const tsr_tokenizer *t) {
+    int n = tsr_tokenizer_vocab_size(t);
+    if (n > 4096) n = 4096;
+    char piece[TSR_TOKEN_MAX_BYTES + 1], out[TSR_DETOK_OUT_MIN];
+    tsr_detok dt;
+    tsr_detok_init(&dt, t, 1);
+    for (int i = -1; i <= n; i++) {
+        if (tsr_tokenizer_token_bytes(t, i, 1, piece, sizeof piece) > TSR_TOKEN_MAX_BYTES) abort();
+        size_t k = tsr_detok_push(&dt, i, out, sizeof out);
+        if (k >= sizeof out || out[k] != 0 || !valid_utf8((const unsigned char *)out, k)) abort();
+    }
+}
+
 static void exercise(const tsr_tokenizer *t, const char *text, size_t len, int special, int must_round_trip) {
     int32_t *ids;
     int n;
@@ -192,6 +206,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 static const char text[] = "Hello w\xc3\xb6rld \xf0\x9f\xa6\x99 <s>[INST] ab a\xff";
                 exercise(t, text, sizeof text - 1, 0, 0);
                 exercise(t, text, sizeof text - 1, 1, 0);
+                every_id(t);
                 tsr_chat_format f;
                 tsr_chat_format_detect(t, &f, &err);
                 tsr_tokenizer_free(t);
@@ -212,6 +227,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         size_t tl = size - 2 - jl;
         exercise(t, text, tl, 0, 0);
         exercise(t, text, tl, 1, 0);
+        every_id(t);
         tsr_chat_format f;
         tsr_chat_format_detect(t, &f, &err);
         tsr_tokenizer_free(t);
