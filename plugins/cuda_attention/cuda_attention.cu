@@ -1,0 +1,249 @@
+// cuda_attention - attention on an NVIDIA GPU over bf16 contiguous KV.
+//
+// Built twice from this file:
+// - cuda_attention_ref (the CUDA baseline): one thread block per (row, head);
+//   scores in shared or global memory, a max-subtracted softmax, then the
+//   weighted sum of values: plain and obviously right;
+// - cuda_attention (CUDA_ATTN_SPLIT): split-K flash-decoding: the keys of
+//   each (row, KV head) are cut into chunks processed by separate blocks with
+//   an online softmax for every query head of the group (K/V read once per
+//   group), then one pass merges the chunks' partial results.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "slots/tsr_attention.h"
+
+#ifdef CUDA_ATTN_SPLIT
+#define PLUGIN_NAME "cuda_attention"
+#else
+#define PLUGIN_NAME "cuda_attention_ref"
+#endif
+
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+
+struct Attn {
+    const tsr_plugin_ctx *ctx;
+    float *scratch;       // scores (ref) or partial results (split)
+    size_t scratch_floats;
+    int chunk;            // keys per split (split-K)
+};
+
+int ensure(Attn *a, size_t floats) {
+    if (floats <= a->scratch_floats) return TSR_OK;
+    if (a->scratch) a->ctx->host->dev_free(a->ctx, a->scratch);
+    a->scratch = nullptr;
+    a->scratch_floats = 0;
+    int rc = a->ctx->host->dev_alloc(a->ctx, floats * sizeof(float), reinterpret_cast<void **>(&a->scratch));
+    if (rc == TSR_OK) a->scratch_floats = floats;
+    return rc;
+}
+
+__device__ float block_reduce(float v, bool is_max, float *sh) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, w) : v + w;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < nw ? sh[lane] : (is_max ? -INFINITY : 0.0f);
+        for (int o = 16; o > 0; o >>= 1) {
+            float w = __shfl_xor_sync(0xffffffffu, v, o);
+            v = is_max ? fmaxf(v, w) : v + w;
+        }
+        if (lane == 0) sh[32] = v;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+// Baseline: grid (rows * n_heads); scores for keys [first, last] in s.
+__global__ void ref_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bfloat16 *V,
+                           float *out, float *scores, int n_heads, int group, int hd, int64_t ts,
+                           int64_t hs, int pos0, int window, float scale, int max_keys) {
+    __shared__ float sh[33];
+    const int row = blockIdx.x / n_heads, h = blockIdx.x % n_heads, kvh = h / group;
+    const int last = pos0 + row;
+    const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+    const float *qr = q + ((int64_t)row * n_heads + h) * hd;
+    float *s = scores + (int64_t)blockIdx.x * max_keys;
+    float mx = -INFINITY;
+    for (int t = first + threadIdx.x; t <= last; t += blockDim.x) {
+        const __nv_bfloat16 *k = K + t * ts + kvh * hs;
+        float acc = 0.0f;
+        for (int d = 0; d < hd; d++) acc = fmaf(qr[d], __bfloat162float(k[d]), acc);
+        acc *= scale;
+        s[t - first] = acc;
+        mx = fmaxf(mx, acc);
+    }
+    mx = block_reduce(mx, true, sh);
+    float sum = 0.0f;
+    for (int t = first + threadIdx.x; t <= last; t += blockDim.x) {
+        const float e = __expf(s[t - first] - mx);
+        s[t - first] = e;
+        sum += e;
+    }
+    sum = block_reduce(sum, false, sh);
+    float *o = out + (int64_t)row * n_heads * hd + (int64_t)h * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = first; t <= last; t++) acc = fmaf(s[t - first], __bfloat162float(V[t * ts + kvh * hs + d]), acc);
+        o[d] = acc / sum;
+    }
+}
+
+#ifdef CUDA_ATTN_SPLIT
+// Split-K: grid (rows * n_kv_heads, n_splits); block = one warp per query
+// head of the group (group <= 8 warps), each lane holding head_dim/32 dims.
+// Writes per split: max m, sum l and unnormalised o[hd] per query head.
+template <int DPL> // dims per lane
+__global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bfloat16 *V,
+                             float *part, int n_heads, int n_kv, int group, int64_t ts, int64_t hs,
+                             int pos0, int window, float scale, int chunk, int n_splits) {
+    const int hd = DPL * 32;
+    const int row = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, split = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = kvh * group + warp;
+    const int last = pos0 + row;
+    const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+    const int t0 = first + split * chunk, t1 = min(last, t0 + chunk - 1);
+    float qv[DPL], acc[DPL];
+    const float *qr = q + ((int64_t)row * n_heads + h) * hd;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        qv[i] = qr[lane * DPL + i] * scale;
+        acc[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int t = t0; t <= t1; t++) {
+        const __nv_bfloat16 *k = K + t * ts + kvh * hs + lane * DPL;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) s = fmaf(qv[i], __bfloat162float(k[i]), s);
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float mn = fmaxf(m, s), corr = __expf(m - mn), p = __expf(s - mn);
+        l = l * corr + p;
+        const __nv_bfloat16 *v = V + t * ts + kvh * hs + lane * DPL;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] = acc[i] * corr + p * __bfloat162float(v[i]);
+        m = mn;
+    }
+    // part layout: [rows * n_heads][n_splits][2 + hd]
+    float *pp = part + (((int64_t)row * n_heads + h) * n_splits + split) * (2 + hd);
+    if (lane == 0) {
+        pp[0] = m;
+        pp[1] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) pp[2 + lane * DPL + i] = acc[i];
+}
+
+__global__ void merge_kernel(const float *part, float *out, int hd, int n_splits, int n_heads) {
+    const int rh = blockIdx.x; // row * n_heads + h
+    const float *pp = part + (int64_t)rh * n_splits * (2 + hd);
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; s++) M = fmaxf(M, pp[(int64_t)s * (2 + hd)]);
+    float L = 0.0f;
+    for (int s = 0; s < n_splits; s++) {
+        const float m = pp[(int64_t)s * (2 + hd)];
+        if (m > -INFINITY) L += pp[(int64_t)s * (2 + hd) + 1] * __expf(m - M);
+    }
+    float *o = out + (int64_t)rh * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            const float m = pp[(int64_t)s * (2 + hd)];
+            if (m > -INFINITY) acc += pp[(int64_t)s * (2 + hd) + 2 + d] * __expf(m - M);
+        }
+        o[d] = acc / L;
+    }
+}
+
+#endif
+
+int a_init(void *inst, const tsr_plugin_ctx *ctx) {
+    Attn *a = static_cast<Attn *>(inst);
+    a->ctx = ctx;
+    const tsr_param *p = ctx->host->param(ctx, "split_keys");
+    a->chunk = p ? (int)p->v.i : 256;
+    if (a->chunk <= 0) a->chunk = 256;
+    return TSR_OK;
+}
+
+void a_fini(void *inst) {
+    Attn *a = static_cast<Attn *>(inst);
+    if (a->ctx && a->scratch) a->ctx->host->dev_free(a->ctx, a->scratch);
+}
+
+int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
+    Attn *a = static_cast<Attn *>(inst);
+    const tsr_kv_view *kv = x->kv;
+    cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
+    if (kv->dtype != TSR_DTYPE_BF16 || kv->layout != TSR_KV_CONTIGUOUS) {
+        a->ctx->host->set_error(a->ctx, "reads bf16 contiguous KV only (dtype %u layout %u)", kv->dtype, kv->layout);
+        return TSR_ERR_UNSUPPORTED;
+    }
+    if (x->n_kv_heads <= 0 || x->n_heads % x->n_kv_heads || x->head_dim > kMaxHeadDim ||
+        kv->n_tokens < x->pos0 + x->rows) {
+        a->ctx->host->set_error(a->ctx, "unsupported shape: %d heads, %d kv heads, head_dim %d", x->n_heads,
+                                x->n_kv_heads, x->head_dim);
+        return TSR_ERR_UNSUPPORTED;
+    }
+    const int group = x->n_heads / x->n_kv_heads, keys = x->pos0 + x->rows;
+    const __nv_bfloat16 *K = static_cast<const __nv_bfloat16 *>(kv->k);
+    const __nv_bfloat16 *V = static_cast<const __nv_bfloat16 *>(kv->v);
+    int rc;
+#ifdef CUDA_ATTN_SPLIT
+    if (x->head_dim % 32 == 0 && group <= 32 && x->head_dim / 32 <= 8) {
+        const int n_splits = (keys + a->chunk - 1) / a->chunk;
+        const size_t floats = (size_t)x->rows * x->n_heads * n_splits * (2 + x->head_dim);
+        if ((rc = ensure(a, floats))) return rc;
+        dim3 grid(x->rows * x->n_kv_heads, n_splits);
+        const int threads = 32 * group;
+        switch (x->head_dim / 32) {
+#define CASE(D)                                                                                      \
+    case D:                                                                                          \
+        split_kernel<D><<<grid, threads, 0, st>>>(x->q, K, V, a->scratch, x->n_heads, x->n_kv_heads, \
+                                                  group, kv->token_stride, kv->head_stride, x->pos0, \
+                                                  x->window, x->scale, a->chunk, n_splits);          \
+        break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+        }
+        merge_kernel<<<x->rows * x->n_heads, 128, 0, st>>>(a->scratch, x->out, x->head_dim, n_splits,
+                                                           x->n_heads);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) {
+            a->ctx->host->set_error(a->ctx, "split attention: %s", cudaGetErrorString(e));
+            return TSR_ERR_DEVICE;
+        }
+        return TSR_OK;
+    }
+#endif
+    if ((rc = ensure(a, (size_t)x->rows * x->n_heads * keys))) return rc;
+    ref_kernel<<<x->rows * x->n_heads, 128, 0, st>>>(x->q, K, V, x->out, a->scratch, x->n_heads, group,
+                                                     x->head_dim, kv->token_stride, kv->head_stride,
+                                                     x->pos0, x->window, x->scale, keys);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        a->ctx->host->set_error(a->ctx, "attention: %s", cudaGetErrorString(e));
+        return TSR_ERR_DEVICE;
+    }
+    return TSR_OK;
+}
+
+const tsr_attention_i iface = {sizeof(tsr_attention_i), TSR_ATTENTION_IFACE_VERSION, a_run};
+
+const tsr_plugin_desc desc = {
+    TSR_ABI_MAJOR, TSR_ABI_MINOR, PLUGIN_NAME, TSR_SLOT_ATTENTION, "1.0.0", sizeof(Attn),
+    TSR_CAP_DEVICE_CUDA | TSR_CAP_EXACT, a_init, a_fini, &iface,
+};
+
+} // namespace
+
+extern "C" TSR_PLUGIN_EXPORT const tsr_plugin_desc *TSR_PLUGIN_ENTRY(void) { return &desc; }

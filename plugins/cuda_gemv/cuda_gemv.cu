@@ -1,0 +1,299 @@
+// cuda_gemv - gemv on an NVIDIA GPU with bf16 weights in device memory.
+//
+// Built twice from this file:
+// - cuda_gemv_cublaslt (the CUDA baseline): every call is one cuBLASLt
+//   matmul, bf16 x bf16 -> f32 with f32 accumulation;
+// - cuda_gemv (CUDA_GEMV_DECODE): hand-written kernels for 1..8 rows (decode
+//   and verification of drafts) that read each weight row once for all input
+//   rows with 16-byte loads; cuBLASLt above 8 rows (prefill).
+// Weights are widened or narrowed to bf16 at prepare (exact for bf16
+// checkpoints; f32/f16 weights are rounded: lossy there), activations are
+// rounded to bf16 before the product.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/dtype.h"
+#include "slots/tsr_gemv.h"
+
+#ifdef CUDA_GEMV_DECODE
+#define PLUGIN_NAME "cuda_gemv"
+#else
+#define PLUGIN_NAME "cuda_gemv_cublaslt"
+#endif
+
+namespace {
+
+constexpr size_t kWorkspace = 32u << 20;
+
+struct Gemv {
+    const tsr_plugin_ctx *ctx;
+    cublasLtHandle_t lt;
+    void *workspace;
+    __nv_bfloat16 *xb;   // activations in bf16
+    size_t xb_elems;
+    int decode_rows;     // rows up to which the hand-written kernels run
+};
+
+struct Algo {
+    int ready;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+};
+
+struct Weight {
+    int64_t rows, cols;
+    __nv_bfloat16 *w;    // [rows, cols] device
+    Algo algos[65];      // per row count 1..64 (0 unused); larger counts use a fresh plan
+};
+
+int cuda_err(Gemv *g, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return TSR_OK;
+    g->ctx->host->set_error(g->ctx, "%s: CUDA error %d (%s)", what, (int)e, cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? TSR_ERR_NOMEM : TSR_ERR_DEVICE;
+}
+
+int lt_err(Gemv *g, cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return TSR_OK;
+    g->ctx->host->set_error(g->ctx, "%s: cuBLASLt status %d", what, (int)s);
+    return TSR_ERR_DEVICE;
+}
+
+#ifdef CUDA_GEMV_DECODE
+constexpr int kMaxDecodeRows = 8;
+
+// y[r, o] = sum_c x[r, c] w[o, c] for R rows: one warp per output row, each
+// lane reading 8 bf16 (16 bytes) of the weight row at a time.
+template <int R>
+__global__ void __launch_bounds__(256) decode_kernel(const __nv_bfloat16 *__restrict__ w,
+                                                     const __nv_bfloat16 *__restrict__ x,
+                                                     float *__restrict__ y, int64_t n_out, int cols) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
+    if (o >= n_out) return;
+    const uint4 *wr = reinterpret_cast<const uint4 *>(w + o * cols);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    const int vecs = cols / 8;
+    for (int i = lane; i < vecs; i += 32) {
+        const uint4 wv = __ldg(wr + i);
+        const __nv_bfloat162 *w2 = reinterpret_cast<const __nv_bfloat162 *>(&wv);
+        float2 wf[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) wf[j] = __bfloat1622float2(w2[j]);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint4 xv = __ldg(reinterpret_cast<const uint4 *>(x + (int64_t)r * cols) + i);
+            const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162 *>(&xv);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 xf = __bfloat1622float2(x2[j]);
+                acc[r] = fmaf(wf[j].x, xf.x, acc[r]);
+                acc[r] = fmaf(wf[j].y, xf.y, acc[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = acc[r];
+        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+        if (lane == 0) y[(int64_t)r * n_out + o] = v;
+    }
+}
+
+int run_decode(Gemv *g, const Weight *w, int rows, float *y, cudaStream_t st) {
+    const int threads = 256, per_block = threads / 32;
+    const unsigned blocks = (unsigned)((w->rows + per_block - 1) / per_block);
+    switch (rows) {
+#define CASE(R)                                                                              \
+    case R: decode_kernel<R><<<blocks, threads, 0, st>>>(w->w, g->xb, y, w->rows, (int)w->cols); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    default: return TSR_ERR_INVALID;
+    }
+    return cuda_err(g, cudaGetLastError(), "decode gemv launch");
+}
+
+#endif
+
+// A plan for D[n_out x rows] = W^T-view x X-view (column-major), found once.
+int plan(Gemv *g, const Weight *w, int rows, Algo *a) {
+    const uint64_t m = (uint64_t)w->rows, n = (uint64_t)rows, k = (uint64_t)w->cols;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int rc;
+    if ((rc = lt_err(g, cublasLtMatmulDescCreate(&a->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc")))
+        return rc;
+    cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if ((rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->a, CUDA_R_16BF, k, m, k), "layout A")) ||
+        (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->b, CUDA_R_16BF, k, n, k), "layout B")) ||
+        (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->d, CUDA_R_32F, m, n, m), "layout D")))
+        return rc;
+    cublasLtMatmulPreference_t pref;
+    size_t ws = kWorkspace;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g->lt, a->op, a->a, a->b, a->d, a->d, pref, 1,
+                                                      &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+        g->ctx->host->set_error(g->ctx, "cuBLASLt has no algorithm for %llu x %llu x %llu bf16",
+                                (unsigned long long)m, (unsigned long long)n, (unsigned long long)k);
+        return TSR_ERR_UNSUPPORTED;
+    }
+    a->algo = res.algo;
+    a->ready = 1;
+    return TSR_OK;
+}
+
+void unplan(Algo *a) {
+    if (!a->ready) return;
+    cublasLtMatrixLayoutDestroy(a->a);
+    cublasLtMatrixLayoutDestroy(a->b);
+    cublasLtMatrixLayoutDestroy(a->d);
+    cublasLtMatmulDescDestroy(a->op);
+    a->ready = 0;
+}
+
+int run_lt(Gemv *g, Weight *w, int rows, float *y, cudaStream_t st) {
+    Algo tmp = {};
+    Algo *a = rows <= 64 ? &w->algos[rows] : &tmp;
+    int rc;
+    if (!a->ready && (rc = plan(g, w, rows, a))) {
+        unplan(a);
+        return rc;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    rc = lt_err(g, cublasLtMatmul(g->lt, a->op, &one, w->w, a->a, g->xb, a->b, &zero, y, a->d, y, a->d,
+                                  &a->algo, g->workspace, kWorkspace, st),
+                "cublasLtMatmul");
+    unplan(&tmp);
+    return rc;
+}
+
+int g_init(void *inst, const tsr_plugin_ctx *ctx) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    g->ctx = ctx;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        ctx->host->set_error(ctx, "no CUDA device");
+        return TSR_ERR_DEVICE;
+    }
+    int rc;
+    if ((rc = lt_err(g, cublasLtCreate(&g->lt), "cublasLtCreate"))) return rc;
+    if ((rc = ctx->host->dev_alloc(ctx, kWorkspace, &g->workspace))) return rc;
+#ifdef CUDA_GEMV_DECODE
+    const tsr_param *p = ctx->host->param(ctx, "decode_rows");
+    g->decode_rows = p ? (int)p->v.i : kMaxDecodeRows;
+#endif
+    return TSR_OK;
+}
+
+void g_fini(void *inst) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    if (!g->ctx) return;
+    if (g->workspace) g->ctx->host->dev_free(g->ctx, g->workspace);
+    if (g->xb) g->ctx->host->dev_free(g->ctx, g->xb);
+    if (g->lt) cublasLtDestroy(g->lt);
+}
+
+// Stored weight -> bf16 on the host (a row at a time) -> device.
+int g_prepare(void *inst, const tsr_weight *tw, void **out) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    const tsr_host_api *h = g->ctx->host;
+    uint64_t row_bytes;
+    if (tw->dtype >= TSR_DTYPE_COUNT || tw->dtype == TSR_DTYPE_I32 || tw->dtype == TSR_DTYPE_I64 ||
+        tsr_dtype_row_bytes(tw->dtype, tw->cols, &row_bytes) != 0) {
+        h->set_error(g->ctx, "%s: %s is not a weight type it reads", tw->name, tsr_dtype_name(tw->dtype));
+        return TSR_ERR_UNSUPPORTED;
+    }
+    if (tw->cols % 8 != 0) {
+        h->set_error(g->ctx, "%s: %lld columns: a multiple of 8 is needed", tw->name, (long long)tw->cols);
+        return TSR_ERR_UNSUPPORTED;
+    }
+    Weight *w = static_cast<Weight *>(h->alloc(g->ctx, sizeof(Weight), 64));
+    if (!w) return TSR_ERR_NOMEM;
+    w->rows = tw->rows;
+    w->cols = tw->cols;
+    const size_t elems = (size_t)tw->rows * (size_t)tw->cols;
+    int rc = h->dev_alloc(g->ctx, elems * 2, reinterpret_cast<void **>(&w->w));
+    uint16_t *host = static_cast<uint16_t *>(malloc(elems * 2));
+    float *row = static_cast<float *>(malloc((size_t)tw->cols * sizeof(float)));
+    if (rc == TSR_OK && (!host || !row)) rc = TSR_ERR_NOMEM;
+    for (int64_t r = 0; rc == TSR_OK && r < tw->rows; r++) {
+        const uint8_t *src = static_cast<const uint8_t *>(tw->data) + (uint64_t)r * row_bytes;
+        uint16_t *dst = host + (size_t)r * tw->cols;
+        if (tw->dtype == TSR_DTYPE_BF16) {
+            memcpy(dst, src, (size_t)tw->cols * 2);
+        } else {
+            tsr_dequant_row(tw->dtype, src, row, tw->cols);
+            for (int64_t c = 0; c < tw->cols; c++) dst[c] = tsr_f32_to_bf16(row[c]);
+        }
+    }
+    if (rc == TSR_OK) rc = cuda_err(g, cudaMemcpy(w->w, host, elems * 2, cudaMemcpyHostToDevice), "upload");
+    free(host);
+    free(row);
+    if (rc != TSR_OK) {
+        if (w->w) h->dev_free(g->ctx, w->w);
+        h->free(g->ctx, w);
+        return rc;
+    }
+    *out = w;
+    return TSR_OK;
+}
+
+void g_release(void *inst, void *prepared) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    Weight *w = static_cast<Weight *>(prepared);
+    for (int i = 0; i <= 64; i++) unplan(&w->algos[i]);
+    g->ctx->host->dev_free(g->ctx, w->w);
+    g->ctx->host->free(g->ctx, w);
+}
+
+int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    Weight *w = static_cast<Weight *>(const_cast<void *>(prepared));
+    cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
+    const size_t need = (size_t)rows * (size_t)w->cols;
+    if (need > g->xb_elems) {
+        if (g->xb) g->ctx->host->dev_free(g->ctx, g->xb);
+        g->xb = nullptr;
+        g->xb_elems = 0;
+        int rc = g->ctx->host->dev_alloc(g->ctx, need * 2, reinterpret_cast<void **>(&g->xb));
+        if (rc != TSR_OK) return rc;
+        g->xb_elems = need;
+    }
+    if (tsr_cu_f32_to_bf16(reinterpret_cast<uint16_t *>(g->xb), x, (int64_t)need, st) != 0)
+        return cuda_err(g, cudaGetLastError(), "activations to bf16");
+#ifdef CUDA_GEMV_DECODE
+    if (rows <= g->decode_rows && rows <= kMaxDecodeRows) return run_decode(g, w, rows, y, st);
+#endif
+    return run_lt(g, w, rows, y, st);
+}
+
+uint64_t g_bytes(void *inst, const void *prepared) {
+    (void)inst;
+    const Weight *w = static_cast<const Weight *>(prepared);
+    return (uint64_t)w->rows * (uint64_t)w->cols * 2;
+}
+
+const tsr_gemv_i iface = {
+    sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes,
+};
+
+const tsr_plugin_desc desc = {
+    TSR_ABI_MAJOR, TSR_ABI_MINOR, PLUGIN_NAME, TSR_SLOT_GEMV, "1.0.0", sizeof(Gemv),
+    TSR_CAP_DEVICE_CUDA, g_init, g_fini, &iface,
+};
+
+} // namespace
+
+extern "C" TSR_PLUGIN_EXPORT const tsr_plugin_desc *TSR_PLUGIN_ENTRY(void) { return &desc; }
