@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../util/checked.h"
 #include "response.h"
 #include "server.h"
 
@@ -296,8 +297,9 @@ static enum MHD_Result handle_generate(tsr_server *s, struct MHD_Connection *c, 
         if (t.status == 200) tsr_srv_error_set(&e2, 503, "", "the request was cancelled");
         r = reply_error(s, c, cc, &e2);
     } else {
+        if (j->rq.logprobs && !lp) lp = json_array(); /* asked for, even if empty */
         char *body = tsr_srv_response_json(&ri, text.data ? text.data : "", text.len,
-                                           j->rq.logprobs ? (lp ? lp : json_array()) : NULL,
+                                           j->rq.logprobs ? lp : NULL,
                                            finish_name(t.finish), t.n_prompt, t.n_generated);
         r = reply(c, cc, 200, "application/json", body);
     }
@@ -369,7 +371,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (!strcmp(method, "POST") && *upload_size) {
         if (!cc->too_large) {
-            if (cc->body.len + *upload_size > s->o.max_body) {
+            uint64_t total;
+            if (tsr_add_u64(cc->body.len, *upload_size, &total) || total > s->o.max_body) {
                 cc->too_large = 1;
                 tsr_srv_buf_free(&cc->body);
             } else if (tsr_srv_buf_append(&cc->body, upload_data, *upload_size)) {
@@ -430,7 +433,8 @@ int tsr_server_start(const tsr_server_opts *o, tsr_server **out, tsr_error *err)
      * (libmicrohttpd answers 431 beyond it); bodies stream through it. */
     s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                                 MHD_USE_ITC | MHD_USE_ERROR_LOG,
-                            0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+                            (uint16_t)s->o.port, NULL, NULL, on_request, s,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
                             NULL, MHD_OPTION_SOCK_ADDR, &addr,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)s->o.max_header,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,

@@ -400,7 +400,9 @@ tsr_srv_job *tsr_srv_submit(tsr_srv_sched *s, tsr_srv_request *rq, tsr_srv_error
         job_free(j);
         return NULL;
     }
-    if (s->n_wait >= s->queue && s->n_run + s->n_wait >= s->parallel) {
+    /* Capacity is parallel running + queue waiting, whatever the engine
+     * thread has admitted yet. */
+    if ((int64_t)s->n_run + s->n_wait >= (int64_t)s->parallel + s->queue) {
         int n = s->n_wait;
         pthread_mutex_unlock(&s->mu);
         tsr_srv_error_set(e, 429, "", "the queue is full (%d waiting); retry later", n);
