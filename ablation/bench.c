@@ -464,7 +464,10 @@ int tsr_bench_request(const char *url, const tsr_wl_case *c, double timeout_s, t
     out->ttft_s = s.t_first - s.t0;
     out->e2e_s = t_end - s.t0;
     out->prefill_tps = out->ttft_s > 0 ? s.n_prompt / out->ttft_s : 0;
-    out->decode_tps = s.n_gen > 1 && s.t_last > s.t_first ? (s.n_gen - 1) / (s.t_last - s.t_first) : 0;
+    /* chunks may reach us in one burst: then the time after the first token */
+    double dt = s.t_last - s.t_first;
+    if (dt < 1e-4) dt = t_end - s.t_first;
+    out->decode_tps = s.n_gen > 1 && dt > 0 ? (s.n_gen - 1) / dt : 0;
     *tokens = s.tokens;
     s.tokens = NULL;
     *text = s.text.p ? s.text.p : strdup("");

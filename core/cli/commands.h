@@ -11,6 +11,9 @@ int tsr_cmd_plugins(int argc, char **argv); /* cmd_plugins.c */
 int tsr_cmd_run(int argc, char **argv);     /* cmd_run.c     */
 int tsr_cmd_score(int argc, char **argv);   /* cmd_score.c   */
 int tsr_cmd_serve(int argc, char **argv);   /* cmd_serve.c   */
+int tsr_cmd_probe(int argc, char **argv);   /* cmd_probe.c   */
+int tsr_cmd_bench(int argc, char **argv);   /* cmd_bench.c   */
+int tsr_cmd_ablate(int argc, char **argv);  /* cmd_ablate.c  */
 
 /* Shared helpers (cli_util.c). */
 /* Directory of the running executable (no trailing slash). */

@@ -16,6 +16,9 @@ static const command commands[] = {
     {"serve", tsr_cmd_serve, "serve an assembled engine over an OpenAI-compatible HTTP API"},
     {"check", tsr_cmd_check, "check an assembly against the catalog and print the engine"},
     {"plugins", tsr_cmd_plugins, "list, show and call plugins of the catalog"},
+    {"probe", tsr_cmd_probe, "measure this machine's ceilings (read bandwidth, GEMM rate)"},
+    {"bench", tsr_cmd_bench, "measure a served engine against its ceilings"},
+    {"ablate", tsr_cmd_ablate, "each plugin's share of an assembly's speedup, with quality"},
 };
 
 static void usage(FILE *f) {

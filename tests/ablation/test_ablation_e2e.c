@@ -1,0 +1,378 @@
+/* tessera probe and tessera ablate end to end with the embedded model: all
+ * outputs written, Shapley values against an independent computation (the
+ * mean marginal contribution over every order of the plugins), a sleeping
+ * plugin's negative share, a perturbing "exact" plugin flagged, a refused
+ * variant reported with the checker's reason, bad input refused. Needs
+ * TESSERA_BIN, TESSERA_CATALOG and TESSERA_BUILD_DIR (ctest sets them); skips
+ * plainly without them. */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+static char g_tmp[256], g_bin[1024], g_cat[1024], g_mixed[512], g_src[1024], g_dev[512];
+static int g_ready;
+
+/* Run argv (NULL-terminated) with stdout and stderr into g_tmp/out.txt;
+ * returns the exit status. */
+static int run(const char *const *argv) {
+    char out[512];
+    snprintf(out, sizeof out, "%s/out.txt", g_tmp);
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = freopen(out, "w", stdout);
+        (void)f;
+        dup2(1, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *b = calloc(1, (size_t)n + 1);
+    if (fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
+    fclose(f);
+    return b;
+}
+
+static void print_output(void) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/out.txt", g_tmp);
+    char *t = read_text(p);
+    fprintf(stderr, "---- output ----\n%s\n----\n", t ? t : "(none)");
+    free(t);
+}
+
+static int link_all(const char *from, const char *to, const char *prefix) {
+    DIR *d = opendir(from);
+    if (!d) return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        if (prefix && strncmp(e->d_name, prefix, strlen(prefix)) && strncmp(e->d_name + 3, prefix, strlen(prefix)))
+            continue;
+        char a[1200], b[1200];
+        snprintf(a, sizeof a, "%s/%s", from, e->d_name);
+        snprintf(b, sizeof b, "%s/%s", to, e->d_name);
+        if (symlink(a, b) && errno != EEXIST) {
+            closedir(d);
+            return -1;
+        }
+    }
+    closedir(d);
+    return 0;
+}
+
+static int setup(void **st) {
+    (void)st;
+    const char *bin = getenv("TESSERA_BIN"), *cat = getenv("TESSERA_CATALOG"), *bd = getenv("TESSERA_BUILD_DIR"),
+               *src = getenv("TESSERA_SOURCE_DIR");
+    if (!bin || !cat || !bd || access(bin, X_OK)) {
+        fprintf(stderr, "skipping: TESSERA_BIN, TESSERA_CATALOG and TESSERA_BUILD_DIR are needed (run under ctest)\n");
+        return 0;
+    }
+    snprintf(g_bin, sizeof g_bin, "%s", bin);
+    snprintf(g_cat, sizeof g_cat, "%s", cat);
+    snprintf(g_src, sizeof g_src, "%s", src ? src : ".");
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/tessera-abl-XXXXXX");
+    if (!mkdtemp(g_tmp)) return -1;
+    /* the engine's catalog plus the ablation test plugins, in one folder */
+    snprintf(g_mixed, sizeof g_mixed, "%s/catalog", g_tmp);
+    char tc[1200];
+    snprintf(tc, sizeof tc, "%s/tests/catalog", bd);
+    if (mkdir(g_mixed, 0755) || link_all(cat, g_mixed, NULL) || link_all(tc, g_mixed, "abl_")) {
+        fprintf(stderr, "cannot build the mixed catalog in %s\n", g_mixed);
+        return -1;
+    }
+    /* one probe for every ablate run (and the probe test) */
+    snprintf(g_dev, sizeof g_dev, "%s/device.json", g_tmp);
+    const char *argv[] = {g_bin, "probe", "--buffer-mib", "16", "--repeats", "3", "--gemm-n", "128",
+                          "--threads", "1", "--out", g_dev, NULL};
+    if (run(argv) != 0) {
+        print_output();
+        return -1;
+    }
+    g_ready = 1;
+    return 0;
+}
+
+static int teardown(void **st) {
+    (void)st;
+    if (g_tmp[0]) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+        if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_tmp);
+    }
+    return 0;
+}
+
+#define NEED_READY()                                                                              \
+    do {                                                                                          \
+        if (!g_ready) skip();                                                                     \
+    } while (0)
+
+static json_t *ablate(const char *assembly_rel, const char *catalog, const char *out_name, int want_rc) {
+    char asmb[1200], wl[1200], out[600];
+    snprintf(asmb, sizeof asmb, "%s/tests/ablation/data/%s", g_src, assembly_rel);
+    snprintf(wl, sizeof wl, "%s/tests/ablation/data/tiny.json", g_src);
+    snprintf(out, sizeof out, "%s/%s", g_tmp, out_name);
+    const char *argv[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--device", g_dev,
+                          "--catalog", catalog, "--threads", "1", "--quiet", NULL};
+    int rc = run(argv);
+    if (rc != want_rc) {
+        print_output();
+        fail_msg("tessera ablate %s: exit %d, want %d", assembly_rel, rc, want_rc);
+    }
+    const char *files[] = {"result.json", "result.csv", "report.md", "speedup.svg"};
+    for (int i = 0; i < 4; i++) {
+        char p[700];
+        snprintf(p, sizeof p, "%s/%s", out, files[i]);
+        struct stat s;
+        if (stat(p, &s) || s.st_size < 50) fail_msg("%s missing or nearly empty", p);
+    }
+    char p[700];
+    snprintf(p, sizeof p, "%s/result.json", out);
+    json_error_t je;
+    json_t *j = json_load_file(p, 0, &je);
+    if (!j) fail_msg("%s: %s", p, je.text);
+    assert_string_equal(json_string_value(json_object_get(j, "schema")), "tessera.ablation/1");
+    assert_true(json_is_string(json_object_get(j, "git_commit")));
+    assert_true(json_is_object(json_object_get(j, "device")));
+    return j;
+}
+
+static json_t *variant(json_t *j, const char *name) {
+    json_t *vs = json_object_get(j, "variants");
+    for (size_t i = 0; i < json_array_size(vs); i++) {
+        json_t *v = json_array_get(vs, i);
+        if (!strcmp(json_string_value(json_object_get(v, "name")), name)) return v;
+    }
+    fail_msg("no variant %s", name);
+    return NULL;
+}
+
+static json_t *plugin(json_t *j, const char *name) {
+    json_t *ps = json_object_get(json_object_get(j, "assembly"), "plugins");
+    for (size_t i = 0; i < json_array_size(ps); i++) {
+        json_t *p = json_array_get(ps, i);
+        if (!strcmp(json_string_value(json_object_get(p, "name")), name)) return p;
+    }
+    fail_msg("no plugin %s", name);
+    return NULL;
+}
+
+static double num(json_t *o, const char *k) {
+    json_t *v = json_object_get(o, k);
+    if (!json_is_number(v)) fail_msg("%s is not a number", k);
+    return json_number_value(v);
+}
+
+/* The speedup of the variant whose plugins_on is exactly the set mask. */
+static double speedup_of(json_t *j, unsigned mask, const char *const *names, int n) {
+    json_t *vs = json_object_get(j, "variants");
+    for (size_t i = 0; i < json_array_size(vs); i++) {
+        json_t *v = json_array_get(vs, i), *on = json_object_get(v, "plugins_on");
+        unsigned m = 0;
+        for (size_t k = 0; k < json_array_size(on); k++)
+            for (int p = 0; p < n; p++)
+                if (!strcmp(json_string_value(json_array_get(on, k)), names[p])) m |= 1u << p;
+        if (m == mask && json_array_size(on) == (size_t)__builtin_popcount(mask)) return num(v, "speedup");
+    }
+    fail_msg("no variant for mask %x", mask);
+    return NAN;
+}
+
+static void test_probe(void **st) {
+    (void)st;
+    NEED_READY();
+    json_error_t je;
+    json_t *j = json_load_file(g_dev, 0, &je);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(j, "schema")), "tessera.device/1");
+    json_t *mr = json_object_get(j, "memory_read"), *g = json_object_get(j, "gemm"),
+           *m = json_object_get(j, "machine"), *gpu = json_object_get(j, "gpu");
+    double gbs = num(mr, "gbs");
+    assert_true(gbs > 0.05 && gbs < 10000);
+    assert_true(num(mr, "gbs_min") <= gbs && gbs <= num(mr, "gbs_max"));
+    assert_int_equal((int)num(mr, "buffer_bytes"), 16 << 20);
+    assert_true(json_is_true(json_object_get(g, "available")));
+    assert_true(num(g, "gflops") > 0.01);
+    assert_true(num(m, "cores") >= 1);
+    assert_true(num(m, "memory_bytes") > 1e8);
+    assert_true(json_is_null(json_object_get(gpu, "read_gbs")));
+    assert_non_null(strstr(json_string_value(json_object_get(gpu, "note")), "not implemented"));
+    json_decref(j);
+    const char *bad[] = {g_bin, "probe", "--repeats", "0", NULL};
+    assert_int_equal(run(bad), 2);
+}
+
+static void test_ablate_exact3(void **st) {
+    (void)st;
+    NEED_READY();
+    json_t *j = ablate("exact3.yaml", g_cat, "exact3", 0);
+    json_t *vs = json_object_get(j, "variants");
+    assert_int_equal(json_array_size(vs), 8); /* 3 plugins: every subset */
+    for (size_t i = 0; i < 8; i++) {
+        json_t *v = json_array_get(vs, i);
+        if (strcmp(json_string_value(json_object_get(v, "status")), "ran"))
+            fail_msg("%s: %s", json_string_value(json_object_get(v, "name")),
+                     json_string_value(json_object_get(v, "reason")));
+        /* exact plugins reproduce the baseline's greedy tokens */
+        assert_true(json_is_true(json_object_get(json_object_get(v, "quality"), "ok")));
+        json_t *c0 = json_array_get(json_object_get(v, "cases"), 0);
+        assert_int_equal(json_array_size(json_object_get(c0, "samples")), 3);
+        assert_true(json_array_size(json_object_get(c0, "tokens")) >= 1);
+        assert_true(num(json_object_get(c0, "e2e_s"), "median") > 0);
+    }
+    json_t *at = json_object_get(j, "attribution");
+    assert_true(json_is_true(json_object_get(at, "exact_shapley")));
+    double full = num(variant(j, "full"), "speedup"), base = num(variant(j, "baseline"), "speedup");
+    assert_float_equal(base, 1.0, 1e-12);
+    assert_float_equal(num(at, "full_minus_baseline"), full - 1, 1e-9);
+    assert_float_equal(num(at, "shapley_sum"), full - 1, 1e-9);
+    /* independent reference: the mean marginal contribution over all 3! orders */
+    const char *names[3] = {"cpu_attention", "drafter_ngram", "cpu_gemv"};
+    const int orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    for (int p = 0; p < 3; p++) {
+        double s = 0;
+        for (int o = 0; o < 6; o++) {
+            unsigned before = 0;
+            for (int k = 0; orders[o][k] != p; k++) before |= 1u << orders[o][k];
+            s += speedup_of(j, before | 1u << p, names, 3) - speedup_of(j, before, names, 3);
+        }
+        assert_float_equal(num(plugin(j, names[p]), "shapley"), s / 6, 1e-9);
+        assert_float_equal(num(plugin(j, names[p]), "alone"), speedup_of(j, 1u << p, names, 3) - 1, 1e-9);
+        assert_float_equal(num(plugin(j, names[p]), "off"), full - speedup_of(j, 7u & ~(1u << p), names, 3), 1e-9);
+    }
+    json_decref(j);
+    char p[700];
+    snprintf(p, sizeof p, "%s/exact3/result.csv", g_tmp);
+    char *csv = read_text(p);
+    int lines = 0;
+    for (char *c = csv; *c; c++) lines += *c == '\n';
+    assert_int_equal(lines, 1 + 8 * 2);
+    free(csv);
+    snprintf(p, sizeof p, "%s/exact3/speedup.svg", g_tmp);
+    char *svg = read_text(p);
+    for (int i = 0; i < 3; i++) assert_non_null(strstr(svg, names[i]));
+    free(svg);
+    snprintf(p, sizeof p, "%s/exact3/report.md", g_tmp);
+    char *md = read_text(p);
+    assert_non_null(strstr(md, "| off:cpu_gemv |"));
+    assert_non_null(strstr(md, "| alone:drafter_ngram |"));
+    free(md);
+}
+
+static void test_ablate_perturbing_plugins(void **st) {
+    (void)st;
+    NEED_READY();
+    /* exit 1: a variant fails its quality check */
+    json_t *j = ablate("perturb.yaml", g_mixed, "perturb", 1);
+    json_t *bias = plugin(j, "abl_bias_gemv"), *sleepy = plugin(j, "abl_sleep_drafter");
+    assert_true(json_is_true(json_object_get(bias, "exactness_broken")));
+    assert_false(json_is_true(json_object_get(sleepy, "exactness_broken")));
+    json_t *q = json_object_get(variant(j, "alone:abl_bias_gemv"), "quality");
+    assert_false(json_is_true(json_object_get(q, "ok")));
+    json_t *fd = json_object_get(q, "first_difference");
+    assert_string_equal(json_string_value(json_object_get(fd, "case")), "chat");
+    assert_true(num(fd, "token") >= 0);
+    assert_non_null(strstr(json_string_value(json_object_get(variant(j, "alone:abl_bias_gemv"), "verdict")),
+                           "breaks exactness"));
+    /* the sleeping drafter keeps the tokens and costs time: a negative share */
+    assert_true(json_is_true(json_object_get(json_object_get(variant(j, "alone:abl_sleep_drafter"), "quality"), "ok")));
+    assert_true(num(sleepy, "shapley") < 0);
+    assert_true(num(sleepy, "alone") < 0);
+    assert_true(num(sleepy, "off") < 0);
+    json_t *at = json_object_get(j, "attribution");
+    assert_float_equal(num(at, "shapley_sum"), num(at, "full_minus_baseline"), 1e-9);
+    json_decref(j);
+    char p[700];
+    snprintf(p, sizeof p, "%s/perturb/report.md", g_tmp);
+    char *md = read_text(p);
+    assert_non_null(strstr(md, "BROKEN"));
+    free(md);
+}
+
+static void test_ablate_refused_variant(void **st) {
+    (void)st;
+    NEED_READY();
+    json_t *j = ablate("refused.yaml", g_cat, "refused", 0);
+    json_t *v = variant(j, "alone:cpu_kv_cache");
+    assert_string_equal(json_string_value(json_object_get(v, "status")), "refused");
+    const char *why = json_string_value(json_object_get(v, "reason"));
+    assert_non_null(strstr(why, "ref_attention requires kv_cache.kv_dtype"));
+    const char *ran[] = {"baseline", "full", "alone:cpu_attention"};
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(json_string_value(json_object_get(variant(j, ran[i]), "status")), "ran");
+    /* the lossy KV cache: KL and perplexity ratio against its declared bound */
+    json_t *q = json_object_get(variant(j, "full"), "quality");
+    assert_string_equal(json_string_value(json_object_get(q, "kind")), "lossy");
+    double kl = num(q, "mean_kl"), ppl = num(q, "ppl_ratio");
+    assert_true(kl >= 0 && kl < num(q, "max_mean_kl"));
+    assert_true(ppl > 0.9 && ppl < 1.1);
+    assert_float_equal(num(q, "max_mean_kl"), 0.01, 1e-12); /* manifests/cpu_kv_cache.yaml */
+    json_t *at = json_object_get(j, "attribution");
+    assert_false(json_is_true(json_object_get(at, "exact_shapley")));
+    assert_non_null(strstr(json_string_value(json_object_get(at, "note")), "alone:cpu_kv_cache was refused"));
+    json_decref(j);
+    char p[700];
+    snprintf(p, sizeof p, "%s/refused/report.md", g_tmp);
+    char *md = read_text(p);
+    assert_non_null(strstr(md, "refused: error: plugin ref_attention requires kv_cache.kv_dtype"));
+    free(md);
+}
+
+static void test_ablate_bad_input(void **st) {
+    (void)st;
+    NEED_READY();
+    char out[600], wl[1200], asmb[1200];
+    snprintf(out, sizeof out, "%s/bad", g_tmp);
+    snprintf(wl, sizeof wl, "%s/tests/ablation/data/tiny.json", g_src);
+    snprintf(asmb, sizeof asmb, "%s/tests/ablation/data/exact3.yaml", g_src);
+    const char *a1[] = {g_bin, "ablate", "/nonexistent.yaml", "--workload", wl, "--out", out, "--device", g_dev,
+                        "--catalog", g_cat, "--quiet", NULL};
+    assert_int_equal(run(a1), 2);
+    const char *a2[] = {g_bin, "ablate", asmb, "--workload", asmb, "--out", out, "--device", g_dev,
+                        "--catalog", g_cat, "--quiet", NULL};
+    assert_int_equal(run(a2), 2); /* YAML is not a JSON workload: file:line:col */
+    char p[512];
+    snprintf(p, sizeof p, "%s/out.txt", g_tmp);
+    char *t = read_text(p);
+    assert_non_null(strstr(t, "exact3.yaml:"));
+    free(t);
+    const char *a3[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--device", wl, "--catalog", g_cat,
+                        "--quiet", NULL};
+    assert_int_equal(run(a3), 2); /* not a device record */
+    const char *a4[] = {g_bin, "ablate", "--quiet", NULL};
+    assert_int_equal(run(a4), 2);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_probe),
+        cmocka_unit_test(test_ablate_exact3),
+        cmocka_unit_test(test_ablate_perturbing_plugins),
+        cmocka_unit_test(test_ablate_refused_variant),
+        cmocka_unit_test(test_ablate_bad_input),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
