@@ -87,7 +87,7 @@ int tsr_cmd_ablate(int argc, char **argv) {
     int rc = tsr_ablate_run(&o, &r, &err);
     if (rc != TSR_OK) {
         fprintf(stderr, "tessera ablate: %s\n", tsr_error_format(&err, msg, sizeof msg));
-        return rc == TSR_ERR_REFUSED || rc == TSR_ERR_FORMAT || rc == TSR_ERR_INVALID ? 2 : 1;
+        return rc == TSR_ERR_NOMEM ? 1 : 2; /* bad input, refused assembly, unwritable output */
     }
     int refused = 0, failed = 0, bad_quality = 0;
     for (int i = 0; i < r->n_variants; i++) {
