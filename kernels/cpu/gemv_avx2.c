@@ -9,6 +9,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../dtype.h"
@@ -250,7 +251,12 @@ static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
     }
 }
 
+static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
+
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    if ((dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8 || dtype == TSR_DTYPE_Q8_0) &&
+        run_permuted(dtype, a, r0, r1))
+        return;
     switch (dtype) {
     case TSR_DTYPE_F32: rows_f32(a, r0, r1, NULL); break;
     case TSR_DTYPE_F16: rows_f16(a, r0, r1, NULL); break;
@@ -260,6 +266,146 @@ void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
     case TSR_DTYPE_Q4_K: rows_q4_k(a, r0, r1, NULL); break;
     default: rows_chunked(dtype, a, r0, r1); break;
     }
+}
+
+/* --- shuffle-free paths for bf16, i8 and Q8_0 ---------------------------------
+ * Widening bytes or halves to 32-bit lanes takes a shuffle per 8 elements,
+ * and the shuffle port, not memory, then bounds decode. Instead, a 32-byte
+ * load is split with shifts: lane j of part k holds element G*j + k (G = 2
+ * for bf16, 4 for int8). The activations are permuted the same way once per
+ * call (xp[b*8G + 8k + j] = x[b*8G + G*j + k]), so the products and their sum
+ * are the same as in element order, up to summation order. */
+
+static void permute_x(const float *x, int64_t ldx, int nx, int64_t n, int g, float *xp) {
+    int64_t bw = 8 * g, nb = n / bw;
+    for (int i = 0; i < nx; i++) {
+        const float *xi = x + i * ldx;
+        float *o = xp + i * n;
+        for (int64_t b = 0; b < nb; b++)
+            for (int k = 0; k < g; k++)
+                for (int j = 0; j < 8; j++) o[b * bw + 8 * k + j] = xi[b * bw + g * j + k];
+        for (int64_t c = nb * bw; c < n; c++) o[c] = xi[c]; /* tail in order */
+    }
+}
+
+INL __m256 i8_part(__m256i v, int k) {
+    __m256i t = k == 3 ? v : _mm256_slli_epi32(v, 24 - 8 * k);
+    return _mm256_cvtepi32_ps(_mm256_srai_epi32(t, 24));
+}
+
+/* bf16: 16 elements per 32-byte load, two blocks per step (4 chains at nx 1). */
+INL void bf16p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int nx, float *out) {
+    __m256 acc[XG][2];
+    for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) {
+        if ((c & 31) == 0) _mm_prefetch((const char *)(w + 2 * c) + PF_DIST, _MM_HINT_T0);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(w + 2 * c));
+        __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
+        for (int i = 0; i < nx; i++) {
+            const float *x = xp + i * ldx + c;
+            acc[i][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x), acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + 8), acc[i][1]);
+        }
+    }
+    for (int i = 0; i < nx; i++) {
+        float t = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
+        for (int64_t cc = c; cc < n; cc++) t += sc_bf16(w + 2 * cc) * xp[i * ldx + cc];
+        out[i] = t;
+    }
+}
+
+/* int8 (no block scale): 32 elements per load. */
+INL void i8p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int nx, float *out) {
+    __m256 acc[XG][2];
+    for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 32 <= n; c += 32) {
+        _mm_prefetch((const char *)(w + c) + PF_DIST, _MM_HINT_T0);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(w + c));
+        __m256 p0 = i8_part(v, 0), p1 = i8_part(v, 1), p2 = i8_part(v, 2), p3 = i8_part(v, 3);
+        for (int i = 0; i < nx; i++) {
+            const float *x = xp + i * ldx + c;
+            acc[i][0] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(x), acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(p1, _mm256_loadu_ps(x + 8), acc[i][1]);
+            acc[i][0] = _mm256_fmadd_ps(p2, _mm256_loadu_ps(x + 16), acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(p3, _mm256_loadu_ps(x + 24), acc[i][1]);
+        }
+    }
+    for (int i = 0; i < nx; i++) {
+        float t = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
+        for (int64_t cc = c; cc < n; cc++) t += (float)(int8_t)w[cc] * xp[i * ldx + cc];
+        out[i] = t;
+    }
+}
+
+/* Q8_0: one 32-byte load per block; sum_b d_b * (q_b . x_b). */
+INL void q8p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int nx, float *out) {
+    __m256 acc[XG][2];
+    for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    int64_t nb = n / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 34;
+        if ((b & 1) == 0) _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
+        __m256 d = _mm256_set1_ps(h2f(blk));
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+        __m256 p0 = i8_part(v, 0), p1 = i8_part(v, 1), p2 = i8_part(v, 2), p3 = i8_part(v, 3);
+        for (int i = 0; i < nx; i++) {
+            const float *x = xp + i * ldx + b * 32;
+            __m256 s = _mm256_mul_ps(p0, _mm256_loadu_ps(x));
+            __m256 t = _mm256_mul_ps(p1, _mm256_loadu_ps(x + 8));
+            s = _mm256_fmadd_ps(p2, _mm256_loadu_ps(x + 16), s);
+            t = _mm256_fmadd_ps(p3, _mm256_loadu_ps(x + 24), t);
+            acc[i][b & 1] = _mm256_fmadd_ps(d, _mm256_add_ps(s, t), acc[i][b & 1]);
+        }
+    }
+    for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
+}
+
+#define PERM_DRIVER(NAME, DOT)                                                                 \
+    static void NAME(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp,          \
+                     const float *rs) {                                                        \
+        float out[XG];                                                                         \
+        for (int64_t r = r0; r < r1; r++) {                                                    \
+            const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;                            \
+            float s = rs ? rs[r] : 1.0f;                                                       \
+            for (int g = 0; g < a->nx; g += XG) {                                              \
+                const float *x = xp + (int64_t)g * a->cols;                                    \
+                int nn = a->nx - g < XG ? a->nx - g : XG;                                      \
+                switch (nn) {                                                                  \
+                case 1: DOT(row, x, a->cols, a->cols, 1, out); break;                          \
+                case 2: DOT(row, x, a->cols, a->cols, 2, out); break;                          \
+                case 3: DOT(row, x, a->cols, a->cols, 3, out); break;                          \
+                default: DOT(row, x, a->cols, a->cols, 4, out); break;                         \
+                }                                                                              \
+                for (int i = 0; i < nn; i++) a->y[(int64_t)(g + i) * a->ldy + r] = out[i] * s;  \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+PERM_DRIVER(rows_bf16p, bf16p_dot)
+PERM_DRIVER(rows_i8p, i8p_dot)
+PERM_DRIVER(rows_q8_0p, q8p_dot)
+
+/* Permuted copy of x for this call's rows; 0 when it cannot be had (then the
+ * in-order kernels run). Large batches skip it: they come back to the
+ * activations often enough that the copy is cheap, but its size is not. */
+static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    int g = dtype == TSR_DTYPE_BF16 ? 2 : 4;
+    size_t n = (size_t)a->nx * (size_t)a->cols;
+    if (n > ((size_t)1 << 22)) return 0;
+    float *xp = malloc(n * sizeof *xp);
+    if (!xp) return 0;
+    permute_x(a->x, a->ldx, a->nx, a->cols, g, xp);
+    switch (dtype) {
+    case TSR_DTYPE_BF16: rows_bf16p(a, r0, r1, xp, NULL); break;
+    case TSR_DTYPE_I8: rows_i8p(a, r0, r1, xp, a->scale); break;
+    default: rows_q8_0p(a, r0, r1, xp, NULL); break;
+    }
+    free(xp);
+    return 1;
 }
 
 /* --- int8 x int16: vpmaddwd, int32 sums flushed to f32 every 1024 ----------- */

@@ -145,7 +145,8 @@ typedef struct gcase {
 static const gcase cases[] = {
     {TSR_DTYPE_F32, 37, 33},   {TSR_DTYPE_F32, 64, 256},  {TSR_DTYPE_F16, 37, 40},
     {TSR_DTYPE_F16, 19, 896},  {TSR_DTYPE_BF16, 37, 33},  {TSR_DTYPE_BF16, 23, 512},
-    {TSR_DTYPE_I8, 37, 31},    {TSR_DTYPE_F8_E4M3, 13, 64}, {TSR_DTYPE_Q8_0, 37, 96},
+    {TSR_DTYPE_I8, 37, 31},    {TSR_DTYPE_I8, 21, 200},   {TSR_DTYPE_F8_E4M3, 13, 64},
+    {TSR_DTYPE_Q8_0, 37, 96},  {TSR_DTYPE_BF16, 5, 4104},
     {TSR_DTYPE_Q8_0, 20, 896}, {TSR_DTYPE_Q4_0, 9, 64},   {TSR_DTYPE_Q4_K, 37, 256},
     {TSR_DTYPE_Q4_K, 11, 768}, {TSR_DTYPE_Q6_K, 7, 512},
 };
