@@ -9,6 +9,10 @@
 
 #include "../slots/tsr_plugin.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* "f32", "f16", "bf16", "f8_e4m3", "q8_0", "q4_0", "q4_k", "q6_k", "i8", "i32", "i64". */
 const char *tsr_dtype_name(uint32_t dtype);
 /* TSR_DTYPE_COUNT if unknown. */
@@ -33,5 +37,9 @@ uint16_t tsr_f32_to_f16(float f);   /* round to nearest even */
 float tsr_bf16_to_f32(uint16_t h);
 uint16_t tsr_f32_to_bf16(float f);  /* round to nearest even */
 float tsr_f8e4m3_to_f32(uint8_t v);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TSR_KERNELS_DTYPE_H */
