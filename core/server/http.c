@@ -273,16 +273,17 @@ static enum MHD_Result handle_generate(tsr_server *s, struct MHD_Connection *c, 
     json_t *lp = NULL;
     tsr_srv_take t;
     for (;;) {
-        if (!tsr_srv_job_take(s->sched, j, 100, &t)) {
-            if (client_gone(c)) {
-                tsr_srv_job_cancel(s->sched, j);
-                tsr_srv_job_release(s->sched, j);
-                tsr_srv_buf_free(&text);
-                json_decref(lp);
-                return MHD_NO;
-            }
-            continue;
+        int got = tsr_srv_job_take(s->sched, j, 100, &t);
+        /* Checked every time: output may arrive faster than the timeout. */
+        if (!(got && t.done) && client_gone(c)) {
+            tsr_srv_take_clear(&t);
+            tsr_srv_job_cancel(s->sched, j);
+            tsr_srv_job_release(s->sched, j);
+            tsr_srv_buf_free(&text);
+            json_decref(lp);
+            return MHD_NO;
         }
+        if (!got) continue;
         if (t.len) tsr_srv_buf_append(&text, t.text, t.len);
         if (t.logprobs) {
             if (!lp) lp = json_array();

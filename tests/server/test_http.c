@@ -28,7 +28,7 @@
 #define FAKE_KV_PER_GEN 1000
 
 typedef struct fake_gen {
-    int max, produced, fail_at;
+    int max, produced, fail_at, fail_code;
     tsr_token_info info;
     char text[2];
 } fake_gen;
@@ -72,8 +72,10 @@ static int fake_prompt(void *ctx, const tsr_srv_request *rq, int32_t **ids, int 
     for (size_t i = 0; i < b.len; i++) (*ids)[i] = (unsigned char)b.data[i];
     *n = (int)b.len;
     int fail = b.len >= 4 && !memcmp(b.data, "FAIL", 4);
+    int device = b.len >= 6 && !memcmp(b.data, "DEVICE", 6);
     tsr_srv_buf_free(&b);
-    if (fail) (*ids)[0] = -1; /* start() sees the marker */
+    if (fail) (*ids)[0] = -1; /* start() sees the markers */
+    if (device) (*ids)[0] = -2;
     return 0;
 }
 
@@ -83,7 +85,8 @@ static int fake_start(void *ctx, const int32_t *ids, int n, const tsr_gen_params
     if (n + p->max_tokens > FAKE_CTX) return tsr_error_set(err, TSR_ERR_RANGE, "too long");
     fake_gen *g = calloc(1, sizeof *g);
     g->max = p->max_tokens;
-    g->fail_at = ids[0] == -1 ? 3 : -1;
+    g->fail_at = ids[0] == -1 ? 3 : ids[0] == -2 ? 2 : -1;
+    g->fail_code = ids[0] == -2 ? TSR_ERR_DEVICE : TSR_ERR_PLUGIN;
     *gen = g;
     atomic_fetch_add(&fake_live, 1);
     return TSR_OK;
@@ -93,7 +96,7 @@ static int fake_step(void *ctx, void *gen, tsr_gen_event *ev, tsr_error *err) {
     note_thread();
     fake_gen *g = gen;
     usleep((useconds_t)atomic_load(&fake_step_us));
-    if (g->produced == g->fail_at) return tsr_error_set(err, TSR_ERR_PLUGIN, "injected failure");
+    if (g->produced == g->fail_at) return tsr_error_set(err, g->fail_code, "injected failure");
     int k = g->produced++;
     g->text[0] = (char)('a' + k % 26);
     g->info.id = g->text[0];
@@ -632,12 +635,62 @@ static void test_shutdown_with_streams(void **state) {
     assert_int_equal(atomic_load(&fake_live), 0);
 }
 
+/* A client that leaves a non-streamed request is seen while it waits. */
+static void test_abort_not_streamed(void **state) {
+    (void)state;
+    assert_int_equal(start_server(1, 4), 0);
+    tsr_error err;
+    assert_int_equal(tsr_server_set_backend(srv, &fake_backend, &err), 0);
+    atomic_store(&fake_step_us, 20000);
+    resp r;
+    memset(&r, 0, sizeof r);
+    CURL *c = make(CMPL, "{\"prompt\": \"x\", \"max_tokens\": 50}", &r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 150L); /* leaves after ~7 of 50 steps */
+    assert_int_equal(curl_easy_perform(c), CURLE_OPERATION_TIMEDOUT);
+    curl_easy_cleanup(c);
+    tsr_srv_buf_free(&r.body);
+    double cancelled = 0;
+    for (int i = 0; i < 100 && cancelled < 1; i++) {
+        usleep(20000);
+        cancelled = metric("tessera_requests_finished_total{reason=\"cancelled\"}");
+    }
+    assert_float_equal(cancelled, 1, 0);
+    assert_true(metric("tessera_generated_tokens_total") < 50);
+    assert_float_equal(metric("tessera_requests_total{status=\"499\"}"), 1, 0);
+    assert_float_equal(metric("tessera_kv_cache_used_bytes"), 0, 0);
+    atomic_store(&fake_step_us, 2000);
+    stop_server();
+}
+
+/* A device error is fatal: /health 503, new requests 503, fatal flag set. */
+static void test_fatal_engine_error(void **state) {
+    (void)state;
+    assert_int_equal(start_server(2, 4), 0);
+    tsr_error err;
+    assert_int_equal(tsr_server_set_backend(srv, &fake_backend, &err), 0);
+    assert_int_equal(tsr_server_fatal(srv), 0);
+    resp r = http(CMPL, "{\"prompt\": \"DEVICE\", \"max_tokens\": 10}");
+    assert_int_equal(r.status, 500);
+    tsr_srv_buf_free(&r.body);
+    assert_int_equal(tsr_server_fatal(srv), 1);
+    r = http("/health", NULL);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.body.data, "error"));
+    tsr_srv_buf_free(&r.body);
+    r = http(CMPL, "{\"prompt\": \"x\", \"max_tokens\": 10}");
+    assert_int_equal(r.status, 503);
+    tsr_srv_buf_free(&r.body);
+    stop_server();
+    assert_int_equal(atomic_load(&fake_live), 0);
+}
+
 int main(void) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_health_and_basic), cmocka_unit_test(test_errors_over_http),
         cmocka_unit_test(test_streaming),        cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_client_aborts),    cmocka_unit_test(test_shutdown_with_streams),
+        cmocka_unit_test(test_abort_not_streamed), cmocka_unit_test(test_fatal_engine_error),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();
