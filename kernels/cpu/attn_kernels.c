@@ -82,7 +82,7 @@ void tsr_attn_tile_run(tsr_attn_tile *t, const tsr_attn_kv *kv, int head_dim, fl
                        int t1) {
     if (t1 <= t0) return;
 #ifdef TSR_ATTN_HAVE_AVX2_BUILD
-    if (head_dim % 8 == 0 && use_avx2()) {
+    if (head_dim % 8 == 0 && !t->portable && use_avx2()) {
         tsr_attn_tile_run_avx2(t, kv, head_dim, scale, t0, t1);
         return;
     }

@@ -41,6 +41,7 @@ typedef struct tsr_attn_tile {
     float *acc[TSR_ATTN_TILE];       /* [head_dim] each: sum of p * v, unnormalised */
     float m[TSR_ATTN_TILE];          /* running max score (-Inf: none seen) */
     float l[TSR_ATTN_TILE];          /* running sum of exp(score - m) */
+    int portable;                    /* 1: always the portable path (0: best available) */
 } tsr_attn_tile;
 
 /* Zero acc, m = -Inf, l = 0 for the tile's nq queries. */

@@ -31,7 +31,8 @@ static float frand(void) { /* xorshift64*, uniform in [-1, 1) */
 
 typedef struct fixture {
     tsr_threadpool *pool1, *pool2, *pool3;
-    th_inst cpu, ref;
+    th_inst cpu, port, ref;
+    th_inst *cur; /* the cpu_attention instance compare_case runs */
 } fixture;
 
 static tsr_model_desc model_of(int h, int kvh, int hd) {
@@ -51,7 +52,10 @@ static int setup(void **state) {
     f.pool2 = tsr_threadpool_new(2);
     f.pool3 = tsr_threadpool_new(3);
     tsr_model_desc m = model_of(8, 2, 64);
+    tsr_param port[2] = {{.name = "isa", .type = TSR_PARAM_STRING, .v.s = "portable"}};
+    f.cur = &f.cpu;
     if (th_open(&f.cpu, "cpu_attention", &m, NULL, f.pool2) != TSR_OK ||
+        th_open(&f.port, "cpu_attention", &m, port, f.pool2) != TSR_OK ||
         th_open(&f.ref, "ref_attention", &m, NULL, f.pool1) != TSR_OK) {
         fprintf(stderr, "cannot open plugins: %s / %s\n", f.cpu.err, f.ref.err);
         return -1;
@@ -65,6 +69,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
     fixture *f = *state;
     th_close(&f->cpu);
+    th_close(&f->port);
     th_close(&f->ref);
     tsr_threadpool_free(f->pool1);
     tsr_threadpool_free(f->pool2);
@@ -175,8 +180,8 @@ static double compare_case(fixture *f, int H, int KVH, int hd, int rows, int pos
     float scale = 1.0f / sqrtf((float)hd);
     tsr_attn_args a = {rows, pos0, H, KVH, hd, scale, window, q, &vs, out + GUARD};
     tsr_attn_args r = {rows, pos0, H, KVH, hd, scale, window, q, &vd, ref};
-    f->cpu.pool = threads == 1 ? f->pool1 : threads == 2 ? f->pool2 : f->pool3;
-    assert_int_equal(run_attn(&f->cpu, &a, threads), TSR_OK);
+    f->cur->pool = threads == 1 ? f->pool1 : threads == 2 ? f->pool2 : f->pool3;
+    assert_int_equal(run_attn(f->cur, &a, threads), TSR_OK);
     assert_int_equal(run_attn(&f->ref, &r, 1), TSR_OK);
     for (int i = 0; i < GUARD; i++) {
         assert_true(out[i] == GUARD_VAL);
@@ -230,6 +235,43 @@ static void test_matches_reference(void **state) {
                 kv_free(&kv);
             }
     printf("%d cases, max |cpu - ref| = %.3g\n", n, worst);
+}
+
+/* The portable kernels through the plugin (param isa = portable). */
+static void test_portable_matches_reference(void **state) {
+    fixture *f = *state;
+    static const int gqa[][2] = {{4, 4}, {14, 2}, {8, 1}, {16, 1}};
+    f->cur = &f->port;
+    for (size_t g = 0; g < 4; g++)
+        for (int di = 0; di < 3; di++) {
+            uint32_t dt = di == 0 ? TSR_DTYPE_F32 : di == 1 ? TSR_DTYPE_F16 : TSR_DTYPE_I8;
+            kvset kv;
+            kv_make(&kv, 600, gqa[g][1], 16, dt, di % 2);
+            static const int rowsv[] = {1, 5, 33};
+            for (int ri = 0; ri < 3; ri++)
+                for (int w = 0; w < 2; w++) {
+                    double d = compare_case(f, gqa[g][0], gqa[g][1], 16, rowsv[ri], 600 - rowsv[ri], w ? 40 : 0,
+                                            &kv, NULL, 2);
+                    if (d > 2e-5) fail_msg("portable: H %d KVH %d dt %u rows %d: %g", gqa[g][0], gqa[g][1], dt, rowsv[ri], d);
+                }
+            kv_free(&kv);
+        }
+    f->cur = &f->cpu;
+}
+
+/* Bad values of the isa param. */
+static void test_isa_param(void **state) {
+    (void)state;
+    tsr_model_desc m = model_of(8, 2, 64);
+    tsr_param bad[2] = {{.name = "isa", .type = TSR_PARAM_STRING, .v.s = "sse9"}};
+    th_inst t;
+    assert_int_equal(th_open(&t, "cpu_attention", &m, bad, NULL), TSR_ERR_INVALID);
+    assert_non_null(strstr(t.err, "sse9"));
+    th_close(&t);
+    tsr_param avx[2] = {{.name = "isa", .type = TSR_PARAM_STRING, .v.s = "avx2"}};
+    int rc = th_open(&t, "cpu_attention", &m, avx, NULL);
+    assert_true(rc == TSR_OK || rc == TSR_ERR_UNSUPPORTED); /* depends on this CPU */
+    th_close(&t);
 }
 
 /* Long single rows: the KV split path (1 KV head or 3 heads on 2 threads). */
@@ -343,6 +385,8 @@ static void test_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_reference),
+        cmocka_unit_test(test_portable_matches_reference),
+        cmocka_unit_test(test_isa_param),
         cmocka_unit_test(test_decode_splits),
         cmocka_unit_test(test_nan_parity),
         cmocka_unit_test(test_errors),
