@@ -408,6 +408,23 @@ static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
     return 1;
 }
 
+/* --- widening for sgemm tiles: f16 with F16C, bf16 with a shift --------------- */
+
+int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst) {
+    int64_t c = 0;
+    if (dtype == TSR_DTYPE_F16) {
+        for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, ld_f16(src + 2 * c));
+        for (; c < n; c++) dst[c] = sc_f16(src + 2 * c);
+        return 1;
+    }
+    if (dtype == TSR_DTYPE_BF16) {
+        for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, ld_bf16(src + 2 * c));
+        for (; c < n; c++) dst[c] = sc_bf16(src + 2 * c);
+        return 1;
+    }
+    return 0;
+}
+
 /* --- int8 x int16: vpmaddwd, int32 sums flushed to f32 every 1024 ----------- */
 
 INL void i8_dot(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {
@@ -457,6 +474,10 @@ void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
 }
 
 #else
+int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst) {
+    (void)dtype, (void)src, (void)n, (void)dst;
+    return 0;
+}
 void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_i8_rows_portable(a, r0, r1);
 }

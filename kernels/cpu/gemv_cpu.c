@@ -95,6 +95,9 @@ void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
             memcpy(dst, row, (size_t)a->cols * 4);
             continue;
         }
+#if defined(__x86_64__)
+        if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2 && tsr_gemv_widen_row_avx2(dtype, row, a->cols, dst)) continue;
+#endif
         tsr_dequant_row(dtype, row, dst, a->cols);
         if (dtype == TSR_DTYPE_I8 && a->scale) {
             float s = a->scale[r];

@@ -61,7 +61,8 @@ int tsr_gemv_dtype_supported(uint32_t dtype);
 tsr_gemv_kernel_fn tsr_gemv_kernel(tsr_gemv_isa isa);
 
 /* Widen stored rows [r0, r1) to f32 into dst[(r - r0) * cols + c] (with the
- * I8 row scale applied): the tile a BLAS sgemm reads in prefill. */
+ * I8 row scale applied): the tile a BLAS sgemm reads in prefill. f16 and bf16
+ * use the best ISA the CPU runs (the values are the same on every path). */
 void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1, float *dst);
 
 /* Symmetric int8 quantisation of one f32 row: with m = max|src|, returns
@@ -106,5 +107,6 @@ void tsr_gemv_i8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1
 void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
+int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst); /* 0: not handled */
 
 #endif /* TSR_KERNELS_GEMV_CPU_H */

@@ -32,14 +32,20 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
     cfg->i8_kernel = tsr_gemv_i8_kernel(want);
     p = ctx->host->param(ctx, "blas_min_rows");
     cfg->blas_min_rows = p && p->type == TSR_PARAM_INT ? p->v.i : 0;
+    p = ctx->host->param(ctx, "blas_min_rows_quant");
+    cfg->blas_min_rows_q = p && p->type == TSR_PARAM_INT ? p->v.i : cfg->blas_min_rows;
     p = ctx->host->param(ctx, "blas_tile_rows");
     cfg->tile_rows = p && p->type == TSR_PARAM_INT ? p->v.i : 64;
-    if (cfg->blas_min_rows < 0 || cfg->tile_rows < 1 || cfg->tile_rows > 65536) {
-        ctx->host->set_error(ctx, "params: blas_min_rows %lld must be >= 0 and blas_tile_rows %lld in 1..65536",
-                             (long long)cfg->blas_min_rows, (long long)cfg->tile_rows);
+    if (cfg->blas_min_rows < 0 || cfg->blas_min_rows_q < 0 || cfg->tile_rows < 1 || cfg->tile_rows > 65536) {
+        ctx->host->set_error(ctx,
+                             "params: blas_min_rows %lld and blas_min_rows_quant %lld must be >= 0, "
+                             "blas_tile_rows %lld in 1..65536",
+                             (long long)cfg->blas_min_rows, (long long)cfg->blas_min_rows_q,
+                             (long long)cfg->tile_rows);
         return TSR_ERR_INVALID;
     }
-    if (cfg->blas_min_rows > 0 && openblas_set_num_threads) openblas_set_num_threads(1);
+    if ((cfg->blas_min_rows > 0 || cfg->blas_min_rows_q > 0) && openblas_set_num_threads)
+        openblas_set_num_threads(1);
     ctx->host->log(ctx, TSR_LOG_DEBUG, "isa %s, sgemm from %lld rows", tsr_gemv_isa_name(want),
                    (long long)cfg->blas_min_rows);
     return TSR_OK;
@@ -142,7 +148,8 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
                   .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = m->rows},
                  0};
     /* sgemm's int dimensions: fall back to the kernels past them. */
-    int blas = cfg->blas_min_rows > 0 && rows >= cfg->blas_min_rows && m->cols <= INT32_MAX / 2 &&
+    int64_t min_rows = tsr_dtype_block_elems(m->dtype) > 1 ? cfg->blas_min_rows_q : cfg->blas_min_rows;
+    int blas = min_rows > 0 && rows >= min_rows && m->cols <= INT32_MAX / 2 &&
                m->rows <= INT32_MAX / 2 && m->cols * cfg->tile_rows <= (int64_t)1 << 30;
     if (blas) {
         int64_t tiles = (m->rows + cfg->tile_rows - 1) / cfg->tile_rows;

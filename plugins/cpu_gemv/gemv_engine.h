@@ -16,6 +16,7 @@ typedef struct gemv_engine_cfg {
     tsr_gemv_kernel_fn kernel; /* the ISA picked at init */
     tsr_gemv_i8_kernel_fn i8_kernel;
     int64_t blas_min_rows;     /* run() with >= this many rows uses sgemm; 0: never */
+    int64_t blas_min_rows_q;   /* the same for block-quantised dtypes (slower to widen) */
     int64_t tile_rows;         /* weight rows widened per sgemm call */
 } gemv_engine_cfg;
 
@@ -32,7 +33,7 @@ typedef struct gemv_matrix {
 } gemv_matrix;
 
 /* Reads ctx params "isa" (auto, avx2, portable), "blas_min_rows",
- * "blas_tile_rows"; sets up OpenBLAS to one thread (the host's pool is the
+ * "blas_min_rows_quant", "blas_tile_rows"; sets up OpenBLAS to one thread (the host's pool is the
  * only source of threads). set_error and a negative status on bad params. */
 int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx);
 
