@@ -17,7 +17,9 @@ static void run_usage(FILE *f) {
             "%s"
             "  -p, --prompt TEXT  raw prompt (BOS added when the tokenizer wants one)\n"
             "  --chat MESSAGE     a user message rendered with the model's chat template\n"
-            "  -n N               tokens to generate (default 128)\n",
+            "  -n N               tokens to generate (default 128)\n"
+            "  --random-prompt N  a prompt of N pseudo-random token ids and no tokenizer (speed\n"
+            "                     runs on checkpoints without one); prints no text\n",
             TSR_MODEL_OPTS_HELP);
 }
 
@@ -30,6 +32,7 @@ int tsr_cmd_run(int argc, char **argv) {
     tsr_gen_params gp = {.sampling = tsr_sampling_greedy(), .max_tokens = 128};
     const char *prompt = NULL, *chat = NULL, *chat_format = NULL, *system = NULL;
     int echo = 0;
+    long random_prompt = 0;
     for (int i = 1; i < argc; i++) {
         int r = tsr_cli_model_opt(argc, argv, &i, &o, "run");
         if (r < 0) return 2;
@@ -54,6 +57,10 @@ int tsr_cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--chat")) chat = v;
         else if (!strcmp(a, "--chat-format")) chat_format = v;
         else if (!strcmp(a, "--system")) system = v;
+        else if (!strcmp(a, "--random-prompt")) {
+            if (tsr_cli_parse_int("run", a, v, 1, 1 << 24, &random_prompt)) return 2;
+            o.no_tokenizer = 1;
+        }
         else if (!strcmp(a, "-n")) {
             if (tsr_cli_parse_int("run", a, v, 1, 1 << 24, &n)) return 2;
             gp.max_tokens = (int)n;
@@ -87,8 +94,8 @@ int tsr_cmd_run(int argc, char **argv) {
             return 2;
         }
     }
-    if (!!prompt == !!chat) {
-        fprintf(stderr, "tessera run: give exactly one of -p PROMPT or --chat MESSAGE\n");
+    if (!!prompt + !!chat + !!random_prompt != 1) {
+        fprintf(stderr, "tessera run: give exactly one of -p PROMPT, --chat MESSAGE or --random-prompt N\n");
         return 2;
     }
     tsr_error err;
@@ -107,7 +114,18 @@ int tsr_cmd_run(int argc, char **argv) {
     tsr_gen *g = NULL;
     const char *text = prompt;
     int parse_special = 0;
-    if (chat) {
+    if (random_prompt) {
+        const int vocab = tsr_model_get_config(m)->vocab;
+        ids = malloc((size_t)random_prompt * sizeof *ids);
+        if (!ids) goto done;
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (long i = 0; i < random_prompt; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            ids[i] = (int32_t)(x % (uint64_t)vocab);
+        }
+        n_ids = (int)random_prompt;
+        gp.ignore_eos = 1;
+    } else if (chat) {
         tsr_chat_format fmt;
         if (chat_format) {
             int f = tsr_chat_format_from_name(chat_format);
@@ -139,14 +157,14 @@ int tsr_cmd_run(int argc, char **argv) {
         text = rendered;
         parse_special = 1;
     }
-    if (tsr_tokenizer_encode(tok, text, strlen(text), tsr_tokenizer_adds_bos(tok), parse_special,
-                             &ids, &n_ids, &err) != TSR_OK ||
+    if ((!random_prompt && tsr_tokenizer_encode(tok, text, strlen(text), tsr_tokenizer_adds_bos(tok),
+                                                parse_special, &ids, &n_ids, &err) != TSR_OK) ||
         tsr_gen_start(m, ids, n_ids, &gp, &g, &err) != TSR_OK) {
         fprintf(stderr, "tessera run: %s\n", tsr_error_format(&err, msg, sizeof msg));
         status = 2;
         goto done;
     }
-    if (echo) fputs(text, stdout);
+    if (echo && text) fputs(text, stdout);
     for (;;) {
         tsr_gen_event ev;
         if (tsr_gen_step(g, &ev, &err) != TSR_OK) {

@@ -32,6 +32,9 @@ int tsr_cu_add(float *y, const float *x, int64_t n, void *stream);
 int tsr_cu_add_rows(float *y, const float *b, int rows, int n, void *stream);
 /* dst[i] = (bf16) src[i] */
 int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream);
+/* dst[r, c] = (bf16) src[r, c] for c < cols, 0 for cols <= c < ld (rows of
+ * src are cols apart, rows of dst ld apart). */
+int tsr_cu_f32_to_bf16_pad(uint16_t *dst, const float *src, int rows, int cols, int ld, void *stream);
 /* dst[i] = (f32) src[i] */
 int tsr_cu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n, void *stream);
 /* out[r] = argmax of x[r, 0:n] (ties: lowest index; NaN never chosen). */

@@ -93,6 +93,13 @@ __global__ void f32_to_bf16_k(__nv_bfloat16 *dst, const float *src, int64_t n) {
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+__global__ void f32_to_bf16_pad_k(__nv_bfloat16 *dst, const float *src, int cols, int ld) {
+    const float *in = src + (int64_t)blockIdx.x * cols;
+    __nv_bfloat16 *out = dst + (int64_t)blockIdx.x * ld;
+    for (int c = threadIdx.x; c < ld; c += blockDim.x)
+        out[c] = c < cols ? __float2bfloat16_rn(in[c]) : __float2bfloat16_rn(0.0f);
+}
+
 __global__ void bf16_to_f32_k(float *dst, const __nv_bfloat16 *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
@@ -178,6 +185,12 @@ extern "C" int tsr_cu_add_rows(float *y, const float *b, int rows, int n, void *
 
 extern "C" int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream) {
     f32_to_bf16_k<<<grid_for(n), kThreads, 0, STREAM(stream)>>>((__nv_bfloat16 *)dst, src, n);
+    return launched();
+}
+
+extern "C" int tsr_cu_f32_to_bf16_pad(uint16_t *dst, const float *src, int rows, int cols, int ld,
+                                      void *stream) {
+    f32_to_bf16_pad_k<<<rows, kThreads, 0, STREAM(stream)>>>((__nv_bfloat16 *)dst, src, cols, ld);
     return launched();
 }
 

@@ -47,6 +47,7 @@ struct Algo {
 
 struct Weight {
     int64_t rows, cols;
+    int64_t ld;          // cols rounded up to 8 (16-byte rows); the padding is zero
     __nv_bfloat16 *w;    // [rows, cols] device
     Algo algos[65];      // per row count 1..64 (0 unused); larger counts use a fresh plan
 };
@@ -71,15 +72,15 @@ constexpr int kMaxDecodeRows = 8;
 template <int R>
 __global__ void __launch_bounds__(256) decode_kernel(const __nv_bfloat16 *__restrict__ w,
                                                      const __nv_bfloat16 *__restrict__ x,
-                                                     float *__restrict__ y, int64_t n_out, int cols) {
+                                                     float *__restrict__ y, int64_t n_out, int ld) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
     if (o >= n_out) return;
-    const uint4 *wr = reinterpret_cast<const uint4 *>(w + o * cols);
+    const uint4 *wr = reinterpret_cast<const uint4 *>(w + o * ld);
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    const int vecs = cols / 8;
+    const int vecs = ld / 8;
     for (int i = lane; i < vecs; i += 32) {
         const uint4 wv = __ldg(wr + i);
         const __nv_bfloat162 *w2 = reinterpret_cast<const __nv_bfloat162 *>(&wv);
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(256) decode_kernel(const __nv_bfloat16 *__rest
         for (int j = 0; j < 4; j++) wf[j] = __bfloat1622float2(w2[j]);
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const uint4 xv = __ldg(reinterpret_cast<const uint4 *>(x + (int64_t)r * cols) + i);
+            const uint4 xv = __ldg(reinterpret_cast<const uint4 *>(x + (int64_t)r * ld) + i);
             const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162 *>(&xv);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -111,7 +112,7 @@ int run_decode(Gemv *g, const Weight *w, int rows, float *y, cudaStream_t st) {
     const unsigned blocks = (unsigned)((w->rows + per_block - 1) / per_block);
     switch (rows) {
 #define CASE(R)                                                                              \
-    case R: decode_kernel<R><<<blocks, threads, 0, st>>>(w->w, g->xb, y, w->rows, (int)w->cols); break;
+    case R: decode_kernel<R><<<blocks, threads, 0, st>>>(w->w, g->xb, y, w->rows, (int)w->ld); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     default: return TSR_ERR_INVALID;
@@ -123,15 +124,15 @@ int run_decode(Gemv *g, const Weight *w, int rows, float *y, cudaStream_t st) {
 
 // A plan for D[n_out x rows] = W^T-view x X-view (column-major), found once.
 int plan(Gemv *g, const Weight *w, int rows, Algo *a) {
-    const uint64_t m = (uint64_t)w->rows, n = (uint64_t)rows, k = (uint64_t)w->cols;
+    const uint64_t m = (uint64_t)w->rows, n = (uint64_t)rows, k = (uint64_t)w->cols, ld = (uint64_t)w->ld;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     int rc;
     if ((rc = lt_err(g, cublasLtMatmulDescCreate(&a->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc")))
         return rc;
     cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
     cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    if ((rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->a, CUDA_R_16BF, k, m, k), "layout A")) ||
-        (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->b, CUDA_R_16BF, k, n, k), "layout B")) ||
+    if ((rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->a, CUDA_R_16BF, k, m, ld), "layout A")) ||
+        (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->b, CUDA_R_16BF, k, n, ld), "layout B")) ||
         (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->d, CUDA_R_32F, m, n, m), "layout D")))
         return rc;
     cublasLtMatmulPreference_t pref;
@@ -215,22 +216,19 @@ int g_prepare(void *inst, const tsr_weight *tw, void **out) {
         h->set_error(g->ctx, "%s: %s is not a weight type it reads", tw->name, tsr_dtype_name(tw->dtype));
         return TSR_ERR_UNSUPPORTED;
     }
-    if (tw->cols % 8 != 0) {
-        h->set_error(g->ctx, "%s: %lld columns: a multiple of 8 is needed", tw->name, (long long)tw->cols);
-        return TSR_ERR_UNSUPPORTED;
-    }
     Weight *w = static_cast<Weight *>(h->alloc(g->ctx, sizeof(Weight), 64));
     if (!w) return TSR_ERR_NOMEM;
     w->rows = tw->rows;
     w->cols = tw->cols;
-    const size_t elems = (size_t)tw->rows * (size_t)tw->cols;
+    w->ld = (tw->cols + 7) / 8 * 8;
+    const size_t elems = (size_t)tw->rows * (size_t)w->ld;
     int rc = h->dev_alloc(g->ctx, elems * 2, reinterpret_cast<void **>(&w->w));
-    uint16_t *host = static_cast<uint16_t *>(malloc(elems * 2));
+    uint16_t *host = static_cast<uint16_t *>(calloc(elems, 2)); // zero padding
     float *row = static_cast<float *>(malloc((size_t)tw->cols * sizeof(float)));
     if (rc == TSR_OK && (!host || !row)) rc = TSR_ERR_NOMEM;
     for (int64_t r = 0; rc == TSR_OK && r < tw->rows; r++) {
         const uint8_t *src = static_cast<const uint8_t *>(tw->data) + (uint64_t)r * row_bytes;
-        uint16_t *dst = host + (size_t)r * tw->cols;
+        uint16_t *dst = host + (size_t)r * w->ld;
         if (tw->dtype == TSR_DTYPE_BF16) {
             memcpy(dst, src, (size_t)tw->cols * 2);
         } else {
@@ -262,7 +260,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     Gemv *g = static_cast<Gemv *>(inst);
     Weight *w = static_cast<Weight *>(const_cast<void *>(prepared));
     cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
-    const size_t need = (size_t)rows * (size_t)w->cols;
+    const size_t need = (size_t)rows * (size_t)w->ld;
     if (need > g->xb_elems) {
         if (g->xb) g->ctx->host->dev_free(g->ctx, g->xb);
         g->xb = nullptr;
@@ -271,7 +269,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
         if (rc != TSR_OK) return rc;
         g->xb_elems = need;
     }
-    if (tsr_cu_f32_to_bf16(reinterpret_cast<uint16_t *>(g->xb), x, (int64_t)need, st) != 0)
+    if (tsr_cu_f32_to_bf16_pad(reinterpret_cast<uint16_t *>(g->xb), x, rows, (int)w->cols, (int)w->ld, st) != 0)
         return cuda_err(g, cudaGetLastError(), "activations to bf16");
 #ifdef CUDA_GEMV_DECODE
     if (rows <= g->decode_rows && rows <= kMaxDecodeRows) return run_decode(g, w, rows, y, st);
@@ -282,7 +280,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
 uint64_t g_bytes(void *inst, const void *prepared) {
     (void)inst;
     const Weight *w = static_cast<const Weight *>(prepared);
-    return (uint64_t)w->rows * (uint64_t)w->cols * 2;
+    return (uint64_t)w->rows * (uint64_t)w->ld * 2;
 }
 
 const tsr_gemv_i iface = {

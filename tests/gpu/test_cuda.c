@@ -1,0 +1,128 @@
+/*
+ * The CUDA assemblies against transformers (ctest label "gpu"; skipped
+ * cleanly where no CUDA device is present). Bound, stated and tested: bf16
+ * weights, activations and KV give logits within
+ *     |logit - reference| <= TOL_ABS + TOL_REL * max|reference logit of the row|
+ * and wherever the reference's top-2 margin exceeds twice that bound, the
+ * argmax is the reference's.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include <cmocka.h>
+
+#include "core/format/safetensors.h"
+#include "core/runtime/runtime.h"
+#ifdef TESSERA_CUDA
+#include "core/cuda/device.h"
+#endif
+
+#define TOL_ABS 0.02
+#define TOL_REL 0.03
+
+static const char *src_dir(void) {
+    const char *s = getenv("TESSERA_SOURCE_DIR");
+    return s ? s : ".";
+}
+
+static void check(const char *model, const char *ref_path, const char *ids_name,
+                  const char *logits_name, const char *assembly) {
+    char asm_path[4096];
+    snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", src_dir(), assembly);
+    tsr_safetensors *ref;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
+    const tsr_tensor *ti = tsr_safetensors_find(ref, ids_name), *tl = tsr_safetensors_find(ref, logits_name);
+    assert_non_null(ti);
+    assert_non_null(tl);
+    int n = (int)(ti->nbytes / 4), vocab = (int)tl->shape[1];
+    int32_t *ids = malloc(ti->nbytes);
+    float *want = malloc(tl->nbytes), *got = malloc(tl->nbytes);
+    memcpy(ids, ti->data, ti->nbytes);
+    memcpy(want, tl->data, tl->nbytes);
+    tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .no_tokenizer = 1};
+    tsr_model *m;
+    if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s with %s: %s", model, assembly, err.msg);
+    tsr_seq *s;
+    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
+    if (tsr_seq_forward(s, ids, n, got, 1, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
+    double worst = 0, worst_rel = 0;
+    int argmax_checked = 0;
+    for (int r = 0; r < n; r++) {
+        const float *w = want + (size_t)r * vocab, *g = got + (size_t)r * vocab;
+        double mx = 0;
+        int a = 0, b = -1;
+        for (int i = 0; i < vocab; i++) {
+            if (fabs(w[i]) > mx) mx = fabs(w[i]);
+            if (w[i] > w[a]) a = i;
+        }
+        for (int i = 0; i < vocab; i++)
+            if (i != a && (b < 0 || w[i] > w[b])) b = i;
+        double bound = TOL_ABS + TOL_REL * mx, row_worst = 0;
+        int ga = 0;
+        for (int i = 0; i < vocab; i++) {
+            double d = fabs((double)g[i] - w[i]);
+            if (!(d <= row_worst)) row_worst = d; /* NaN propagates as a failure below */
+            if (g[i] > g[ga]) ga = i;
+        }
+        if (!(row_worst <= bound))
+            fail_msg("%s/%s row %d: |logit diff| %g > bound %g", model, assembly, r, row_worst, bound);
+        if (row_worst > worst) worst = row_worst;
+        if (row_worst / bound > worst_rel) worst_rel = row_worst / bound;
+        if (w[a] - w[b] > 2 * bound) {
+            argmax_checked++;
+            if (ga != a) fail_msg("%s/%s row %d: argmax %d, transformers %d", model, assembly, r, ga, a);
+        }
+    }
+    printf("# %s via %s: max |diff| %.4g (%.0f%% of the bound), argmax equal on %d/%d rows with a clear margin\n",
+           model, assembly, worst, 100 * worst_rel, argmax_checked, n);
+    tsr_seq_free(s);
+    tsr_model_free(m);
+    free(ids);
+    free(want);
+    free(got);
+    tsr_safetensors_free(ref);
+}
+
+static int have_gpu(void) {
+#ifdef TESSERA_CUDA
+    return tsr_cuda_device_count() > 0;
+#else
+    return 0;
+#endif
+}
+
+static void run_all(const char *assembly) {
+    if (!have_gpu()) {
+        printf("# no CUDA device: %s checks skipped\n", assembly);
+        skip();
+    }
+    const char *families[] = {"llama", "qwen2", "qwen3"};
+    char dir[4096], ref[4200];
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), families[i]);
+        snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
+        check(dir, ref, "input_ids", "logits", assembly);
+    }
+    snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", src_dir());
+    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", src_dir());
+    check(dir, ref, "input_ids_1", "logits_1", assembly);
+}
+
+static void test_cuda_baseline(void **state) { (void)state; run_all("cuda-baseline.yaml"); }
+static void test_cuda_fast(void **state) { (void)state; run_all("cuda-fast.yaml"); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cuda_baseline),
+        cmocka_unit_test(test_cuda_fast),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
