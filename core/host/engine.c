@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../util/checked.h"
 #include "assembly.h"
 #include "catalog.h"
 #include "checker.h"
@@ -86,8 +87,8 @@ static void *h_alloc(const tsr_plugin_ctx *ctx, size_t size, size_t align) {
     eslot *s = ctx_slot(ctx);
     if (align < 16) align = 16;
     if (align & (align - 1)) return NULL;
-    size_t total;
-    if (__builtin_add_overflow(size, sizeof(ahdr) + align, &total)) return NULL;
+    uint64_t total; /* size comes from plugins (instance_size, their requests) */
+    if (tsr_add_u64(size, sizeof(ahdr) + align, &total) || total > SIZE_MAX) return NULL;
     uint8_t *raw = tsr_halloc(total);
     if (!raw) return NULL;
     uintptr_t p = ((uintptr_t)(raw + sizeof(ahdr)) + align - 1) & ~(uintptr_t)(align - 1);

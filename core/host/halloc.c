@@ -1,5 +1,7 @@
 #include "halloc.h"
 
+#include "../util/checked.h"
+
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +31,8 @@ void *tsr_halloc(size_t size) {
 }
 
 void *tsr_hcalloc(size_t n, size_t size) {
-    size_t t;
-    if (__builtin_mul_overflow(n, size, &t)) return NULL;
+    uint64_t t;
+    if (tsr_mul_u64(n, size, &t) || t > SIZE_MAX) return NULL;
     if (should_fail()) return NULL;
     void *p = calloc(t ? t : 1, 1);
     if (p) atomic_fetch_add(&g_live, 1);
@@ -66,8 +68,8 @@ int tsr_hgrow(void **v, size_t elem, int need, int *cap) {
     if (need < 0 || need > (1 << 28)) return -1;
     int nc = *cap ? *cap : 8;
     while (nc < need) nc *= 2;
-    size_t bytes;
-    if (__builtin_mul_overflow((size_t)nc, elem, &bytes)) return -1;
+    uint64_t bytes;
+    if (tsr_mul_u64((uint64_t)nc, elem, &bytes) || bytes > SIZE_MAX) return -1;
     void *n = tsr_hrealloc(*v, bytes);
     if (!n) return -1;
     *v = n;

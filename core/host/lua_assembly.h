@@ -18,6 +18,10 @@
  * and returns the assembly table ({name, device, slots = {...}}), which is
  * converted to a tsr_ynode tree for the shared validator. Errors (a raise, the
  * budget, the cap, a wrong shape) carry the script's file and line.
+ *
+ * Limit: the instruction budget counts Lua instructions; time spent inside
+ * one library call (a pathological string.find pattern) is bounded only by
+ * the memory cap and Lua's own limits, not by the budget.
  */
 #ifndef TSR_LUA_ASSEMBLY_H
 #define TSR_LUA_ASSEMBLY_H
