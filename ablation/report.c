@@ -277,7 +277,7 @@ int tsr_abl_write_reports(const tsr_abl_result *r, const char *dir, tsr_error *e
     json_t *j = tsr_abl_result_json(r);
     if (!j) return tsr_error_set(err, TSR_ERR_NOMEM, "result.json: out of memory");
     snprintf(p, sizeof p, "%s/result.json", dir);
-    int rc = json_dump_file(j, p, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
+    int rc = json_dump_file(j, p, JSON_INDENT(1) | JSON_REAL_PRECISION(17));
     json_decref(j);
     if (rc) return tsr_error_set(err, TSR_ERR_IO, "cannot write %s", p);
     int (*fns[3])(const tsr_abl_result *, FILE *) = {tsr_abl_write_csv, tsr_abl_write_md, tsr_abl_write_svg};

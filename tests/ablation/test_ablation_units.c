@@ -16,6 +16,13 @@
 #include "ablation/shapley.h"
 #include "ablation/sse.h"
 
+/* cmocka's assert_float_equal compares floats: doubles need their own. */
+#define assert_near(a, b, tol)                                                                   \
+    do {                                                                                          \
+        double a_ = (a), b_ = (b);                                                                \
+        if (!(fabs(a_ - b_) <= (tol))) fail_msg("%s = %.17g, want %.17g", #a, a_, b_);           \
+    } while (0)
+
 /* ---- Shapley ---- */
 
 static void test_shapley_two(void **st) {
@@ -25,8 +32,8 @@ static void test_shapley_two(void **st) {
     double v[4] = {0, 1, 2, 5}, phi[2];
     tsr_error e;
     assert_int_equal(tsr_shapley(2, v, NULL, phi, &e), TSR_OK);
-    assert_float_equal(phi[0], 2.0, 1e-12);
-    assert_float_equal(phi[1], 3.0, 1e-12);
+    assert_near(phi[0], 2.0, 1e-12);
+    assert_near(phi[1], 3.0, 1e-12);
 }
 
 static void test_shapley_three(void **st) {
@@ -38,10 +45,10 @@ static void test_shapley_three(void **st) {
         v[m] = 10 + (m & 1 ? 1 : 0) + (m & 2 ? 2 : 0) + (m & 4 ? 3 : 0) + ((m & 3) == 3 ? 6 : 0);
     tsr_error e;
     assert_int_equal(tsr_shapley(3, v, NULL, phi, &e), TSR_OK);
-    assert_float_equal(phi[0], 4.0, 1e-12);
-    assert_float_equal(phi[1], 5.0, 1e-12);
-    assert_float_equal(phi[2], 3.0, 1e-12);
-    assert_float_equal(phi[0] + phi[1] + phi[2], v[7] - v[0], 1e-12);
+    assert_near(phi[0], 4.0, 1e-12);
+    assert_near(phi[1], 5.0, 1e-12);
+    assert_near(phi[2], 3.0, 1e-12);
+    assert_near(phi[0] + phi[1] + phi[2], v[7] - v[0], 1e-12);
 }
 
 static void test_shapley_glove(void **st) {
@@ -52,9 +59,9 @@ static void test_shapley_glove(void **st) {
     v[3] = v[5] = v[7] = 1;
     tsr_error e;
     assert_int_equal(tsr_shapley(3, v, NULL, phi, &e), TSR_OK);
-    assert_float_equal(phi[0], 2.0 / 3, 1e-12);
-    assert_float_equal(phi[1], 1.0 / 6, 1e-12);
-    assert_float_equal(phi[2], 1.0 / 6, 1e-12);
+    assert_near(phi[0], 2.0 / 3, 1e-12);
+    assert_near(phi[1], 1.0 / 6, 1e-12);
+    assert_near(phi[2], 1.0 / 6, 1e-12);
 }
 
 static void test_shapley_five_efficiency(void **st) {
@@ -69,12 +76,12 @@ static void test_shapley_five_efficiency(void **st) {
     assert_int_equal(tsr_shapley(5, v, NULL, phi, &e), TSR_OK);
     double sum = 0;
     for (int i = 0; i < 5; i++) sum += phi[i];
-    assert_float_equal(sum, v[31] - v[0], 1e-12);
+    assert_near(sum, v[31] - v[0], 1e-12);
     /* a dummy player (adds nothing anywhere) gets 0 */
     for (int m = 0; m < 32; m++)
         if (m & 16) v[m] = v[m & ~16];
     assert_int_equal(tsr_shapley(5, v, NULL, phi, &e), TSR_OK);
-    assert_float_equal(phi[4], 0.0, 1e-12);
+    assert_near(phi[4], 0.0, 1e-12);
 }
 
 static void test_shapley_missing(void **st) {
@@ -263,20 +270,20 @@ static void test_prom_stats(void **st) {
                     "tessera_l{result=\"hit\"} 4.5\ntessera_l{result=\"miss\"} 2\n";
     double v = 0;
     assert_int_equal(tsr_prom_value(t, "tessera_a", &v), 0);
-    assert_float_equal(v, 12, 0);
+    assert_near(v, 12, 0);
     assert_int_equal(tsr_prom_value(t, "tessera_ab", &v), 0);
-    assert_float_equal(v, 3, 0);
+    assert_near(v, 3, 0);
     assert_int_equal(tsr_prom_value(t, "tessera_l{result=\"hit\"}", &v), 0);
-    assert_float_equal(v, 4.5, 0);
+    assert_near(v, 4.5, 0);
     assert_int_equal(tsr_prom_value(t, "tessera_b", &v), -1);
     double x[] = {5, 1, 4, 2, 3};
     tsr_stat3 s = tsr_stat3_of(x, 5);
-    assert_float_equal(s.med, 3, 0);
-    assert_float_equal(s.min, 1, 0);
-    assert_float_equal(s.max, 5, 0);
+    assert_near(s.med, 3, 0);
+    assert_near(s.min, 1, 0);
+    assert_near(s.max, 5, 0);
     double y[] = {4, 1, 3, 2};
     s = tsr_stat3_of(y, 4);
-    assert_float_equal(s.med, 2.5, 0);
+    assert_near(s.med, 2.5, 0);
     /* 1 GB/s, 1e6 weight bytes, 1e3 KV bytes per token: at context 100 + 20/2,
      * decode <= 1e9 / (1e6 + 110 * 1e3) */
     tsr_engine_figures f = {.known = 1, .weight_bytes_per_token = 1e6, .kv_bytes_per_token = 1e3,
@@ -284,11 +291,11 @@ static void test_prom_stats(void **st) {
     tsr_probe_result d = {.read_gbs = 1, .gemm_gflops = 10};
     double dc, pc;
     tsr_bench_ceilings(&f, &d, 100, 20, &dc, &pc);
-    assert_float_equal(dc, 1e9 / (1e6 + 110e3), 1e-6);
-    assert_float_equal(pc, 10e9 / (2e6 + 1e3 * 50), 1e-6);
+    assert_near(dc, 1e9 / (1e6 + 110e3), 1e-6);
+    assert_near(pc, 10e9 / (2e6 + 1e3 * 50), 1e-6);
     f.known = 0;
     tsr_bench_ceilings(&f, &d, 100, 20, &dc, &pc);
-    assert_float_equal(dc, 0, 0);
+    assert_near(dc, 0, 0);
 }
 
 /* ---- attribution and reports on a hand-made result ---- */
@@ -351,13 +358,13 @@ static void test_attribution_and_reports(void **st) {
      * phi_gemv = ((2 - 1) + (1.25 - 0.5)) / 2 = 0.875
      * phi_drafter = ((0.5 - 1) + (1.25 - 2)) / 2 = -0.625 */
     assert_true(r->has_shapley);
-    assert_float_equal(r->plugins[0].shapley, 0.875, 1e-12);
-    assert_float_equal(r->plugins[1].shapley, -0.625, 1e-12);
-    assert_float_equal(r->shapley_sum, 0.25, 1e-12);
-    assert_float_equal(r->full_minus_baseline, 0.25, 1e-12);
-    assert_float_equal(r->plugins[0].off, 1.25 - 0.5, 1e-12);
-    assert_float_equal(r->plugins[0].alone, 1.0, 1e-12);
-    assert_float_equal(r->plugins[1].alone, -0.5, 1e-12);
+    assert_near(r->plugins[0].shapley, 0.875, 1e-12);
+    assert_near(r->plugins[1].shapley, -0.625, 1e-12);
+    assert_near(r->shapley_sum, 0.25, 1e-12);
+    assert_near(r->full_minus_baseline, 0.25, 1e-12);
+    assert_near(r->plugins[0].off, 1.25 - 0.5, 1e-12);
+    assert_near(r->plugins[0].alone, 1.0, 1e-12);
+    assert_near(r->plugins[1].alone, -0.5, 1e-12);
 
     /* a refused variant: no Shapley values, the reason reported everywhere */
     r->variants[2].refused = 1;
@@ -407,7 +414,7 @@ static void test_attribution_and_reports(void **st) {
     assert_string_equal(json_string_value(json_object_get(j, "schema")), TSR_ABL_RESULT_SCHEMA);
     json_t *at = json_object_get(j, "attribution");
     assert_true(json_is_true(json_object_get(at, "exact_shapley")));
-    assert_float_equal(json_real_value(json_object_get(at, "shapley_sum")), 0.25, 1e-12);
+    assert_near(json_real_value(json_object_get(at, "shapley_sum")), 0.25, 1e-12);
     json_t *v0 = json_array_get(json_object_get(j, "variants"), 3);
     assert_string_equal(json_string_value(json_object_get(v0, "name")), "full");
     json_t *c1 = json_array_get(json_object_get(v0, "cases"), 1);
