@@ -27,6 +27,22 @@ out=$("$T" check "$TMP/good.yaml" --catalog "$CAT" --allow-test) || fail "good a
 echo "$out" | grep -q "gemv .*test_gemv .*1.2.3 .*threads=4" || fail "describe: $out"
 echo "$out" | grep -q "kv_dtype=f32 kv_layout=contiguous" || fail "provides: $out"
 
+# model requirements: noted without a model, checked against one
+echo "$out" | grep -q "note: not checked: no model: plugin test_expert_cache requires model.moe in \[true\]" \
+    || fail "no-model note: $out"
+FIX=${TESSERA_SOURCE_DIR:-.}/tests/data/fixtures/transformers
+if [ -f "$FIX/mixtral/config.json" ] && [ -f "$FIX/llama/config.json" ]; then
+    "$T" check "$TMP/good.yaml" --catalog "$CAT" --allow-test --model "$FIX/mixtral" > "$TMP/out" 2>&1 \
+        || fail "moe model refused: $(cat "$TMP/out")"
+    grep -q "passes against the model" "$TMP/out" || fail "moe model: $(cat "$TMP/out")"
+    "$T" check "$TMP/good.yaml" --catalog "$CAT" --allow-test --model "$FIX/llama" > /dev/null 2> "$TMP/err"; rc=$?
+    [ $rc -eq 2 ] || fail "dense model accepted (rc $rc)"
+    grep -q "good.yaml:7:3: error: plugin test_expert_cache requires model.moe in \[true\], the model has false" "$TMP/err" \
+        || fail "dense model: $(cat "$TMP/err")"
+else
+    echo "model fixtures absent: model checks skipped"
+fi
+
 # the same without --allow-test: refused, one error per slot, exit 2
 "$T" check "$TMP/good.yaml" --catalog "$CAT" > /dev/null 2> "$TMP/err"; rc=$?
 [ $rc -eq 2 ] || fail "test plugins accepted without --allow-test (rc $rc)"
