@@ -5,12 +5,12 @@
  *
  * Per block of TSR_ATTN_BLOCK tokens: (1) scores, token-major with one lane
  * per query: each key vector is loaded once (cvtph for f16, sign-extend and
- * convert for int8, in registers) and multiplied into the accumulators of up
- * to 4 queries for 2 tokens at a time, then the accumulators are reduced
- * with one hadd tree; (2) the online softmax on those vectors, all queries
- * at once; (3) for each pair of 8-wide slices of head_dim, up to 4 queries'
- * output slices stay in registers while the block's value vectors stream
- * through once. The loop nests are FMA-bound (2 * n_queries * head_dim
+ * convert for int8, in registers) and multiplied into the accumulators of
+ * all queries (up to 4 queries: for 2 tokens at a time), then the
+ * accumulators are reduced with one hadd tree; (2) the online softmax on
+ * those vectors, all queries at once; (3) for each 8-wide slice of head_dim
+ * (up to 4 queries: each pair of slices), the queries' output slices stay in
+ * registers while the block's value vectors stream through once. The loop nests are FMA-bound (2 * n_queries * head_dim
  * multiply-adds per token), not load-bound.
  */
 #include "attn_kernels_impl.h"
@@ -65,9 +65,10 @@ ALWAYS_INLINE __m256 ld8(uint32_t dt, const void *base, int64_t off) {
     return _mm256_loadu_ps((const float *)base + off);
 }
 
-/* Scores of queries [qp, qp + QB) (QB <= 4) for tokens j0 and j0 + 1 of the
- * block (TWO = 0: j0 only): each query slice is loaded once for both tokens.
- * Lanes 0-3 of the reduced vector are token j0's, lanes 4-7 token j0 + 1's. */
+/* Scores of queries [qp, qp + QB) for token j0 of the block, and with TWO
+ * for token j0 + 1 too (then QB <= 4: each query slice is loaded once for
+ * both tokens; lanes 0-3 of the reduced vector are token j0's, lanes 4-7
+ * token j0 + 1's). Without TWO, QB <= 8 and qp = 0 when QB > 4. */
 ALWAYS_INLINE void score_pass(const tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale,
                               int tb, int j0, float *S, const int QB, const int qp, const int TWO,
                               const uint32_t DT) {
@@ -77,7 +78,7 @@ ALWAYS_INLINE void score_pass(const tsr_attn_tile *t, const tsr_attn_kv *kv, int
     for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d += 8) {
         __m256 k0 = ld8(DT, kv->k, b0 + d), k1 = TWO ? ld8(DT, kv->k, b1 + d) : k0;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < QB; i++) {
             __m256 qv = _mm256_loadu_ps(t->q[qp + i] + d);
             a[i] = _mm256_fmadd_ps(qv, k0, a[i]);
@@ -89,8 +90,13 @@ ALWAYS_INLINE void score_pass(const tsr_attn_tile *t, const tsr_attn_kv *kv, int
         s0 *= kv->k_scale[(int64_t)(tb + j0) * kv->scale_stride];
         if (TWO) s1 *= kv->k_scale[(int64_t)(tb + j0 + 1) * kv->scale_stride];
     }
+    if (!TWO) s1 = s0;
     __m256 r = _mm256_mul_ps(hsum8x8(a), _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1));
     /* lanes past QB hold zeros for queries that do not exist: S rows are 8 wide */
+    if (!TWO && QB > 4) {
+        _mm256_store_ps(S + 8 * j0, r);
+        return;
+    }
     _mm_storeu_ps(S + 8 * j0 + qp, _mm256_castps256_ps128(r));
     if (TWO) _mm_storeu_ps(S + 8 * (j0 + 1) + qp, _mm256_extractf128_ps(r, 1));
 }
@@ -98,18 +104,19 @@ ALWAYS_INLINE void score_pass(const tsr_attn_tile *t, const tsr_attn_kv *kv, int
 ALWAYS_INLINE void scores_all(const tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale,
                               int tb, int n, float *S, const int QB, const int qp, const uint32_t DT) {
     int j = 0;
-    for (; j + 2 <= n; j += 2) score_pass(t, kv, hd, scale, tb, j, S, QB, qp, 1, DT);
-    if (j < n) score_pass(t, kv, hd, scale, tb, j, S, QB, qp, 0, DT);
+    if (QB <= 4)
+        for (; j + 2 <= n; j += 2) score_pass(t, kv, hd, scale, tb, j, S, QB, qp, 1, DT);
+    for (; j < n; j++) score_pass(t, kv, hd, scale, tb, j, S, QB, qp, 0, DT);
 }
 
 /* acc[qp..qp+QB) = acc * alpha + sum_j P[j] v_j over the block, DB (1 or 2)
- * 8-wide slices of head_dim at a time from d: each broadcast weight serves
- * DB slices, each value vector QB queries. */
+ * 8-wide slices of head_dim at a time from d (DB = 2 only for QB <= 4):
+ * each broadcast weight serves DB slices, each value vector QB queries. */
 ALWAYS_INLINE void v_pass(tsr_attn_tile *t, const tsr_attn_kv *kv, int tb, int n, const float *P,
                           const float *al, int d, const int QB, const int qp, const int DB,
                           const uint32_t DT) {
-    __m256 o[2][4];
-#pragma GCC unroll 4
+    __m256 o[2][8];
+#pragma GCC unroll 8
     for (int i = 0; i < QB; i++) {
         __m256 a = _mm256_set1_ps(al[qp + i]);
         o[0][i] = _mm256_mul_ps(_mm256_loadu_ps(t->acc[qp + i] + d), a);
@@ -119,14 +126,14 @@ ALWAYS_INLINE void v_pass(tsr_attn_tile *t, const tsr_attn_kv *kv, int tb, int n
     for (int j = 0; j < n; j++) {
         const int64_t b = (int64_t)(tb + j) * ts + d;
         __m256 v0 = ld8(DT, kv->v, b), v1 = DB == 2 ? ld8(DT, kv->v, b + 8) : v0;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < QB; i++) {
             __m256 p = _mm256_broadcast_ss(P + 8 * j + qp + i);
             o[0][i] = _mm256_fmadd_ps(p, v0, o[0][i]);
             if (DB == 2) o[1][i] = _mm256_fmadd_ps(p, v1, o[1][i]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < QB; i++) {
         _mm256_storeu_ps(t->acc[qp + i] + d, o[0][i]);
         if (DB == 2) _mm256_storeu_ps(t->acc[qp + i] + d + 8, o[1][i]);
@@ -136,35 +143,24 @@ ALWAYS_INLINE void v_pass(tsr_attn_tile *t, const tsr_attn_kv *kv, int tb, int n
 ALWAYS_INLINE void v_all(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, int tb, int n, const float *P,
                          const float *al, const int QB, const int qp, const uint32_t DT) {
     int d = 0;
-    for (; d + 16 <= hd; d += 16) v_pass(t, kv, tb, n, P, al, d, QB, qp, 2, DT);
-    if (d < hd) v_pass(t, kv, tb, n, P, al, d, QB, qp, 1, DT);
+    if (QB <= 4)
+        for (; d + 16 <= hd; d += 16) v_pass(t, kv, tb, n, P, al, d, QB, qp, 2, DT);
+    for (; d < hd; d += 8) v_pass(t, kv, tb, n, P, al, d, QB, qp, 1, DT);
 }
-
-/* Queries are taken in passes of at most 4 so that accumulators for two
- * tokens (scores) or two slices (values) fit the 16 AVX2 registers. */
-#define QUERY_PASSES(NQ, CALL)                                                                    \
-    do {                                                                                          \
-        if ((NQ) <= 4) {                                                                          \
-            CALL((NQ), 0);                                                                        \
-        } else {                                                                                  \
-            CALL(4, 0);                                                                           \
-            CALL((NQ) - 4 > 0 ? (NQ) - 4 : 1, 4);                                                 \
-        }                                                                                         \
-    } while (0)
 
 /* One block of n <= TSR_ATTN_BLOCK tokens from tb, for NQ queries and KV type
  * DT (both constants after inlining). */
 ALWAYS_INLINE void run_block(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale, int tb,
                              int n, const int NQ, const uint32_t DT) {
     float S[TSR_ATTN_BLOCK * 8] __attribute__((aligned(32)));
-    /* lanes of queries past NQ must hold finite zeros (scores_all leaves
-     * them alone when NQ is not a multiple of 4) */
-    if (NQ != 8) memset(S, 0, sizeof S);
+    /* lanes of queries past NQ must hold finite zeros (with NQ <= 4 the
+     * score passes write lanes 0-3 only) */
+    if (NQ <= 4) memset(S, 0, sizeof S);
 
     /* (1) scores */
-#define SCORE_CALL(QB, QP) scores_all(t, kv, hd, scale, tb, n, S, QB, QP, DT)
-    QUERY_PASSES(NQ, SCORE_CALL);
-#undef SCORE_CALL
+    /* up to 4 queries: 2 tokens (scores) or 2 slices (values) per pass, so the
+     * accumulators of both fit the 16 registers; 5 to 8 queries: one each */
+    scores_all(t, kv, hd, scale, tb, n, S, NQ, 0, DT);
 
     /* (2) online softmax over the block, one lane per query */
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
@@ -193,9 +189,7 @@ ALWAYS_INLINE void run_block(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, fl
     _mm256_store_ps(al, alpha);
 
     /* (3) acc = acc * alpha + sum_j p_j v_j */
-#define V_CALL(QB, QP) v_all(t, kv, hd, tb, n, S, al, QB, QP, DT)
-    QUERY_PASSES(NQ, V_CALL);
-#undef V_CALL
+    v_all(t, kv, hd, tb, n, S, al, NQ, 0, DT);
 }
 
 ALWAYS_INLINE void run_range(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale, int t0,
