@@ -511,17 +511,31 @@ int tsr_engine_open_diag(const char *assembly_path, const tsr_model_config *cfg,
     pthread_mutex_init(&e->mu, NULL);
     int rc = tsr_catalog_load(opts->catalog_dir, &e->cat, d);
     if (rc) goto fail;
-    tsr_assembly_env env = {.catalog = e->cat, .model = cfg, .device = TSR_DEVICE_CPU, .allow_test = opts->allow_test};
+    int present = TSR_DEVICE_CPU; /* what Lua's tessera.device() reports */
+#ifdef TESSERA_CUDA
+    if (tsr_cuda_device_count() > 0) present = TSR_DEVICE_CUDA;
+#endif
+    tsr_assembly_env env = {.catalog = e->cat, .model = cfg, .device = present, .allow_test = opts->allow_test};
     rc = tsr_assembly_load(assembly_path, &env, &e->asmb, d);
     if (rc) goto fail;
     e->device = e->asmb->device;
     tsr_check_opts co = {.model = cfg, .allow_test = opts->allow_test};
     rc = tsr_check(e->cat, e->asmb, &co, &e->plan, d);
     if (rc) goto fail;
-    if (e->device != TSR_DEVICE_CPU && !opts->no_init) {
+    if (e->device == TSR_DEVICE_CUDA && !opts->no_init) {
+#ifdef TESSERA_CUDA
+        tsr_error cerr;
+        tsr_error_clear(&cerr);
+        if (tsr_cuda_init(opts->device_id, &cerr) != TSR_OK) {
+            rc = tsr_diag_add(d, cerr.code, e->asmb->path, e->asmb->line, e->asmb->col,
+                              "device cuda: %s", cerr.msg);
+            goto fail;
+        }
+#else
         rc = tsr_diag_add(d, TSR_ERR_UNSUPPORTED, e->asmb->path, e->asmb->line, e->asmb->col,
                           "device %s: this host is built without CUDA", tsr_device_name(e->device));
         goto fail;
+#endif
     }
     if (desc) {
         e->model = *desc;
