@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/host/manifest.h"
 #include "../core/runtime/runtime.h"
 #include "sse.h"
 
@@ -243,6 +244,37 @@ int tsr_engine_figures_http(const char *url, tsr_engine_figures *f, tsr_error *e
     return TSR_OK;
 }
 
+int tsr_engine_figures_of(tsr_model *m, tsr_engine_figures *f, tsr_error *err) {
+    memset(f, 0, sizeof *f);
+    const tsr_model_config *c = tsr_model_get_config(m);
+    f->weight_bytes_per_token = (double)tsr_model_weight_bytes_per_token(m);
+    f->n_params = matmul_params(c);
+    f->flops_per_token = 2 * f->n_params;
+    f->attn_flops_per_ctx_token = 4.0 * c->n_layers * c->n_heads * c->head_dim;
+    /* KV bytes per token: the kv_cache plugin's usage after n/2 and after n tokens */
+    int n = tsr_model_ctx(m) < 16 ? tsr_model_ctx(m) : 16, h = n / 2;
+    int rc = TSR_OK;
+    if (h >= 1) {
+        tsr_seq *q = NULL;
+        int32_t toks[16];
+        for (int i = 0; i < n; i++) toks[i] = (int32_t)(1 + i % (c->vocab > 2 ? c->vocab - 1 : 1));
+        uint64_t u1 = 0, u2 = 0, cap;
+        rc = tsr_seq_new(m, n, &q, err);
+        if (!rc) rc = tsr_seq_forward(q, toks, h, NULL, 0, err);
+        if (!rc) tsr_model_kv_usage(m, &u1, &cap);
+        if (!rc) rc = tsr_seq_forward(q, toks + h, n - h, NULL, 0, err);
+        if (!rc) tsr_model_kv_usage(m, &u2, &cap);
+        tsr_seq_free(q);
+        if (!rc) /* reserved up front: the reservation over the tokens it holds */
+            f->kv_bytes_per_token = u2 > u1 ? (double)(u2 - u1) / (n - h) : (double)u2 / n;
+    }
+    if (rc) return rc;
+    snprintf(f->assembly, sizeof f->assembly, "%s", tsr_engine_name(tsr_model_get_engine(m)));
+    snprintf(f->source, sizeof f->source, "local");
+    f->known = 1;
+    return TSR_OK;
+}
+
 int tsr_engine_figures_local(const tsr_serve_spec *s, tsr_engine_figures *f, tsr_error *err) {
     memset(f, 0, sizeof *f);
     tsr_model_opts mo = {.model_path = s->model, .assembly_path = s->assembly, .catalog_dir = s->catalog,
@@ -250,32 +282,36 @@ int tsr_engine_figures_local(const tsr_serve_spec *s, tsr_engine_figures *f, tsr
     tsr_model *m = NULL;
     int rc = tsr_model_load(&mo, &m, err);
     if (rc) return rc;
-    const tsr_model_config *c = tsr_model_get_config(m);
-    f->weight_bytes_per_token = (double)tsr_model_weight_bytes_per_token(m);
-    f->n_params = matmul_params(c);
-    f->flops_per_token = 2 * f->n_params;
-    f->attn_flops_per_ctx_token = 4.0 * c->n_layers * c->n_heads * c->head_dim;
-    /* KV bytes per token: the kv_cache plugin's usage after 8 and after 16 tokens */
-    tsr_seq *q = NULL;
-    int32_t toks[16];
-    for (int i = 0; i < 16; i++) toks[i] = (int32_t)(1 + i % (c->vocab > 2 ? c->vocab - 1 : 1));
-    uint64_t u8 = 0, u16 = 0, cap;
-    rc = tsr_seq_new(m, 16, &q, err);
-    if (!rc) rc = tsr_seq_forward(q, toks, 8, NULL, 0, err);
-    if (!rc) tsr_model_kv_usage(m, &u8, &cap);
-    if (!rc) rc = tsr_seq_forward(q, toks + 8, 8, NULL, 0, err);
-    if (!rc) tsr_model_kv_usage(m, &u16, &cap);
-    tsr_seq_free(q);
-    if (!rc) {
-        if (u16 > u8) f->kv_bytes_per_token = (double)(u16 - u8) / 8;
-        else /* reserved up front: the reservation over the 16 tokens it holds */
-            f->kv_bytes_per_token = (double)u16 / 16;
-        snprintf(f->assembly, sizeof f->assembly, "%s", tsr_engine_name(tsr_model_get_engine(m)));
-        snprintf(f->source, sizeof f->source, "local");
-        f->known = 1;
-    }
+    rc = tsr_engine_figures_of(m, f, err);
     tsr_model_free(m);
     return rc;
+}
+
+char *tsr_engine_info_json(tsr_model *m, tsr_error *err) {
+    tsr_engine_figures f;
+    int rc = tsr_engine_figures_of(m, &f, err);
+    if (rc) return NULL;
+    tsr_engine *e = tsr_model_get_engine(m);
+    json_t *plugins = json_array();
+    for (int s = 0; s < TSR_SLOT_COUNT; s++) {
+        const tsr_slot_ref *r = tsr_engine_slot(e, (tsr_slot)s);
+        if (!r || !r->plugin) continue;
+        json_array_append_new(plugins, json_pack("{s:s, s:s, s:s, s:s, s:b}", "slot", tsr_slot_name((tsr_slot)s),
+                                                 "plugin", r->plugin, "version", r->version ? r->version : "",
+                                                 "exactness", r->exact ? "exact" : "lossy", "baseline",
+                                                 r->baseline));
+    }
+    json_t *j = json_pack("{s:s, s:o, s:f, s:f, s:f, s:f, s:f, s:s}", "assembly", f.assembly, "plugins", plugins,
+                          "weight_bytes_per_token", f.weight_bytes_per_token, "kv_bytes_per_token",
+                          f.kv_bytes_per_token, "flops_per_token", f.flops_per_token, "attn_flops_per_ctx_token",
+                          f.attn_flops_per_ctx_token, "n_params", f.n_params, "note",
+                          "flops_per_token: 2 x matmul parameters used per token; attention adds "
+                          "attn_flops_per_ctx_token per token of context; kv_bytes_per_token measured "
+                          "from the kv_cache plugin's usage at start-up");
+    char *out = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!out) tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    return out;
 }
 
 void tsr_bench_ceilings(const tsr_engine_figures *f, const tsr_probe_result *d, int n_prompt, int n_gen,

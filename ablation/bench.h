@@ -66,6 +66,15 @@ int tsr_engine_figures_http(const char *url, tsr_engine_figures *f, tsr_error *e
  * them from the runtime. */
 int tsr_engine_figures_local(const tsr_serve_spec *s, tsr_engine_figures *f, tsr_error *err);
 
+struct tsr_model;
+/* The same from a loaded model (runs 16 tokens through a scratch sequence
+ * to measure the kv_cache plugin's bytes per token). */
+int tsr_engine_figures_of(struct tsr_model *m, tsr_engine_figures *f, tsr_error *err);
+/* The body of tessera serve's GET /v1/engine: assembly, plugins (slot,
+ * plugin, version, exactness, baseline) and the figures above; malloc'ed,
+ * NULL on failure. */
+char *tsr_engine_info_json(struct tsr_model *m, tsr_error *err);
+
 /* ---- one benchmark ---------------------------------------------------- */
 
 typedef struct tsr_bench_sample {

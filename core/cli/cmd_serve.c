@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../ablation/bench.h"
 #include "../server/backend_runtime.h"
 #include "../server/server.h"
 #include "commands.h"
@@ -129,6 +130,12 @@ int tsr_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "tessera serve: engine '%s', context %d tokens, loaded in %.2f s:\n",
             tsr_engine_name(eng), tsr_model_ctx(m), tsr_model_load_seconds(m));
     tsr_engine_describe(eng, stderr);
+
+    char *info = tsr_engine_info_json(m, &err); /* GET /v1/engine, for tessera bench */
+    if (!info || tsr_server_set_engine_info(srv, info) != TSR_OK)
+        fprintf(stderr, "tessera serve: no /v1/engine: %s\n", tsr_error_format(&err, msg, sizeof msg));
+    free(info);
+    tsr_error_clear(&err);
 
     tsr_srv_runtime rt;
     tsr_srv_backend be;

@@ -30,6 +30,7 @@ struct tsr_server {
     tsr_srv_backend be;
     tsr_srv_sched *sched;
     atomic_int open_requests; /* requests between arrival and completion */
+    char *engine_info;        /* GET /v1/engine body (tsr_server_set_engine_info), or NULL */
 };
 
 /* Per connection request. */
@@ -342,6 +343,13 @@ static enum MHD_Result handle_get(tsr_server *s, struct MHD_Connection *c, conn_
         json_decref(j);
         return reply(c, cc, 200, "application/json", body);
     }
+    if (!strcmp(url, "/v1/engine")) {
+        pthread_mutex_lock(&s->mu);
+        char *body = s->engine_info ? strdup(s->engine_info) : NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (!body) return reply_errorf(s, c, cc, 404, "no engine description (yet)");
+        return reply(c, cc, 200, "application/json", body);
+    }
     return reply_errorf(s, c, cc, 404, "no such endpoint");
 }
 
@@ -479,6 +487,16 @@ void tsr_server_set_failed(tsr_server *s, const char *why) {
     pthread_mutex_unlock(&s->mu);
 }
 
+int tsr_server_set_engine_info(tsr_server *s, const char *json) {
+    char *copy = json ? strdup(json) : NULL;
+    if (json && !copy) return TSR_ERR_NOMEM;
+    pthread_mutex_lock(&s->mu);
+    free(s->engine_info);
+    s->engine_info = copy;
+    pthread_mutex_unlock(&s->mu);
+    return TSR_OK;
+}
+
 int tsr_server_fatal(tsr_server *s) {
     return s->sched && tsr_srv_sched_fatal(s->sched);
 }
@@ -518,6 +536,7 @@ void tsr_server_free(tsr_server *s) {
     tsr_srv_sched_free(s->sched);
     pthread_mutex_destroy(&s->mu);
     tsr_srv_metrics_destroy(&s->metrics);
+    free(s->engine_info);
     free(s);
 }
 

@@ -42,6 +42,9 @@ int tsr_server_port(const tsr_server *s);
 int tsr_server_set_backend(tsr_server *s, const tsr_srv_backend *be, tsr_error *err);
 /* Loading failed: /health answers 503 with why. */
 void tsr_server_set_failed(tsr_server *s, const char *why);
+/* The body of GET /v1/engine (JSON, copied; NULL: 404): what the engine
+ * reads and computes per token, for `tessera bench` (ablation/bench.h). */
+int tsr_server_set_engine_info(tsr_server *s, const char *json);
 /* 1 after a fatal engine error (device error): the process should exit
  * non-zero. */
 int tsr_server_fatal(tsr_server *s);

@@ -345,6 +345,13 @@ static void test_ablate_refused_variant(void **st) {
     assert_non_null(b);
     assert_near(num(q, "max_mean_kl"), strtod(b + strlen("max_mean_kl:"), NULL), 1e-12);
     free(man);
+    /* per-token figures come from the server's GET /v1/engine; f16 KV holds
+     * half the bytes of the baseline's f32 */
+    json_t *eb = json_object_get(variant(j, "baseline"), "engine"), *ef = json_object_get(variant(j, "full"), "engine");
+    assert_string_equal(json_string_value(json_object_get(eb, "source")), "GET /v1/engine");
+    assert_true(num(eb, "kv_bytes_per_token") > 0);
+    assert_near(num(ef, "kv_bytes_per_token"), num(eb, "kv_bytes_per_token") / 2, 1e-9);
+    assert_near(num(ef, "weight_bytes_per_token"), num(eb, "weight_bytes_per_token"), 1e-9);
     json_t *at = json_object_get(j, "attribution");
     assert_false(json_is_true(json_object_get(at, "exact_shapley")));
     assert_non_null(strstr(json_string_value(json_object_get(at, "note")), "alone:cpu_kv_cache was refused"));
@@ -354,6 +361,41 @@ static void test_ablate_refused_variant(void **st) {
     char *md = read_text(p);
     assert_non_null(strstr(md, "refused: error: plugin ref_attention requires kv_cache.kv_dtype"));
     free(md);
+}
+
+static void test_bench(void **st) {
+    (void)st;
+    NEED_READY();
+    char wl[1200], asmb[1200];
+    snprintf(wl, sizeof wl, "%s/tests/ablation/data/tiny.json", g_src);
+    snprintf(asmb, sizeof asmb, "%s/tests/ablation/data/exact3.yaml", g_src);
+    const char *argv[] = {g_bin, "bench", asmb, "--workload", wl, "--device", g_dev, "--catalog", g_cat,
+                          "--threads", "1", NULL};
+    if (run(argv) != 0) {
+        print_output();
+        fail_msg("tessera bench failed");
+    }
+    char p[512];
+    snprintf(p, sizeof p, "%s/out.txt", g_tmp);
+    char *t = read_text(p);
+    assert_non_null(strstr(t, "engine abl-exact3"));
+    /* a row per case: name, prompt and generated tokens, then figures */
+    const char *names[] = {"\nchat ", "\nagent "};
+    for (int i = 0; i < 2; i++) {
+        const char *r = strstr(t, names[i]);
+        if (!r) fail_msg("no row for %s in:\n%s", names[i] + 1, t);
+        int in = 0, out = 0;
+        double dec = 0;
+        assert_int_equal(sscanf(strchr(r + 1, ' '), "%d %d %lf", &in, &out, &dec), 3);
+        assert_true(in > 0 && out >= 1 && out <= 12 && dec >= 0);
+    }
+    free(t);
+    /* nothing listening: a clear error, not a hang */
+    const char *dead[] = {g_bin, "bench", "--workload", wl, "--device", g_dev, "--url", "http://127.0.0.1:1", NULL};
+    assert_int_equal(run(dead), 1);
+    t = read_text(p);
+    assert_non_null(strstr(t, "127.0.0.1:1"));
+    free(t);
 }
 
 static void test_ablate_bad_input(void **st) {
@@ -387,6 +429,7 @@ int main(void) {
         cmocka_unit_test(test_ablate_exact3),
         cmocka_unit_test(test_ablate_perturbing_plugins),
         cmocka_unit_test(test_ablate_refused_variant),
+        cmocka_unit_test(test_bench),
         cmocka_unit_test(test_ablate_bad_input),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
