@@ -147,8 +147,11 @@ static void on_progress(void *ud, int ci, int nc, const char *name, int rep, int
     int fill = (int)(frac * 20);
     for (int i = 0; i < 20; i++) bar[i] = i < fill ? '#' : '.';
     bar[20] = 0;
-    fprintf(stderr, "\r\033[K[%s] variant %d/%d %s  case %d/%d %s (%s %d/%d)", bar, p->c->vi + 1, p->c->nv,
-            p->variant, ci + 1, nc, name, rep < 0 ? "warm-up" : "run", rep < 0 ? 1 : rep + 1, nrep);
+    if (nrep == 0) /* starting the server */
+        fprintf(stderr, "\r\033[K[%s] variant %d/%d %s  %s", bar, p->c->vi + 1, p->c->nv, p->variant, name);
+    else
+        fprintf(stderr, "\r\033[K[%s] variant %d/%d %s  case %d/%d %s (%s %d/%d)", bar, p->c->vi + 1, p->c->nv,
+                p->variant, ci + 1, nc, name, rep < 0 ? "warm-up" : "run", rep < 0 ? 1 : rep + 1, nrep);
     fflush(stderr);
 }
 

@@ -116,7 +116,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     tsr_bench_result br;
     tsr_bench_opts bo = {.url = url, .w = w, .dev = &dev, .fig = &fig};
     rc = tsr_bench_run(&bo, &br, &err);
-    tsr_serve_stop(&sv);
+    if (sv.pid && tsr_serve_stop(&sv) == 0) unlink(logp); /* kept when serve failed */
     if (rc != TSR_OK) {
         fprintf(stderr, "tessera bench: %s\n", tsr_error_format(&err, msg, sizeof msg));
         tsr_workload_free(w);
@@ -124,13 +124,13 @@ int tsr_cmd_bench(int argc, char **argv) {
     }
     printf("engine %s; read %.2f GB/s, sgemm %.1f GFLOP/s; workload %s v%d (median of %d)\n",
            fig.known ? fig.assembly : "?", dev.read_gbs, dev.gemm_gflops, w->name, w->version, w->repeats);
-    printf("%-18s %5s %5s %9s %9s %9s %6s %9s %9s %6s %9s %9s %6s\n", "case", "in", "out", "decode", "(min", "max)",
-           "", "prefill", "ceiling", "", "ttft ms", "e2e ms", "accept");
+    printf("%-18s %5s %5s %9s %9s %9s   %9s %6s %9s %9s %6s %9s %9s %6s\n", "case", "in", "out", "decode/s",
+           "min", "max", "ceiling", "share", "prefill/s", "ceiling", "share", "ttft ms", "e2e ms", "accept");
     for (int i = 0; i < br.n_cases; i++) {
         const tsr_bench_case *c = &br.cases[i];
         printf("%-18.18s %5d %5d %9.1f %9.1f %9.1f", c->name, c->n_prompt, c->n_gen, c->decode_tps.med,
                c->decode_tps.min, c->decode_tps.max);
-        printf(" | ");
+        printf("  ");
         pct(c->decode_tps.med, c->decode_ceiling_tps);
         printf(" %9.1f", c->prefill_tps.med);
         pct(c->prefill_tps.med, c->prefill_ceiling_tps);
