@@ -3,6 +3,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,7 +130,7 @@ static int parse_content(json_t *c, int idx, char **out, tsr_srv_error *e) {
     if (!c) return tsr_srv_error_set(e, 400, param, "'%s' is required", param);
     if (json_is_string(c)) {
         *out = dup_n(json_string_value(c), json_string_length(c));
-        return *out ? 0 : tsr_srv_error_set(e, 500, "", "out of memory");
+        return *out ? 0 : tsr_srv_error_set(e, 503, "", "out of memory");
     }
     if (!json_is_array(c))
         return tsr_srv_error_set(e, 400, param,
@@ -155,7 +156,7 @@ static int parse_content(json_t *c, int idx, char **out, tsr_srv_error *e) {
     }
     if (total > SIZE_MAX - 1) return tsr_srv_error_set(e, 400, param, "'%s' is too long", param);
     char *s = malloc((size_t)total + 1);
-    if (!s) return tsr_srv_error_set(e, 500, "", "out of memory");
+    if (!s) return tsr_srv_error_set(e, 503, "", "out of memory");
     size_t off = 0;
     json_array_foreach(c, i, part) {
         json_t *text = json_object_get(part, "text");
@@ -180,7 +181,7 @@ static int parse_messages(json_t *root, tsr_srv_request *r, tsr_srv_error *e) {
         return tsr_srv_error_set(e, 400, "messages", "'messages' has %zu entries; at most %d", n,
                                  TSR_SRV_MAX_MESSAGES);
     r->msgs = calloc(n, sizeof *r->msgs);
-    if (!r->msgs) return tsr_srv_error_set(e, 500, "", "out of memory");
+    if (!r->msgs) return tsr_srv_error_set(e, 503, "", "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_t *msg = json_array_get(m, i);
         char param[64];
@@ -204,7 +205,7 @@ static int parse_messages(json_t *root, tsr_srv_request *r, tsr_srv_error *e) {
                                      param, rs);
         r->msgs[i].role = strdup(canon);
         r->n_msgs = (int)i + 1;
-        if (!r->msgs[i].role) return tsr_srv_error_set(e, 500, "", "out of memory");
+        if (!r->msgs[i].role) return tsr_srv_error_set(e, 503, "", "out of memory");
         if (parse_content(field(msg, "content"), (int)i, &r->msgs[i].content, e)) return -1;
     }
     return 0;
@@ -217,7 +218,7 @@ static int parse_prompt(json_t *root, tsr_srv_request *r, tsr_srv_error *e) {
         p = json_array_get(p, 0);
     if (json_is_string(p)) {
         r->prompt = dup_n(json_string_value(p), json_string_length(p));
-        if (!r->prompt) return tsr_srv_error_set(e, 500, "", "out of memory");
+        if (!r->prompt) return tsr_srv_error_set(e, 503, "", "out of memory");
         return 0;
     }
     if (!json_is_array(p))
@@ -237,7 +238,7 @@ static int parse_prompt(json_t *root, tsr_srv_request *r, tsr_srv_error *e) {
     if (tsr_mul_u64(n, sizeof(int32_t), &bytes) || bytes > SIZE_MAX)
         return tsr_srv_error_set(e, 400, "prompt", "'prompt' is too long");
     r->prompt_ids = malloc((size_t)bytes);
-    if (!r->prompt_ids) return tsr_srv_error_set(e, 500, "", "out of memory");
+    if (!r->prompt_ids) return tsr_srv_error_set(e, 503, "", "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(p, i);
         if (!json_is_integer(v) || json_integer_value(v) < 0 ||
@@ -283,7 +284,7 @@ static int parse_stop(json_t *root, tsr_srv_request *r, tsr_srv_error *e) {
         if (memchr(json_string_value(v), '\0', len))
             return tsr_srv_error_set(e, 400, "stop", "'stop[%zu]' contains a NUL character", i);
         r->stop[r->n_stop] = dup_n(json_string_value(v), len);
-        if (!r->stop[r->n_stop]) return tsr_srv_error_set(e, 500, "", "out of memory");
+        if (!r->stop[r->n_stop]) return tsr_srv_error_set(e, 503, "", "out of memory");
         r->n_stop++;
     }
     return 0;
@@ -332,7 +333,7 @@ static int parse_root(tsr_srv_kind kind, json_t *root, tsr_srv_request *r, tsr_s
             return tsr_srv_error_set(e, 400, "model", "'model' must be a string, not %s",
                                      json_type_name(v));
         r->model = dup_n(json_string_value(v), json_string_length(v));
-        if (!r->model) return tsr_srv_error_set(e, 500, "", "out of memory");
+        if (!r->model) return tsr_srv_error_set(e, 503, "", "out of memory");
     }
     if (kind == TSR_SRV_CHAT ? parse_messages(root, r, e) : parse_prompt(root, r, e)) return -1;
     if (refuse_unsupported(root, e)) return -1;
@@ -406,18 +407,41 @@ static int parse_root(tsr_srv_kind kind, json_t *root, tsr_srv_request *r, tsr_s
     return 0;
 }
 
+/* jansson reports some allocation failures as syntax errors; its allocator
+ * is wrapped (same malloc and free, so mixing with other jansson users is
+ * harmless) to tell "out of memory" (503) from malformed JSON (400). */
+static _Thread_local int json_oom;
+static void *json_malloc(size_t n) {
+    void *p = malloc(n);
+    if (!p) json_oom = 1;
+    return p;
+}
+static pthread_once_t json_alloc_once = PTHREAD_ONCE_INIT;
+static void json_alloc_install(void) {
+    json_set_alloc_funcs(json_malloc, free);
+}
+
 int tsr_srv_request_parse(tsr_srv_kind kind, const char *body, size_t len, tsr_srv_request *out,
                           tsr_srv_error *e) {
     memset(out, 0, sizeof *out);
     if (!body || len == 0)
         return tsr_srv_error_set(e, 400, "", "the request body is empty; expected a JSON object");
+    pthread_once(&json_alloc_once, json_alloc_install);
+    json_oom = 0;
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root && strstr(je.text, "too big") && strstr(je.text, "integer"))
         root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je);
+    /* jansson fails some allocations without a message (line -1, empty text). */
+    if (!root && (json_oom || json_error_code(&je) == json_error_out_of_memory || !je.text[0]))
+        return tsr_srv_error_set(e, 503, "", "out of memory while reading the request");
     if (!root)
         return tsr_srv_error_set(e, 400, "", "malformed JSON at line %d column %d: %s", je.line,
                                  je.column, je.text);
+    if (json_oom) { /* a failure jansson swallowed (it may have read a truncated token) */
+        json_decref(root);
+        return tsr_srv_error_set(e, 503, "", "out of memory while reading the request");
+    }
     int rc = parse_root(kind, root, out, e);
     json_decref(root);
     if (rc) tsr_srv_request_clear(out);

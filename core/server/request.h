@@ -99,8 +99,8 @@ typedef struct tsr_srv_request {
 } tsr_srv_request;
 
 /* Parse and validate len bytes of body. On success *out is filled (free it
- * with tsr_srv_request_clear) and 0 returned; on failure e says why (400)
- * and -1 is returned, leaving *out empty. */
+ * with tsr_srv_request_clear) and 0 returned; on failure e says why (400;
+ * 503 when memory ran out) and -1 is returned, leaving *out empty. */
 int tsr_srv_request_parse(tsr_srv_kind kind, const char *body, size_t len, tsr_srv_request *out,
                           tsr_srv_error *e);
 void tsr_srv_request_clear(tsr_srv_request *r);

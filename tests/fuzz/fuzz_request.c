@@ -71,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check_accepted(&r);
             tsr_srv_request_clear(&r);
         } else {
-            CHECK(e.status == 400 || e.status == 500);
+            CHECK(e.status == 400 || e.status == 503);
             CHECK(e.message[0] != '\0');
             check_json(tsr_srv_error_json(&e));
         }

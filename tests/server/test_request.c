@@ -4,10 +4,34 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <jansson.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/server/request.h"
+#include "core/server/response.h"
+
+/* Allocation failure injection: the test is linked with
+ * -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc (our objects' calls,
+ * including the allocator request.c gives jansson). Allocation number fail_at
+ * (1-based) fails; 0 fails none. */
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t m);
+void *__real_realloc(void *p, size_t n);
+static int fail_at, n_alloc;
+static int should_fail(void) {
+    return fail_at && ++n_alloc == fail_at;
+}
+void *__wrap_malloc(size_t n) {
+    return should_fail() ? NULL : __real_malloc(n);
+}
+void *__wrap_calloc(size_t n, size_t m) {
+    return should_fail() ? NULL : __real_calloc(n, m);
+}
+void *__wrap_realloc(void *p, size_t n) {
+    return should_fail() ? NULL : __real_realloc(p, n);
+}
 
 typedef struct row {
     tsr_srv_kind kind;
@@ -346,12 +370,63 @@ static void test_messages_name_numbers(void **state) {
     tsr_srv_request_clear(&r);
 }
 
+/* Fail the Nth allocation for every N: each parse fails cleanly with 503
+ * (ASan builds check that nothing leaks), until N is past the last one. */
+static void test_allocation_failures(void **state) {
+    (void)state;
+    const char *bodies_[] = {
+        "{\"model\": \"m\", \"messages\": [{\"role\": \"system\", \"content\": \"s\"}, "
+        "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"ab\"}, "
+        "{\"type\": \"text\", \"text\": \"cd\"}]}], \"stop\": [\"x\", \"y\"], \"seed\": 3, "
+        "\"logprobs\": true, \"top_logprobs\": 2, \"stream\": true}",
+        "{\"prompt\": [1, 2, 3], \"max_tokens\": 9223372036854775808}",
+        "{\"prompt\": \"once\", \"stop\": \"a\"}",
+    };
+    const tsr_srv_kind kinds[] = {TSR_SRV_CHAT, TSR_SRV_COMPLETION, TSR_SRV_COMPLETION};
+    for (size_t b = 0; b < sizeof bodies_ / sizeof bodies_[0]; b++) {
+        /* The reference outcome, with no failure. */
+        tsr_srv_request r;
+        tsr_srv_error e0, e;
+        fail_at = 0;
+        int want = tsr_srv_request_parse(kinds[b], bodies_[b], strlen(bodies_[b]), &r, &e0);
+        tsr_srv_request_clear(&r);
+        int n;
+        for (n = 1; n < 10000; n++) {
+            fail_at = n;
+            n_alloc = 0;
+            memset(&e, 0, sizeof e);
+            int rc = tsr_srv_request_parse(kinds[b], bodies_[b], strlen(bodies_[b]), &r, &e);
+            int injected = n_alloc >= n;
+            fail_at = 0;
+            if (!injected) { /* past the last allocation: the normal outcome */
+                assert_int_equal(rc, want);
+                tsr_srv_request_clear(&r);
+                break;
+            }
+            if (rc == 0) fail_msg("body %zu: allocation %d failed but the parse succeeded", b, n);
+            /* Either out of memory, or (for the refused body) the same 400. */
+            if (!(e.status == 503 || (want != 0 && e.status == 400 && !strcmp(e.param, e0.param))))
+                fail_msg("body %zu, failing allocation %d: status %d '%s'", b, n, e.status,
+                         e.message);
+            /* The error object itself under memory pressure: NULL or valid. */
+            fail_at = 1;
+            n_alloc = 0;
+            char *js = tsr_srv_error_json(&e);
+            fail_at = 0;
+            free(js);
+        }
+        assert_true(n > 1); /* some allocation was failed */
+        printf("body %zu: %d allocation failure points, all clean\n", b, n - 1);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_field_table),
         cmocka_unit_test(test_body_table),
         cmocka_unit_test(test_values),
         cmocka_unit_test(test_messages_name_numbers),
+        cmocka_unit_test(test_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
