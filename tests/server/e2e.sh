@@ -190,6 +190,39 @@ grep -q "SIGTERM: finishing in-flight" "$TMP/serve2.log" && ok "shutdown logged"
 code=$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")
 expect "nothing listens after exit" "$code" 000
 
+# --- another assembly (a prompt-lookup drafter): served as `tessera run` runs it --
+if [ -f "${TESSERA_CATALOG:-/nonexistent}/drafter_ngram.yaml" ]; then
+    cat >"$TMP/ngram.yaml" <<'EOF2'
+name: e2e-ngram
+description: "reference plugins with the prompt-lookup drafter"
+device: cpu
+slots:
+  attention: ref_attention
+  kv_cache: ref_kv_cache
+  drafter: {plugin: drafter_ngram, params: {max_draft: 4}}
+  expert_cache: expert_resident
+  gemv: ref_gemv
+EOF2
+    ref=$("$BIN" run "$TMP/ngram.yaml" -p "$PROMPT" -n 60 2>"$TMP/ngram-run.log")
+    if [ -n "$ref" ]; then
+        start_server "$TMP/serve4.log" "$TMP/ngram.yaml"
+        grep -q "engine 'e2e-ngram'" "$TMP/serve4.log" && grep -q "drafter_ngram" "$TMP/serve4.log" &&
+            ok "drafter assembly logged at start-up" || bad "drafter assembly not logged"
+        curl -s "$BASE/v1/completions" -d "{\"prompt\": \"$PROMPT\", \"max_tokens\": 60, \"temperature\": 0}" >"$TMP/n.json"
+        expect "drafter assembly: greedy completion equals tessera run" "$(json "$TMP/n.json" 'd["choices"][0]["text"]')" "$ref"
+        curl -s "$BASE/metrics" >"$TMP/n.metrics"
+        passes=$(awk '/^tessera_draft_verify_passes_total /{print $2}' "$TMP/n.metrics")
+        alen=$(awk '/^tessera_draft_acceptance_length /{print $2}' "$TMP/n.metrics")
+        awk -v p="$passes" 'BEGIN{exit !(p > 0)}' && ok "drafter statistics in /metrics (passes $passes, acceptance length $alen)" ||
+            bad "no drafter statistics: passes [$passes]"
+        stop_server
+    else
+        bad "tessera run with the drafter assembly failed: $(tail -2 "$TMP/ngram-run.log")"
+    fi
+else
+    echo "SKIP  drafter assembly: drafter_ngram is not in the catalog"
+fi
+
 # --- a real tokenizer and an expert cache (pystd MoE), when present -----------
 MOE=${TESSERA_SHARED_DIR:-/nonexistent}/data/models/pystd/moe
 if [ -f "$MOE/config.json" ]; then
