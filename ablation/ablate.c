@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../core/host/assembly.h"
 #include "../core/host/catalog.h"
@@ -142,6 +143,11 @@ typedef struct prog { abl_ctx *c; const char *variant; } prog;
 
 static void on_progress(void *ud, int ci, int nc, const char *name, int rep, int nrep) {
     prog *p = ud;
+    if (!isatty(2)) { /* a log: one line per case */
+        if (rep == 0) fprintf(stderr, "ablate: variant %d/%d %s: case %d/%d %s\n", p->c->vi + 1, p->c->nv, p->variant,
+                              ci + 1, nc, name);
+        return;
+    }
     double frac = ((double)p->c->vi + (double)ci / nc) / p->c->nv;
     char bar[21];
     int fill = (int)(frac * 20);
@@ -580,7 +586,7 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
         tsr_abl_variant *v = &r->variants[k];
         c.vi = k;
         if (check_variant(&c, v) != TSR_OK) {
-            if (o->progress) fprintf(stderr, "\r\033[Kvariant %s: refused: %s\n", v->name, v->reason);
+            if (o->progress) fprintf(stderr, "%svariant %s: refused: %s\n", isatty(2) ? "\r\033[K" : "", v->name, v->reason);
             snprintf(v->verdict, sizeof v->verdict, "refused");
             continue;
         }
@@ -597,7 +603,7 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
             v->refused = 1;
             snprintf(v->reason, sizeof v->reason, "%s", e.msg);
             snprintf(v->verdict, sizeof v->verdict, "refused");
-            if (o->progress) fprintf(stderr, "\r\033[Kvariant %s: refused: %s\n", v->name, v->reason);
+            if (o->progress) fprintf(stderr, "%svariant %s: refused: %s\n", isatty(2) ? "\r\033[K" : "", v->name, v->reason);
             continue;
         }
         tsr_engine_figures fig;
@@ -616,7 +622,7 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
         tsr_serve_stop(&sv);
         if (!v->failed) summarize(v);
     }
-    if (o->progress) fprintf(stderr, "\r\033[K");
+    if (o->progress && isatty(2)) fprintf(stderr, "\r\033[K");
     tsr_abl_attribute(r);
     tsr_abl_variant *base = by_mask(r, 0);
     for (int k = 0; k < r->n_variants; k++) {
