@@ -130,10 +130,12 @@ static int teardown(void **st) {
         if (!g_ready) skip();                                                                     \
     } while (0)
 
-static json_t *ablate(const char *assembly_rel, const char *catalog, const char *out_name, int want_rc) {
+/* workload: a path under the source tree */
+static json_t *ablate(const char *assembly_rel, const char *workload, const char *catalog, const char *out_name,
+                      int want_rc) {
     char asmb[1200], wl[1200], out[600];
     snprintf(asmb, sizeof asmb, "%s/tests/ablation/data/%s", g_src, assembly_rel);
-    snprintf(wl, sizeof wl, "%s/tests/ablation/data/tiny.json", g_src);
+    snprintf(wl, sizeof wl, "%s/%s", g_src, workload);
     snprintf(out, sizeof out, "%s/%s", g_tmp, out_name);
     const char *argv[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--device", g_dev,
                           "--catalog", catalog, "--threads", "1", "--quiet", NULL};
@@ -235,7 +237,7 @@ static void test_probe(void **st) {
 static void test_ablate_exact3(void **st) {
     (void)st;
     NEED_READY();
-    json_t *j = ablate("exact3.yaml", g_cat, "exact3", 0);
+    json_t *j = ablate("exact3.yaml", "ablation/workloads/ci.json", g_cat, "exact3", 0);
     json_t *vs = json_object_get(j, "variants");
     assert_int_equal(json_array_size(vs), 8); /* 3 plugins: every subset */
     for (size_t i = 0; i < 8; i++) {
@@ -276,7 +278,7 @@ static void test_ablate_exact3(void **st) {
     char *csv = read_text(p);
     int lines = 0;
     for (char *c = csv; *c; c++) lines += *c == '\n';
-    assert_int_equal(lines, 1 + 8 * 2);
+    assert_int_equal(lines, 1 + 8 * 6); /* ci.json: six cases */
     free(csv);
     snprintf(p, sizeof p, "%s/exact3/speedup.svg", g_tmp);
     char *svg = read_text(p);
@@ -293,7 +295,7 @@ static void test_ablate_perturbing_plugins(void **st) {
     (void)st;
     NEED_READY();
     /* exit 1: a variant fails its quality check */
-    json_t *j = ablate("perturb.yaml", g_mixed, "perturb", 1);
+    json_t *j = ablate("perturb.yaml", "tests/ablation/data/tiny.json", g_mixed, "perturb", 1);
     json_t *bias = plugin(j, "abl_bias_gemv"), *sleepy = plugin(j, "abl_sleep_drafter");
     assert_true(json_is_true(json_object_get(bias, "exactness_broken")));
     assert_false(json_is_true(json_object_get(sleepy, "exactness_broken")));
@@ -322,7 +324,7 @@ static void test_ablate_perturbing_plugins(void **st) {
 static void test_ablate_refused_variant(void **st) {
     (void)st;
     NEED_READY();
-    json_t *j = ablate("refused.yaml", g_cat, "refused", 0);
+    json_t *j = ablate("refused.yaml", "tests/ablation/data/tiny.json", g_cat, "refused", 0);
     json_t *v = variant(j, "alone:cpu_kv_cache");
     assert_string_equal(json_string_value(json_object_get(v, "status")), "refused");
     const char *why = json_string_value(json_object_get(v, "reason"));
