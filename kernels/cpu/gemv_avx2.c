@@ -9,6 +9,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -423,6 +424,23 @@ int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float
         return 1;
     }
     return 0;
+}
+
+/* q[c] = clamp(round_to_nearest_even(src[c] * inv), +-127), as the portable loop. */
+void tsr_gemv_quant_i8_avx2(const float *src, int64_t n, float inv, int8_t *q) {
+    const __m256 vi = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(src + c), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+        __m256i i32 = _mm256_cvtps_epi32(v);
+        __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+        _mm_storel_epi64((__m128i *)(void *)(q + c), _mm_packs_epi16(i16, i16));
+    }
+    for (; c < n; c++) {
+        float v = nearbyintf(src[c] * inv);
+        q[c] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    }
 }
 
 /* --- int8 x int16: vpmaddwd, int32 sums flushed to f32 every 1024 ----------- */

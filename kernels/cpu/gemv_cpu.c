@@ -121,6 +121,12 @@ float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
     }
     float s = amax / 127.0f;
     float inv = 127.0f / amax;
+#if defined(__x86_64__)
+    if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2) {
+        tsr_gemv_quant_i8_avx2(src, n, inv, q);
+        return s;
+    }
+#endif
     for (int64_t c = 0; c < n; c++) {
         float v = nearbyintf(src[c] * inv);
         if (v > 127.0f) v = 127.0f;

@@ -108,5 +108,6 @@ void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst); /* 0: not handled */
+void tsr_gemv_quant_i8_avx2(const float *src, int64_t n, float inv, int8_t *q);
 
 #endif /* TSR_KERNELS_GEMV_CPU_H */

@@ -52,7 +52,8 @@ static void quant_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     }
     const uint8_t *src = j->w->data;
     for (int64_t r = r0; r < r1; r++) {
-        tsr_dequant_row(j->w->dtype, src + (uint64_t)r * j->src_row_bytes, row, cols);
+        tsr_gemv_args one = {.w = src, .row_bytes = j->src_row_bytes, .cols = cols};
+        tsr_gemv_widen_rows(j->w->dtype, &one, r, r + 1, row); /* SIMD for f16/bf16; no row scale */
         float s = tsr_gemv_quant_row_i8(row, cols, j->q + (uint64_t)r * (uint64_t)cols);
         if (!isfinite(s)) {
             j->bad_row = r;
