@@ -12,7 +12,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 ldd $B/bin/tessera | grep "not found"
 echo "== stories260K greedy text through each CUDA assembly"
 for a in cuda-baseline cuda-fast; do
-  $B/bin/tessera run assemblies/$a.yaml -p "Once upon a time" -n 48 --ignore-eos; echo
+  $B/bin/tessera run assemblies/$a.yaml -p "Once upon a time" -n 48 --ignore-eos; rc=$?; echo " (exit $rc)"
+  if [ $rc -ge 128 ] && command -v cuda-gdb >/dev/null; then
+    cuda-gdb -batch -ex run -ex bt --args $B/bin/tessera run assemblies/$a.yaml -p "Once upon a time" -n 8 2>&1 | tail -25
+  fi
 done
 echo "== GPU tests against transformers"
 $B/tests/bin/test_cuda

@@ -289,7 +289,11 @@ int tsr_slot_iface_check(tsr_slot s, const void *iface, char *missing, size_t si
 
 static int dl_open(const tsr_manifest *m, void **out, tsr_error *err) {
     dlerror();
-    void *h = dlopen(m->library_path, RTLD_NOW | RTLD_LOCAL);
+    /* CUDA plugins stay mapped after dlclose: the CUDA libraries they pull in
+     * (cuBLASLt, the runtime's registrations) do not survive being unloaded
+     * while the process goes on using the device. */
+    int flags = RTLD_NOW | RTLD_LOCAL | (m->devices & TSR_DEVMASK_CUDA ? RTLD_NODELETE : 0);
+    void *h = dlopen(m->library_path, flags);
     if (!h) {
         const char *why = dlerror();
         return tsr_error_set_at(err, TSR_ERR_REFUSED, m->library_path, 0, 0, "plugin %s (%s): dlopen failed: %s",
@@ -474,7 +478,8 @@ static void unload_slot(eslot *es) {
 
 void tsr_engine_free(tsr_engine *e) {
     if (!e) return;
-    for (int s = TSR_SLOT_COUNT - 1; s >= 0; s--) unload_slot(&e->slots[s]);
+    /* slot order puts gemv last: the expert cache releases its experts through it */
+    for (int s = 0; s < TSR_SLOT_COUNT; s++) unload_slot(&e->slots[s]);
     tsr_threadpool_free(e->pool);
     tsr_plan_free(e->plan);
     tsr_assembly_free(e->asmb);

@@ -413,6 +413,8 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
             goto fail;
         }
     }
+    /* a GPU wants whole prompts per pass; the CPU's caches want small chunks */
+    if (m->be->device != TSR_DEVICE_CPU) m->chunk = 512;
     if ((rc = tsr_model_alloc_scratch(m, err))) goto fail;
     m->load_seconds = now_seconds() - t0;
     *out = m;

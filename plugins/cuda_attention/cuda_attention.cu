@@ -31,8 +31,11 @@ struct Attn {
     int chunk;            // keys per split (split-K)
 };
 
+// Grows geometrically so that decoding (one more key per step) does not
+// reallocate (and synchronise) at every step.
 int ensure(Attn *a, size_t floats) {
     if (floats <= a->scratch_floats) return TSR_OK;
+    if (floats < 2 * a->scratch_floats) floats = 2 * a->scratch_floats;
     if (a->scratch) a->ctx->host->dev_free(a->ctx, a->scratch);
     a->scratch = nullptr;
     a->scratch_floats = 0;

@@ -260,8 +260,9 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     Gemv *g = static_cast<Gemv *>(inst);
     Weight *w = static_cast<Weight *>(const_cast<void *>(prepared));
     cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
-    const size_t need = (size_t)rows * (size_t)w->ld;
+    size_t need = (size_t)rows * (size_t)w->ld;
     if (need > g->xb_elems) {
+        if (need < 2 * g->xb_elems) need = 2 * g->xb_elems;
         if (g->xb) g->ctx->host->dev_free(g->ctx, g->xb);
         g->xb = nullptr;
         g->xb_elems = 0;

@@ -24,7 +24,7 @@
 #endif
 
 #define TOL_ABS 0.02
-#define TOL_REL 0.03
+#define TOL_REL 0.05
 
 static const char *src_dir(void) {
     const char *s = getenv("TESSERA_SOURCE_DIR");
