@@ -126,9 +126,13 @@ static int admit(tsr_srv_sched *s, tsr_srv_job *j, tsr_srv_error *e) {
     int rc = s->be.start(s->be.ctx, ids, n, &p, &gen, &err);
     free(ids);
     if (rc != TSR_OK) {
-        if (rc == TSR_ERR_RANGE || rc == TSR_ERR_INVALID)
-            return tsr_srv_error_set(e, 400, rc == TSR_ERR_RANGE ? "max_tokens" : "", "%s",
-                                     err.msg);
+        /* The context was checked above: a range error is the KV budget,
+         * held by running requests; the caller retries when one ends. */
+        if (rc == TSR_ERR_RANGE) {
+            tsr_srv_error_set(e, 503, "", "the KV cache cannot hold this request: %s", err.msg);
+            return 1;
+        }
+        if (rc == TSR_ERR_INVALID) return tsr_srv_error_set(e, 400, "", "%s", err.msg);
         return tsr_srv_error_set(e, rc == TSR_ERR_NOMEM ? 503 : 500, "",
                                  "could not start the generation: %s", err.msg);
     }
@@ -175,6 +179,7 @@ static void end_generation(tsr_srv_sched *s, tsr_srv_job *j, tsr_srv_finish_reas
 
 static void *engine_main(void *arg) {
     tsr_srv_sched *s = arg;
+    int kv_blocked = 0; /* the queue's head waits for KV held by running jobs */
     pthread_mutex_lock(&s->mu);
     for (;;) {
         /* Jobs cancelled while waiting leave the queue now. */
@@ -198,8 +203,9 @@ static void *engine_main(void *arg) {
             while (t->next) t = t->next;
             s->wait_tail = t;
         }
-        /* Admit from the head of the queue. */
-        while (s->n_run < s->parallel && s->wait_head && !s->quit) {
+        /* Admit from the head of the queue (FIFO: a job waiting for KV
+         * holds back those behind it). */
+        while (s->n_run < s->parallel && s->wait_head && !s->quit && !kv_blocked) {
             tsr_srv_job *j = s->wait_head;
             s->wait_head = j->next;
             if (!s->wait_head) s->wait_tail = NULL;
@@ -210,6 +216,14 @@ static void *engine_main(void *arg) {
             memset(&e, 0, sizeof e);
             int rc = admit(s, j, &e);
             pthread_mutex_lock(&s->mu);
+            if (rc == 1 && s->n_run > 0) { /* back to the head until a running job ends */
+                j->next = s->wait_head;
+                s->wait_head = j;
+                if (!s->wait_tail) s->wait_tail = j;
+                s->n_wait++;
+                kv_blocked = 1;
+                break;
+            }
             if (rc == 0) {
                 j->state = TSR_SRV_JOB_RUNNING;
                 j->status = 200;
@@ -311,6 +325,7 @@ static void *engine_main(void *arg) {
             }
         }
         if (changed) {
+            kv_blocked = 0;
             int w = 0;
             for (int i = 0; i < s->n_run; i++) {
                 if (s->run[i]) s->run[w++] = s->run[i];

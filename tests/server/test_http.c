@@ -79,16 +79,23 @@ static int fake_prompt(void *ctx, const tsr_srv_request *rq, int32_t **ids, int 
     return 0;
 }
 
+static atomic_int fake_kv_slots; /* 0: no KV budget; >0: generations it holds; -1: none fits */
+static atomic_int fake_peak_live;
+
 static int fake_start(void *ctx, const int32_t *ids, int n, const tsr_gen_params *p, void **gen,
                       tsr_error *err) {
     note_thread();
     if (n + p->max_tokens > FAKE_CTX) return tsr_error_set(err, TSR_ERR_RANGE, "too long");
+    int slots = atomic_load(&fake_kv_slots);
+    if (slots < 0 || (slots > 0 && atomic_load(&fake_live) >= slots))
+        return tsr_error_set(err, TSR_ERR_RANGE, "KV budget exhausted");
     fake_gen *g = calloc(1, sizeof *g);
     g->max = p->max_tokens;
     g->fail_at = ids[0] == -1 ? 3 : ids[0] == -2 ? 2 : -1;
     g->fail_code = ids[0] == -2 ? TSR_ERR_DEVICE : TSR_ERR_PLUGIN;
     *gen = g;
-    atomic_fetch_add(&fake_live, 1);
+    int live = atomic_fetch_add(&fake_live, 1) + 1;
+    if (live > atomic_load(&fake_peak_live)) atomic_store(&fake_peak_live, live);
     return TSR_OK;
 }
 
@@ -684,6 +691,50 @@ static void test_fatal_engine_error(void **state) {
     assert_int_equal(atomic_load(&fake_live), 0);
 }
 
+/* A KV budget smaller than --parallel: requests wait for KV in FIFO order
+ * instead of failing; with no budget at all they get a 503. */
+static void test_kv_budget(void **state) {
+    (void)state;
+    assert_int_equal(start_server(4, 8), 0);
+    tsr_error err;
+    assert_int_equal(tsr_server_set_backend(srv, &fake_backend, &err), 0);
+    atomic_store(&fake_kv_slots, 2);
+    atomic_store(&fake_peak_live, 0);
+    CURLM *m = curl_multi_init();
+    resp rs[5];
+    CURL *cs[5];
+    for (int i = 0; i < 5; i++) {
+        memset(&rs[i], 0, sizeof rs[i]);
+        cs[i] = make(CMPL, "{\"prompt\": \"x\", \"max_tokens\": 12, \"stream\": true}", &rs[i]);
+        curl_multi_add_handle(m, cs[i]);
+    }
+    int running = 1;
+    while (running) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    for (int i = 0; i < 5; i++) {
+        curl_easy_getinfo(cs[i], CURLINFO_RESPONSE_CODE, &rs[i].status);
+        assert_int_equal(rs[i].status, 200);
+        tsr_srv_buf_append(&rs[i].body, "", 0);
+        sse s = parse_sse(rs[i].body.data, 0);
+        assert_string_equal(s.text, "abcdefghijkl");
+        assert_true(s.done);
+        curl_multi_remove_handle(m, cs[i]);
+        curl_easy_cleanup(cs[i]);
+        tsr_srv_buf_free(&rs[i].body);
+    }
+    curl_multi_cleanup(m);
+    assert_int_equal(atomic_load(&fake_peak_live), 2);
+    atomic_store(&fake_kv_slots, -1);
+    expect_error(CMPL, "{\"prompt\": \"x\", \"max_tokens\": 5}", 503, NULL, NULL);
+    atomic_store(&fake_kv_slots, 0);
+    resp r = http(CMPL, "{\"prompt\": \"x\", \"max_tokens\": 5}");
+    assert_int_equal(r.status, 200);
+    tsr_srv_buf_free(&r.body);
+    stop_server();
+}
+
 int main(void) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
@@ -691,6 +742,7 @@ int main(void) {
         cmocka_unit_test(test_streaming),        cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_client_aborts),    cmocka_unit_test(test_shutdown_with_streams),
         cmocka_unit_test(test_abort_not_streamed), cmocka_unit_test(test_fatal_engine_error),
+        cmocka_unit_test(test_kv_budget),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();
