@@ -186,8 +186,13 @@ static void test_errors(void **state) {
     assert_int_equal(I(&c)->append(c.inst, s, 1, 0, 1, k, v, &ex), TSR_OK);
     assert_int_equal(I(&c)->truncate(c.inst, s, 3), TSR_ERR_INVALID); /* the longest holds 2 */
     assert_int_equal(I(&c)->truncate(c.inst, s, -1), TSR_ERR_INVALID);
-    assert_int_equal(I(&c)->truncate(c.inst, s, 1), TSR_OK);
     tsr_kv_view vw;
+    assert_int_equal(I(&c)->truncate(c.inst, s, 2), TSR_OK); /* layer 1 keeps its 1 token */
+    assert_int_equal(I(&c)->view(c.inst, s, 0, &vw), TSR_OK);
+    assert_int_equal(vw.n_tokens, 2);
+    assert_int_equal(I(&c)->view(c.inst, s, 1, &vw), TSR_OK);
+    assert_int_equal(vw.n_tokens, 1);
+    assert_int_equal(I(&c)->truncate(c.inst, s, 1), TSR_OK);
     assert_int_equal(I(&c)->view(c.inst, s, 0, &vw), TSR_OK);
     assert_int_equal(vw.n_tokens, 1);
     assert_int_equal(vw.dtype, TSR_DTYPE_I8);
