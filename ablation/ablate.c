@@ -619,7 +619,13 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
             snprintf(v->reason, sizeof v->reason, "%s", e.msg);
             snprintf(v->verdict, sizeof v->verdict, "FAIL: %.480s", e.msg);
         }
-        tsr_serve_stop(&sv);
+        int st = tsr_serve_stop(&sv);
+        if (st != 0 && !v->failed) { /* a crash or a leak report at shutdown is a failure too */
+            v->failed = 1;
+            snprintf(v->reason, sizeof v->reason, "tessera serve exited with status %d at shutdown (see %.900s)", st,
+                     logp);
+            snprintf(v->verdict, sizeof v->verdict, "FAIL: tessera serve exited with status %d", st);
+        }
         if (!v->failed) summarize(v);
     }
     if (o->progress && isatty(2)) fprintf(stderr, "\r\033[K");
