@@ -229,9 +229,11 @@ static int match_added(const tsr_tokenizer *t, const char *s, size_t n, int pars
 }
 
 static int encode_fragment(const tsr_tokenizer *t, const char *s, size_t n, int prev_special,
-                           tsr_idvec *v) {
+                           int at_start, tsr_idvec *v) {
     if (t->kind == TSR_TOK_BPE) return tsr_bpe_encode_text(t, s, n, v);
-    return tsr_spm_encode_text(t, s, n, t->spm_space_prefix && prev_special, v);
+    int prefix = t->spm_space_prefix && (t->spm_prefix_mode == 1 ||
+                                         (t->spm_prefix_mode == 2 ? at_start : prev_special));
+    return tsr_spm_encode_text(t, s, n, prefix, v);
 }
 
 int tsr_tokenizer_encode(const tsr_tokenizer *t, const char *text, size_t len, int add_bos,
@@ -255,7 +257,7 @@ int tsr_tokenizer_encode(const tsr_tokenizer *t, const char *text, size_t len, i
             continue;
         }
         if (i > start) {
-            rc |= encode_fragment(t, text + start, i - start, prev_special, &v);
+            rc |= encode_fragment(t, text + start, i - start, prev_special, start == 0, &v);
             prev_special = 0;
         }
         rc |= tsr_idvec_push(&v, id);
@@ -263,7 +265,8 @@ int tsr_tokenizer_encode(const tsr_tokenizer *t, const char *text, size_t len, i
         i += t->len[id];
         start = i;
     }
-    if (rc == 0 && len > start) rc |= encode_fragment(t, text + start, len - start, prev_special, &v);
+    if (rc == 0 && len > start)
+        rc |= encode_fragment(t, text + start, len - start, prev_special, start == 0, &v);
     if (rc) {
         free(v.v);
         if (rc == -2)

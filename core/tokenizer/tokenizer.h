@@ -4,14 +4,16 @@
  * Kinds: byte-level BPE from a Hugging Face tokenizer.json (GPT-2, Llama-3
  * and Qwen pre-tokenizer regexes, run with PCRE2 and Unicode properties) or
  * from a GGUF "gpt2" vocabulary; SentencePiece-style BPE with byte fallback
- * (GGUF "llama" vocabularies, llama2.c's tokenizer.bin). Added and special
+ * (GGUF "llama" vocabularies merged by score, llama2.c's tokenizer.bin, and
+ * tokenizer.json with a Metaspace pre-tokenizer or a Prepend/Replace U+2581
+ * normalizer, merged by rank as Hugging Face does). Added and special
  * tokens are matched before the model runs on the text between them, longest
  * first: special ones only when parse_special, the others always.
  *
  * Limits (each refused with TSR_ERR_UNSUPPORTED, or documented here):
- * - tokenizer.json must be byte-level BPE; SentencePiece-style tokenizer.json
- *   (Metaspace / byte_fallback, e.g. Llama 2 on the Hub), Unigram and
- *   WordPiece are refused: use the model's GGUF vocabulary instead.
+ * - tokenizer.json: model BPE only (Unigram and WordPiece are refused). The
+ *   SentencePiece-style variant is checked against hand-worked cases only, no
+ *   real Llama 2 tokenizer.json being at hand here.
  * - The NFC normalizer is applied as the identity: text already in NFC (nearly
  *   all text) encodes exactly; decomposed accents may give other (still
  *   lossless) ids than Hugging Face.

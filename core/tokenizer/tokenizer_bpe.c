@@ -268,6 +268,8 @@ static void push_pair(const tsr_tokenizer *t, bpe_scratch *s, int *nh, int l) {
     if (m) heap_push(s->heap, nh, (heap_ent){m->rank, l, s->id[l], s->id[r]});
 }
 
+static int merge_run(const tsr_tokenizer *t, bpe_scratch *s, int m, tsr_idvec *out);
+
 static int encode_word(const tsr_tokenizer *t, bpe_scratch *s, const unsigned char *w, size_t n,
                        tsr_idvec *out) {
     if (scratch_reserve(s, n)) return -1;
@@ -281,12 +283,18 @@ static int encode_word(const tsr_tokenizer *t, bpe_scratch *s, const unsigned ch
     for (size_t i = 0; i < n; i++) {
         int id = t->byte_id[w[i]];
         if (id < 0) continue; /* byte not in the vocabulary: dropped, as HF does without unk */
-        s->id[m] = id;
-        s->prev[m] = m - 1;
-        s->next[m] = m + 1;
-        m++;
+        s->id[m++] = id;
     }
+    return merge_run(t, s, m, out);
+}
+
+/* Merge the m symbols in s->id by rank and append the result. */
+static int merge_run(const tsr_tokenizer *t, bpe_scratch *s, int m, tsr_idvec *out) {
     if (m == 0) return 0;
+    for (int i = 0; i < m; i++) {
+        s->prev[i] = i - 1;
+        s->next[i] = i + 1;
+    }
     s->next[m - 1] = -1;
     int nh = 0;
     for (int i = 0; i + 1 < m; i++) push_pair(t, s, &nh, i);
@@ -361,5 +369,47 @@ done:
     free(s.heap);
     free(s.word);
     free(pref);
+    return rc;
+}
+
+/* SentencePiece-style BPE from tokenizer.json (merges by rank): one symbol
+ * per UTF-8 character of the piece; a character that is not a token becomes
+ * its <0xNN> byte tokens (byte_fallback), else unk, else nothing. */
+int tsr_bpe_encode_chars(const tsr_tokenizer *t, const char *w, size_t n, tsr_idvec *out) {
+    if (n == 0) return 0;
+    bpe_scratch s = {0};
+    int rc = -1;
+    if (scratch_reserve(&s, n)) goto done;
+    if (t->ignore_merges) {
+        int id = tsr_tok_find(t, w, n);
+        if (id >= 0) {
+            rc = tsr_idvec_push(out, id);
+            goto done;
+        }
+    }
+    int m = 0;
+    for (size_t i = 0; i < n;) {
+        size_t l = tsr_utf8_len((const unsigned char *)w + i, n - i);
+        int id = tsr_tok_find(t, w + i, l);
+        if (id >= 0) {
+            s.id[m++] = id;
+        } else if (t->spm_byte_fallback) {
+            for (size_t k = 0; k < l; k++) {
+                int b = t->byte_id[(unsigned char)w[i + k]];
+                if (b < 0) b = t->unk;
+                if (b >= 0) s.id[m++] = b;
+            }
+        } else if (t->unk >= 0) {
+            s.id[m++] = t->unk;
+        }
+        i += l;
+    }
+    rc = merge_run(t, &s, m, out);
+done:
+    free(s.id);
+    free(s.prev);
+    free(s.next);
+    free(s.heap);
+    free(s.word);
     return rc;
 }

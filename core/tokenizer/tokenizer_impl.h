@@ -69,6 +69,11 @@ struct tsr_tokenizer {
     /* SPM */
     int spm_space_prefix;  /* prepend the dummy-prefix space */
     int spm_escape;        /* spaces are written as U+2581 in the vocabulary */
+    int spm_rank;          /* tokenizer.json: merge by rank (merges list), not by score */
+    int spm_prefix_mode;   /* dummy prefix on: 0 the first fragment and after special tokens
+                            * (llama.cpp), 1 every fragment (HF Prepend), 2 the text start only */
+    int spm_split;         /* Metaspace split: pieces start at each U+2581 */
+    int spm_byte_fallback; /* rank mode: unknown characters become <0xNN> tokens */
     int unk;
 
     /* Added tokens matched before the model runs, longest first. */
@@ -115,6 +120,8 @@ int tsr_bpe_encode_text(const tsr_tokenizer *t, const char *s, size_t len, tsr_i
 size_t tsr_bpe_unmap(const char *s, size_t len, char *out, size_t size);
 /* The UTF-8 of byte b's byte-level character (1 or 2 bytes). */
 int tsr_bpe_byte_char(unsigned b, char out[2]);
+
+int tsr_bpe_encode_chars(const tsr_tokenizer *t, const char *w, size_t n, tsr_idvec *out);
 
 /* --- tokenizer_spm.c ---------------------------------------------------- */
 int tsr_spm_encode_text(const tsr_tokenizer *t, const char *s, size_t len, int add_prefix,

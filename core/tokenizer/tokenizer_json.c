@@ -183,6 +183,77 @@ static int apply_config(tsr_tokenizer *t, json_t *cfg, jctx *c) {
     return TSR_OK;
 }
 
+/* SentencePiece-style tokenizer.json (Llama 2, Mistral on the Hub): no
+ * ByteLevel, spaces as U+2581 by a Metaspace pre-tokenizer or a
+ * Prepend/Replace normalizer, merges by rank, byte fallback. */
+typedef struct spm_json {
+    int on, prefix, prefix_mode, split;
+} spm_json;
+
+static int is_meta(const char *s) { return s && !strcmp(s, "\xe2\x96\x81"); }
+static const char *str_or(json_t *v) { return json_string_value(v) ? json_string_value(v) : ""; }
+
+/* Reads the normalizer and pre_tokenizer; sets sj->on when they describe
+ * SentencePiece-style text. 1 if something there is not supported. */
+static int spm_detect(json_t *root, spm_json *sj, jctx *c, int *rc) {
+    memset(sj, 0, sizeof *sj);
+    json_t *norm = json_object_get(root, "normalizer"), *pre = json_object_get(root, "pre_tokenizer");
+    json_t *one[1] = {norm}, **list = one;
+    size_t nl = norm && !json_is_null(norm) ? 1 : 0;
+    const char *nt = json_string_value(json_object_get(norm, "type"));
+    json_t *seq = nt && !strcmp(nt, "Sequence") ? json_object_get(norm, "normalizers") : NULL;
+    json_t *items[8];
+    if (seq) {
+        nl = json_array_size(seq) < 8 ? json_array_size(seq) : 8;
+        for (size_t i = 0; i < nl; i++) items[i] = json_array_get(seq, i);
+        list = items;
+    }
+    int prepend = 0, replace = 0;
+    for (size_t i = 0; i < nl; i++) {
+        const char *ty = json_string_value(json_object_get(list[i], "type"));
+        if (ty && !strcmp(ty, "Prepend") && is_meta(json_string_value(json_object_get(list[i], "prepend")))) prepend = 1;
+        else if (ty && !strcmp(ty, "Replace") &&
+                 !strcmp(str_or(json_object_get(json_object_get(list[i], "pattern"), "String")), " ") &&
+                 is_meta(json_string_value(json_object_get(list[i], "content"))))
+            replace = 1;
+    }
+    const char *pt = json_string_value(json_object_get(pre, "type"));
+    json_t *meta = NULL;
+    if (pt && !strcmp(pt, "Metaspace")) meta = pre;
+    if (pt && !strcmp(pt, "Sequence")) {
+        json_t *l = json_object_get(pre, "pretokenizers");
+        if (json_array_size(l) == 1 &&
+            !strcmp(str_or(json_object_get(json_array_get(l, 0), "type")), "Metaspace"))
+            meta = json_array_get(l, 0);
+    }
+    if (!meta && !(replace && (!pre || json_is_null(pre)))) return 0;
+    sj->on = 1;
+    if (seq ? (size_t)(prepend + replace) != nl : (nl && !meta)) {
+        *rc = jfail(c, TSR_ERR_UNSUPPORTED, "SentencePiece-style tokenizer.json: normalizer steps other than "
+                                            "Prepend/Replace of U+2581 are not supported");
+        return 1;
+    }
+    if (meta) {
+        if (json_object_get(meta, "replacement") && !is_meta(json_string_value(json_object_get(meta, "replacement")))) {
+            *rc = jfail(c, TSR_ERR_UNSUPPORTED, "pre_tokenizer Metaspace: replacement other than U+2581");
+            return 1;
+        }
+        const char *scheme = json_string_value(json_object_get(meta, "prepend_scheme"));
+        json_t *aps = json_object_get(meta, "add_prefix_space");
+        sj->split = !json_is_false(json_object_get(meta, "split"));
+        if (scheme && !strcmp(scheme, "first")) { sj->prefix = 1; sj->prefix_mode = 2; }
+        else if (scheme && !strcmp(scheme, "never")) sj->prefix = 0;
+        else if (scheme && strcmp(scheme, "always")) {
+            *rc = jfail(c, TSR_ERR_UNSUPPORTED, "pre_tokenizer Metaspace: prepend_scheme '%.40s'", scheme);
+            return 1;
+        } else { sj->prefix = scheme || !aps || json_is_true(aps); sj->prefix_mode = 1; }
+    } else {
+        sj->prefix = prepend;
+        sj->prefix_mode = 1;
+    }
+    return 0;
+}
+
 /* The document text with model.vocab and model.merges to read directly
  * (see tokenizer_json_fast.c); NULL: everything comes from jansson. */
 typedef struct fast_src {
@@ -246,7 +317,9 @@ static int load_root(json_t *root, const char *file, const fast_src *fs, tsr_tok
                    (unsigned long long)n_tokens);
         goto fail;
     }
-    if (!(t = tsr_tok_new(TSR_TOK_BPE, n_vocab, err))) {
+    spm_json sj;
+    if (spm_detect(root, &sj, &c, &rc)) goto fail;
+    if (!(t = tsr_tok_new(sj.on ? TSR_TOK_SPM : TSR_TOK_BPE, n_vocab, err))) {
         rc = err ? err->code : TSR_ERR_NOMEM;
         goto fail;
     }
@@ -290,14 +363,28 @@ static int load_root(json_t *root, const char *file, const fast_src *fs, tsr_tok
             if ((rc = add_merge(t, v, i, &c))) goto fail;
     }
     int byte_level = 0;
-    if ((rc = add_pre(t, json_object_get(root, "pre_tokenizer"), 0, &byte_level, &c))) goto fail;
+    if (sj.on) {
+        t->spm_escape = 1;
+        t->spm_rank = 1;
+        t->spm_space_prefix = sj.prefix;
+        t->spm_prefix_mode = sj.prefix_mode;
+        t->spm_split = sj.split;
+        t->spm_byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
+        const char *unk = json_string_value(json_object_get(model, "unk_token"));
+        if (unk && (t->unk = tsr_tok_find(t, unk, strlen(unk))) < 0) {
+            rc = jfail(&c, TSR_ERR_FORMAT, "model.unk_token '%.100s' is not in the vocabulary", unk);
+            goto fail;
+        }
+    } else if ((rc = add_pre(t, json_object_get(root, "pre_tokenizer"), 0, &byte_level, &c))) {
+        goto fail;
+    }
     json_t *dec = json_object_get(root, "decoder");
     const char *dtype = json_string_value(json_object_get(dec, "type"));
     if (dtype && !strcmp(dtype, "ByteLevel")) byte_level = 1;
-    if (!byte_level) {
+    if (!byte_level && !sj.on) {
         rc = jfail(&c, TSR_ERR_UNSUPPORTED,
-                   "only byte-level BPE tokenizer.json is supported (no ByteLevel pre_tokenizer or "
-                   "decoder); for SentencePiece models use the GGUF vocabulary");
+                   "tokenizer.json is neither byte-level BPE (ByteLevel pre_tokenizer or decoder) nor "
+                   "SentencePiece-style BPE (Metaspace, or a Prepend/Replace U+2581 normalizer)");
         goto fail;
     }
     /* post_processor TemplateProcessing whose single template starts with a
@@ -327,7 +414,7 @@ static int load_root(json_t *root, const char *file, const fast_src *fs, tsr_tok
         }
     }
     json_t *norm = json_object_get(root, "normalizer");
-    if (norm && !json_is_null(norm)) {
+    if (!sj.on && norm && !json_is_null(norm)) {
         const char *nt = json_string_value(json_object_get(norm, "type"));
         if (!nt || strcmp(nt, "NFC")) {
             rc = jfail(&c, TSR_ERR_UNSUPPORTED, "normalizer '%s' is not supported (only none or NFC)",

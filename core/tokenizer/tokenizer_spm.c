@@ -82,6 +82,17 @@ int tsr_spm_encode_text(const tsr_tokenizer *t, const char *text, size_t len, in
             s[n++] = text[i];
         }
     }
+    if (t->spm_rank) { /* tokenizer.json: merges by rank, Metaspace split before each U+2581 */
+        size_t st = 0;
+        rc = 0;
+        for (size_t i = 1; t->spm_split && i + 3 <= n && rc == 0; i++)
+            if (memcmp(s + i, "\xe2\x96\x81", 3) == 0) {
+                rc = tsr_bpe_encode_chars(t, s + st, i - st, out);
+                st = i;
+            }
+        if (rc == 0) rc = tsr_bpe_encode_chars(t, s + st, n - st, out);
+        goto done;
+    }
     int m = 0;
     for (size_t i = 0; i < n;) {
         size_t l = tsr_utf8_len((const unsigned char *)s + i, n - i);

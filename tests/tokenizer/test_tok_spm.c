@@ -194,11 +194,88 @@ static void test_detok_llama_spm_and_qwen(void **state) {
     tsr_tokenizer_free(t);
 }
 
+/* SentencePiece-style tokenizer.json, ids worked out by hand from the merge
+ * ranks: "\u2581 a" 0, "a b" 1, "\u2581a b" 2, "\u2581 \u2581" 3. */
+static char *spm_json(const char *normalizer, const char *pre) {
+    static char buf[16384];
+    char *o = buf;
+    o += sprintf(o, "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"unk_token\": \"<unk>\", "
+                    "\"vocab\": {\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2, ");
+    for (int b = 0; b < 256; b++) o += sprintf(o, "\"<0x%02X>\": %d, ", b, 3 + b);
+    o += sprintf(o, "\"\u2581\": 259, \"a\": 260, \"b\": 261, \"\u2581a\": 262, \"ab\": 263, "
+                    "\"\u2581ab\": 264, \"\u2581\u2581\": 265}, "
+                    "\"merges\": [\"\u2581 a\", \"a b\", \"\u2581a b\", \"\u2581 \u2581\"]}, "
+                    "\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true}, "
+                    "{\"id\": 1, \"content\": \"<s>\", \"special\": true}, "
+                    "{\"id\": 2, \"content\": \"</s>\", \"special\": true}], "
+                    "\"normalizer\": %s, \"pre_tokenizer\": %s, "
+                    "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": ["
+                    "{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\"}}]}}",
+                 normalizer, pre);
+    return buf;
+}
+
+static void expect_ids(const tsr_tokenizer *t, const char *text, int bos, int special, const int32_t *want, int n_want) {
+    int32_t *ids;
+    int n;
+    tsr_error err;
+    assert_int_equal(tsr_tokenizer_encode(t, text, strlen(text), bos, special, &ids, &n, &err), TSR_OK);
+    if (n != n_want || memcmp(ids, want, (size_t)n * sizeof *ids) != 0) {
+        printf("# '%s':", text);
+        for (int i = 0; i < n; i++) printf(" %d", ids[i]);
+        printf("\n");
+        fail_msg("ids differ for '%s'", text);
+    }
+    char *d = tsr_tokenizer_decode(t, ids, n, 1);
+    if (!special) assert_string_equal(d, text);
+    free(d);
+    free(ids);
+}
+
+static void test_spm_tokenizer_json(void **state) {
+    tsr_tokenizer *t;
+    tsr_error err;
+    /* Llama 2 on the Hub (legacy): Prepend + Replace normalizer, no pre-tokenizer */
+    const char *j = spm_json("{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "
+                             "\"prepend\": \"\u2581\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, "
+                             "\"content\": \"\u2581\"}]}",
+                             "null");
+    if (tsr_tokenizer_load_json_mem(j, strlen(j), "llama2.json", &t, &err) != TSR_OK) fail_msg("%s", err.msg);
+    assert_int_equal(tsr_tokenizer_bos(t), 1);
+    assert_int_equal(tsr_tokenizer_adds_bos(t), 1);
+    assert_true(tsr_tokenizer_strips_leading_space(t));
+    expect_ids(t, "ab a", 1, 0, (const int32_t[]){1, 264, 262}, 3);
+    expect_ids(t, "\xc3\xa9", 0, 0, (const int32_t[]){259, 3 + 0xC3, 3 + 0xA9}, 3); /* byte fallback */
+    expect_ids(t, "  a", 0, 0, (const int32_t[]){265, 262}, 2);
+    expect_ids(t, "<s>ab", 0, 1, (const int32_t[]){1, 264}, 2); /* Prepend: every fragment */
+    tsr_tokenizer_free(t);
+
+    /* Metaspace, prepend_scheme first, split: pieces start at each U+2581 */
+    j = spm_json("null", "{\"type\": \"Metaspace\", \"replacement\": \"\u2581\", \"prepend_scheme\": \"first\", "
+                         "\"split\": true}");
+    if (tsr_tokenizer_load_json_mem(j, strlen(j), "metaspace.json", &t, &err) != TSR_OK) fail_msg("%s", err.msg);
+    expect_ids(t, "ab a", 0, 0, (const int32_t[]){264, 262}, 2);
+    expect_ids(t, "  a", 0, 0, (const int32_t[]){259, 259, 262}, 3);
+    expect_ids(t, "<s>ab", 0, 1, (const int32_t[]){1, 263}, 2); /* first: no prefix after <s> */
+    expect_ids(t, "q", 0, 0, (const int32_t[]){259, 3 + 'q'}, 2);
+    tsr_tokenizer_free(t);
+
+    /* unsupported variants say so */
+    j = spm_json("{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Lowercase\"}, {\"type\": \"Replace\", "
+                 "\"pattern\": {\"String\": \" \"}, \"content\": \"\u2581\"}]}",
+                 "null");
+    assert_int_equal(tsr_tokenizer_load_json_mem(j, strlen(j), "bad.json", &t, &err), TSR_ERR_UNSUPPORTED);
+    j = spm_json("null", "{\"type\": \"Metaspace\", \"replacement\": \"_\"}");
+    assert_int_equal(tsr_tokenizer_load_json_mem(j, strlen(j), "bad.json", &t, &err), TSR_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "replacement"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories260k_reference),
         cmocka_unit_test(test_detok_byte_fallback_spm),
         cmocka_unit_test(test_detok_llama_spm_and_qwen),
+        cmocka_unit_test(test_spm_tokenizer_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
