@@ -23,7 +23,7 @@ echo "== Llama-3-8B-shaped random bf16 checkpoint"
 CK=/tmp/llama3-8b
 [ -d $CK ] || python3 .device/mk_random_checkpoint.py llama3-8b $CK > /dev/null
 for a in ${ASSEMBLIES:-cuda-baseline cuda-fast}; do
-  for rep in 1 2 3; do
+  for rep in $(seq ${REPS:-3}); do
     $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 256 2>&1 | grep -E "tok/s|error"
   done
 done

@@ -32,7 +32,7 @@ static inline int tsr_gemv_prepare(const tsr_slot_ref *s, const tsr_weight *w, v
 }
 static inline void tsr_gemv_release(const tsr_slot_ref *s, void *prepared) {
     void (*f)(void *, void *) = TSR_SLOT_MEMBER(s, tsr_gemv_i, release);
-    if (f) f(s->inst, prepared); /* default: nothing */
+    if (f && prepared) f(s->inst, prepared); /* default: nothing; never called with NULL */
 }
 static inline int tsr_gemv_run(const tsr_slot_ref *s, const void *prepared, int rows, const float *x,
                                float *y, const tsr_exec *ex) {

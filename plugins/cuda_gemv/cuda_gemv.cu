@@ -251,6 +251,7 @@ int g_prepare(void *inst, const tsr_weight *tw, void **out) {
 void g_release(void *inst, void *prepared) {
     Gemv *g = static_cast<Gemv *>(inst);
     Weight *w = static_cast<Weight *>(prepared);
+    if (!w) return;
     for (int i = 0; i <= 64; i++) unplan(&w->algos[i]);
     g->ctx->host->dev_free(g->ctx, w->w);
     g->ctx->host->free(g->ctx, w);
