@@ -226,62 +226,8 @@ INL void dot_chunked(uint32_t dtype, const uint8_t *w, const float *x, int64_t l
 
 /* Chains for one input row: enough that a row of 64 bytes per iteration or
  * more keeps the loads flowing. */
-static void rows_f16_1(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *rs);
-
-/* Two weight rows against nx (2..4) input rows: each activation load feeds two
- * FMAs, which is what bounds verification-sized batches. */
-INL void dot2_f16(const uint8_t *w0, const uint8_t *w1, const float *x, int64_t ldx, int64_t n, int nx,
-                  float *o0, float *o1) {
-    __m256 a0[XG], a1[XG];
-    for (int i = 0; i < nx; i++) a0[i] = a1[i] = _mm256_setzero_ps();
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8) {
-        if ((c & 31) == 0) {
-            _mm_prefetch((const char *)(w0 + 2 * c) + PF_DIST, _MM_HINT_T0);
-            _mm_prefetch((const char *)(w1 + 2 * c) + PF_DIST, _MM_HINT_T0);
-        }
-        __m256 v0 = ld_f16(w0 + 2 * c), v1 = ld_f16(w1 + 2 * c);
-        for (int i = 0; i < nx; i++) {
-            __m256 xv = _mm256_loadu_ps(x + i * ldx + c);
-            a0[i] = _mm256_fmadd_ps(v0, xv, a0[i]);
-            a1[i] = _mm256_fmadd_ps(v1, xv, a1[i]);
-        }
-    }
-    for (int i = 0; i < nx; i++) {
-        float t0 = hsum8(a0[i]), t1 = hsum8(a1[i]);
-        for (int64_t cc = c; cc < n; cc++) {
-            t0 += sc_f16(w0 + 2 * cc) * x[i * ldx + cc];
-            t1 += sc_f16(w1 + 2 * cc) * x[i * ldx + cc];
-        }
-        o0[i] = t0, o1[i] = t1;
-    }
-}
-
-static void rows2_f16(const tsr_gemv_args *a, int64_t r0, int64_t r1) {
-    float o0[XG], o1[XG];
-    int64_t r = r0;
-    for (; r + 2 <= r1; r += 2) {
-        const uint8_t *w0 = a->w + (uint64_t)r * a->row_bytes, *w1 = w0 + a->row_bytes;
-        for (int g = 0; g < a->nx; g += XG) {
-            const float *x = a->x + (int64_t)g * a->ldx;
-            int nn = a->nx - g < XG ? a->nx - g : XG;
-            switch (nn) {
-            case 1: dot2_f16(w0, w1, x, a->ldx, a->cols, 1, o0, o1); break;
-            case 2: dot2_f16(w0, w1, x, a->ldx, a->cols, 2, o0, o1); break;
-            case 3: dot2_f16(w0, w1, x, a->ldx, a->cols, 3, o0, o1); break;
-            default: dot2_f16(w0, w1, x, a->ldx, a->cols, 4, o0, o1); break;
-            }
-            for (int i = 0; i < nn; i++) {
-                a->y[(int64_t)(g + i) * a->ldy + r] = o0[i];
-                a->y[(int64_t)(g + i) * a->ldy + r + 1] = o1[i];
-            }
-        }
-    }
-    if (r < r1) rows_f16_1(a, r, r1, NULL);
-}
-
 ROW_DRIVER(rows_f32, dot_f32, 4)
-ROW_DRIVER(rows_f16_1, dot_f16, 4)
+ROW_DRIVER(rows_f16, dot_f16, 4)
 ROW_DRIVER(rows_bf16, dot_bf16, 4)
 ROW_DRIVER(rows_i8, dot_i8, 8)
 ROW_DRIVER(rows_q8_0, dot_q8_0, 4)
@@ -314,10 +260,7 @@ void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
         return;
     switch (dtype) {
     case TSR_DTYPE_F32: rows_f32(a, r0, r1, NULL); break;
-    case TSR_DTYPE_F16:
-        if (a->nx >= 2) rows2_f16(a, r0, r1);
-        else rows_f16_1(a, r0, r1, NULL);
-        break;
+    case TSR_DTYPE_F16: rows_f16(a, r0, r1, NULL); break;
     case TSR_DTYPE_BF16: rows_bf16(a, r0, r1, NULL); break;
     case TSR_DTYPE_I8: rows_i8(a, r0, r1, a->scale); break;
     case TSR_DTYPE_Q8_0: rows_q8_0(a, r0, r1, NULL); break;
@@ -444,65 +387,6 @@ INL void q8p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int 
     }
 
 PERM_DRIVER(rows_bf16p, bf16p_dot)
-
-INL void bf16p_dot2(const uint8_t *w0, const uint8_t *w1, const float *xp, int64_t ldx, int64_t n, int nx,
-                    float *o0, float *o1) {
-    __m256 a0[XG], a1[XG];
-    for (int i = 0; i < nx; i++) a0[i] = a1[i] = _mm256_setzero_ps();
-    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
-    int64_t c = 0;
-    for (; c + 16 <= n; c += 16) {
-        if ((c & 31) == 0) {
-            _mm_prefetch((const char *)(w0 + 2 * c) + PF_DIST, _MM_HINT_T0);
-            _mm_prefetch((const char *)(w1 + 2 * c) + PF_DIST, _MM_HINT_T0);
-        }
-        __m256i v0 = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 2 * c));
-        __m256i v1 = _mm256_loadu_si256((const __m256i *)(const void *)(w1 + 2 * c));
-        __m256 lo0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
-        __m256 hi0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi_mask));
-        __m256 lo1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
-        __m256 hi1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi_mask));
-        for (int i = 0; i < nx; i++) {
-            const float *x = xp + i * ldx + c;
-            __m256 xl = _mm256_loadu_ps(x), xh = _mm256_loadu_ps(x + 8);
-            a0[i] = _mm256_fmadd_ps(lo0, xl, a0[i]);
-            a1[i] = _mm256_fmadd_ps(lo1, xl, a1[i]);
-            a0[i] = _mm256_fmadd_ps(hi0, xh, a0[i]);
-            a1[i] = _mm256_fmadd_ps(hi1, xh, a1[i]);
-        }
-    }
-    for (int i = 0; i < nx; i++) {
-        float t0 = hsum8(a0[i]), t1 = hsum8(a1[i]);
-        for (int64_t cc = c; cc < n; cc++) {
-            t0 += sc_bf16(w0 + 2 * cc) * xp[i * ldx + cc];
-            t1 += sc_bf16(w1 + 2 * cc) * xp[i * ldx + cc];
-        }
-        o0[i] = t0, o1[i] = t1;
-    }
-}
-
-static void rows2_bf16p(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp) {
-    float o0[XG], o1[XG];
-    int64_t r = r0;
-    for (; r + 2 <= r1; r += 2) {
-        const uint8_t *w0 = a->w + (uint64_t)r * a->row_bytes, *w1 = w0 + a->row_bytes;
-        for (int g = 0; g < a->nx; g += XG) {
-            const float *x = xp + (int64_t)g * a->cols;
-            int nn = a->nx - g < XG ? a->nx - g : XG;
-            switch (nn) {
-            case 1: bf16p_dot2(w0, w1, x, a->cols, a->cols, 1, o0, o1); break;
-            case 2: bf16p_dot2(w0, w1, x, a->cols, a->cols, 2, o0, o1); break;
-            case 3: bf16p_dot2(w0, w1, x, a->cols, a->cols, 3, o0, o1); break;
-            default: bf16p_dot2(w0, w1, x, a->cols, a->cols, 4, o0, o1); break;
-            }
-            for (int i = 0; i < nn; i++) {
-                a->y[(int64_t)(g + i) * a->ldy + r] = o0[i];
-                a->y[(int64_t)(g + i) * a->ldy + r + 1] = o1[i];
-            }
-        }
-    }
-    if (r < r1) rows_bf16p(a, r, r1, xp, NULL);
-}
 PERM_DRIVER(rows_i8p, i8p_dot)
 PERM_DRIVER(rows_q8_0p, q8p_dot)
 
@@ -517,10 +401,7 @@ static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
     if (!xp) return 0;
     permute_x(a->x, a->ldx, a->nx, a->cols, g, xp);
     switch (dtype) {
-    case TSR_DTYPE_BF16:
-        if (a->nx >= 2) rows2_bf16p(a, r0, r1, xp);
-        else rows_bf16p(a, r0, r1, xp, NULL);
-        break;
+    case TSR_DTYPE_BF16: rows_bf16p(a, r0, r1, xp, NULL); break;
     case TSR_DTYPE_I8: rows_i8p(a, r0, r1, xp, a->scale); break;
     default: rows_q8_0p(a, r0, r1, xp, NULL); break;
     }
