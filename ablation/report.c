@@ -169,13 +169,13 @@ int tsr_abl_write_md(const tsr_abl_result *r, FILE *f) {
           "Ceiling share: measured over the bandwidth (decode) or matmul (prefill) ceiling, mean over cases.\n\n",
           f);
     fputs("| variant | decode tok/s | prefill tok/s | TTFT ms | speedup | decode / ceiling | prefill / ceiling | "
-          "quality | verdict |\n|---|---|---|---|---|---|---|---|---|\n",
+          "drafts / pass | expert hits | quality | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
           f);
     for (int i = 0; i < r->n_variants; i++) {
         const tsr_abl_variant *v = &r->variants[i];
         fprintf(f, "| %s | ", v->name);
         if (v->refused || v->failed) {
-            fputs("- | - | - | - | - | - | - | ", f);
+            fputs("- | - | - | - | - | - | - | - | - | ", f);
             fputs(v->refused ? "refused: " : "failed: ", f);
             md_cell(f, v->reason);
             fputs(" |\n", f);
@@ -187,6 +187,19 @@ int tsr_abl_write_md(const tsr_abl_result *r, FILE *f) {
         md_num(f, "%.3fx", v->speedup), fputs(" | ", f);
         md_num(f, "%.1f%%", v->decode_ceiling_frac * 100), fputs(" | ", f);
         md_num(f, "%.1f%%", v->prefill_ceiling_frac * 100), fputs(" | ", f);
+        double acc = 0, hit = 0;
+        int nacc = 0, nhit = 0;
+        for (int k = 0; k < v->bench.n_cases; k++) {
+            const tsr_bench_case *c = &v->bench.cases[k];
+            if (c->draft_accept_per_pass >= 0) acc += c->draft_accept_per_pass, nacc++;
+            if (c->expert_hit_rate >= 0) hit += c->expert_hit_rate, nhit++;
+        }
+        if (nacc) fprintf(f, "%.2f", acc / nacc);
+        else fputs("-", f);
+        fputs(" | ", f);
+        if (nhit) fprintf(f, "%.1f%%", 100 * hit / nhit);
+        else fputs("-", f);
+        fputs(" | ", f);
         if (v->quality_kind == 2) {
             md_num(f, "KL %.3g", v->mean_kl);
             md_num(f, ", ppl x%.4f", v->ppl_ratio);

@@ -331,6 +331,8 @@ static tsr_abl_result *fake_result(void) {
             bc->n_samples = 1;
             bc->samples = calloc(1, sizeof *bc->samples);
             bc->samples[0].e2e_s = bc->e2e_s.med;
+            bc->draft_accept_per_pass = k & 2 ? 0.5 * (c + 1) : -1; /* the drafter on: 0.5, 1.0 */
+            bc->expert_hit_rate = -1;
             bc->tokens = json_pack("[s,s]", "a", "b");
             bc->text = strdup("ab");
         }
@@ -379,10 +381,11 @@ static void test_attribution_and_reports(void **st) {
     assert_int_equal(tsr_abl_write_md(r, f), 0);
     char *md = slurp(f);
     fclose(f);
-    assert_non_null(strstr(md, "| alone:slow_drafter | - |"));
+    assert_non_null(strstr(md, "| alone:slow_drafter | - | - | - | - | - | - | - | - | - | refused: "));
     assert_non_null(strstr(md, "refused: plugin x requires kv_dtype f16 \\| y"));
     assert_non_null(strstr(md, "| full | 125.0 |"));
     assert_non_null(strstr(md, "1.250x"));
+    assert_non_null(strstr(md, "| 0.75 | - |")); /* mean drafts per pass of the full variant */
     free(md);
 
     f = tmpfile();
