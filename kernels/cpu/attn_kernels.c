@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "attn_kernels_impl.h"
+#include "cpu_features.h"
 #include "kernels/dtype.h"
 
 static int force_portable;
@@ -14,13 +15,7 @@ void tsr_attn_force_portable(int on) { force_portable = on; }
 
 static int use_avx2(void) {
 #ifdef TSR_ATTN_HAVE_AVX2_BUILD
-    static int have = -1;
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
-    }
-    return have && !force_portable;
+    return tsr_cpu_has_avx2_fma_f16c() && !force_portable;
 #else
     return 0;
 #endif

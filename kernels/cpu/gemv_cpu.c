@@ -3,6 +3,7 @@
  * quantisation. The AVX2 path lives in gemv_avx2.c (built with its own flags).
  */
 #include "gemv_cpu.h"
+#include "cpu_features.h"
 
 #include <math.h>
 #include <string.h>
@@ -29,9 +30,7 @@ int tsr_gemv_isa_runs(tsr_gemv_isa isa) {
     case TSR_GEMV_ISA_PORTABLE: return 1;
 #if defined(__x86_64__) || defined(__i386__)
     case TSR_GEMV_ISA_AVX2:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+        return tsr_cpu_has_avx2_fma_f16c();
 #endif
     default: return 0;
     }
