@@ -23,6 +23,7 @@ static uint64_t hash_bytes(const char *s, size_t n) {
 }
 
 size_t tsr_utf8_len(const unsigned char *s, size_t n) {
+    if (n == 0) return 0;
     size_t l = 1;
     if (s[0] >= 0xF0 && s[0] < 0xF8) l = 4;
     else if (s[0] >= 0xE0 && s[0] < 0xF0) l = 3;

@@ -329,6 +329,7 @@ static int split(const tsr_tokenizer *t, bpe_scratch *s, int k, const char *p, s
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
         size_t a = ov[0], b = ov[1];
         if (b <= a) { /* empty match: step one character and search again */
+            if (a >= n) break;
             off = a + tsr_utf8_len((const unsigned char *)p + a, n - a);
             continue;
         }

@@ -193,6 +193,32 @@ static void test_post_processor_bos(void **state) {
     assert_non_null(strstr(err.msg, "post_processor"));
 }
 
+/* A regex that can match the empty string at the end of a piece (found by
+ * fuzz_tokenizer: stepping past that match read one byte beyond the text). */
+static void test_empty_regex_match(void **state) {
+    const char *s = "{\"model\": {" VOC ", \"merges\": [\"a b\"]}, \"pre_tokenizer\": {\"type\": \"Sequence\", "
+                    "\"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\s*(?!\\\\S)|\\\\p{L}+\"}, "
+                    "\"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", \"use_regex\": false}]}, "
+                    "\"decoder\": {\"type\": \"ByteLevel\"}}";
+    tsr_tokenizer *t;
+    tsr_error err;
+    if (tsr_tokenizer_load_json_mem(s, strlen(s), "empty.json", &t, &err) != TSR_OK) fail_msg("%s", err.msg);
+    /* text, and its decoding ("!" has no token in this vocabulary and is dropped);
+     * a piece ending in a character no alternative matches is the hard case */
+    const char *texts[][2] = {{"ab", "ab"}, {"ab ", "ab "}, {" ab", " ab"}, {"a b  ab", "a b  ab"},
+                              {"", ""}, {"ab!", "ab"}, {"!", ""}, {"a !", "a "}};
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        int32_t *ids;
+        int n;
+        assert_int_equal(tsr_tokenizer_encode(t, texts[i][0], strlen(texts[i][0]), 0, 0, &ids, &n, &err), TSR_OK);
+        char *d = tsr_tokenizer_decode(t, ids, n, 0);
+        assert_string_equal(d, texts[i][1]);
+        free(d);
+        free(ids);
+    }
+    tsr_tokenizer_free(t);
+}
+
 static char tmpdir[256];
 
 static void write_file(const char *name, const char *text, size_t n) {
@@ -289,6 +315,7 @@ int main(void) {
         cmocka_unit_test(test_huge_token),
         cmocka_unit_test(test_tiny_valid),
         cmocka_unit_test(test_post_processor_bos),
+        cmocka_unit_test(test_empty_regex_match),
         cmocka_unit_test(test_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
