@@ -210,7 +210,11 @@ static void test_empty_regex_match(void **state) {
     for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
         int32_t *ids;
         int n;
-        assert_int_equal(tsr_tokenizer_encode(t, texts[i][0], strlen(texts[i][0]), 0, 0, &ids, &n, &err), TSR_OK);
+        size_t len = strlen(texts[i][0]);
+        char *exact = malloc(len ? len : 1); /* no NUL after the text: reads past it are caught */
+        memcpy(exact, texts[i][0], len);
+        assert_int_equal(tsr_tokenizer_encode(t, exact, len, 0, 0, &ids, &n, &err), TSR_OK);
+        free(exact);
         char *d = tsr_tokenizer_decode(t, ids, n, 0);
         assert_string_equal(d, texts[i][1]);
         free(d);
