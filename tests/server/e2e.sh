@@ -22,6 +22,7 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT # run cleanup (and stop the server) when ctest times out
 
 ok() { echo "ok    $*"; }
 bad() { echo "FAIL  $*"; fails=$((fails + 1)); }
@@ -171,8 +172,10 @@ curl -s "$BASE/health" >/dev/null || bad "server died"
 stop_server
 expect "SIGTERM on an idle server: exit 0" "$STATUS" 0
 start_server "$TMP/serve2.log" --parallel 1 --queue 64 --shutdown-timeout 30
+pids=
 for i in $(seq 1 12); do
     curl -sN "$BASE/v1/completions" -d "{\"prompt\": \"$PROMPT\", \"max_tokens\": 100, \"temperature\": 0.5, \"seed\": $i, \"stream\": true}" >"$TMP/t$i.txt" &
+    pids="$pids $!"
 done
 for _ in $(seq 1 200); do # wait until every stream is queued or running
     n=$(curl -s "$BASE/metrics" | awk '/^tessera_(queue_depth|requests_running) /{s+=$2} END{print s+0}')
@@ -181,7 +184,7 @@ for _ in $(seq 1 200); do # wait until every stream is queued or running
 done
 open=$n
 stop_server
-wait
+wait $pids
 done_streams=0
 for i in $(seq 1 12); do tail -c 14 "$TMP/t$i.txt" | grep -q 'data: \[DONE\]' && done_streams=$((done_streams + 1)); done
 expect "SIGTERM with $open streams open: exit 0" "$STATUS" 0
@@ -222,6 +225,32 @@ EOF2
 else
     echo "SKIP  drafter assembly: drafter_ngram is not in the catalog"
 fi
+
+# --- a KV budget for 2 of 4 parallel requests: the others wait, none fails -----
+cat >"$TMP/kvsmall.yaml" <<'EOF2'
+name: e2e-small-kv
+device: cpu
+slots:
+  attention: ref_attention
+  kv_cache: {plugin: ref_kv_cache, params: {capacity_tokens: 200}}
+  drafter: drafter_none
+  expert_cache: expert_resident
+  gemv: ref_gemv
+EOF2
+ref=$("$BIN" run -p "$PROMPT" -n 90 2>/dev/null)
+start_server "$TMP/serve5.log" "$TMP/kvsmall.yaml" --parallel 4
+pids=
+for i in 1 2 3 4 5 6; do
+    curl -s "$BASE/v1/completions" -d "{\"prompt\": \"$PROMPT\", \"max_tokens\": 90, \"temperature\": 0}" -o "$TMP/kv$i.json" &
+    pids="$pids $!"
+done
+wait $pids # not the server
+same=0
+for i in 1 2 3 4 5 6; do
+    [ "$(json "$TMP/kv$i.json" 'd["choices"][0]["text"]' 2>/dev/null)" = "$ref" ] && same=$((same + 1))
+done
+expect "KV budget for 2 of 6 concurrent requests: all complete, equal to tessera run" "$same" 6
+stop_server
 
 # --- a real tokenizer and an expert cache (pystd MoE), when present -----------
 MOE=${TESSERA_SHARED_DIR:-/nonexistent}/data/models/pystd/moe
