@@ -21,6 +21,7 @@ void tsr_abl_result_free(tsr_abl_result *r) {
     if (!r) return;
     for (int i = 0; i < r->n_variants; i++) tsr_bench_result_free(&r->variants[i].bench);
     free(r->variants);
+    free(r->assembly_text);
     free(r);
 }
 
@@ -509,6 +510,16 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
     }
     snprintf(r->assembly_path, sizeof r->assembly_path, "%s", o->assembly);
     snprintf(r->model, sizeof r->model, "%s", o->model ? o->model : "");
+    FILE *af = fopen(o->assembly, "rb");
+    if (af) { /* kept verbatim in result.json (assemblies are at most 1 MiB) */
+        char *t = calloc(1, (1u << 20) + 1);
+        if (t) {
+            size_t n = fread(t, 1, 1u << 20, af);
+            t[n] = 0;
+            r->assembly_text = t;
+        }
+        fclose(af);
+    }
     git_commit(o->source_dir, r->commit, sizeof r->commit);
     time_t now = time(NULL);
     strftime(r->created, sizeof r->created, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));

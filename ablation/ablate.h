@@ -65,6 +65,7 @@ typedef struct tsr_abl_variant {
 typedef struct tsr_abl_result {
     char assembly_path[1024];
     char assembly_name[256];
+    char *assembly_text;         /* the assembly file as read (owned; NULL if unreadable) */
     char model[1024];            /* "" : the embedded model */
     char commit[64];
     char created[32];            /* UTC, ISO 8601 */

@@ -85,13 +85,14 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
     json_t *wl = r->w ? json_pack("{s:s, s:s, s:i, s:i, s:i}", "path", r->w->path, "name", r->w->name, "version",
                                   r->w->version, "warmup", r->w->warmup, "repeats", r->w->repeats)
                       : json_null();
-    return json_pack("{s:s, s:s, s:s, s:{s:s, s:s, s:o, s:i, s:s}, s:o, s:{s:s, s:s}, s:o, s:{s:b, s:s, s:o, "
-                     "s:o}, s:o}",
+    return json_pack("{s:s, s:s, s:s, s:{s:s, s:s, s:o, s:i, s:s}, s:o, s:{s:s, s:s, s:s*}, s:o, s:{s:b, s:s, "
+                     "s:o, s:o}, s:o}",
                      "schema", TSR_ABL_RESULT_SCHEMA, "created", r->created, "git_commit", r->commit,
                      "settings", "metric", "speedup = geometric mean over cases of the all-baseline variant's median end-to-end time "
                      "over the variant's", "model", r->model[0] ? r->model : "(embedded stories260K)",
                      "workload", wl, "threads", r->n_threads, "sampling", "greedy (temperature 0), streamed",
-                     "device", dev, "assembly", "path", r->assembly_path, "name", r->assembly_name, "plugins",
+                     "device", dev, "assembly", "path", r->assembly_path, "name", r->assembly_name, "text",
+                     r->assembly_text, "plugins",
                      plugins, "attribution", "exact_shapley", r->has_shapley, "note", r->shapley_note,
                      "shapley_sum", jnum(r->shapley_sum), "full_minus_baseline", jnum(r->full_minus_baseline),
                      "variants", variants);

@@ -159,6 +159,9 @@ static json_t *ablate(const char *assembly_rel, const char *workload, const char
     assert_string_equal(json_string_value(json_object_get(j, "schema")), "tessera.ablation/1");
     assert_true(json_is_string(json_object_get(j, "git_commit")));
     assert_true(json_is_object(json_object_get(j, "device")));
+    char *text = read_text(asmb);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "assembly"), "text")), text);
+    free(text);
     return j;
 }
 
