@@ -378,8 +378,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         return MHD_YES;
     }
-    if (!strcmp(method, "POST") && *upload_size) {
-        if (!cc->too_large) {
+    if (*upload_size) { /* bodies are kept for POST to the API only; others are dropped */
+        if (!cc->too_large && cc->api && !strcmp(method, "POST")) {
             uint64_t total;
             if (tsr_add_u64(cc->body.len, *upload_size, &total) || total > s->o.max_body) {
                 cc->too_large = 1;
