@@ -208,10 +208,11 @@ static int spm_detect(json_t *root, spm_json *sj, jctx *c, int *rc) {
         for (size_t i = 0; i < nl; i++) items[i] = json_array_get(seq, i);
         list = items;
     }
-    int prepend = 0, replace = 0;
+    int prepend = 0, replace = 0, nfc = 0;
     for (size_t i = 0; i < nl; i++) {
         const char *ty = json_string_value(json_object_get(list[i], "type"));
-        if (ty && !strcmp(ty, "Prepend") && is_meta(json_string_value(json_object_get(list[i], "prepend")))) prepend = 1;
+        if (ty && !strcmp(ty, "NFC")) nfc++;
+        else if (ty && !strcmp(ty, "Prepend") && is_meta(json_string_value(json_object_get(list[i], "prepend")))) prepend = 1;
         else if (ty && !strcmp(ty, "Replace") &&
                  !strcmp(str_or(json_object_get(json_object_get(list[i], "pattern"), "String")), " ") &&
                  is_meta(json_string_value(json_object_get(list[i], "content"))))
@@ -228,9 +229,9 @@ static int spm_detect(json_t *root, spm_json *sj, jctx *c, int *rc) {
     }
     if (!meta && !(replace && (!pre || json_is_null(pre)))) return 0;
     sj->on = 1;
-    if (seq ? (size_t)(prepend + replace) != nl : (nl && !meta)) {
+    if ((size_t)(prepend + replace + nfc) != nl || (meta && prepend)) {
         *rc = jfail(c, TSR_ERR_UNSUPPORTED, "SentencePiece-style tokenizer.json: normalizer steps other than "
-                                            "Prepend/Replace of U+2581 are not supported");
+                                            "Prepend/Replace of U+2581 and NFC are not supported");
         return 1;
     }
     if (meta) {

@@ -265,6 +265,8 @@ static void test_spm_tokenizer_json(void **state) {
                  "\"pattern\": {\"String\": \" \"}, \"content\": \"\u2581\"}]}",
                  "null");
     assert_int_equal(tsr_tokenizer_load_json_mem(j, strlen(j), "bad.json", &t, &err), TSR_ERR_UNSUPPORTED);
+    j = spm_json("{\"type\": \"Lowercase\"}", "{\"type\": \"Metaspace\", \"replacement\": \"\u2581\"}");
+    assert_int_equal(tsr_tokenizer_load_json_mem(j, strlen(j), "bad.json", &t, &err), TSR_ERR_UNSUPPORTED);
     j = spm_json("null", "{\"type\": \"Metaspace\", \"replacement\": \"_\"}");
     assert_int_equal(tsr_tokenizer_load_json_mem(j, strlen(j), "bad.json", &t, &err), TSR_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "replacement"));
