@@ -65,9 +65,9 @@ static int dm_init(void *inst, const tsr_plugin_ctx *ctx) {
     d->path = p && p->v.s[0] ? p->v.s : NULL;
     p = h->param(ctx, "assembly");
     d->assembly = p && p->v.s[0] ? p->v.s : NULL;
-    if (!d->path) {
+    if (!d->path) { /* nothing to draft with: this configuration cannot run */
         h->set_error(ctx, "param model (the draft checkpoint) is required");
-        return TSR_ERR_INVALID;
+        return TSR_ERR_UNSUPPORTED;
     }
 #endif
     return TSR_OK;
