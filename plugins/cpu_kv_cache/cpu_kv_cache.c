@@ -14,12 +14,11 @@
 
 #include "core/util/checked.h"
 #include "kernels/cpu/attn_kernels.h"
+#include "plugins/common/kv_seqs.h"
 #include "slots/tsr_kv_cache.h"
 
 typedef struct kv_seq {
-    int used;
-    int max_tokens;
-    int *lens;          /* [n_layers] */
+    tsr_kv_seq_hdr hdr; /* used, max_tokens, lens */
     void *k, *v;        /* [n_layers][n_kv_heads][max_tokens][head_dim] of the stored type */
     float *ks, *vs;     /* int8: [n_layers][max_tokens][n_kv_heads] */
 } kv_seq;
@@ -29,10 +28,7 @@ typedef struct cpu_kv {
     int n_layers, n_kv_heads, head_dim;
     int int8;             /* 0: f16, 1: int8 */
     size_t esz;           /* bytes per stored element */
-    int64_t capacity_tokens;
-    int64_t reserved_tokens;
-    int n_seqs;
-    kv_seq *seqs;
+    tsr_kv_seqs seqs;
 } cpu_kv;
 
 static uint64_t bytes_per_token(const cpu_kv *kv) {
@@ -65,11 +61,12 @@ static int kv_init(void *inst, const tsr_plugin_ctx *ctx) {
         return TSR_ERR_INVALID;
     }
     const tsr_param *cap = ctx->host->param(ctx, "capacity_tokens");
-    kv->capacity_tokens = cap && cap->type == TSR_PARAM_INT ? cap->v.i : 0;
-    if (kv->capacity_tokens < 0) {
-        ctx->host->set_error(ctx, "param capacity_tokens = %lld must be >= 0", (long long)kv->capacity_tokens);
+    int64_t capacity = cap && cap->type == TSR_PARAM_INT ? cap->v.i : 0;
+    if (capacity < 0) {
+        ctx->host->set_error(ctx, "param capacity_tokens = %lld must be >= 0", (long long)capacity);
         return TSR_ERR_INVALID;
     }
+    tsr_kv_seqs_init(&kv->seqs, ctx, sizeof(kv_seq), kv->n_layers, capacity);
     uint64_t t;
     if (tsr_mul_u64((uint64_t)kv->n_kv_heads, (uint64_t)kv->head_dim, &t) ||
         tsr_mul_u64(t, (uint64_t)kv->n_layers, &t) || t > ((uint64_t)1 << 40)) {
@@ -86,95 +83,60 @@ static void seq_release(cpu_kv *kv, kv_seq *s) {
     h->free(kv->ctx, s->v);
     h->free(kv->ctx, s->ks);
     h->free(kv->ctx, s->vs);
-    h->free(kv->ctx, s->lens);
-    kv->reserved_tokens -= s->max_tokens;
-    memset(s, 0, sizeof *s);
+    tsr_kv_seqs_release(&kv->seqs, &s->hdr);
 }
 
 static void kv_fini(void *inst) {
     cpu_kv *kv = inst;
     if (!kv->ctx) return;
-    for (int i = 0; i < kv->n_seqs; i++)
-        if (kv->seqs[i].used) seq_release(kv, &kv->seqs[i]);
-    kv->ctx->host->free(kv->ctx, kv->seqs);
+    for (int i = 0; i < kv->seqs.n; i++) seq_release(kv, (kv_seq *)tsr_kv_seqs_at(&kv->seqs, i));
+    tsr_kv_seqs_free(&kv->seqs);
 }
 
 static int kv_seq_alloc(void *inst, int max_tokens, int *seq) {
     cpu_kv *kv = inst;
     const tsr_host_api *h = kv->ctx->host;
-    if (max_tokens <= 0) {
-        h->set_error(kv->ctx, "max_tokens %d must be positive", max_tokens);
-        return TSR_ERR_INVALID;
-    }
-    if (kv->capacity_tokens > 0 && kv->reserved_tokens + max_tokens > kv->capacity_tokens) {
-        h->set_error(kv->ctx, "%d tokens do not fit: %lld of %lld reserved", max_tokens,
-                     (long long)kv->reserved_tokens, (long long)kv->capacity_tokens);
-        return TSR_ERR_RANGE;
-    }
     uint64_t elems, bytes, sbytes;
-    if (tsr_mul_u64((uint64_t)kv->n_layers * kv->n_kv_heads * kv->head_dim, (uint64_t)max_tokens, &elems) ||
-        tsr_mul_u64(elems, kv->esz, &bytes) ||
-        tsr_mul_u64((uint64_t)kv->n_layers * kv->n_kv_heads * sizeof(float), (uint64_t)max_tokens, &sbytes) ||
-        bytes > SIZE_MAX / 2) {
+    if (max_tokens > 0 &&
+        (tsr_mul_u64((uint64_t)kv->n_layers * kv->n_kv_heads * kv->head_dim, (uint64_t)max_tokens, &elems) ||
+         tsr_mul_u64(elems, kv->esz, &bytes) ||
+         tsr_mul_u64((uint64_t)kv->n_layers * kv->n_kv_heads * sizeof(float), (uint64_t)max_tokens, &sbytes) ||
+         bytes > SIZE_MAX / 2)) {
         h->set_error(kv->ctx, "KV for %d tokens overflows the address space", max_tokens);
         return TSR_ERR_RANGE;
     }
-    int id = -1;
-    for (int i = 0; i < kv->n_seqs; i++)
-        if (!kv->seqs[i].used) {
-            id = i;
-            break;
-        }
-    if (id < 0) {
-        int n = kv->n_seqs ? kv->n_seqs * 2 : 8;
-        kv_seq *grown = h->alloc(kv->ctx, (size_t)n * sizeof *grown, 16);
-        if (!grown) {
-            h->set_error(kv->ctx, "out of memory for the sequence table");
-            return TSR_ERR_NOMEM;
-        }
-        if (kv->n_seqs) memcpy(grown, kv->seqs, (size_t)kv->n_seqs * sizeof *grown);
-        h->free(kv->ctx, kv->seqs);
-        kv->seqs = grown;
-        id = kv->n_seqs;
-        kv->n_seqs = n;
+    tsr_kv_seq_hdr *hdr;
+    int rc = tsr_kv_seqs_reserve(&kv->seqs, max_tokens, seq, &hdr);
+    if (rc != TSR_OK) {
+        if (rc == TSR_ERR_NOMEM) h->set_error(kv->ctx, "out of memory for the sequence table");
+        return rc;
     }
-    kv_seq *s = &kv->seqs[id];
+    kv_seq *s = (kv_seq *)hdr;
     /* host memory is zeroed: unwritten slots read as 0 (and scale 0) */
     s->k = h->alloc(kv->ctx, (size_t)bytes, 64);
     s->v = h->alloc(kv->ctx, (size_t)bytes, 64);
-    s->lens = h->alloc(kv->ctx, (size_t)kv->n_layers * sizeof(int), 16);
     if (kv->int8) {
         s->ks = h->alloc(kv->ctx, (size_t)sbytes, 64);
         s->vs = h->alloc(kv->ctx, (size_t)sbytes, 64);
     }
-    s->max_tokens = max_tokens;
-    kv->reserved_tokens += max_tokens;
-    if (!s->k || !s->v || !s->lens || (kv->int8 && (!s->ks || !s->vs))) {
+    if (!s->k || !s->v || (kv->int8 && (!s->ks || !s->vs))) {
         seq_release(kv, s);
         h->set_error(kv->ctx, "out of memory for %d tokens of KV", max_tokens);
         return TSR_ERR_NOMEM;
     }
-    s->used = 1;
-    *seq = id;
     return TSR_OK;
 }
 
-static kv_seq *seq_get(cpu_kv *kv, int seq) {
-    if (seq < 0 || seq >= kv->n_seqs || !kv->seqs[seq].used) {
-        kv->ctx->host->set_error(kv->ctx, "unknown sequence %d", seq);
-        return NULL;
-    }
-    return &kv->seqs[seq];
-}
+static kv_seq *seq_get(cpu_kv *kv, int seq) { return (kv_seq *)tsr_kv_seqs_get(&kv->seqs, seq); }
 
 static void kv_seq_free(void *inst, int seq) {
     cpu_kv *kv = inst;
-    if (seq >= 0 && seq < kv->n_seqs && kv->seqs[seq].used) seq_release(kv, &kv->seqs[seq]);
+    if (seq >= 0 && seq < kv->seqs.n) seq_release(kv, (kv_seq *)tsr_kv_seqs_at(&kv->seqs, seq));
 }
 
 /* Elements from one layer's block to the next, and from a head to the next. */
 static size_t layer_elems(const cpu_kv *kv, const kv_seq *s) {
-    return (size_t)kv->n_kv_heads * (size_t)s->max_tokens * (size_t)kv->head_dim;
+    return (size_t)kv->n_kv_heads * (size_t)s->hdr.max_tokens * (size_t)kv->head_dim;
 }
 
 static int kv_append(void *inst, int seq, int layer, int pos0, int rows, const float *k,
@@ -183,15 +145,8 @@ static int kv_append(void *inst, int seq, int layer, int pos0, int rows, const f
     (void)ex;
     kv_seq *s = seq_get(kv, seq);
     if (!s) return TSR_ERR_INVALID;
-    if (layer < 0 || layer >= kv->n_layers || rows < 0 || pos0 != s->lens[layer]) {
-        kv->ctx->host->set_error(kv->ctx, "append at layer %d position %d: layer holds %d tokens",
-                                 layer, pos0, layer >= 0 && layer < kv->n_layers ? s->lens[layer] : -1);
-        return TSR_ERR_INVALID;
-    }
-    if ((int64_t)pos0 + rows > s->max_tokens) {
-        kv->ctx->host->set_error(kv->ctx, "sequence full: %d + %d tokens > %d", pos0, rows, s->max_tokens);
-        return TSR_ERR_RANGE;
-    }
+    int rc = tsr_kv_seqs_check_append(&kv->seqs, &s->hdr, layer, pos0, rows);
+    if (rc != TSR_OK) return rc;
     if (rows > 0 && (!k || !v)) {
         kv->ctx->host->set_error(kv->ctx, "append of %d rows without k or v", rows);
         return TSR_ERR_INVALID;
@@ -201,9 +156,9 @@ static int kv_append(void *inst, int seq, int layer, int pos0, int rows, const f
     for (int r = 0; r < rows; r++) {
         for (int h = 0; h < nh; h++) {
             size_t src = ((size_t)r * nh + h) * hd;
-            size_t dst = lbase + ((size_t)h * s->max_tokens + (size_t)(pos0 + r)) * hd;
+            size_t dst = lbase + ((size_t)h * s->hdr.max_tokens + (size_t)(pos0 + r)) * hd;
             if (kv->int8) {
-                size_t si = ((size_t)layer * s->max_tokens + (size_t)(pos0 + r)) * nh + h;
+                size_t si = ((size_t)layer * s->hdr.max_tokens + (size_t)(pos0 + r)) * nh + h;
                 tsr_attn_quant_i8((int8_t *)s->k + dst, &s->ks[si], k + src, hd);
                 tsr_attn_quant_i8((int8_t *)s->v + dst, &s->vs[si], v + src, hd);
             } else {
@@ -212,7 +167,7 @@ static int kv_append(void *inst, int seq, int layer, int pos0, int rows, const f
             }
         }
     }
-    s->lens[layer] += rows;
+    s->hdr.lens[layer] += rows;
     return TSR_OK;
 }
 
@@ -220,23 +175,21 @@ static int kv_view(void *inst, int seq, int layer, tsr_kv_view *out) {
     cpu_kv *kv = inst;
     kv_seq *s = seq_get(kv, seq);
     if (!s) return TSR_ERR_INVALID;
-    if (layer < 0 || layer >= kv->n_layers) {
-        kv->ctx->host->set_error(kv->ctx, "layer %d out of range", layer);
-        return TSR_ERR_INVALID;
-    }
+    int rc = tsr_kv_seqs_check_layer(&kv->seqs, layer);
+    if (rc != TSR_OK) return rc;
     memset(out, 0, sizeof *out);
     size_t lbytes = layer_elems(kv, s) * kv->esz * (size_t)layer;
     out->dtype = kv->int8 ? TSR_DTYPE_I8 : TSR_DTYPE_F16;
     out->layout = TSR_KV_CONTIGUOUS;
-    out->n_tokens = s->lens[layer];
+    out->n_tokens = s->hdr.lens[layer];
     out->n_kv_heads = kv->n_kv_heads;
     out->head_dim = kv->head_dim;
     out->k = (const char *)s->k + lbytes;
     out->v = (const char *)s->v + lbytes;
     out->token_stride = kv->head_dim;
-    out->head_stride = (int64_t)s->max_tokens * kv->head_dim;
+    out->head_stride = (int64_t)s->hdr.max_tokens * kv->head_dim;
     if (kv->int8) {
-        size_t so = (size_t)layer * s->max_tokens * kv->n_kv_heads;
+        size_t so = (size_t)layer * s->hdr.max_tokens * kv->n_kv_heads;
         out->k_scale = s->ks + so;
         out->v_scale = s->vs + so;
     }
@@ -246,27 +199,14 @@ static int kv_view(void *inst, int seq, int layer, tsr_kv_view *out) {
 static int kv_truncate(void *inst, int seq, int n_tokens) {
     cpu_kv *kv = inst;
     kv_seq *s = seq_get(kv, seq);
-    if (!s) return TSR_ERR_INVALID;
-    int longest = 0;
-    for (int l = 0; l < kv->n_layers; l++)
-        if (s->lens[l] > longest) longest = s->lens[l];
-    if (n_tokens < 0 || n_tokens > longest) {
-        kv->ctx->host->set_error(kv->ctx, "truncate to %d tokens: the sequence holds %d", n_tokens,
-                                 longest);
-        return TSR_ERR_INVALID;
-    }
-    for (int l = 0; l < kv->n_layers; l++) /* layers holding fewer keep theirs */
-        if (s->lens[l] > n_tokens) s->lens[l] = n_tokens;
-    return TSR_OK;
+    return s ? tsr_kv_seqs_truncate(&kv->seqs, &s->hdr, n_tokens) : TSR_ERR_INVALID;
 }
 
 static void kv_usage(void *inst, uint64_t *used, uint64_t *capacity) {
     cpu_kv *kv = inst;
-    uint64_t per = bytes_per_token(kv), u = 0;
-    for (int i = 0; i < kv->n_seqs; i++)
-        if (kv->seqs[i].used) u += (uint64_t)kv->seqs[i].lens[0] * per;
-    *used = u;
-    *capacity = (uint64_t)kv->reserved_tokens * per;
+    uint64_t per = bytes_per_token(kv);
+    *used = tsr_kv_seqs_tokens(&kv->seqs) * per;
+    *capacity = (uint64_t)kv->seqs.reserved_tokens * per;
 }
 
 static const tsr_kv_cache_i cpu_kv_iface = {

@@ -7,22 +7,20 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "plugins/common/kv_seqs.h"
 #include "slots/tsr_kv_cache.h"
 
 namespace {
 
 struct Seq {
-    int used, max_tokens;
-    int *lens;          // host [n_layers]
-    __nv_bfloat16 *k, *v;
+    tsr_kv_seq_hdr hdr;   // used, max_tokens, lens (host)
+    __nv_bfloat16 *k, *v; // device
 };
 
 struct Kv {
     const tsr_plugin_ctx *ctx;
     int n_layers, n_kv_heads, head_dim;
-    int64_t capacity_tokens, reserved_tokens;
-    Seq *seqs;
-    int n_seqs;
+    tsr_kv_seqs seqs;
 };
 
 int64_t token_elems(const Kv *kv) { return (int64_t)kv->n_kv_heads * kv->head_dim; }
@@ -34,80 +32,44 @@ int kv_init(void *inst, const tsr_plugin_ctx *ctx) {
     kv->n_kv_heads = ctx->model->n_kv_heads;
     kv->head_dim = ctx->model->head_dim;
     const tsr_param *cap = ctx->host->param(ctx, "capacity_tokens");
-    kv->capacity_tokens = cap ? cap->v.i : 0;
+    tsr_kv_seqs_init(&kv->seqs, ctx, sizeof(Seq), kv->n_layers, cap ? cap->v.i : 0);
     return TSR_OK;
 }
 
 void release(Kv *kv, Seq *s) {
-    const tsr_host_api *h = kv->ctx->host;
-    if (s->k) h->dev_free(kv->ctx, s->k);
-    if (s->v) h->dev_free(kv->ctx, s->v);
-    h->free(kv->ctx, s->lens);
-    kv->reserved_tokens -= s->max_tokens;
-    memset(s, 0, sizeof *s);
+    if (!s->hdr.used) return;
+    if (s->k) kv->ctx->host->dev_free(kv->ctx, s->k);
+    if (s->v) kv->ctx->host->dev_free(kv->ctx, s->v);
+    tsr_kv_seqs_release(&kv->seqs, &s->hdr);
 }
+
+Seq *at(Kv *kv, int i) { return reinterpret_cast<Seq *>(tsr_kv_seqs_at(&kv->seqs, i)); }
 
 void kv_fini(void *inst) {
     Kv *kv = static_cast<Kv *>(inst);
     if (!kv->ctx) return;
-    for (int i = 0; i < kv->n_seqs; i++)
-        if (kv->seqs[i].used) release(kv, &kv->seqs[i]);
-    kv->ctx->host->free(kv->ctx, kv->seqs);
+    for (int i = 0; i < kv->seqs.n; i++) release(kv, at(kv, i));
+    tsr_kv_seqs_free(&kv->seqs);
 }
 
 int kv_seq_alloc(void *inst, int max_tokens, int *seq) {
     Kv *kv = static_cast<Kv *>(inst);
-    const tsr_host_api *h = kv->ctx->host;
-    if (max_tokens <= 0) {
-        h->set_error(kv->ctx, "max_tokens %d must be positive", max_tokens);
-        return TSR_ERR_INVALID;
-    }
-    if (kv->capacity_tokens > 0 && kv->reserved_tokens + max_tokens > kv->capacity_tokens) {
-        h->set_error(kv->ctx, "%d tokens do not fit: %lld of %lld reserved", max_tokens,
-                     (long long)kv->reserved_tokens, (long long)kv->capacity_tokens);
-        return TSR_ERR_RANGE;
-    }
-    int id = -1;
-    for (int i = 0; i < kv->n_seqs && id < 0; i++)
-        if (!kv->seqs[i].used) id = i;
-    if (id < 0) {
-        int n = kv->n_seqs ? kv->n_seqs * 2 : 8;
-        Seq *g = static_cast<Seq *>(h->alloc(kv->ctx, (size_t)n * sizeof(Seq), 16));
-        if (!g) return TSR_ERR_NOMEM;
-        if (kv->n_seqs) memcpy(g, kv->seqs, (size_t)kv->n_seqs * sizeof(Seq));
-        h->free(kv->ctx, kv->seqs);
-        kv->seqs = g;
-        id = kv->n_seqs;
-        kv->n_seqs = n;
-    }
-    Seq *s = &kv->seqs[id];
+    tsr_kv_seq_hdr *hdr;
+    int rc = tsr_kv_seqs_reserve(&kv->seqs, max_tokens, seq, &hdr);
+    if (rc != TSR_OK) return rc;
+    Seq *s = reinterpret_cast<Seq *>(hdr);
     const size_t bytes = (size_t)kv->n_layers * max_tokens * token_elems(kv) * 2;
-    s->max_tokens = max_tokens;
-    kv->reserved_tokens += max_tokens;
-    s->lens = static_cast<int *>(h->alloc(kv->ctx, (size_t)kv->n_layers * sizeof(int), 16));
-    int rc = s->lens ? TSR_OK : TSR_ERR_NOMEM;
-    if (rc == TSR_OK) rc = h->dev_alloc(kv->ctx, bytes, reinterpret_cast<void **>(&s->k));
-    if (rc == TSR_OK) rc = h->dev_alloc(kv->ctx, bytes, reinterpret_cast<void **>(&s->v));
-    if (rc != TSR_OK) {
-        release(kv, s);
-        return rc;
-    }
-    s->used = 1;
-    *seq = id;
-    return TSR_OK;
+    rc = kv->ctx->host->dev_alloc(kv->ctx, bytes, reinterpret_cast<void **>(&s->k));
+    if (rc == TSR_OK) rc = kv->ctx->host->dev_alloc(kv->ctx, bytes, reinterpret_cast<void **>(&s->v));
+    if (rc != TSR_OK) release(kv, s);
+    return rc;
 }
 
-Seq *get(Kv *kv, int seq) {
-    if (seq < 0 || seq >= kv->n_seqs || !kv->seqs[seq].used) {
-        kv->ctx->host->set_error(kv->ctx, "unknown sequence %d", seq);
-        return nullptr;
-    }
-    return &kv->seqs[seq];
-}
+Seq *get(Kv *kv, int seq) { return reinterpret_cast<Seq *>(tsr_kv_seqs_get(&kv->seqs, seq)); }
 
 void kv_seq_free(void *inst, int seq) {
     Kv *kv = static_cast<Kv *>(inst);
-    if (seq >= 0 && seq < kv->n_seqs && kv->seqs[seq].used) release(kv, &kv->seqs[seq]);
+    if (seq >= 0 && seq < kv->seqs.n) release(kv, at(kv, seq));
 }
 
 int kv_append(void *inst, int seq, int layer, int pos0, int rows, const float *k, const float *v,
@@ -115,21 +77,15 @@ int kv_append(void *inst, int seq, int layer, int pos0, int rows, const float *k
     Kv *kv = static_cast<Kv *>(inst);
     Seq *s = get(kv, seq);
     if (!s) return TSR_ERR_INVALID;
-    if (layer < 0 || layer >= kv->n_layers || pos0 != s->lens[layer] || rows < 0) {
-        kv->ctx->host->set_error(kv->ctx, "append at layer %d position %d out of order", layer, pos0);
-        return TSR_ERR_INVALID;
-    }
-    if (pos0 + rows > s->max_tokens) {
-        kv->ctx->host->set_error(kv->ctx, "sequence full: %d + %d tokens > %d", pos0, rows, s->max_tokens);
-        return TSR_ERR_RANGE;
-    }
-    const int64_t te = token_elems(kv), off = ((int64_t)layer * s->max_tokens + pos0) * te;
+    int rc = tsr_kv_seqs_check_append(&kv->seqs, &s->hdr, layer, pos0, rows);
+    if (rc != TSR_OK) return rc;
+    const int64_t te = token_elems(kv), off = ((int64_t)layer * s->hdr.max_tokens + pos0) * te;
     if (tsr_cu_f32_to_bf16(reinterpret_cast<uint16_t *>(s->k + off), k, rows * te, ex->stream) != 0 ||
         tsr_cu_f32_to_bf16(reinterpret_cast<uint16_t *>(s->v + off), v, rows * te, ex->stream) != 0) {
         kv->ctx->host->set_error(kv->ctx, "append: %s", cudaGetErrorString(cudaGetLastError()));
         return TSR_ERR_DEVICE;
     }
-    s->lens[layer] += rows;
+    s->hdr.lens[layer] += rows;
     return TSR_OK;
 }
 
@@ -137,19 +93,17 @@ int kv_view(void *inst, int seq, int layer, tsr_kv_view *out) {
     Kv *kv = static_cast<Kv *>(inst);
     Seq *s = get(kv, seq);
     if (!s) return TSR_ERR_INVALID;
-    if (layer < 0 || layer >= kv->n_layers) {
-        kv->ctx->host->set_error(kv->ctx, "layer %d out of range", layer);
-        return TSR_ERR_INVALID;
-    }
+    int rc = tsr_kv_seqs_check_layer(&kv->seqs, layer);
+    if (rc != TSR_OK) return rc;
     memset(out, 0, sizeof *out);
     const int64_t te = token_elems(kv);
     out->dtype = TSR_DTYPE_BF16;
     out->layout = TSR_KV_CONTIGUOUS;
-    out->n_tokens = s->lens[layer];
+    out->n_tokens = s->hdr.lens[layer];
     out->n_kv_heads = kv->n_kv_heads;
     out->head_dim = kv->head_dim;
-    out->k = s->k + (int64_t)layer * s->max_tokens * te;
-    out->v = s->v + (int64_t)layer * s->max_tokens * te;
+    out->k = s->k + (int64_t)layer * s->hdr.max_tokens * te;
+    out->v = s->v + (int64_t)layer * s->hdr.max_tokens * te;
     out->token_stride = te;
     out->head_stride = kv->head_dim;
     return TSR_OK;
@@ -158,27 +112,14 @@ int kv_view(void *inst, int seq, int layer, tsr_kv_view *out) {
 int kv_truncate(void *inst, int seq, int n_tokens) {
     Kv *kv = static_cast<Kv *>(inst);
     Seq *s = get(kv, seq);
-    if (!s) return TSR_ERR_INVALID;
-    int longest = 0;
-    for (int l = 0; l < kv->n_layers; l++)
-        if (s->lens[l] > longest) longest = s->lens[l];
-    if (n_tokens < 0 || n_tokens > longest) {
-        kv->ctx->host->set_error(kv->ctx, "truncate to %d tokens: the sequence holds %d", n_tokens, longest);
-        return TSR_ERR_INVALID;
-    }
-    for (int l = 0; l < kv->n_layers; l++)
-        if (s->lens[l] > n_tokens) s->lens[l] = n_tokens;
-    return TSR_OK;
+    return s ? tsr_kv_seqs_truncate(&kv->seqs, &s->hdr, n_tokens) : TSR_ERR_INVALID;
 }
 
 void kv_usage(void *inst, uint64_t *used, uint64_t *capacity) {
     Kv *kv = static_cast<Kv *>(inst);
     const uint64_t per = (uint64_t)kv->n_layers * token_elems(kv) * 2 * 2;
-    uint64_t u = 0;
-    for (int i = 0; i < kv->n_seqs; i++)
-        if (kv->seqs[i].used) u += (uint64_t)kv->seqs[i].lens[0] * per;
-    *used = u;
-    *capacity = (uint64_t)kv->reserved_tokens * per;
+    *used = tsr_kv_seqs_tokens(&kv->seqs) * per;
+    *capacity = (uint64_t)kv->seqs.reserved_tokens * per;
 }
 
 const tsr_kv_cache_i iface = {

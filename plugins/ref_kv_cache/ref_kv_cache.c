@@ -7,22 +7,18 @@
  */
 #include <string.h>
 
+#include "plugins/common/kv_seqs.h"
 #include "slots/tsr_kv_cache.h"
 
 typedef struct kv_seq {
-    int used;        /* slot taken */
-    int max_tokens;
-    int *lens;       /* [n_layers] tokens stored per layer */
-    float *k, *v;    /* [n_layers, max_tokens, n_kv_heads, head_dim] */
+    tsr_kv_seq_hdr hdr;  /* used, max_tokens, lens */
+    float *k, *v;        /* [n_layers, max_tokens, n_kv_heads, head_dim] */
 } kv_seq;
 
 typedef struct ref_kv {
     const tsr_plugin_ctx *ctx;
     int n_layers, n_kv_heads, head_dim;
-    int64_t capacity_tokens; /* 0: unbounded */
-    int64_t reserved_tokens;
-    int n_seqs;
-    kv_seq *seqs;
+    tsr_kv_seqs seqs;
 } ref_kv;
 
 static int64_t token_floats(const ref_kv *kv) { return (int64_t)kv->n_kv_heads * kv->head_dim; }
@@ -34,128 +30,79 @@ static int kv_init(void *inst, const tsr_plugin_ctx *ctx) {
     kv->n_kv_heads = ctx->model->n_kv_heads;
     kv->head_dim = ctx->model->head_dim;
     const tsr_param *cap = ctx->host->param(ctx, "capacity_tokens");
-    kv->capacity_tokens = cap ? cap->v.i : 0;
     if (kv->n_layers <= 0 || kv->n_kv_heads <= 0 || kv->head_dim <= 0) {
         ctx->host->set_error(ctx, "model has no layers or heads");
         return TSR_ERR_INVALID;
     }
+    tsr_kv_seqs_init(&kv->seqs, ctx, sizeof(kv_seq), kv->n_layers, cap ? cap->v.i : 0);
     return TSR_OK;
 }
 
 static void seq_release(ref_kv *kv, kv_seq *s) {
     kv->ctx->host->free(kv->ctx, s->k);
     kv->ctx->host->free(kv->ctx, s->v);
-    kv->ctx->host->free(kv->ctx, s->lens);
-    kv->reserved_tokens -= s->max_tokens;
-    memset(s, 0, sizeof *s);
+    tsr_kv_seqs_release(&kv->seqs, &s->hdr);
 }
 
 static void kv_fini(void *inst) {
     ref_kv *kv = inst;
-    for (int i = 0; i < kv->n_seqs; i++)
-        if (kv->seqs[i].used) seq_release(kv, &kv->seqs[i]);
-    if (kv->ctx) kv->ctx->host->free(kv->ctx, kv->seqs);
+    for (int i = 0; i < kv->seqs.n; i++) seq_release(kv, (kv_seq *)tsr_kv_seqs_at(&kv->seqs, i));
+    tsr_kv_seqs_free(&kv->seqs);
 }
 
 static int kv_seq_alloc(void *inst, int max_tokens, int *seq) {
     ref_kv *kv = inst;
-    const tsr_host_api *h = kv->ctx->host;
-    if (max_tokens <= 0) {
-        h->set_error(kv->ctx, "max_tokens %d must be positive", max_tokens);
-        return TSR_ERR_INVALID;
-    }
-    if (kv->capacity_tokens > 0 && kv->reserved_tokens + max_tokens > kv->capacity_tokens) {
-        h->set_error(kv->ctx, "%d tokens do not fit: %lld of %lld reserved", max_tokens,
-                     (long long)kv->reserved_tokens, (long long)kv->capacity_tokens);
-        return TSR_ERR_RANGE;
-    }
-    int id = -1;
-    for (int i = 0; i < kv->n_seqs; i++)
-        if (!kv->seqs[i].used) {
-            id = i;
-            break;
-        }
-    if (id < 0) {
-        int n = kv->n_seqs ? kv->n_seqs * 2 : 8;
-        kv_seq *grown = h->alloc(kv->ctx, (size_t)n * sizeof *grown, 16);
-        if (!grown) return TSR_ERR_NOMEM;
-        if (kv->n_seqs) memcpy(grown, kv->seqs, (size_t)kv->n_seqs * sizeof *grown);
-        h->free(kv->ctx, kv->seqs);
-        kv->seqs = grown;
-        id = kv->n_seqs;
-        kv->n_seqs = n;
-    }
-    kv_seq *s = &kv->seqs[id];
+    tsr_kv_seq_hdr *hdr;
+    int rc = tsr_kv_seqs_reserve(&kv->seqs, max_tokens, seq, &hdr);
+    if (rc != TSR_OK) return rc;
+    kv_seq *s = (kv_seq *)hdr;
     size_t floats = (size_t)kv->n_layers * (size_t)max_tokens * (size_t)token_floats(kv);
-    s->k = h->alloc(kv->ctx, floats * sizeof(float), 64);
-    s->v = h->alloc(kv->ctx, floats * sizeof(float), 64);
-    s->lens = h->alloc(kv->ctx, (size_t)kv->n_layers * sizeof(int), 16);
-    s->max_tokens = max_tokens;
-    kv->reserved_tokens += max_tokens;
-    if (!s->k || !s->v || !s->lens) {
+    s->k = kv->ctx->host->alloc(kv->ctx, floats * sizeof(float), 64);
+    s->v = kv->ctx->host->alloc(kv->ctx, floats * sizeof(float), 64);
+    if (!s->k || !s->v) {
         seq_release(kv, s);
-        h->set_error(kv->ctx, "out of memory for %d tokens of KV", max_tokens);
+        kv->ctx->host->set_error(kv->ctx, "out of memory for %d tokens of KV", max_tokens);
         return TSR_ERR_NOMEM;
     }
-    s->used = 1;
-    *seq = id;
     return TSR_OK;
-}
-
-static kv_seq *seq_get(ref_kv *kv, int seq) {
-    if (seq < 0 || seq >= kv->n_seqs || !kv->seqs[seq].used) {
-        kv->ctx->host->set_error(kv->ctx, "unknown sequence %d", seq);
-        return NULL;
-    }
-    return &kv->seqs[seq];
 }
 
 static void kv_seq_free(void *inst, int seq) {
     ref_kv *kv = inst;
-    if (seq >= 0 && seq < kv->n_seqs && kv->seqs[seq].used) seq_release(kv, &kv->seqs[seq]);
+    if (seq >= 0 && seq < kv->seqs.n) seq_release(kv, (kv_seq *)tsr_kv_seqs_at(&kv->seqs, seq));
 }
 
 static int kv_append(void *inst, int seq, int layer, int pos0, int rows, const float *k,
                      const float *v, const tsr_exec *ex) {
     ref_kv *kv = inst;
     (void)ex;
-    kv_seq *s = seq_get(kv, seq);
+    kv_seq *s = (kv_seq *)tsr_kv_seqs_get(&kv->seqs, seq);
     if (!s) return TSR_ERR_INVALID;
-    if (layer < 0 || layer >= kv->n_layers || rows < 0 || pos0 != s->lens[layer]) {
-        kv->ctx->host->set_error(kv->ctx, "append at layer %d position %d: layer holds %d tokens",
-                                 layer, pos0, layer >= 0 && layer < kv->n_layers ? s->lens[layer] : -1);
-        return TSR_ERR_INVALID;
-    }
-    if (pos0 + rows > s->max_tokens) {
-        kv->ctx->host->set_error(kv->ctx, "sequence full: %d + %d tokens > %d", pos0, rows,
-                                 s->max_tokens);
-        return TSR_ERR_RANGE;
-    }
+    int rc = tsr_kv_seqs_check_append(&kv->seqs, &s->hdr, layer, pos0, rows);
+    if (rc != TSR_OK) return rc;
     int64_t tf = token_floats(kv);
-    size_t off = ((size_t)layer * s->max_tokens + pos0) * tf;
+    size_t off = ((size_t)layer * s->hdr.max_tokens + pos0) * tf;
     memcpy(s->k + off, k, (size_t)rows * tf * sizeof(float));
     memcpy(s->v + off, v, (size_t)rows * tf * sizeof(float));
-    s->lens[layer] += rows;
+    s->hdr.lens[layer] += rows;
     return TSR_OK;
 }
 
 static int kv_view(void *inst, int seq, int layer, tsr_kv_view *out) {
     ref_kv *kv = inst;
-    kv_seq *s = seq_get(kv, seq);
+    kv_seq *s = (kv_seq *)tsr_kv_seqs_get(&kv->seqs, seq);
     if (!s) return TSR_ERR_INVALID;
-    if (layer < 0 || layer >= kv->n_layers) {
-        kv->ctx->host->set_error(kv->ctx, "layer %d out of range", layer);
-        return TSR_ERR_INVALID;
-    }
+    int rc = tsr_kv_seqs_check_layer(&kv->seqs, layer);
+    if (rc != TSR_OK) return rc;
     memset(out, 0, sizeof *out);
     int64_t tf = token_floats(kv);
     out->dtype = TSR_DTYPE_F32;
     out->layout = TSR_KV_CONTIGUOUS;
-    out->n_tokens = s->lens[layer];
+    out->n_tokens = s->hdr.lens[layer];
     out->n_kv_heads = kv->n_kv_heads;
     out->head_dim = kv->head_dim;
-    out->k = s->k + (size_t)layer * s->max_tokens * tf;
-    out->v = s->v + (size_t)layer * s->max_tokens * tf;
+    out->k = s->k + (size_t)layer * s->hdr.max_tokens * tf;
+    out->v = s->v + (size_t)layer * s->hdr.max_tokens * tf;
     out->token_stride = tf;
     out->head_stride = kv->head_dim;
     return TSR_OK;
@@ -163,29 +110,15 @@ static int kv_view(void *inst, int seq, int layer, tsr_kv_view *out) {
 
 static int kv_truncate(void *inst, int seq, int n_tokens) {
     ref_kv *kv = inst;
-    kv_seq *s = seq_get(kv, seq);
-    if (!s) return TSR_ERR_INVALID;
-    int longest = 0;
-    for (int l = 0; l < kv->n_layers; l++)
-        if (s->lens[l] > longest) longest = s->lens[l];
-    if (n_tokens < 0 || n_tokens > longest) {
-        kv->ctx->host->set_error(kv->ctx, "truncate to %d tokens: the sequence holds %d", n_tokens,
-                                 longest);
-        return TSR_ERR_INVALID;
-    }
-    for (int l = 0; l < kv->n_layers; l++)
-        if (s->lens[l] > n_tokens) s->lens[l] = n_tokens;
-    return TSR_OK;
+    tsr_kv_seq_hdr *s = tsr_kv_seqs_get(&kv->seqs, seq);
+    return s ? tsr_kv_seqs_truncate(&kv->seqs, s, n_tokens) : TSR_ERR_INVALID;
 }
 
 static void kv_usage(void *inst, uint64_t *used, uint64_t *capacity) {
     ref_kv *kv = inst;
     uint64_t per_token = (uint64_t)kv->n_layers * (uint64_t)token_floats(kv) * 2 * sizeof(float);
-    uint64_t u = 0;
-    for (int i = 0; i < kv->n_seqs; i++)
-        if (kv->seqs[i].used) u += (uint64_t)kv->seqs[i].lens[0] * per_token;
-    *used = u;
-    *capacity = (uint64_t)kv->reserved_tokens * per_token;
+    *used = tsr_kv_seqs_tokens(&kv->seqs) * per_token;
+    *capacity = (uint64_t)kv->seqs.reserved_tokens * per_token;
 }
 
 /* Exported through the manifest (libffi): bytes of K and V per token. */
