@@ -15,9 +15,9 @@ one() { # label, args...
   done
 }
 build/bin/tessera probe --repeats 5 2>/dev/null | grep -E '"gbs"|"gflops"'
-one "stories260K ref 1t" --threads 1 -p "Once upon a time" -n 256 --ignore-eos
-one "stories260K fast 1t" assemblies/cpu-fast-gemv.yaml --threads 1 -p "Once upon a time" -n 256 --ignore-eos
-one "stories260K cpu-fast 1t" assemblies/cpu-fast.yaml --threads 1 -p "Once upon a time" -n 256 --ignore-eos
+one "stories260K ref 1t" --threads 1 -p "Once upon a time" -n 120 --ignore-eos
+one "stories260K fast 1t" assemblies/cpu-fast-gemv.yaml --threads 1 -p "Once upon a time" -n 120 --ignore-eos
+one "stories260K cpu-fast 1t" assemblies/cpu-fast.yaml --threads 1 -p "Once upon a time" -n 120 --ignore-eos
 for shape in qwen2.5-0.5b llama3.2-1b; do
   [ -d "$CKPT/$shape" ] || /usr/bin/python3 ../shared/tools/mk_random_checkpoint.py "$shape" "$CKPT/$shape" >/dev/null
   one "$shape ref 2t (16+4)" --model "$CKPT/$shape" --threads 2 --random-prompt 16 -n 4
