@@ -182,7 +182,7 @@ static int take_token(tsr_gen *g, const tsr_token_info *info, tsr_gen_event *ev,
         g->finish = TSR_FINISH_STOP;
         return 1;
     }
-    char buf[256];
+    char buf[TSR_DETOK_OUT_MIN];
     size_t n = g->m->tok ? tsr_detok_push(&g->detok, info->id, buf, sizeof buf) : 0;
     size_t before = g->text_len;
     if (n && text_append(g, buf, n) != 0) {
@@ -322,7 +322,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
     }
     if (done) {
         if (stop_at < 0) { /* nothing more can match: release what was held */
-            char buf[64];
+            char buf[TSR_DETOK_OUT_MIN];
             size_t n = g->m->tok ? tsr_detok_flush(&g->detok, buf, sizeof buf) : 0;
             if (n && text_append(g, buf, n) != 0) {
                 rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for text");
