@@ -1,5 +1,6 @@
 /* tessera ablate: each plugin's share of an assembly's speedup. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../ablation/ablate.h"
@@ -79,6 +80,7 @@ int tsr_cmd_ablate(int argc, char **argv) {
     o.ctx = mo.max_ctx;
     o.probe.n_threads = mo.n_threads;
     o.source_dir = tsr_cli_source_dir();
+    o.exe = getenv("TESSERA_BIN"); /* NULL: /proc/self/exe (set it when running under valgrind) */
     if (!o.chat_format && !o.model) o.chat_format = "chatml"; /* stories260K has no template */
     tsr_abl_result *r = NULL;
     tsr_error err;

@@ -88,7 +88,8 @@ int tsr_cmd_bench(int argc, char **argv) {
     char logp[] = "/tmp/tessera-bench-XXXXXX";
     int lfd = -1;
     tsr_served sv = {0};
-    tsr_serve_spec spec = {.assembly = mo.assembly_path, .model = mo.model_path, .catalog = mo.catalog_dir,
+    tsr_serve_spec spec = {.exe = getenv("TESSERA_BIN"), /* NULL: /proc/self/exe */
+                           .assembly = mo.assembly_path, .model = mo.model_path, .catalog = mo.catalog_dir,
                            .chat_format = chat, .n_threads = mo.n_threads, .ctx = mo.max_ctx};
     if (!url) {
         if ((lfd = mkstemp(logp)) < 0) {
