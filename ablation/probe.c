@@ -76,22 +76,53 @@ typedef struct rd_job {
     double t0, t1;
 } rd_job;
 
-static void *rd_thread(void *arg) {
-    rd_job *j = arg;
-    while (!atomic_load(j->go)) {
-    }
-    j->t0 = now_s();
-    const uint64_t *p = j->p;
+/* 64-bit loads: what any x86-64 (or other) CPU runs. */
+static uint64_t read_words(const uint64_t *p, size_t n) {
     uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
     size_t i = 0;
-    for (; i + 8 <= j->n; i += 8) {
+    for (; i + 8 <= n; i += 8) {
         a0 += p[i] + p[i + 4];
         a1 += p[i + 1] + p[i + 5];
         a2 += p[i + 2] + p[i + 6];
         a3 += p[i + 3] + p[i + 7];
     }
-    for (; i < j->n; i++) a0 += p[i];
-    j->sum = a0 ^ a1 ^ a2 ^ a3;
+    for (; i < n; i++) a0 += p[i];
+    return a0 ^ a1 ^ a2 ^ a3;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "kernels/cpu/cpu_features.h"
+
+/* 32-byte loads, four streams in flight: scalar loads leave about half of
+ * this machine's bandwidth unused (measured: 14-17 against 28 GB/s). */
+__attribute__((target("avx2"))) static uint64_t read_words_avx2(const uint64_t *p, size_t n) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_add_epi64(s0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        s1 = _mm256_add_epi64(s1, _mm256_loadu_si256((const __m256i *)(p + i + 4)));
+        s2 = _mm256_add_epi64(s2, _mm256_loadu_si256((const __m256i *)(p + i + 8)));
+        s3 = _mm256_add_epi64(s3, _mm256_loadu_si256((const __m256i *)(p + i + 12)));
+    }
+    s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, s0);
+    return (lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3]) + read_words(p + i, n - i);
+}
+#endif
+
+static void *rd_thread(void *arg) {
+    rd_job *j = arg;
+    while (!atomic_load(j->go)) {
+    }
+    j->t0 = now_s();
+#if defined(__x86_64__)
+    j->sum = tsr_cpu_has_avx2_fma_f16c() ? read_words_avx2(j->p, j->n) : read_words(j->p, j->n);
+#else
+    j->sum = read_words(j->p, j->n);
+#endif
     j->t1 = now_s();
     return NULL;
 }
@@ -206,7 +237,7 @@ json_t *tsr_probe_to_json(const tsr_probe_result *r) {
         (json_int_t)r->mem_bytes, "llc_bytes", (json_int_t)r->llc_bytes,
         "memory_read", "gbs", r->read_gbs, "gbs_min", r->read_gbs_min, "gbs_max", r->read_gbs_max,
         "threads", r->n_threads, "buffer_bytes", (json_int_t)r->buffer_bytes, "repeats", r->repeats,
-        "method", "streaming 64-bit read of the buffer split across threads; median of repeats",
+        "method", "streaming read of the buffer split across threads (32-byte AVX2 loads where the CPU has them); median of repeats",
         "gemm", "available", json_boolean(r->have_gemm), "gflops", r->gemm_gflops, "gflops_min",
         r->gemm_gflops_min, "gflops_max", r->gemm_gflops_max, "n", r->gemm_n, "threads",
         r->n_threads, "method",
