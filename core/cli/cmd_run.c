@@ -17,7 +17,7 @@ static void run_usage(FILE *f) {
             "%s"
             "  -p, --prompt TEXT  raw prompt (BOS added when the tokenizer wants one)\n"
             "  --chat MESSAGE     a user message rendered with the model's chat template\n"
-            "  -n N               tokens to generate (default 128)\n"
+            "  -n N               tokens to generate (default 128, or what the context leaves)\n"
             "  --random-prompt N  a prompt of N pseudo-random token ids and no tokenizer (speed\n"
             "                     runs on checkpoints without one); prints no text\n",
             TSR_MODEL_OPTS_HELP);
@@ -31,7 +31,7 @@ int tsr_cmd_run(int argc, char **argv) {
     tsr_model_opts o = {.progress = 1};
     tsr_gen_params gp = {.sampling = tsr_sampling_greedy(), .max_tokens = 128};
     const char *prompt = NULL, *chat = NULL, *chat_format = NULL, *system = NULL;
-    int echo = 0;
+    int echo = 0, n_given = 0;
     long random_prompt = 0;
     for (int i = 1; i < argc; i++) {
         int r = tsr_cli_model_opt(argc, argv, &i, &o, "run");
@@ -64,6 +64,7 @@ int tsr_cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "-n")) {
             if (tsr_cli_parse_int("run", a, v, 1, 1 << 24, &n)) return 2;
             gp.max_tokens = (int)n;
+            n_given = 1;
         } else if (!strcmp(a, "--temp")) {
             if (tsr_cli_parse_float("run", a, v, 0, 100, &d)) return 2;
             gp.sampling.temperature = (float)d;
@@ -157,9 +158,16 @@ int tsr_cmd_run(int argc, char **argv) {
         text = rendered;
         parse_special = 1;
     }
-    if ((!random_prompt && tsr_tokenizer_encode(tok, text, strlen(text), tsr_tokenizer_adds_bos(tok),
-                                                parse_special, &ids, &n_ids, &err) != TSR_OK) ||
-        tsr_gen_start(m, ids, n_ids, &gp, &g, &err) != TSR_OK) {
+    if (!random_prompt && tsr_tokenizer_encode(tok, text, strlen(text), tsr_tokenizer_adds_bos(tok),
+                                               parse_special, &ids, &n_ids, &err) != TSR_OK) {
+        fprintf(stderr, "tessera run: %s\n", tsr_error_format(&err, msg, sizeof msg));
+        status = 2;
+        goto done;
+    }
+    /* without -n, generate up to the default or until the context is full */
+    if (!n_given && n_ids + gp.max_tokens > tsr_model_ctx(m) && n_ids < tsr_model_ctx(m))
+        gp.max_tokens = tsr_model_ctx(m) - n_ids;
+    if (tsr_gen_start(m, ids, n_ids, &gp, &g, &err) != TSR_OK) {
         fprintf(stderr, "tessera run: %s\n", tsr_error_format(&err, msg, sizeof msg));
         status = 2;
         goto done;
