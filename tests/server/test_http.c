@@ -35,6 +35,9 @@ typedef struct fake_gen {
 
 static atomic_int fake_live;      /* generations alive (KV held) */
 static atomic_int fake_step_us = 2000;
+/* While set, generations make no progress past their first token: a test
+ * holds the engine still until every request has its answer (no timing). */
+static atomic_int fake_hold = 0;
 static atomic_int fake_engine_threads; /* distinct callers seen: must stay 1 */
 static pthread_t fake_engine_thread;
 static atomic_int fake_thread_known;
@@ -103,6 +106,7 @@ static int fake_step(void *ctx, void *gen, tsr_gen_event *ev, tsr_error *err) {
     note_thread();
     fake_gen *g = gen;
     usleep((useconds_t)atomic_load(&fake_step_us));
+    while (atomic_load(&fake_hold) && g->produced >= 1) usleep(1000);
     if (g->produced == g->fail_at) return tsr_error_set(err, g->fail_code, "injected failure");
     int k = g->produced++;
     g->text[0] = (char)('a' + k % 26);
@@ -499,11 +503,19 @@ static void test_queue_full(void **state) {
         cs[i] = make(CMPL, body, &rs[i]);
         curl_multi_add_handle(m, cs[i]);
     }
-    int running = 1;
+    /* hold the engine: one request runs, one waits, two are turned away */
+    atomic_store(&fake_hold, 1);
+    int running = 4, done = 0;
     while (running) {
         curl_multi_perform(m, &running);
         curl_multi_poll(m, NULL, 0, 50, NULL);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left)))
+            if (msg->msg == CURLMSG_DONE) done++;
+        if (done >= 2) atomic_store(&fake_hold, 0);
     }
+    atomic_store(&fake_hold, 0);
     int ok = 0, busy = 0;
     for (int i = 0; i < 4; i++) {
         curl_easy_getinfo(cs[i], CURLINFO_RESPONSE_CODE, &rs[i].status);
