@@ -34,6 +34,7 @@ struct tsr_gen {
     int drafter_seq;
     float *logits;            /* [TSR_MAX_DRAFT + 1, vocab] */
     float *probs;             /* [vocab] */
+    float *raw;               /* [vocab] one row of logits as the model gave it */
     float *qprobs;            /* [TSR_MAX_DRAFT, vocab] */
     int32_t draft[TSR_MAX_DRAFT];
     tsr_token_info toks[TSR_MAX_DRAFT + 1];
@@ -79,11 +80,12 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
     g->hist = malloc((size_t)total * sizeof *g->hist);
     g->logits = malloc((size_t)(TSR_MAX_DRAFT + 1) * vocab * sizeof(float));
     g->probs = malloc((size_t)vocab * sizeof(float));
+    g->raw = malloc((size_t)vocab * sizeof(float));
     g->qprobs = malloc((size_t)TSR_MAX_DRAFT * vocab * sizeof(float));
     g->sampler = tsr_sampler_new(&p->sampling, vocab);
     g->text_cap = 256;
     g->text = malloc(g->text_cap);
-    if (!g->hist || !g->logits || !g->probs || !g->qprobs || !g->sampler || !g->text) {
+    if (!g->hist || !g->logits || !g->probs || !g->raw || !g->qprobs || !g->sampler || !g->text) {
         tsr_gen_free(g);
         return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
     }
@@ -116,6 +118,7 @@ void tsr_gen_free(tsr_gen *g) {
     free(g->hist);
     free(g->logits);
     free(g->probs);
+    free(g->raw);
     free(g->qprobs);
     free(g->text);
     free(g);
@@ -230,8 +233,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         ev->finish = g->finish;
         return TSR_OK;
     }
-    float *raw = malloc((size_t)vocab * sizeof(float));
-    if (!raw) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    float *raw = g->raw;
     if (!g->started) {
         double t0 = now_seconds();
         rc = tsr_seq_forward(g->seq, g->hist, g->n_hist, g->logits, 0, err);
@@ -341,6 +343,5 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
     ev->text_len = g->emitted > emit_from ? g->emitted - emit_from : 0;
     rc = TSR_OK;
 out:
-    free(raw);
     return rc;
 }
