@@ -67,36 +67,47 @@ int lt_err(Gemv *g, cublasStatus_t s, const char *what) {
 #ifdef CUDA_GEMV_DECODE
 constexpr int kMaxDecodeRows = 8;
 
+// Eight activations of a row, widened to f32: bf16 (converted beforehand)
+// or f32 as the runtime holds them.
+__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float *v) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p));
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 f = __bfloat1622float2(h[j]);
+        v[2 * j] = f.x;
+        v[2 * j + 1] = f.y;
+    }
+}
+
+__device__ __forceinline__ void load8(const float *p, float *v) {
+    const float4 a = __ldg(reinterpret_cast<const float4 *>(p)), b = __ldg(reinterpret_cast<const float4 *>(p) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // y[r, o] = sum_c x[r, c] w[o, c] for R rows: one warp per output row, each
-// lane reading 8 bf16 (16 bytes) of the weight row at a time.
-template <int R>
+// lane reading 8 bf16 (16 bytes) of the weight row at a time, so every
+// weight row is read once for all R input rows (rows are ld apart).
+template <int R, typename XT>
 __global__ void __launch_bounds__(256) decode_kernel(const __nv_bfloat16 *__restrict__ w,
-                                                     const __nv_bfloat16 *__restrict__ x,
+                                                     const XT *__restrict__ x,
                                                      float *__restrict__ y, int64_t n_out, int ld) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
     if (o >= n_out) return;
-    const uint4 *wr = reinterpret_cast<const uint4 *>(w + o * ld);
+    const __nv_bfloat16 *wr = w + o * ld;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    const int vecs = ld / 8;
-    for (int i = lane; i < vecs; i += 32) {
-        const uint4 wv = __ldg(wr + i);
-        const __nv_bfloat162 *w2 = reinterpret_cast<const __nv_bfloat162 *>(&wv);
-        float2 wf[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) wf[j] = __bfloat1622float2(w2[j]);
+    for (int i = lane * 8; i < ld; i += 32 * 8) {
+        float wf[8];
+        load8(wr + i, wf);
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const uint4 xv = __ldg(reinterpret_cast<const uint4 *>(x + (int64_t)r * ld) + i);
-            const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162 *>(&xv);
+            float xf[8];
+            load8(x + (int64_t)r * ld + i, xf);
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float2 xf = __bfloat1622float2(x2[j]);
-                acc[r] = fmaf(wf[j].x, xf.x, acc[r]);
-                acc[r] = fmaf(wf[j].y, xf.y, acc[r]);
-            }
+            for (int j = 0; j < 8; j++) acc[r] = fmaf(wf[j], xf[j], acc[r]);
         }
     }
 #pragma unroll
@@ -107,19 +118,19 @@ __global__ void __launch_bounds__(256) decode_kernel(const __nv_bfloat16 *__rest
     }
 }
 
-int run_decode(Gemv *g, const Weight *w, int rows, float *y, cudaStream_t st) {
+template <typename XT>
+int run_decode(Gemv *g, const Weight *w, int rows, const XT *x, float *y, cudaStream_t st) {
     const int threads = 256, per_block = threads / 32;
     const unsigned blocks = (unsigned)((w->rows + per_block - 1) / per_block);
     switch (rows) {
-#define CASE(R)                                                                              \
-    case R: decode_kernel<R><<<blocks, threads, 0, st>>>(w->w, g->xb, y, w->rows, (int)w->ld); break;
+#define CASE(R)                                                                                    \
+    case R: decode_kernel<R, XT><<<blocks, threads, 0, st>>>(w->w, x, y, w->rows, (int)w->ld); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     default: return TSR_ERR_INVALID;
     }
     return cuda_err(g, cudaGetLastError(), "decode gemv launch");
 }
-
 #endif
 
 // A plan for D[n_out x rows] = W^T-view x X-view (column-major), found once.
@@ -261,6 +272,12 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     Gemv *g = static_cast<Gemv *>(inst);
     Weight *w = static_cast<Weight *>(const_cast<void *>(prepared));
     cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
+#ifdef CUDA_GEMV_DECODE
+    /* f32 rows 16-byte aligned and unpadded: the kernel reads them as they are */
+    if (rows <= g->decode_rows && rows <= kMaxDecodeRows && w->ld == w->cols &&
+        (reinterpret_cast<uintptr_t>(x) & 15) == 0)
+        return run_decode(g, w, rows, x, y, st);
+#endif
     size_t need = (size_t)rows * (size_t)w->ld;
     if (need > g->xb_elems) {
         if (need < 2 * g->xb_elems) need = 2 * g->xb_elems;
@@ -274,7 +291,8 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     if (tsr_cu_f32_to_bf16_pad(reinterpret_cast<uint16_t *>(g->xb), x, rows, (int)w->cols, (int)w->ld, st) != 0)
         return cuda_err(g, cudaGetLastError(), "activations to bf16");
 #ifdef CUDA_GEMV_DECODE
-    if (rows <= g->decode_rows && rows <= kMaxDecodeRows) return run_decode(g, w, rows, y, st);
+    if (rows <= g->decode_rows && rows <= kMaxDecodeRows)
+        return run_decode(g, w, rows, static_cast<const __nv_bfloat16 *>(g->xb), y, st);
 #endif
     return run_lt(g, w, rows, y, st);
 }
