@@ -685,12 +685,8 @@ static char *resolve_library(const char *manifest_path, const char *lib) {
     return p;
 }
 
-int tsr_manifest_parse(const char *buf, size_t len, const char *path, tsr_manifest **out, tsr_diag *d) {
-    *out = NULL;
-    if (!path) path = "<memory>";
-    tsr_ynode *root = NULL;
-    int rc = tsr_ydoc_parse(buf, len, path, &root, d);
-    if (rc) return rc;
+/* A manifest from its YAML tree (taken over, freed on failure). */
+static int manifest_from_tree(tsr_ynode *root, const char *path, tsr_manifest **out, tsr_diag *d) {
     tsr_manifest *m = tsr_hcalloc(1, sizeof *m);
     if (!m) {
         tsr_ynode_free(root);
@@ -713,32 +709,20 @@ int tsr_manifest_parse(const char *buf, size_t len, const char *path, tsr_manife
     return TSR_OK;
 }
 
+int tsr_manifest_parse(const char *buf, size_t len, const char *path, tsr_manifest **out, tsr_diag *d) {
+    *out = NULL;
+    if (!path) path = "<memory>";
+    tsr_ynode *root = NULL;
+    int rc = tsr_ydoc_parse(buf, len, path, &root, d);
+    return rc ? rc : manifest_from_tree(root, path, out, d);
+}
+
 int tsr_manifest_load(const char *path, tsr_manifest **out, tsr_diag *d) {
     *out = NULL;
     tsr_ynode *root = NULL;
     /* read through ydoc_load for the size and file checks, then validate */
     int rc = tsr_ydoc_load(path, &root, d);
-    if (rc) return rc;
-    tsr_manifest *m = tsr_hcalloc(1, sizeof *m);
-    if (!m) {
-        tsr_ynode_free(root);
-        return tsr_diag_add(d, TSR_ERR_NOMEM, path, 0, 0, "out of memory");
-    }
-    m->doc = root;
-    m->path = tsr_hstrdup(path);
-    mctx c = {.file = path, .d = d};
-    if (!m->path) mnomem(&c);
-    validate(&c, root, m);
-    if (!c.rc && m->library) {
-        m->library_path = resolve_library(path, m->library);
-        if (!m->library_path) mnomem(&c);
-    }
-    if (c.rc) {
-        tsr_manifest_free(m);
-        return c.rc;
-    }
-    *out = m;
-    return TSR_OK;
+    return rc ? rc : manifest_from_tree(root, path, out, d);
 }
 
 void tsr_manifest_free(tsr_manifest *m) {

@@ -20,24 +20,7 @@ static const tsr_model_desc model = {.arch = "llama", .n_layers = 1, .vocab = 10
 
 static int setup(void **state) {
     (void)state;
-    const char *cat = conf_catalog_dir();
-    if (!cat) {
-        fprintf(stderr, "TESSERA_CATALOG is not set: run through ctest\n");
-        return -1;
-    }
-    char path[1024], why[512];
-    snprintf(path, sizeof path, "%s/drafter_ngram.yaml", cat);
-    tsr_diag d;
-    tsr_diag_init(&d);
-    int rc = tsr_manifest_load(path, &man, &d);
-    if (rc) tsr_diag_print(&d, stderr);
-    tsr_diag_free(&d);
-    if (rc) return -1;
-    if (conf_lib_open(man, &lib, why, sizeof why)) {
-        fprintf(stderr, "%s\n", why);
-        return -1;
-    }
-    return 0;
+    return conf_catalog_open("drafter_ngram", &man, &lib);
 }
 
 static int teardown(void **state) {

@@ -63,24 +63,7 @@ static tsr_expert_source mksrc(fake_src *f) {
 
 static int setup(void **state) {
     (void)state;
-    const char *cat = conf_catalog_dir();
-    if (!cat) {
-        fprintf(stderr, "TESSERA_CATALOG is not set: run through ctest\n");
-        return -1;
-    }
-    char path[1024], why[512];
-    snprintf(path, sizeof path, "%s/expert_lru.yaml", cat);
-    tsr_diag d;
-    tsr_diag_init(&d);
-    int rc = tsr_manifest_load(path, &man, &d);
-    if (rc) tsr_diag_print(&d, stderr);
-    tsr_diag_free(&d);
-    if (rc) return -1;
-    if (conf_lib_open(man, &lib, why, sizeof why)) {
-        fprintf(stderr, "%s\n", why);
-        return -1;
-    }
-    return 0;
+    return conf_catalog_open("expert_lru", &man, &lib);
 }
 
 static int teardown(void **state) {

@@ -125,6 +125,27 @@ const char *conf_catalog_dir(void) {
     return d && *d ? d : NULL;
 }
 
+int conf_catalog_open(const char *name, tsr_manifest **m, conf_lib *lib) {
+    const char *cat = conf_catalog_dir();
+    if (!cat) {
+        fprintf(stderr, "TESSERA_CATALOG is not set: run through ctest\n");
+        return -1;
+    }
+    char path[1024], why[512];
+    snprintf(path, sizeof path, "%s/%s.yaml", cat, name);
+    tsr_diag d;
+    tsr_diag_init(&d);
+    int rc = tsr_manifest_load(path, m, &d);
+    if (rc) tsr_diag_print(&d, stderr);
+    tsr_diag_free(&d);
+    if (rc) return -1;
+    if (conf_lib_open(*m, lib, why, sizeof why)) {
+        fprintf(stderr, "%s\n", why);
+        return -1;
+    }
+    return 0;
+}
+
 /* Required members per slot, as byte offsets into the interface table. */
 static int required_missing(tsr_slot s, const void *iface, const char **which) {
     const uint32_t *hdr = iface;

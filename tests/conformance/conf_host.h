@@ -72,4 +72,8 @@ void conf_inst_free(conf_inst *ci);
 /* The directory of plugins' libraries: $TESSERA_CATALOG (NULL if unset). */
 const char *conf_catalog_dir(void);
 
+/* Load plugin name's manifest from the catalog and open its library (a
+ * plugin's own tests, as CMocka setup). 0, or -1 with the reason on stderr. */
+int conf_catalog_open(const char *name, tsr_manifest **m, conf_lib *lib);
+
 #endif /* TSR_CONF_HOST_H */
