@@ -60,8 +60,10 @@ static int argmax(const float *v, int n) {
     return b;
 }
 
-/* Logits of every position of ids [n, vocab] (caller frees). */
-static float *all_logits(tsr_model *m, const int32_t *ids, int n) {
+/* Logits of every position of ids [n, vocab] (caller frees): one pass of n
+ * rows (prefill's path), or with stepwise one decode row per step (the path
+ * decode and verification take, not prefill's sgemm). */
+static float *logits_of(tsr_model *m, const int32_t *ids, int n, int stepwise) {
     int vocab = tsr_model_get_config(m)->vocab;
     float *l = malloc((size_t)n * (size_t)vocab * sizeof *l);
     assert_non_null(l);
@@ -69,7 +71,13 @@ static float *all_logits(tsr_model *m, const int32_t *ids, int n) {
     tsr_error err;
     tsr_error_clear(&err);
     assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    if (tsr_seq_forward(s, ids, n, l, 1, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
+    if (!stepwise) {
+        if (tsr_seq_forward(s, ids, n, l, 1, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
+    } else {
+        for (int t = 0; t < n; t++)
+            if (tsr_seq_forward(s, ids + t, 1, l + (size_t)t * vocab, 0, &err) != TSR_OK)
+                fail_msg("decode: %s", err.msg);
+    }
     tsr_seq_free(s);
     return l;
 }
@@ -96,7 +104,7 @@ static void greedy(tsr_model *m, const int32_t *ids, int n, int n_out, int32_t *
 static void check_exact(tsr_model *ref, tsr_model *fast, const int32_t *ids, int n, const int32_t *expect,
                         int n_out, const char *what) {
     int vocab = tsr_model_get_config(ref)->vocab;
-    float *lr = all_logits(ref, ids, n), *lf = all_logits(fast, ids, n);
+    float *lr = logits_of(ref, ids, n, 0), *lf = logits_of(fast, ids, n, 0);
     double worst = 0, scale = 0;
     for (size_t i = 0; i < (size_t)n * (size_t)vocab; i++) {
         double d = fabs((double)lr[i] - lf[i]);
@@ -223,21 +231,6 @@ static void log_softmax(const float *l, int n, double *out) {
     for (int i = 0; i < n; i++) out[i] = l[i] - lz;
 }
 
-/* Logits of every position, one decode row per step (the path decode and
- * verification take, not prefill's sgemm). */
-static float *stepwise_logits(tsr_model *m, const int32_t *ids, int n) {
-    int vocab = tsr_model_get_config(m)->vocab;
-    float *l = malloc((size_t)n * (size_t)vocab * sizeof *l);
-    assert_non_null(l);
-    tsr_seq *s;
-    tsr_error err;
-    tsr_error_clear(&err);
-    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    for (int t = 0; t < n; t++)
-        if (tsr_seq_forward(s, ids + t, 1, l + (size_t)t * vocab, 0, &err) != TSR_OK) fail_msg("decode: %s", err.msg);
-    tsr_seq_free(s);
-    return l;
-}
 
 static void accumulate_one(const float *lr, const float *lq, int vocab, const int32_t *ids, int n, kl_acc *a) {
     double *pr = malloc((size_t)vocab * sizeof *pr), *pq = malloc((size_t)vocab * sizeof *pq);
@@ -255,7 +248,7 @@ static void accumulate_one(const float *lr, const float *lq, int vocab, const in
 /* a: q's prefill logits (sgemm path); as: q's decode rows (kernel path). */
 static void accumulate(tsr_model *ref, tsr_model *q, const int32_t *ids, int n, kl_acc *a, kl_acc *as) {
     int vocab = tsr_model_get_config(ref)->vocab;
-    float *lr = all_logits(ref, ids, n), *lq = all_logits(q, ids, n), *ls = stepwise_logits(q, ids, n);
+    float *lr = logits_of(ref, ids, n, 0), *lq = logits_of(q, ids, n, 0), *ls = logits_of(q, ids, n, 1);
     accumulate_one(lr, lq, vocab, ids, n, a);
     accumulate_one(lr, ls, vocab, ids, n, as);
     free(lr), free(lq), free(ls);
