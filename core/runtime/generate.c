@@ -11,7 +11,6 @@
  * back in the KV cache. Text is released only in complete UTF-8 and never
  * while it could still turn into a stop string.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

@@ -35,10 +35,6 @@ int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream)
 /* dst[r, c] = (bf16) src[r, c] for c < cols, 0 for cols <= c < ld (rows of
  * src are cols apart, rows of dst ld apart). */
 int tsr_cu_f32_to_bf16_pad(uint16_t *dst, const float *src, int rows, int cols, int ld, void *stream);
-/* dst[i] = (f32) src[i] */
-int tsr_cu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n, void *stream);
-/* out[r] = argmax of x[r, 0:n] (ties: lowest index; NaN never chosen). */
-int tsr_cu_argmax_rows(int32_t *out, const float *x, int rows, int n, void *stream);
 
 #ifdef __cplusplus
 }

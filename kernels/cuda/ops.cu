@@ -100,43 +100,6 @@ __global__ void f32_to_bf16_pad_k(__nv_bfloat16 *dst, const float *src, int cols
         out[c] = c < cols ? __float2bfloat16_rn(in[c]) : __float2bfloat16_rn(0.0f);
 }
 
-__global__ void bf16_to_f32_k(float *dst, const __nv_bfloat16 *src, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = __bfloat162float(src[i]);
-}
-
-__global__ void argmax_k(int32_t *out, const float *x, int n) {
-    const float *row = x + (int64_t)blockIdx.x * n;
-    float best = -INFINITY;
-    int idx = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = row[i];
-        if (v == v && (idx < 0 || v > best)) {
-            best = v;
-            idx = i;
-        }
-    }
-    __shared__ float sv[kThreads];
-    __shared__ int si[kThreads];
-    sv[threadIdx.x] = best;
-    si[threadIdx.x] = idx;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            const float ov = sv[threadIdx.x + s];
-            const int oi = si[threadIdx.x + s];
-            const int mi = si[threadIdx.x];
-            if (oi >= 0 && (mi < 0 || ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < mi))) {
-                sv[threadIdx.x] = ov;
-                si[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) out[blockIdx.x] = si[0] < 0 ? 0 : si[0];
-}
-
 int grid_for(int64_t n) {
     int64_t b = (n + kThreads - 1) / kThreads;
     return (int)(b > 65535 ? 65535 : b < 1 ? 1 : b);
@@ -191,15 +154,5 @@ extern "C" int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, vo
 extern "C" int tsr_cu_f32_to_bf16_pad(uint16_t *dst, const float *src, int rows, int cols, int ld,
                                       void *stream) {
     f32_to_bf16_pad_k<<<rows, kThreads, 0, STREAM(stream)>>>((__nv_bfloat16 *)dst, src, cols, ld);
-    return launched();
-}
-
-extern "C" int tsr_cu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n, void *stream) {
-    bf16_to_f32_k<<<grid_for(n), kThreads, 0, STREAM(stream)>>>(dst, (const __nv_bfloat16 *)src, n);
-    return launched();
-}
-
-extern "C" int tsr_cu_argmax_rows(int32_t *out, const float *x, int rows, int n, void *stream) {
-    argmax_k<<<rows, kThreads, 0, STREAM(stream)>>>(out, x, n);
     return launched();
 }
