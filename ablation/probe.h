@@ -2,8 +2,9 @@
  * probe.h - this machine's ceilings: memory read bandwidth (a streaming read
  * of a buffer far larger than the last-level cache by n threads, median of
  * repeats) and the CPU GEMM rate (OpenBLAS sgemm), with a record of the
- * machine (CPU model, cores, memory). GPU fields are null: CUDA probing
- * (device bandwidth, cuBLASLt bf16/fp8 rates) is not implemented yet.
+ * machine (CPU model, cores, memory); on a CUDA build with a device, the
+ * device's read bandwidth and cuBLASLt bf16 and fp8 matmul rates (GPU
+ * fields are null otherwise, with a note saying why).
  */
 #ifndef TSR_ABL_PROBE_H
 #define TSR_ABL_PROBE_H
@@ -33,6 +34,11 @@ typedef struct tsr_probe_result {
     int n_cores;              /* online logical CPUs */
     unsigned long long mem_bytes;
     unsigned long long llc_bytes; /* 0 if unknown */
+    int have_gpu;             /* a CUDA device was probed */
+    char gpu_name[256];
+    double gpu_read_gbs, gpu_read_gbs_min, gpu_read_gbs_max; /* NAN: not measured */
+    double gpu_bf16_tflops, gpu_fp8_tflops;                  /* NAN: not measured */
+    char gpu_note[512];       /* why a GPU figure is missing, or "" */
 } tsr_probe_result;
 
 int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err);

@@ -11,7 +11,8 @@ static void probe_usage(FILE *f) {
                "                     [--gemm-n N]\n\n"
                "Measures memory read bandwidth (a streaming read of a buffer far larger than the\n"
                "last-level cache, median of repeats) and the OpenBLAS sgemm rate, and records the\n"
-               "machine. GPU fields are null: CUDA probing is not implemented yet.\n\n"
+               "machine. With a CUDA device (and a CUDA build): its read bandwidth and cuBLASLt\n"
+               "bf16 and fp8 matmul rates; otherwise the GPU fields are null with a note.\n\n"
                "  --out FILE         write the record (JSON) there; default: standard output\n"
                "  --threads N        reading and sgemm threads (default: every core)\n"
                "  --buffer-mib N     read buffer (default: 8 x the last-level cache, >= 256)\n"
@@ -69,8 +70,11 @@ int tsr_cmd_probe(int argc, char **argv) {
         fprintf(stderr, "tessera probe: cannot write %s\n", out ? out : "the record");
         return 1;
     }
-    fprintf(stderr, "tessera probe: read %.2f GB/s (%d threads, %zu MiB), sgemm %.1f GFLOP/s%s; "
-                    "CUDA probing not implemented\n",
+    fprintf(stderr, "tessera probe: read %.2f GB/s (%d threads, %zu MiB), sgemm %.1f GFLOP/s%s\n",
             r.read_gbs, r.n_threads, r.buffer_bytes >> 20, r.gemm_gflops, r.have_gemm ? "" : " (no cblas)");
+    if (r.have_gpu)
+        fprintf(stderr, "tessera probe: %s: read %.0f GB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s%s%s\n",
+                r.gpu_name, r.gpu_read_gbs, r.gpu_bf16_tflops, r.gpu_fp8_tflops,
+                r.gpu_note[0] ? "; " : "", r.gpu_note);
     return 0;
 }
