@@ -12,7 +12,7 @@
 
 #include "tsr_plugin.h"
 
-#define TSR_GEMV_IFACE_VERSION 1
+#define TSR_GEMV_IFACE_VERSION 2
 
 /* A stored weight matrix: a borrowed view that outlives every prepared
  * handle made from it (it points into the model file's mmap). */
@@ -45,6 +45,15 @@ typedef struct tsr_gemv_i {
     /* optional (default: w->nbytes): bytes a prepared handle reads per full
      * pass, for bandwidth accounting. */
     uint64_t (*bytes)(void *inst, const void *prepared);
+
+    /* --- version 2 --- */
+    /* optional (default: the host prepares each matrix alone): prepare n
+     * matrices of equal cols and dtype as one handle stacked by rows in the
+     * given order, so that run() writes y[r] = [W0 x[r], W1 x[r], ...]
+     * (sum of ws[i].rows outputs per row) in one pass over the weights. The
+     * host stacks q/k/v and gate/up. TSR_ERR_UNSUPPORTED where the plugin
+     * would rather have them alone (the host then prepares them one by one). */
+    int (*prepare_group)(void *inst, const tsr_weight *ws, int n, void **out);
 } tsr_gemv_i;
 
 #endif /* TSR_GEMV_H */

@@ -14,7 +14,7 @@
 
 #include "tsr_plugin.h"
 
-#define TSR_KV_CACHE_IFACE_VERSION 1
+#define TSR_KV_CACHE_IFACE_VERSION 2
 
 typedef enum tsr_kv_layout {
     TSR_KV_CONTIGUOUS = 0, /* one run of tokens per sequence and layer */
@@ -76,6 +76,15 @@ typedef struct tsr_kv_cache_i {
 
     /* optional (default: 0 and 0): bytes of KV in use and reserved. */
     void (*usage)(void *inst, uint64_t *used, uint64_t *capacity);
+
+    /* --- version 2 --- */
+    /* required of plugins that provide cuda_graph, else optional (default:
+     * TSR_ERR_UNSUPPORTED): the host is about to replay a captured forward
+     * pass whose kernels store rows tokens at [pos0, pos0 + rows) of layers
+     * [0, n_layers) of seq; record it exactly as append() would have (check
+     * and advance the lengths, find room), with no kernel of its own needed
+     * for the stores. Called on the host before the replay is launched. */
+    int (*replayed)(void *inst, int seq, int n_layers, int pos0, int rows);
 } tsr_kv_cache_i;
 
 #endif /* TSR_KV_CACHE_H */

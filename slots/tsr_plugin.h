@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define TSR_ABI_MAJOR 1
-#define TSR_ABI_MINOR 0
+#define TSR_ABI_MINOR 1
 
 #define TSR_PLUGIN_ENTRY_NAME "tsr_plugin_entry"
 #define TSR_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -122,12 +122,40 @@ typedef struct tsr_model_desc {
     uint32_t weight_dtype; /* tsr_dtype of the projection weights as stored */
 } tsr_model_desc;
 
+/* The values of one forward pass that change from step to step, as the
+ * device sees them (ABI 1.1; see tsr_exec.step). */
+typedef struct tsr_step {
+    int32_t pos0;        /* position of the pass's first row */
+    int32_t rows;        /* rows of the pass (fixed for a captured graph) */
+    int32_t reserved[2];
+} tsr_step;
+
+/* Most rows of a pass the host captures into a CUDA graph (decode and the
+ * verification of drafts); plugins that provide cuda_graph size their
+ * step-independent scratch for it at init. */
+#define TSR_GRAPH_MAX_ROWS 32
+
 /* Where and how a call executes. */
 typedef struct tsr_exec {
     int device;     /* tsr_device_kind */
     int device_id;  /* CUDA ordinal; 0 on the CPU */
     void *stream;   /* cudaStream_t on CUDA; NULL on the CPU */
     int n_threads;  /* threads the host's parallel_for uses */
+    /* ABI 1.1. NULL, except while the host captures a forward pass into a
+     * CUDA graph that it replays for later steps of the same sequence with
+     * the same row count; then it points to the pass's tsr_step in device
+     * memory, and it is only ever set for plugins whose manifest provides
+     * cuda_graph: true. Such a plugin, seeing step != NULL, must:
+     * - read the position (and so the KV length) from *step in its kernels,
+     *   never from the host arguments pos0 / view->n_tokens, which hold the
+     *   capture step's values;
+     * - launch the same kernels with the same shapes and pointers whatever
+     *   the position (e.g. a fixed number of key splits);
+     * - make no synchronising CUDA call and allocate nothing (size scratch
+     *   for TSR_GRAPH_MAX_ROWS rows and the model's max_ctx at init);
+     * - keep nothing on the host that later steps need, except a kv_cache
+     *   plugin's lengths, which replayed() brings up to date. */
+    const tsr_step *step;
 } tsr_exec;
 
 struct tsr_plugin_ctx;

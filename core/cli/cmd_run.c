@@ -10,7 +10,7 @@ static void run_usage(FILE *f) {
     fprintf(f,
             "usage: tessera run [ASSEMBLY] [--model PATH] [-p PROMPT | --chat MESSAGE] [-n N]\n"
             "                   [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S]\n"
-            "                   [--repeat-penalty R] [--stop STR]... [--ignore-eos] [--echo]\n"
+            "                   [--repeat-penalty R] [--stop STR]... [--ignore-eos] [--echo] [--profile]\n"
             "                   [--chat-format chatml|llama3|llama2] [--system TEXT]\n\n"
             "Streams the generated text to stdout; prompt and decode speed go to stderr.\n"
             "Sampling is greedy unless --temp > 0 (see core/runtime/sampling.h for the order).\n\n"
@@ -19,7 +19,10 @@ static void run_usage(FILE *f) {
             "  --chat MESSAGE     a user message rendered with the model's chat template\n"
             "  -n N               tokens to generate (default 128, or what the context leaves)\n"
             "  --random-prompt N  a prompt of N pseudo-random token ids and no tokenizer (speed\n"
-            "                     runs on checkpoints without one); prints no text\n",
+            "                     runs on checkpoints without one); prints no text\n"
+            "  --profile          time every op, waiting for the device after each (no CUDA\n"
+            "                     graphs): a table per prefill and decode on stderr; the\n"
+            "                     speeds printed are then not the engine's\n",
             TSR_MODEL_OPTS_HELP);
 }
 
@@ -44,6 +47,10 @@ int tsr_cmd_run(int argc, char **argv) {
         }
         if (!strcmp(a, "--echo")) {
             echo = 1;
+            continue;
+        }
+        if (!strcmp(a, "--profile")) {
+            o.profile = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -195,6 +202,11 @@ int tsr_cmd_run(int argc, char **argv) {
                 (long long)st.draft_proposed, (long long)st.draft_accepted,
                 100.0 * (double)st.draft_accepted / (double)st.draft_proposed,
                 st.decode_passes ? (double)(st.n_generated - 1) / (double)st.decode_passes : 0.0);
+    tsr_model_profile_print(m, stderr);
+    uint64_t captures, replays;
+    tsr_model_graph_stats(m, &captures, &replays);
+    if (captures) fprintf(stderr, "cuda graphs: %llu captured, %llu replays\n", (unsigned long long)captures,
+                          (unsigned long long)replays);
     status = 0;
 done:
     tsr_gen_free(g);

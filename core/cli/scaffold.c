@@ -355,7 +355,7 @@ int tsr_scaffold_plugin(const char *root, const char *slot, const char *name, ch
              "name: @N@\n"
              "slot: %s\n"
              "version: 0.1.0\n"
-             "abi: \"1.0\"\n"
+             "abi: \"1.1\"\n"
              "library: lib@N@.so\n"
              "sha256: \"@SHA256@\"\n"
              "devices: [cpu]\n"

@@ -2,9 +2,11 @@
 
 #include <cuda_runtime_api.h>
 #include <stdio.h>
+#include <string.h>
 
 static uint64_t allocated;
 static int sticky;
+static cudaStream_t stream; /* the engine stream */
 
 static int status_of(cudaError_t e, const char *what, tsr_error *err) {
     if (e == cudaSuccess) return TSR_OK;
@@ -33,6 +35,7 @@ int tsr_cuda_init(int device_id, tsr_error *err) {
         return tsr_error_set(err, TSR_ERR_DEVICE, "CUDA device %d requested, %d present", device_id, n);
     int rc = status_of(cudaSetDevice(device_id), "cudaSetDevice", err);
     if (rc == TSR_OK) rc = status_of(cudaFree(0), "creating the CUDA context", err);
+    if (rc == TSR_OK && !stream) rc = status_of(cudaStreamCreate(&stream), "cudaStreamCreate", err);
     return rc;
 }
 
@@ -84,16 +87,63 @@ void tsr_cuda_free(void *p) {
 
 uint64_t tsr_cuda_bytes_allocated(void) { return __atomic_load_n(&allocated, __ATOMIC_RELAXED); }
 
+void *tsr_cuda_stream(void) { return stream; }
+
+void *tsr_cuda_host_alloc(size_t bytes, tsr_error *err) {
+    void *p = NULL;
+    if (status_of(cudaMallocHost(&p, bytes ? bytes : 1), "cudaMallocHost", err) != TSR_OK) return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+
+void tsr_cuda_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+int tsr_cuda_upload_async(void *dst, const void *src, size_t bytes, tsr_error *err) {
+    return status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), "upload", err);
+}
+
+int tsr_cuda_download_async(void *dst, const void *src, size_t bytes, tsr_error *err) {
+    return status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), "download", err);
+}
+
 int tsr_cuda_upload(void *dst, const void *src, size_t bytes, tsr_error *err) {
-    return status_of(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload", err);
+    int rc = tsr_cuda_upload_async(dst, src, bytes, err);
+    return rc == TSR_OK ? tsr_cuda_sync(err) : rc;
 }
 
 int tsr_cuda_download(void *dst, const void *src, size_t bytes, tsr_error *err) {
-    return status_of(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "download", err);
+    int rc = tsr_cuda_download_async(dst, src, bytes, err);
+    return rc == TSR_OK ? tsr_cuda_sync(err) : rc;
 }
 
 int tsr_cuda_sync(tsr_error *err) {
-    return status_of(cudaDeviceSynchronize(), "device synchronise", err);
+    return status_of(cudaStreamSynchronize(stream), "device synchronise", err);
+}
+
+int tsr_cuda_capture_begin(tsr_error *err) {
+    return status_of(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                     "beginning a graph capture", err);
+}
+
+int tsr_cuda_capture_end(void **graph, tsr_error *err) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    *graph = NULL;
+    int rc = status_of(cudaStreamEndCapture(stream, &g), "ending a graph capture", err);
+    if (rc == TSR_OK) rc = status_of(cudaGraphInstantiate(&ge, g, 0), "instantiating a graph", err);
+    if (g) cudaGraphDestroy(g);
+    if (rc == TSR_OK) *graph = ge;
+    return rc;
+}
+
+int tsr_cuda_graph_launch(void *graph, tsr_error *err) {
+    return status_of(cudaGraphLaunch((cudaGraphExec_t)graph, stream), "launching a graph", err);
+}
+
+void tsr_cuda_graph_free(void *graph) {
+    if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
 }
 
 int tsr_cuda_check(int rc, const char *what, tsr_error *err) {

@@ -26,10 +26,33 @@ void *tsr_cuda_malloc(size_t bytes, tsr_error *err);
 void tsr_cuda_free(void *p);
 uint64_t tsr_cuda_bytes_allocated(void);
 
+/* The stream every engine launch goes to (tsr_exec.stream; created by
+ * tsr_cuda_init, blocking with respect to the legacy stream). */
+void *tsr_cuda_stream(void);
+
+/* Page-locked host memory (zeroed), for copies the device makes while a
+ * graph replays. NULL on failure (err set). */
+void *tsr_cuda_host_alloc(size_t bytes, tsr_error *err);
+void tsr_cuda_host_free(void *p);
+
+/* Copies on the engine stream, in stream order: the async ones return at
+ * once (src/dst must stay valid until the stream passes them; pinned host
+ * memory for capture), the others wait for the stream first. */
+int tsr_cuda_upload_async(void *dst, const void *host_src, size_t bytes, tsr_error *err);
+int tsr_cuda_download_async(void *host_dst, const void *src, size_t bytes, tsr_error *err);
 int tsr_cuda_upload(void *dst, const void *src, size_t bytes, tsr_error *err);
 int tsr_cuda_download(void *dst, const void *src, size_t bytes, tsr_error *err);
 /* Wait for the device; report any asynchronous error. */
 int tsr_cuda_sync(tsr_error *err);
+/* CUDA graphs of the engine stream: capture what is issued on it between
+ * begin and end (this thread only) into *graph, an instantiated graph;
+ * launch replays it on the stream. end after a failed capture step returns
+ * the capture's own error and leaves *graph NULL. */
+int tsr_cuda_capture_begin(tsr_error *err);
+int tsr_cuda_capture_end(void **graph, tsr_error *err);
+int tsr_cuda_graph_launch(void *graph, tsr_error *err);
+void tsr_cuda_graph_free(void *graph);
+
 /* Turn a kernel wrapper's return (0 ok, negative tsr_status) and the
  * device's last error into a status, with what for the message. */
 int tsr_cuda_check(int rc, const char *what, tsr_error *err);

@@ -78,6 +78,31 @@ static void read_slot(tsr_assembly *a, const char *file, const tsr_ynode *k, con
     sl->plugin = dup_or(rc, name);
 }
 
+/* runtime: {cuda_graphs: bool} */
+static void read_runtime(tsr_assembly *a, const char *path, const tsr_ynode *v, tsr_diag *d, int *rc) {
+    if (tsr_ynode_is_null(v)) return;
+    if (v->kind != TSR_YNODE_MAP) {
+        add(d, rc, path, v, "runtime must be a mapping of switch -> value, not a %s", tsr_ynode_kind_name(v), "");
+        return;
+    }
+    for (int i = 0; i < tsr_ynode_pairs(v); i++) {
+        const tsr_ynode *k = tsr_ynode_key(v, i), *x = tsr_ynode_val(v, i);
+        if (strcmp(k->str, "cuda_graphs")) {
+            add(d, rc, path, k, "runtime: unknown key '%s'%s (cuda_graphs)", k->str, "");
+            continue;
+        }
+        int b;
+        if (!tsr_ynode_as_bool(x, &b)) {
+            add(d, rc, path, x, "runtime.cuda_graphs must be true or false, not '%s'%s",
+                x->kind == TSR_YNODE_SCALAR ? x->str : tsr_ynode_kind_name(x), "");
+            continue;
+        }
+        a->cuda_graphs = b;
+        a->graphs_line = x->line;
+        a->graphs_col = x->col;
+    }
+}
+
 int tsr_assembly_from_tree(tsr_ynode *root, const char *path, tsr_assembly **out, tsr_diag *d) {
     *out = NULL;
     if (!path) path = "<memory>";
@@ -126,8 +151,10 @@ int tsr_assembly_from_tree(tsr_ynode *root, const char *path, tsr_assembly **out
             }
             for (int j = 0; j < tsr_ynode_pairs(v); j++)
                 read_slot(a, path, tsr_ynode_key(v, j), tsr_ynode_val(v, j), d, &rc);
+        } else if (!strcmp(k->str, "runtime")) {
+            read_runtime(a, path, v, d, &rc);
         } else {
-            add(d, &rc, path, k, "unknown key '%s'%s (name, description, device, slots)", k->str, "");
+            add(d, &rc, path, k, "unknown key '%s'%s (name, description, device, slots, runtime)", k->str, "");
         }
     }
     if (!tsr_ynode_get(root, "name")) add(d, &rc, path, root, "missing required key 'name'%s%s", "", "");

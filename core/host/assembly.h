@@ -37,6 +37,9 @@ typedef struct tsr_assembly {
     int device;                /* tsr_device_kind */
     int line, col;             /* of the document (for slots left out) */
     tsr_aslot slots[TSR_SLOT_COUNT];
+    /* runtime: switches of the model runtime itself (not plugins) */
+    int cuda_graphs;           /* runtime.cuda_graphs: replay decode passes as CUDA graphs */
+    int graphs_line, graphs_col;
     tsr_ynode *doc;
 } tsr_assembly;
 

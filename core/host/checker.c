@@ -261,6 +261,29 @@ static void check_requires(cctx *c, const tsr_check_opts *o, tsr_plan *p, int s)
     }
 }
 
+/* runtime.cuda_graphs: a CUDA assembly whose every plugin on the forward
+ * pass (gemv, attention, kv_cache) provides cuda_graph: true. */
+static void check_graphs(cctx *c, const tsr_plan *p) {
+    const tsr_assembly *a = c->a;
+    if (a->device != TSR_DEVICE_CUDA) {
+        tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, a->graphs_line, a->graphs_col,
+                     "runtime.cuda_graphs needs device cuda, the assembly's device is %s",
+                     tsr_device_name(a->device));
+        return;
+    }
+    const int slots[] = {TSR_SLOT_GEMV, TSR_SLOT_ATTENTION, TSR_SLOT_KV_CACHE};
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+        const tsr_manifest *m = p->slots[slots[i]].m;
+        if (!m) continue;
+        const tsr_mcap *g = tsr_manifest_provides(m, "cuda_graph");
+        if (!g || g->n_values != 1 || strcmp(g->values[0], "true"))
+            tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, a->graphs_line, a->graphs_col,
+                         "runtime.cuda_graphs: plugin %s (slot %s) does not provide cuda_graph: true, so "
+                         "its calls cannot be replayed (%s)",
+                         m->name, tsr_slot_name((tsr_slot)slots[i]), m->path);
+    }
+}
+
 int tsr_check(const tsr_catalog *cat, const tsr_assembly *a, const tsr_check_opts *opts, tsr_plan **out,
               tsr_diag *d) {
     *out = NULL;
@@ -293,6 +316,7 @@ int tsr_check(const tsr_catalog *cat, const tsr_assembly *a, const tsr_check_opt
         }
         check_params(&c, &p->slots[s], &a->slots[s], s);
     }
+    if (a->cuda_graphs) check_graphs(&c, p);
     /* params first: provides may name them ($param) */
     for (int s = 0; s < TSR_SLOT_COUNT; s++)
         if (p->slots[s].m && (int)p->slots[s].m->slot == s) check_requires(&c, opts, p, s);

@@ -401,6 +401,8 @@ static int load_slot(tsr_engine *e, int s, const tsr_engine_opts *o, tsr_diag *d
     es->ref.iface = desc->iface;
     es->ref.exact = m->exact;
     es->ref.baseline = !!(m->baseline & (1u << e->device));
+    const tsr_mcap *graph = tsr_manifest_provides(m, "cuda_graph");
+    es->ref.graph = graph && graph->n_values == 1 && !strcmp(graph->values[0], "true");
     es->ref.ctx = &es->ctx;
     /* params: host-owned copies */
     if (ps->n_params) {
@@ -595,6 +597,7 @@ const tsr_slot_ref *tsr_engine_slot(const tsr_engine *e, tsr_slot slot) {
 
 tsr_threadpool *tsr_engine_pool(const tsr_engine *e) { return e->pool; }
 int tsr_engine_device(const tsr_engine *e) { return e->device; }
+int tsr_engine_cuda_graphs(const tsr_engine *e) { return e->asmb->cuda_graphs; }
 const char *tsr_engine_name(const tsr_engine *e) { return e->asmb->name; }
 
 uint64_t tsr_engine_host_bytes(const tsr_engine *e) {

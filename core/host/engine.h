@@ -42,6 +42,7 @@ typedef struct tsr_slot_ref {
     const tsr_plugin_ctx *ctx;
     int exact;                   /* manifest exactness: 1 exact, 0 lossy */
     int baseline;                /* it is its slot's baseline for the device */
+    int graph;                   /* manifest provides cuda_graph: true (tsr_exec.step) */
 } tsr_slot_ref;
 
 /* Load the catalog, read the assembly (YAML or Lua; Lua sees the model's
@@ -62,6 +63,7 @@ int tsr_engine_open_diag(const char *assembly_path, const tsr_model_config *cfg,
 const tsr_slot_ref *tsr_engine_slot(const tsr_engine *e, tsr_slot slot);
 tsr_threadpool *tsr_engine_pool(const tsr_engine *e);
 int tsr_engine_device(const tsr_engine *e);   /* tsr_device_kind */
+int tsr_engine_cuda_graphs(const tsr_engine *e); /* the assembly's runtime.cuda_graphs */
 const char *tsr_engine_name(const tsr_engine *e); /* the assembly's name */
 /* Print the resolved engine (slot, plugin, version, params, capabilities,
  * exactness), one slot per line, as `tessera check` does. */

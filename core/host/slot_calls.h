@@ -40,6 +40,11 @@ static inline int tsr_gemv_run(const tsr_slot_ref *s, const void *prepared, int 
         TSR_SLOT_MEMBER(s, tsr_gemv_i, run);
     return f ? f(s->inst, prepared, rows, x, y, ex) : TSR_ERR_UNSUPPORTED;
 }
+/* default: TSR_ERR_UNSUPPORTED (the caller prepares the matrices alone) */
+static inline int tsr_gemv_prepare_group(const tsr_slot_ref *s, const tsr_weight *ws, int n, void **out) {
+    int (*f)(void *, const tsr_weight *, int, void **) = TSR_SLOT_MEMBER(s, tsr_gemv_i, prepare_group);
+    return f ? f(s->inst, ws, n, out) : TSR_ERR_UNSUPPORTED;
+}
 /* default: w->nbytes */
 static inline uint64_t tsr_gemv_bytes(const tsr_slot_ref *s, const void *prepared, const tsr_weight *w) {
     uint64_t (*f)(void *, const void *) = TSR_SLOT_MEMBER(s, tsr_gemv_i, bytes);
@@ -68,6 +73,11 @@ static inline int tsr_kv_view_get(const tsr_slot_ref *s, int seq, int layer, tsr
 static inline int tsr_kv_truncate(const tsr_slot_ref *s, int seq, int n_tokens) {
     int (*f)(void *, int, int) = TSR_SLOT_MEMBER(s, tsr_kv_cache_i, truncate);
     return f ? f(s->inst, seq, n_tokens) : TSR_ERR_UNSUPPORTED;
+}
+/* default: TSR_ERR_UNSUPPORTED */
+static inline int tsr_kv_replayed(const tsr_slot_ref *s, int seq, int n_layers, int pos0, int rows) {
+    int (*f)(void *, int, int, int, int) = TSR_SLOT_MEMBER(s, tsr_kv_cache_i, replayed);
+    return f ? f(s->inst, seq, n_layers, pos0, rows) : TSR_ERR_UNSUPPORTED;
 }
 /* default: 0 and 0 */
 static inline void tsr_kv_usage(const tsr_slot_ref *s, uint64_t *used, uint64_t *capacity) {

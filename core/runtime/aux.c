@@ -30,6 +30,11 @@ static int view_open(tsr_model *parent, int n_layers, tsr_model **out, tsr_error
     v->topk_w = v->ex_wts = NULL;
     v->topk_idx = v->ex_rows = v->ids = NULL;
     v->logits_dev = NULL;
+    v->qkv = v->gu = NULL;
+    v->io = v->io_host = v->out_host = NULL;
+    v->argmax_dev = NULL;
+    memset(v->graphs, 0, sizeof v->graphs); /* its own graphs: they hold its own scratch */
+    v->graph_tick = v->graph_captures = v->graph_replays = 0;
     int rc = tsr_model_alloc_scratch(v, err);
     if (rc != TSR_OK) {
         tsr_model_free(v);

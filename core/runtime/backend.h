@@ -20,23 +20,47 @@ typedef struct tsr_backend {
     /* zeroed memory of this backend; NULL and err set on failure */
     void *(*alloc)(size_t bytes, tsr_error *err);
     void (*free)(void *p);
+    /* copies that wait for the backend's queued work */
     int (*upload)(void *dst, const void *host_src, size_t bytes, tsr_error *err);
     int (*download)(void *host_dst, const void *src, size_t bytes, tsr_error *err);
-    /* x[r] = row ids[r] of table widened to f32. host_ids in host memory;
-     * ids is backend scratch of rows int32 the backend may use. */
-    int (*embed)(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *host_ids,
-                 int32_t *ids, int rows, tsr_error *err);
+    /* copies queued after the backend's work (host memory from host_alloc
+     * where a graph will replay them) */
+    int (*upload_async)(void *dst, const void *host_src, size_t bytes, tsr_error *err);
+    int (*download_async)(void *host_dst, const void *src, size_t bytes, tsr_error *err);
+    /* host memory the device copies to and from while replaying (pinned) */
+    void *(*host_alloc)(size_t bytes, tsr_error *err);
+    void (*host_free)(void *p);
+    /* the queue plugins launch on (tsr_exec.stream); NULL on the CPU */
+    void *(*stream)(void);
+    /* x[r] = row ids[r] of table widened to f32; ids in backend memory. */
+    int (*embed)(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids,
+                 int rows, tsr_error *err);
     int (*rmsnorm)(float *y, const float *x, const float *w, int rows, int n, float eps,
                    tsr_error *err);
     /* x [rows, n_heads, head_dim] to positions pos0 + r; inv_freq is the
-     * backend's copy of r->inv_freq */
+     * backend's copy of r->inv_freq; dev_pos0 (device backends, while
+     * capturing a graph) holds pos0 in backend memory instead */
     int (*rope)(const tsr_rope *r, const float *inv_freq, float *x, int rows, int n_heads, int pos0,
-                tsr_error *err);
+                const int32_t *dev_pos0, tsr_error *err);
     int (*silu_mul)(float *y, const float *g, const float *u, int64_t n, tsr_error *err);
+    /* y[r, :f] = silu(gu[r, :f]) * gu[r, f:2f] */
+    int (*silu_mul_cat)(float *y, const float *gu, int rows, int f, tsr_error *err);
+    /* dst[r, c] = src[r, col0 + c], c < n; rows dst_ld and src_ld apart */
+    int (*copy_cols)(float *dst, int dst_ld, const float *src, int src_ld, int col0, int rows, int n,
+                     tsr_error *err);
+    /* out[r] = argmax of x[r, :n] (ties to the lowest index, NaN and -inf
+     * never chosen, -1 if nothing else), out in backend memory */
+    int (*argmax)(const float *x, int rows, int n, int32_t *out, tsr_error *err);
     int (*add)(float *y, const float *x, int64_t n, tsr_error *err);
     int (*add_rows)(float *y, const float *b, int rows, int n, tsr_error *err);
     /* wait for queued work; surface asynchronous errors */
     int (*sync)(tsr_error *err);
+    /* CUDA graphs (NULL where the backend has none): capture what is queued
+     * between begin and end into an instantiated graph; launch replays it. */
+    int (*capture_begin)(tsr_error *err);
+    int (*capture_end)(void **graph, tsr_error *err);
+    int (*graph_launch)(void *graph, tsr_error *err);
+    void (*graph_free)(void *graph);
 } tsr_backend;
 
 const tsr_backend *tsr_backend_cpu(void);

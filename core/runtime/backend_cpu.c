@@ -1,4 +1,5 @@
 /* The CPU backend: host memory and kernels/cpu/ops.h. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,15 +18,16 @@ static int cpu_copy(void *dst, const void *src, size_t bytes, tsr_error *err) {
     return TSR_OK;
 }
 
-static int cpu_embed(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *host_ids,
-                     int32_t *ids, int rows, tsr_error *err) {
-    (void)ids;
+static void *cpu_host_alloc(size_t bytes, tsr_error *err) { return cpu_alloc(bytes, err); }
+
+static int cpu_embed(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids,
+                     int rows, tsr_error *err) {
     uint64_t row_bytes;
     if (tsr_dtype_row_bytes(dtype, hidden, &row_bytes) != 0)
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "embedding dtype %s with %d columns",
                              tsr_dtype_name(dtype), hidden);
     for (int r = 0; r < rows; r++)
-        tsr_dequant_row(dtype, (const uint8_t *)table + row_bytes * (uint64_t)host_ids[r],
+        tsr_dequant_row(dtype, (const uint8_t *)table + row_bytes * (uint64_t)ids[r],
                         x + (int64_t)r * hidden, hidden);
     return TSR_OK;
 }
@@ -38,9 +40,9 @@ static int cpu_rmsnorm(float *y, const float *x, const float *w, int rows, int n
 }
 
 static int cpu_rope(const tsr_rope *rp, const float *inv_freq, float *x, int rows, int n_heads,
-                    int pos0, tsr_error *err) {
+                    int pos0, const int32_t *dev_pos0, tsr_error *err) {
     (void)inv_freq;
-    (void)err;
+    if (dev_pos0) return tsr_error_set(err, TSR_ERR_INVALID, "the CPU backend has no device positions");
     for (int r = 0; r < rows; r++)
         tsr_rope_apply(rp, x + (int64_t)r * n_heads * rp->head_dim, n_heads, pos0 + r);
     return TSR_OK;
@@ -49,6 +51,34 @@ static int cpu_rope(const tsr_rope *rp, const float *inv_freq, float *x, int row
 static int cpu_silu_mul(float *y, const float *g, const float *u, int64_t n, tsr_error *err) {
     (void)err;
     tsr_silu_mul(y, g, u, n);
+    return TSR_OK;
+}
+
+static int cpu_silu_mul_cat(float *y, const float *gu, int rows, int f, tsr_error *err) {
+    (void)err;
+    for (int r = 0; r < rows; r++)
+        tsr_silu_mul(y + (int64_t)r * f, gu + (int64_t)r * 2 * f, gu + (int64_t)r * 2 * f + f, f);
+    return TSR_OK;
+}
+
+static int cpu_copy_cols(float *dst, int dst_ld, const float *src, int src_ld, int col0, int rows, int n,
+                         tsr_error *err) {
+    (void)err;
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (int64_t)r * dst_ld, src + (int64_t)r * src_ld + col0, (size_t)n * sizeof(float));
+    return TSR_OK;
+}
+
+static int cpu_argmax(const float *x, int rows, int n, int32_t *out, tsr_error *err) {
+    (void)err;
+    for (int r = 0; r < rows; r++) {
+        const float *row = x + (int64_t)r * n;
+        int32_t best = -1;
+        float bv = -INFINITY;
+        for (int i = 0; i < n; i++)
+            if (row[i] > bv) bv = row[i], best = i; /* NaN and -inf never compare greater */
+        out[r] = best;
+    }
     return TSR_OK;
 }
 
@@ -76,10 +106,17 @@ static const tsr_backend cpu_backend = {
     .free = free,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .upload_async = cpu_copy,
+    .download_async = cpu_copy,
+    .host_alloc = cpu_host_alloc,
+    .host_free = free,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .silu_mul = cpu_silu_mul,
+    .silu_mul_cat = cpu_silu_mul_cat,
+    .copy_cols = cpu_copy_cols,
+    .argmax = cpu_argmax,
     .add = cpu_add,
     .add_rows = cpu_add_rows,
     .sync = cpu_sync,

@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "../../kernels/dtype.h"
 #include "model_internal.h"
@@ -28,9 +29,38 @@ static int add_bias(tsr_model *m, float *y, const float *b, int rows, int n, tsr
     return b ? m->be->add_rows(y, b, rows, n, err) : TSR_OK;
 }
 
+/* The exec of the pass in flight (m->ex, or a copy with the step while
+ * capturing a graph). */
+#define EX (m->cur_ex)
+
+static double prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* With profiling on (tsr_model_opts.profile): wait for the backend after
+ * the op and add its time to its kind (prefill or decode pass). */
+#define OP(kind, stmt)                                                                         \
+    do {                                                                                       \
+        double t0_ = m->prof ? prof_now() : 0;                                                 \
+        stmt;                                                                                  \
+        if (m->prof) {                                                                         \
+            BE(m->be->sync(err));                                                              \
+            tsr_prof *p_ = &m->prof[m->prof_phase];                                            \
+            p_->seconds[kind] += prof_now() - t0_;                                             \
+            p_->calls[kind]++;                                                                 \
+        }                                                                                      \
+    } while (0)
+
+const char *const tsr_prof_names[TSR_PROF_KINDS] = {
+    "embedding", "norms", "q/k/v", "rope", "kv append", "attention", "o proj",
+    "gate/up",   "silu",  "down",  "adds", "lm head",   "argmax",
+};
+
 /* y[rows, w.rows] = x . W^T through the gemv slot. */
 static int gemv(tsr_model *m, const void *w, int rows, const float *x, float *y, tsr_error *err) {
-    CALL(m->gemv, tsr_gemv_run(m->gemv, w, rows, x, y, &m->ex), "gemv");
+    CALL(m->gemv, tsr_gemv_run(m->gemv, w, rows, x, y, EX), "gemv");
     return TSR_OK;
 }
 
@@ -38,10 +68,21 @@ static int gemv(tsr_model *m, const void *w, int rows, const float *x, float *y,
 static int ffn(tsr_model *m, const void *wg, const void *wu, const void *wd, int rows, int f,
                const float *x, float *g, float *u, float *y, tsr_error *err) {
     int rc;
-    if ((rc = gemv(m, wg, rows, x, g, err))) return rc;
-    if ((rc = gemv(m, wu, rows, x, u, err))) return rc;
-    BE(m->be->silu_mul(g, g, u, (int64_t)rows * f, err));
-    return gemv(m, wd, rows, g, y, err);
+    OP(TSR_PROF_GATE_UP, if ((rc = gemv(m, wg, rows, x, g, err))) return rc;
+       if ((rc = gemv(m, wu, rows, x, u, err))) return rc);
+    OP(TSR_PROF_SILU, BE(m->be->silu_mul(g, g, u, (int64_t)rows * f, err)));
+    OP(TSR_PROF_DOWN, if ((rc = gemv(m, wd, rows, g, y, err))) return rc);
+    return TSR_OK;
+}
+
+/* The same with gate and up stacked into one matrix (prepare_group). */
+static int ffn_stacked(tsr_model *m, const void *wgu, const void *wd, int rows, int f, const float *x,
+                       float *g, float *y, tsr_error *err) {
+    int rc;
+    OP(TSR_PROF_GATE_UP, if ((rc = gemv(m, wgu, rows, x, m->gu, err))) return rc);
+    OP(TSR_PROF_SILU, BE(m->be->silu_mul_cat(g, m->gu, rows, f, err)));
+    OP(TSR_PROF_DOWN, if ((rc = gemv(m, wd, rows, g, y, err))) return rc);
+    return TSR_OK;
 }
 
 /* Mixture of experts over m->xn, adding into m->x. */
@@ -118,20 +159,34 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
     const tsr_layer_w *L = &m->layers[layer];
     const int h = c->hidden, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     int rc;
-    BE(be->rmsnorm(m->xn, m->x, L->attn_norm, rows, h, c->norm_eps, err));
-    if ((rc = gemv(m, L->wq, rows, m->xn, m->q, err))) return rc;
-    if ((rc = gemv(m, L->wk, rows, m->xn, m->k, err))) return rc;
-    if ((rc = gemv(m, L->wv, rows, m->xn, m->v, err))) return rc;
-    BE(add_bias(m, m->q, L->bq, rows, qd, err));
-    BE(add_bias(m, m->k, L->bk, rows, kvd, err));
-    BE(add_bias(m, m->v, L->bv, rows, kvd, err));
-    if (L->q_norm) { /* per head, before RoPE */
-        BE(be->rmsnorm(m->q, m->q, L->q_norm, rows * c->n_heads, hd, c->norm_eps, err));
-        BE(be->rmsnorm(m->k, m->k, L->k_norm, rows * c->n_kv_heads, hd, c->norm_eps, err));
+    OP(TSR_PROF_NORM, BE(be->rmsnorm(m->xn, m->x, L->attn_norm, rows, h, c->norm_eps, err)));
+    float *q = m->q, *k = m->k, *v = m->v;
+    if (L->wqkv) { /* one pass over q, k, v stacked: [rows, qd + 2 kvd] */
+        const int ld = qd + 2 * kvd;
+        OP(TSR_PROF_QKV, if ((rc = gemv(m, L->wqkv, rows, m->xn, m->qkv, err))) return rc);
+        if (rows == 1) { /* a single row is already three contiguous vectors */
+            q = m->qkv, k = m->qkv + qd, v = m->qkv + qd + kvd;
+        } else {
+            OP(TSR_PROF_QKV, BE(be->copy_cols(q, qd, m->qkv, ld, 0, rows, qd, err));
+               BE(be->copy_cols(k, kvd, m->qkv, ld, qd, rows, kvd, err));
+               BE(be->copy_cols(v, kvd, m->qkv, ld, qd + kvd, rows, kvd, err)));
+        }
+    } else {
+        OP(TSR_PROF_QKV, if ((rc = gemv(m, L->wq, rows, m->xn, q, err))) return rc;
+           if ((rc = gemv(m, L->wk, rows, m->xn, k, err))) return rc;
+           if ((rc = gemv(m, L->wv, rows, m->xn, v, err))) return rc);
     }
-    BE(be->rope(&m->rope, m->inv_freq, m->q, rows, c->n_heads, pos0, err));
-    BE(be->rope(&m->rope, m->inv_freq, m->k, rows, c->n_kv_heads, pos0, err));
-    CALL(m->kv, tsr_kv_append(m->kv, kv_seq, layer, pos0, rows, m->k, m->v, &m->ex), "kv append");
+    if (L->bq || L->bk || L->bv)
+        OP(TSR_PROF_QKV, BE(add_bias(m, q, L->bq, rows, qd, err)); BE(add_bias(m, k, L->bk, rows, kvd, err));
+           BE(add_bias(m, v, L->bv, rows, kvd, err)));
+    if (L->q_norm) { /* per head, before RoPE */
+        OP(TSR_PROF_NORM, BE(be->rmsnorm(q, q, L->q_norm, rows * c->n_heads, hd, c->norm_eps, err));
+           BE(be->rmsnorm(k, k, L->k_norm, rows * c->n_kv_heads, hd, c->norm_eps, err)));
+    }
+    const int32_t *dev_pos0 = EX->step ? &EX->step->pos0 : NULL;
+    OP(TSR_PROF_ROPE, BE(be->rope(&m->rope, m->inv_freq, q, rows, c->n_heads, pos0, dev_pos0, err));
+       BE(be->rope(&m->rope, m->inv_freq, k, rows, c->n_kv_heads, pos0, dev_pos0, err)));
+    OP(TSR_PROF_KV, CALL(m->kv, tsr_kv_append(m->kv, kv_seq, layer, pos0, rows, k, v, EX), "kv append"));
     tsr_kv_view view;
     CALL(m->kv, tsr_kv_view_get(m->kv, kv_seq, layer, &view), "kv view");
     tsr_attn_args a = {
@@ -142,47 +197,80 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
         .head_dim = hd,
         .scale = 1.0f / sqrtf((float)hd),
         .window = c->sliding_window,
-        .q = m->q,
+        .q = q,
         .kv = &view,
         .out = m->att,
     };
-    CALL(m->attn, tsr_attention_run(m->attn, &a, &m->ex), "attention");
-    if ((rc = gemv(m, L->wo, rows, m->att, m->o, err))) return rc;
-    BE(add_bias(m, m->o, L->bo, rows, h, err));
-    return be->add(m->x, m->o, (int64_t)rows * h, err);
+    OP(TSR_PROF_ATTN, CALL(m->attn, tsr_attention_run(m->attn, &a, EX), "attention"));
+    OP(TSR_PROF_O, if ((rc = gemv(m, L->wo, rows, m->att, m->o, err))) return rc;
+       BE(add_bias(m, m->o, L->bo, rows, h, err)));
+    OP(TSR_PROF_ADD, BE(be->add(m->x, m->o, (int64_t)rows * h, err)));
+    return TSR_OK;
 }
 
-int tsr_forward_chunk(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens, int rows,
-                      float *logits, int all_rows, tsr_error *err) {
+int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int rows, tsr_fwd_out out,
+                     tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     const tsr_backend *be = m->be;
     const int h = c->hidden;
     int rc;
+    m->cur_ex = ex;
+    m->prof_phase = pos0 == 0 || rows > TSR_GRAPH_MAX_ROWS ? 0 : 1;
+    OP(TSR_PROF_EMBED, BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, m->ids, rows, err)));
+    for (int l = 0; l < c->n_layers; l++) {
+        const tsr_layer_w *L = &m->layers[l];
+        if ((rc = attention_block(m, l, kv_seq, pos0, rows, err))) return rc;
+        OP(TSR_PROF_NORM, BE(be->rmsnorm(m->xn, m->x, L->ffn_norm, rows, h, c->norm_eps, err)));
+        if (L->moe) {
+            if ((rc = moe(m, l, rows, err))) return rc;
+        } else {
+            rc = L->w_gu ? ffn_stacked(m, L->w_gu, L->w_down, rows, c->ffn, m->xn, m->g, m->o, err)
+                         : ffn(m, L->w_gate, L->w_up, L->w_down, rows, c->ffn, m->xn, m->g, m->u, m->o, err);
+            if (rc) return rc;
+            OP(TSR_PROF_ADD, BE(be->add(m->x, m->o, (int64_t)rows * h, err)));
+        }
+    }
+    if (out == TSR_FWD_NONE) return TSR_OK;
+    const int all = out == TSR_FWD_LOGITS_ALL || out == TSR_FWD_ARGMAX_ALL;
+    const int first = all ? 0 : rows - 1, n = rows - first;
+    OP(TSR_PROF_HEAD, BE(be->rmsnorm(m->xn, m->x + (int64_t)first * h, m->final_norm, n, h, c->norm_eps, err));
+       if ((rc = gemv(m, m->lm_head, n, m->xn, m->head_out, err))) return rc);
+    if (out == TSR_FWD_ARGMAX_LAST || out == TSR_FWD_ARGMAX_ALL)
+        OP(TSR_PROF_ARGMAX, BE(be->argmax(m->head_out, n, c->vocab, m->argmax_dev, err)));
+    return TSR_OK;
+}
+
+/* Rows of output a pass hands back, and their size. */
+static size_t out_bytes(const tsr_model *m, tsr_fwd_out out, int rows) {
+    const int n = out == TSR_FWD_LOGITS_ALL || out == TSR_FWD_ARGMAX_ALL ? rows : 1;
+    if (out == TSR_FWD_LOGITS_LAST || out == TSR_FWD_LOGITS_ALL) return (size_t)n * m->cfg.vocab * sizeof(float);
+    if (out == TSR_FWD_ARGMAX_LAST || out == TSR_FWD_ARGMAX_ALL) return (size_t)n * sizeof(int32_t);
+    return 0;
+}
+
+int tsr_forward_chunk(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens, int rows, tsr_fwd_out out,
+                      void *dst, tsr_error *err) {
+    const tsr_model_config *c = &m->cfg;
+    const tsr_backend *be = m->be;
+    int rc;
     TSR_ASSERT(rows >= 1 && rows <= m->chunk);
+    if (out == TSR_FWD_ARGMAX_ALL && rows > TSR_GRAPH_MAX_ROWS)
+        return tsr_error_set(err, TSR_ERR_INVALID, "greedy choices of %d rows at once (at most %d)", rows,
+                             TSR_GRAPH_MAX_ROWS);
     for (int r = 0; r < rows; r++)
         if (tokens[r] < 0 || tokens[r] >= c->vocab)
             return tsr_error_set(err, TSR_ERR_INVALID, "token id %d is outside the vocabulary (%d)",
                                  tokens[r], c->vocab);
-    BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, tokens, m->ids, rows, err));
-    for (int l = 0; l < c->n_layers; l++) {
-        const tsr_layer_w *L = &m->layers[l];
-        if ((rc = attention_block(m, l, kv_seq, pos0, rows, err))) return rc;
-        BE(be->rmsnorm(m->xn, m->x, L->ffn_norm, rows, h, c->norm_eps, err));
-        if (L->moe) {
-            if ((rc = moe(m, l, rows, err))) return rc;
-        } else {
-            if ((rc = ffn(m, L->w_gate, L->w_up, L->w_down, rows, c->ffn, m->xn, m->g, m->u, m->o,
-                          err)))
-                return rc;
-            BE(be->add(m->x, m->o, (int64_t)rows * h, err));
-        }
-    }
-    if (!logits) return be->sync(err);
-    int first = all_rows ? 0 : rows - 1, n = rows - first;
-    BE(be->rmsnorm(m->xn, m->x + (int64_t)first * h, m->final_norm, n, h, c->norm_eps, err));
+    int done = 0;
+    if ((rc = tsr_graph_forward(m, kv_seq, pos0, tokens, rows, out, dst, &done, err)) || done) return rc;
+    /* eager: every launch issued now */
+    const int logits = out == TSR_FWD_LOGITS_LAST || out == TSR_FWD_LOGITS_ALL;
     /* on the CPU the head writes the caller's logits; elsewhere they come back from the device */
-    float *out = be->device == TSR_DEVICE_CPU ? logits : m->logits_dev;
-    if ((rc = gemv(m, m->lm_head, n, m->xn, out, err))) return rc;
-    if (out != logits) BE(be->download(logits, out, (size_t)n * c->vocab * sizeof(float), err));
-    return be->sync(err);
+    m->head_out = logits && be->device == TSR_DEVICE_CPU ? (float *)dst : m->logits_dev;
+    BE(be->upload_async(m->ids, tokens, (size_t)rows * sizeof *tokens, err));
+    if ((rc = tsr_forward_pass(m, &m->ex, kv_seq, pos0, rows, out, err))) return rc;
+    if (out == TSR_FWD_NONE) return be->sync(err);
+    if (m->head_out == dst) return be->sync(err);
+    return be->download(dst, logits ? (void *)m->logits_dev : (void *)m->argmax_dev, out_bytes(m, out, rows),
+                        err);
 }

@@ -36,6 +36,8 @@ struct tsr_gen {
     float *raw;               /* [vocab] one row of logits as the model gave it */
     float *qprobs;            /* [TSR_MAX_DRAFT, vocab] */
     int32_t draft[TSR_MAX_DRAFT];
+    int greedy_ids;           /* ask the model for argmax ids alone (plain greedy, no logprobs) */
+    int32_t choices[TSR_MAX_DRAFT + 1];
     tsr_token_info toks[TSR_MAX_DRAFT + 1];
     tsr_detok detok;
     char *text;               /* generated text so far */
@@ -88,6 +90,7 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
         tsr_gen_free(g);
         return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
     }
+    g->greedy_ids = tsr_sampler_plain_greedy(g->sampler) && !p->logprobs && !p->top_logprobs;
     /* KV for every token that is ever run: the last generated one never is,
      * but drafts beyond it may be, within the same bound */
     int rc = tsr_seq_new(m, total, &g->seq, err);
@@ -235,13 +238,20 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
     float *raw = g->raw;
     if (!g->started) {
         double t0 = now_seconds();
-        rc = tsr_seq_forward(g->seq, g->hist, g->n_hist, g->logits, 0, err);
+        int32_t choice;
+        if (g->greedy_ids) {
+            rc = tsr_seq_forward_greedy(g->seq, g->hist, g->n_hist, &choice, 0, err);
+        } else {
+            rc = tsr_seq_forward(g->seq, g->hist, g->n_hist, g->logits, 0, err);
+            if (rc == TSR_OK) {
+                memcpy(raw, g->logits, (size_t)vocab * sizeof(float));
+                tsr_sampler_dist(g->sampler, g->logits, g->hist, g->n_hist, g->n_prompt, g->probs);
+                choice = tsr_sampler_draw(g->sampler, g->probs);
+            }
+        }
         if (rc != TSR_OK) goto out;
         g->started = 1;
         g->stats.prefill_seconds = now_seconds() - t0;
-        memcpy(raw, g->logits, (size_t)vocab * sizeof(float));
-        tsr_sampler_dist(g->sampler, g->logits, g->hist, g->n_hist, g->n_prompt, g->probs);
-        int32_t choice = tsr_sampler_draw(g->sampler, g->probs);
         if (choice < 0) {
             rc = tsr_error_set(err, TSR_ERR_INVALID, "no token can be chosen: every logit is NaN or -inf");
             goto out;
@@ -278,22 +288,30 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         rows[0] = g->hist[g->n_hist - 1];
         memcpy(rows + 1, g->draft, (size_t)k * sizeof *rows);
         int kv_before = tsr_seq_len(g->seq);
-        rc = tsr_seq_forward(g->seq, rows, k + 1, g->logits, 1, err);
+        if (g->greedy_ids)
+            rc = tsr_seq_forward_greedy(g->seq, rows, k + 1, g->choices, 1, err);
+        else
+            rc = tsr_seq_forward(g->seq, rows, k + 1, g->logits, 1, err);
         if (rc != TSR_OK) goto out;
         g->stats.decode_passes++;
         int accepted = 0;
         for (int i = 0; i <= k && !done; i++) {
-            float *row = g->logits + (int64_t)i * vocab;
-            memcpy(raw, row, (size_t)vocab * sizeof(float));
-            tsr_sampler_dist(g->sampler, row, g->hist, g->n_hist, g->n_prompt, g->probs);
             int32_t choice = -1;
             int accept_draft = 0;
-            if (i < k && sampled) {
-                const float *q = dout.deterministic ? NULL : g->qprobs + (int64_t)i * vocab;
-                accept_draft = tsr_sampler_verify(g->sampler, g->probs, q, g->draft[i], &choice) == 1;
-            } else {
-                choice = tsr_sampler_draw(g->sampler, g->probs);
+            if (g->greedy_ids) { /* the model's argmax is the choice */
+                choice = g->choices[i];
                 accept_draft = i < k && choice == g->draft[i];
+            } else {
+                float *row = g->logits + (int64_t)i * vocab;
+                memcpy(raw, row, (size_t)vocab * sizeof(float));
+                tsr_sampler_dist(g->sampler, row, g->hist, g->n_hist, g->n_prompt, g->probs);
+                if (i < k && sampled) {
+                    const float *q = dout.deterministic ? NULL : g->qprobs + (int64_t)i * vocab;
+                    accept_draft = tsr_sampler_verify(g->sampler, g->probs, q, g->draft[i], &choice) == 1;
+                } else {
+                    choice = tsr_sampler_draw(g->sampler, g->probs);
+                    accept_draft = i < k && choice == g->draft[i];
+                }
             }
             if (choice < 0) {
                 rc = tsr_error_set(err, TSR_ERR_INVALID,

@@ -86,6 +86,33 @@ static int load_matrix(tsr_model *m, const char *name, int64_t rows, int64_t col
     return prepare(m, t, out, bytes, err);
 }
 
+/* Prepare the n matrices names[i] ([rows[i], cols]) as one stacked handle
+ * when the gemv plugin groups them (TSR_ERR_UNSUPPORTED when it does not,
+ * or when they differ in dtype: the caller then prepares them alone). */
+static int load_group(tsr_model *m, const char *const *names, const int64_t *rows, int n, int64_t cols,
+                      void **out, uint64_t *bytes, tsr_error *err) {
+    tsr_weight ws[4];
+    TSR_ASSERT(n <= 4);
+    *out = NULL;
+    for (int i = 0; i < n; i++) {
+        const tsr_tensor *t;
+        int rc = find_matrix(m, names[i], rows[i], cols, 0, &t, err);
+        if (rc != TSR_OK) return rc;
+        if (i > 0 && t->dtype != ws[0].dtype) return TSR_ERR_UNSUPPORTED;
+        ws[i] = (tsr_weight){t->name, t->dtype, rows[i], cols, t->data, t->nbytes};
+    }
+    int rc = tsr_gemv_prepare_group(m->gemv, ws, n, out);
+    if (rc == TSR_ERR_UNSUPPORTED) return rc;
+    if (rc != TSR_OK) {
+        *out = NULL;
+        char what[300];
+        snprintf(what, sizeof what, "preparing %s and %d more as one", names[0], n - 1);
+        return tsr_model_slot_error(m, m->gemv, rc, err, what);
+    }
+    *bytes += tsr_gemv_bytes(m->gemv, *out, NULL);
+    return TSR_OK;
+}
+
 /* A vector of n values widened to f32 (norm weights, biases), in the
  * backend's memory. */
 static int load_vector(tsr_model *m, const char *name, int64_t n, int optional, float **out,
@@ -183,9 +210,19 @@ static int load_layer(tsr_model *m, int l, tsr_error *err) {
     if ((rc = load_vector(m, NAME("input_layernorm.weight"), h, 0, &L->attn_norm, err))) return rc;
     if ((rc = load_vector(m, NAME("post_attention_layernorm.weight"), h, 0, &L->ffn_norm, err)))
         return rc;
-    if ((rc = load_matrix(m, NAME("self_attn.q_proj.weight"), qd, h, 0, &L->wq, &m->weight_bytes_token, err))) return rc;
-    if ((rc = load_matrix(m, NAME("self_attn.k_proj.weight"), kvd, h, 0, &L->wk, &m->weight_bytes_token, err))) return rc;
-    if ((rc = load_matrix(m, NAME("self_attn.v_proj.weight"), kvd, h, 0, &L->wv, &m->weight_bytes_token, err))) return rc;
+    char qn[200], kn[200], vn[200];
+    snprintf(qn, sizeof qn, "model.layers.%d.self_attn.q_proj.weight", l);
+    snprintf(kn, sizeof kn, "model.layers.%d.self_attn.k_proj.weight", l);
+    snprintf(vn, sizeof vn, "model.layers.%d.self_attn.v_proj.weight", l);
+    const char *qkv_names[] = {qn, kn, vn};
+    const int64_t qkv_rows[] = {qd, kvd, kvd};
+    rc = load_group(m, qkv_names, qkv_rows, 3, h, &L->wqkv, &m->weight_bytes_token, err);
+    if (rc != TSR_OK && rc != TSR_ERR_UNSUPPORTED) return rc;
+    if (rc == TSR_ERR_UNSUPPORTED) {
+        if ((rc = load_matrix(m, qn, qd, h, 0, &L->wq, &m->weight_bytes_token, err))) return rc;
+        if ((rc = load_matrix(m, kn, kvd, h, 0, &L->wk, &m->weight_bytes_token, err))) return rc;
+        if ((rc = load_matrix(m, vn, kvd, h, 0, &L->wv, &m->weight_bytes_token, err))) return rc;
+    }
     if ((rc = load_matrix(m, NAME("self_attn.o_proj.weight"), h, qd, 0, &L->wo, &m->weight_bytes_token, err))) return rc;
     if (c->attn_bias) {
         if ((rc = load_vector(m, NAME("self_attn.q_proj.bias"), qd, 0, &L->bq, err))) return rc;
@@ -203,9 +240,17 @@ static int load_layer(tsr_model *m, int l, tsr_error *err) {
     }
     L->moe = c->n_experts > 0 && c->layer_moe[l];
     if (!L->moe) {
-        if ((rc = load_matrix(m, NAME("mlp.gate_proj.weight"), c->ffn, h, 0, &L->w_gate, &m->weight_bytes_token, err)))
-            return rc;
-        if ((rc = load_matrix(m, NAME("mlp.up_proj.weight"), c->ffn, h, 0, &L->w_up, &m->weight_bytes_token, err))) return rc;
+        char gn[200], un[200];
+        snprintf(gn, sizeof gn, "model.layers.%d.mlp.gate_proj.weight", l);
+        snprintf(un, sizeof un, "model.layers.%d.mlp.up_proj.weight", l);
+        const char *gu_names[] = {gn, un};
+        const int64_t gu_rows[] = {c->ffn, c->ffn};
+        rc = load_group(m, gu_names, gu_rows, 2, h, &L->w_gu, &m->weight_bytes_token, err);
+        if (rc != TSR_OK && rc != TSR_ERR_UNSUPPORTED) return rc;
+        if (rc == TSR_ERR_UNSUPPORTED) {
+            if ((rc = load_matrix(m, gn, c->ffn, h, 0, &L->w_gate, &m->weight_bytes_token, err))) return rc;
+            if ((rc = load_matrix(m, un, c->ffn, h, 0, &L->w_up, &m->weight_bytes_token, err))) return rc;
+        }
         if ((rc = load_matrix(m, NAME("mlp.down_proj.weight"), h, c->ffn, 0, &L->w_down, &m->weight_bytes_token, err)))
             return rc;
     } else {
@@ -247,8 +292,8 @@ static void free_layer(tsr_model *m, tsr_layer_w *L) {
     float *vecs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->bq, L->bk, L->bv, L->bo};
     for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
         if (vecs[i]) m->be->free(vecs[i]);
-    void *mats[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down, L->w_router,
-                    L->sh_gate, L->sh_up, L->sh_down, L->sh_router};
+    void *mats[] = {L->wq,     L->wk,      L->wv,    L->wo,    L->w_gate,  L->w_up, L->w_down,
+                    L->w_router, L->sh_gate, L->sh_up, L->sh_down, L->sh_router, L->wqkv, L->w_gu};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) tsr_gemv_release(m->gemv, mats[i]);
 }
 
@@ -265,9 +310,26 @@ int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err) {
     size_t dev_sizes[] = {R * h, R * h, R * qd, R * kvd, R * kvd, R * qd, R * h, R * f, R * f};
     for (size_t i = 0; i < sizeof dev_sizes / sizeof dev_sizes[0]; i++)
         if (!(*dev[i] = be->alloc(dev_sizes[i] * sizeof(float), err))) return err->code;
-    if (!(m->ids = be->alloc(R * sizeof(int32_t), err))) return err->code;
+    int grouped_qkv = 0, grouped_gu = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        grouped_qkv |= m->layers[l].wqkv != NULL;
+        grouped_gu |= m->layers[l].w_gu != NULL;
+    }
+    if (grouped_qkv && !(m->qkv = be->alloc(R * (qd + 2 * kvd) * sizeof(float), err))) return err->code;
+    if (grouped_gu && !(m->gu = be->alloc(R * 2 * f * sizeof(float), err))) return err->code;
+    /* inputs: the step then the ids, in backend memory and staged on the host */
+    const size_t io_bytes = sizeof(tsr_step) + R * sizeof(int32_t);
+    if (!(m->io = be->alloc(io_bytes, err)) || !(m->io_host = be->host_alloc(io_bytes, err)))
+        return err->code;
+    m->ids = (int32_t *)((char *)m->io + sizeof(tsr_step));
+    /* outputs: the head's logits, and argmax ids, of up to TSR_GRAPH_MAX_ROWS rows
+     * (the CPU writes logits straight into the caller's buffer, or here for argmax) */
+    const size_t lrows = be->device != TSR_DEVICE_CPU ? R : TSR_GRAPH_MAX_ROWS;
+    if (!(m->logits_dev = be->alloc(lrows * (size_t)c->vocab * sizeof(float), err)) ||
+        !(m->argmax_dev = be->alloc(R * sizeof(int32_t), err)))
+        return err->code;
     if (be->device != TSR_DEVICE_CPU &&
-        !(m->logits_dev = be->alloc(R * (size_t)c->vocab * sizeof(float), err)))
+        !(m->out_host = be->host_alloc(TSR_GRAPH_MAX_ROWS * (size_t)c->vocab * sizeof(float), err)))
         return err->code;
     if (c->n_experts == 0) return TSR_OK;
     const size_t E = (size_t)c->n_experts, K = c->n_experts_used > 0 ? (size_t)c->n_experts_used : 1;
@@ -349,6 +411,12 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
                            "assembly %s runs on cuda, but this tessera was built without CUDA", asm_path);
         goto fail;
     }
+    m->ex.stream = m->be->stream ? m->be->stream() : NULL;
+    m->graphs_on = tsr_engine_cuda_graphs(m->engine) && !o->profile;
+    if (o->profile && !(m->prof = calloc(2, sizeof *m->prof))) {
+        rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
     if (m->be->device != TSR_DEVICE_CPU && c->n_experts > 0) {
         rc = tsr_error_set(err, TSR_ERR_NOT_IMPLEMENTED,
                            "mixture-of-experts models run on the CPU only for now (%s)", c->arch_name);
@@ -425,10 +493,14 @@ fail:
 }
 
 void tsr_model_free_scratch(tsr_model *m) {
-    float *dev[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->o, m->g, m->u, m->logits_dev};
+    tsr_graphs_free(m);
+    void *dev[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->o, m->g, m->u, m->logits_dev, m->qkv, m->gu,
+                   m->io, m->argmax_dev};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) m->be->free(dev[i]);
-    if (m->ids) m->be->free(m->ids);
+    void *host_io[] = {m->io_host, m->out_host};
+    for (size_t i = 0; i < sizeof host_io / sizeof host_io[0]; i++)
+        if (host_io[i]) m->be->host_free(host_io[i]);
     float *host[] = {m->router, m->moe_out, m->ex_in, m->ex_g, m->ex_u, m->ex_d,
                      m->sh_gate_out, m->topk_w, m->ex_wts};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
@@ -458,6 +530,7 @@ void tsr_model_free(tsr_model *m) {
         tsr_model_free_scratch(m);
     }
     free(m->catalog_dir);
+    free(m->prof);
     tsr_tokenizer_free(m->tok);
     tsr_model_file_close(m->file);
     free(m);
@@ -469,6 +542,27 @@ tsr_engine *tsr_model_get_engine(const tsr_model *m) { return m->engine; }
 int tsr_model_ctx(const tsr_model *m) { return m->ctx; }
 double tsr_model_load_seconds(const tsr_model *m) { return m->load_seconds; }
 uint64_t tsr_model_weight_bytes_per_token(const tsr_model *m) { return m->weight_bytes_token; }
+
+void tsr_model_profile_print(const tsr_model *m, FILE *f) {
+    if (!m->prof) return;
+    static const char *phase[2] = {"prefill", "decode"};
+    for (int p = 0; p < 2; p++) {
+        double total = 0;
+        for (int k = 0; k < TSR_PROF_KINDS; k++) total += m->prof[p].seconds[k];
+        if (total <= 0) continue;
+        fprintf(f, "profile of %s passes (each op waited for): %.3f s\n", phase[p], total);
+        for (int k = 0; k < TSR_PROF_KINDS; k++)
+            if (m->prof[p].calls[k])
+                fprintf(f, "  %-10s %9.3f ms %5.1f%%  %8lld calls  %8.1f us/call\n", tsr_prof_names[k],
+                        m->prof[p].seconds[k] * 1e3, 100 * m->prof[p].seconds[k] / total,
+                        (long long)m->prof[p].calls[k], m->prof[p].seconds[k] * 1e6 / (double)m->prof[p].calls[k]);
+    }
+}
+
+void tsr_model_graph_stats(const tsr_model *m, uint64_t *captures, uint64_t *replays) {
+    *captures = m->graph_captures;
+    *replays = m->graph_replays;
+}
 
 void tsr_model_kv_usage(const tsr_model *m, uint64_t *used, uint64_t *capacity) {
     tsr_kv_usage(m->kv, used, capacity);

@@ -22,7 +22,40 @@ typedef struct tsr_layer_w {
     void *w_router;               /* [n_experts, hidden] */
     void *sh_gate, *sh_up, *sh_down; /* qwen2_moe shared expert or NULL */
     void *sh_router;              /* [1, hidden] sigmoid gate of the shared expert */
+    void *wqkv;                   /* q, k, v stacked (gemv prepare_group) or NULL: then wq/wk/wv */
+    void *w_gu;                   /* gate, up stacked or NULL: then w_gate/w_up */
 } tsr_layer_w;
+
+/* A forward pass captured as a CUDA graph, replayed for later passes of the
+ * same sequence with the same rows and outputs (graph.c). */
+typedef struct tsr_graph {
+    void *exec;                   /* the backend's instantiated graph; NULL: unused */
+    int kv_seq, rows, out;        /* out: tsr_fwd_out */
+    uint64_t last_use;
+} tsr_graph;
+
+#define TSR_GRAPH_CACHE 32
+
+/* --profile: time per kind of op, for prefill ([0]) and decode ([1]) passes. */
+enum {
+    TSR_PROF_EMBED, TSR_PROF_NORM, TSR_PROF_QKV,  TSR_PROF_ROPE,  TSR_PROF_KV,   TSR_PROF_ATTN, TSR_PROF_O,
+    TSR_PROF_GATE_UP, TSR_PROF_SILU, TSR_PROF_DOWN, TSR_PROF_ADD, TSR_PROF_HEAD, TSR_PROF_ARGMAX,
+    TSR_PROF_KINDS
+};
+typedef struct tsr_prof {
+    double seconds[TSR_PROF_KINDS];
+    int64_t calls[TSR_PROF_KINDS];
+} tsr_prof;
+extern const char *const tsr_prof_names[TSR_PROF_KINDS];
+
+/* What a forward pass hands back. */
+typedef enum tsr_fwd_out {
+    TSR_FWD_NONE = 0,             /* nothing (prefill chunks before the last) */
+    TSR_FWD_LOGITS_LAST = 1,      /* logits of the last row */
+    TSR_FWD_LOGITS_ALL = 2,       /* logits of every row */
+    TSR_FWD_ARGMAX_LAST = 3,      /* the greedy choice of the last row */
+    TSR_FWD_ARGMAX_ALL = 4        /* the greedy choice of every row */
+} tsr_fwd_out;
 
 struct tsr_model {
     int is_view;                  /* a cut of another model: shares all but its scratch */
@@ -52,8 +85,21 @@ struct tsr_model {
     float *inv_freq;              /* the backend's copy of rope.inv_freq (NULL on the CPU) */
     /* scratch for one chunk of rows, in the backend's memory */
     float *x, *xn, *q, *k, *v, *att, *o, *g, *u;
-    int32_t *ids;                 /* [chunk] token ids */
-    float *logits_dev;            /* [chunk, vocab] (NULL on the CPU) */
+    float *qkv, *gu;              /* outputs of stacked q/k/v and gate/up (NULL when unused) */
+    void *io;                     /* backend memory: tsr_step, then ids [chunk] */
+    void *io_host;                /* its staging copy on the host (pinned on CUDA) */
+    int32_t *ids;                 /* = io + sizeof(tsr_step) */
+    float *logits_dev;            /* [chunk (CPU: TSR_GRAPH_MAX_ROWS), vocab] in backend memory */
+    int32_t *argmax_dev;          /* [chunk] greedy choices in backend memory */
+    void *out_host;               /* [TSR_GRAPH_MAX_ROWS, vocab] floats: outputs of replays */
+    float *head_out;              /* where the pass in flight writes logits */
+    const tsr_exec *cur_ex;       /* the exec of the pass in flight */
+    int graphs_on;                /* the assembly's runtime.cuda_graphs (off while profiling) */
+    tsr_prof *prof;               /* [2] with tsr_model_opts.profile, else NULL */
+    int prof_phase;
+    tsr_graph graphs[TSR_GRAPH_CACHE];
+    uint64_t graph_tick;
+    uint64_t graph_captures, graph_replays;
     /* host scratch of the mixture-of-experts path (CPU only) */
     float *router, *moe_out, *ex_in, *ex_g, *ex_u, *ex_d, *sh_gate_out;
     int32_t *topk_idx;            /* [chunk, n_experts_used] */
@@ -82,9 +128,25 @@ void tsr_model_free_scratch(tsr_model *m);
 void tsr_model_lend_models(tsr_model *m);
 
 /* The forward pass of rows tokens at positions [pos0, pos0 + rows) of kv
- * sequence kv_seq (rows <= m->chunk). logits: [rows, vocab] if all_rows,
- * [1, vocab] (last row) otherwise, or NULL. */
+ * sequence kv_seq (rows <= m->chunk). out says what comes back into dst:
+ * logits [rows or 1, vocab] (float) or greedy choices [rows or 1] (int32).
+ * ARGMAX_ALL needs rows <= TSR_GRAPH_MAX_ROWS. Replayed as a CUDA graph
+ * where the assembly asks for it and the pass qualifies (graph.c). */
 int tsr_forward_chunk(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens, int rows,
-                      float *logits, int all_rows, tsr_error *err);
+                      tsr_fwd_out out, void *dst, tsr_error *err);
+
+/* The pass itself, on inputs already staged in m->io: launches only (no
+ * synchronisation, no copies), outputs left in m->logits_dev /
+ * m->argmax_dev. ex->step set while capturing (forward.c). */
+int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int rows, tsr_fwd_out out,
+                     tsr_error *err);
+
+/* graph.c: the pass through a cached CUDA graph when it qualifies;
+ * *done = 0 (and nothing run) when it does not. */
+int tsr_graph_forward(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens, int rows, tsr_fwd_out out,
+                      void *dst, int *done, tsr_error *err);
+/* Drop the graphs of a KV sequence (freed or reallocated), or all. */
+void tsr_graphs_forget_seq(tsr_model *m, int kv_seq);
+void tsr_graphs_free(tsr_model *m);
 
 #endif /* TSR_MODEL_INTERNAL_H */

@@ -7,6 +7,7 @@
 #define TSR_RUNTIME_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "../format/model_config.h"
@@ -27,6 +28,8 @@ typedef struct tsr_model_opts {
     int progress;               /* print loading progress to stderr */
     int no_tokenizer;           /* ids only (score): load no tokenizer; generation then
                                  * reports tokens without text */
+    int profile;                /* time every op (synchronising after each, no CUDA
+                                 * graphs): see tsr_model_profile_print */
 } tsr_model_opts;
 
 int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err);
@@ -55,6 +58,17 @@ const int32_t *tsr_seq_tokens(const tsr_seq *s);
  * else [1, vocab] for the last token; NULL for none. */
 int tsr_seq_forward(tsr_seq *s, const int32_t *tokens, int n, float *logits, int all_rows,
                     tsr_error *err);
+/* The same, handing back only the greedy choice (highest logit, ties to
+ * the lowest id, -1 where every logit is NaN or -inf) of each row (at most
+ * TSR_GRAPH_MAX_ROWS rows) or of the last: on a GPU the logits stay there. */
+int tsr_seq_forward_greedy(tsr_seq *s, const int32_t *tokens, int n, int32_t *choices, int all_rows,
+                           tsr_error *err);
+/* With tsr_model_opts.profile: a table of time per kind of op, prefill
+ * and decode passes apart. */
+void tsr_model_profile_print(const tsr_model *m, FILE *f);
+/* Passes captured as CUDA graphs and replays of them so far (both 0 unless
+ * the assembly sets runtime.cuda_graphs). */
+void tsr_model_graph_stats(const tsr_model *m, uint64_t *captures, uint64_t *replays);
 /* Drop tokens after the first n (KV rollback). */
 int tsr_seq_truncate(tsr_seq *s, int n, tsr_error *err);
 

@@ -348,6 +348,11 @@ static int is_greedy(const tsr_sampler *s) {
     return s->p.temperature == 0 || s->p.top_k == 1;
 }
 
+int tsr_sampler_plain_greedy(const tsr_sampler *s) {
+    return is_greedy(s) && s->p.repetition_penalty == 1 && s->p.presence_penalty == 0 &&
+           s->p.frequency_penalty == 0;
+}
+
 /* Highest non-NaN logit, ties to the lowest id; -1 if all are NaN or -inf. */
 static int32_t argmax(const float *logits, int V) {
     int32_t best = -1;

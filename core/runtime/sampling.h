@@ -77,6 +77,10 @@ typedef struct tsr_token_info {
 } tsr_token_info;
 
 typedef struct tsr_sampler tsr_sampler;
+/* 1 when every draw of s is the highest raw logit (greedy with no penalty
+ * in effect), so a caller may ask the model for argmax ids alone. */
+int tsr_sampler_plain_greedy(const tsr_sampler *s);
+
 
 /* NULL on allocation failure or vocab <= 0. The random stream is
  * xoshiro256** seeded through splitmix64 from p->seed (or from the clock when

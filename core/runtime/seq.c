@@ -27,12 +27,14 @@ int tsr_seq_new(tsr_model *m, int max_tokens, tsr_seq **out, tsr_error *err) {
     }
     s->m = m;
     s->max_tokens = max_tokens;
+    tsr_graphs_forget_seq(m, s->kv_seq); /* a reused id: its old graphs point at freed KV */
     *out = s;
     return TSR_OK;
 }
 
 void tsr_seq_free(tsr_seq *s) {
     if (!s) return;
+    tsr_graphs_forget_seq(s->m, s->kv_seq);
     tsr_kv_seq_free(s->m->kv, s->kv_seq);
     free(s->tokens);
     free(s);
@@ -41,21 +43,22 @@ void tsr_seq_free(tsr_seq *s) {
 int tsr_seq_len(const tsr_seq *s) { return s->n; }
 const int32_t *tsr_seq_tokens(const tsr_seq *s) { return s->tokens; }
 
-int tsr_seq_forward(tsr_seq *s, const int32_t *tokens, int n, float *logits, int all_rows,
-                    tsr_error *err) {
+/* n tokens in chunks; the last chunk hands back out into dst (elem_size
+ * bytes per value, per row values per row). */
+static int seq_run(tsr_seq *s, const int32_t *tokens, int n, tsr_fwd_out out, void *dst, size_t row_bytes,
+                   tsr_error *err) {
     tsr_model *m = s->m;
     if (n <= 0) return tsr_error_set(err, TSR_ERR_INVALID, "no tokens to run");
     if (s->n + n > s->max_tokens)
         return tsr_error_set(err, TSR_ERR_RANGE, "%d + %d tokens exceed the sequence's %d", s->n, n,
                              s->max_tokens);
-    const int vocab = m->cfg.vocab;
+    const int all = out == TSR_FWD_LOGITS_ALL || out == TSR_FWD_ARGMAX_ALL;
     for (int done = 0; done < n;) {
         int rows = n - done < m->chunk ? n - done : m->chunk;
         int last_chunk = done + rows == n;
-        float *out = NULL;
-        if (logits && all_rows) out = logits + (int64_t)done * vocab;
-        else if (logits && last_chunk) out = logits;
-        int rc = tsr_forward_chunk(m, s->kv_seq, s->n, tokens + done, rows, out, all_rows, err);
+        tsr_fwd_out o = all || last_chunk ? out : TSR_FWD_NONE;
+        void *d = all ? (char *)dst + (size_t)done * row_bytes : dst;
+        int rc = tsr_forward_chunk(m, s->kv_seq, s->n, tokens + done, rows, o, d, err);
         if (rc != TSR_OK) {
             /* drop what the failed chunk appended to some layers */
             tsr_kv_truncate(m->kv, s->kv_seq, s->n);
@@ -66,6 +69,21 @@ int tsr_seq_forward(tsr_seq *s, const int32_t *tokens, int n, float *logits, int
         done += rows;
     }
     return TSR_OK;
+}
+
+int tsr_seq_forward(tsr_seq *s, const int32_t *tokens, int n, float *logits, int all_rows,
+                    tsr_error *err) {
+    tsr_fwd_out out = !logits ? TSR_FWD_NONE : all_rows ? TSR_FWD_LOGITS_ALL : TSR_FWD_LOGITS_LAST;
+    return seq_run(s, tokens, n, out, logits, (size_t)s->m->cfg.vocab * sizeof *logits, err);
+}
+
+int tsr_seq_forward_greedy(tsr_seq *s, const int32_t *tokens, int n, int32_t *choices, int all_rows,
+                           tsr_error *err) {
+    if (all_rows && n > TSR_GRAPH_MAX_ROWS)
+        return tsr_error_set(err, TSR_ERR_INVALID, "greedy choices of %d rows at once (at most %d)", n,
+                             TSR_GRAPH_MAX_ROWS);
+    return seq_run(s, tokens, n, all_rows ? TSR_FWD_ARGMAX_ALL : TSR_FWD_ARGMAX_LAST, choices,
+                   sizeof *choices, err);
 }
 
 int tsr_seq_truncate(tsr_seq *s, int n, tsr_error *err) {

@@ -20,10 +20,23 @@ int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden, const 
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of n; y may equal x. */
 int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
                    void *stream);
-/* Rotate rows x [rows, n_heads, head_dim] to positions pos0 + r. inv_freq:
- * device [head_dim / 2]. */
+/* Rotate rows x [rows, n_heads, head_dim] to positions pos0 + r (pos0 read
+ * from the device at dev_pos0 when that is not NULL). inv_freq: device
+ * [head_dim / 2]. */
 int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim, int pos0,
-                float pos_scale, int interleaved, void *stream);
+                const int32_t *dev_pos0, float pos_scale, int interleaved, void *stream);
+/* y[r, :f] = silu(gu[r, :f]) * gu[r, f:2f] (gate and up side by side) */
+int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, void *stream);
+/* dst[r, c] = src[r, col0 + c] for c < n (rows dst_ld / src_ld apart) */
+int tsr_cu_copy_cols(float *dst, int dst_ld, const float *src, int src_ld, int col0, int rows, int n,
+                     void *stream);
+/* out[r] = index of the largest of x[r, :n], ties to the lowest index, NaN
+ * and -inf never chosen (-1 when nothing else is there). */
+int tsr_cu_argmax_rows(const float *x, int rows, int n, int32_t *out, void *stream);
+/* K/V (bf16, te elements per token) at token pos0 + r = k/v row r (f32);
+ * pos0 read from the device at dev_pos0 when that is not NULL. */
+int tsr_cu_kv_store_bf16(uint16_t *K, uint16_t *V, const float *k, const float *v, int rows, int64_t te,
+                         int pos0, const int32_t *dev_pos0, void *stream);
 /* y = silu(g) * u */
 int tsr_cu_silu_mul(float *y, const float *g, const float *u, int64_t n, void *stream);
 /* y += x */

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 
 #include "cuda_ops.h"
 
@@ -52,8 +53,9 @@ __global__ void rmsnorm_k(float *y, const float *x, const float *w, int n, float
 }
 
 __global__ void rope_k(float *x, const float *inv_freq, int n_heads, int head_dim, int pos0,
-                       float pos_scale, int interleaved) {
+                       const int32_t *dev_pos0, float pos_scale, int interleaved) {
     const int r = blockIdx.x, half = head_dim / 2;
+    if (dev_pos0) pos0 = *dev_pos0;
     const float p = (float)(pos0 + r) * pos_scale;
     float *row = x + (int64_t)r * n_heads * head_dim;
     for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
@@ -65,6 +67,63 @@ __global__ void rope_k(float *x, const float *inv_freq, int n_heads, int head_di
         const float x0 = v[i0], x1 = v[i1];
         v[i0] = x0 * c - x1 * s;
         v[i1] = x1 * c + x0 * s;
+    }
+}
+
+// y[r, i] = silu(gu[r, i]) * gu[r, f + i]: gate and up side by side.
+__global__ void silu_mul_cat_k(float *y, const float *gu, int f) {
+    const float *g = gu + (int64_t)blockIdx.x * 2 * f;
+    float *out = y + (int64_t)blockIdx.x * f;
+    for (int i = threadIdx.x; i < f; i += blockDim.x) {
+        const float a = g[i];
+        out[i] = a / (1.0f + __expf(-a)) * g[f + i];
+    }
+}
+
+__global__ void copy_cols_k(float *dst, int dst_ld, const float *src, int src_ld, int col0, int n) {
+    const float *in = src + (int64_t)blockIdx.x * src_ld + col0;
+    float *out = dst + (int64_t)blockIdx.x * dst_ld;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i];
+}
+
+// Per row the highest value, ties to the lowest index, NaN never chosen; -1
+// when no value is a number above -inf.
+__global__ void argmax_k(const float *x, int n, int32_t *out) {
+    const float *row = x + (int64_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int idx = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = row[i];
+        if (v > best) best = v, idx = i; // NaN and -inf never compare greater
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float b = __shfl_xor_sync(0xffffffffu, best, o);
+        const int j = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (j >= 0 && (idx < 0 || b > best || (b == best && j < idx))) best = b, idx = j;
+    }
+    __shared__ float sb[32];
+    __shared__ int si[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0) sb[warp] = best, si[warp] = idx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < nw; w++)
+            if (si[w] >= 0 && (idx < 0 || sb[w] > best || (sb[w] == best && si[w] < idx)))
+                best = sb[w], idx = si[w];
+        out[blockIdx.x] = idx;
+    }
+}
+
+// Rows of f32 keys and values rounded into bf16 KV at token pos0 + r
+// (pos0 read on the device when dev_pos0 is given); te elements per token.
+__global__ void kv_store_bf16_k(__nv_bfloat16 *K, __nv_bfloat16 *V, const float *k, const float *v,
+                                int64_t te, int pos0, const int32_t *dev_pos0) {
+    if (dev_pos0) pos0 = *dev_pos0;
+    const int64_t r = blockIdx.y, base = ((int64_t)pos0 + r) * te;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < te;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        K[base + i] = __float2bfloat16_rn(k[r * te + i]);
+        V[base + i] = __float2bfloat16_rn(v[r * te + i]);
     }
 }
 
@@ -125,9 +184,10 @@ extern "C" int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows
 }
 
 extern "C" int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim,
-                           int pos0, float pos_scale, int interleaved, void *stream) {
-    rope_k<<<rows, kThreads, 0, STREAM(stream)>>>(x, inv_freq, n_heads, head_dim, pos0, pos_scale,
-                                                  interleaved);
+                           int pos0, const int32_t *dev_pos0, float pos_scale, int interleaved,
+                           void *stream) {
+    rope_k<<<rows, kThreads, 0, STREAM(stream)>>>(x, inv_freq, n_heads, head_dim, pos0, dev_pos0,
+                                                  pos_scale, interleaved);
     return launched();
 }
 
@@ -154,5 +214,29 @@ extern "C" int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, vo
 extern "C" int tsr_cu_f32_to_bf16_pad(uint16_t *dst, const float *src, int rows, int cols, int ld,
                                       void *stream) {
     f32_to_bf16_pad_k<<<rows, kThreads, 0, STREAM(stream)>>>((__nv_bfloat16 *)dst, src, cols, ld);
+    return launched();
+}
+
+extern "C" int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, void *stream) {
+    silu_mul_cat_k<<<rows, kThreads, 0, STREAM(stream)>>>(y, gu, f);
+    return launched();
+}
+
+extern "C" int tsr_cu_copy_cols(float *dst, int dst_ld, const float *src, int src_ld, int col0, int rows,
+                                int n, void *stream) {
+    copy_cols_k<<<rows, kThreads, 0, STREAM(stream)>>>(dst, dst_ld, src, src_ld, col0, n);
+    return launched();
+}
+
+extern "C" int tsr_cu_argmax_rows(const float *x, int rows, int n, int32_t *out, void *stream) {
+    argmax_k<<<rows, 1024, 0, STREAM(stream)>>>(x, n, out);
+    return launched();
+}
+
+extern "C" int tsr_cu_kv_store_bf16(uint16_t *K, uint16_t *V, const float *k, const float *v, int rows,
+                                    int64_t te, int pos0, const int32_t *dev_pos0, void *stream) {
+    dim3 grid((unsigned)((te + kThreads - 1) / kThreads), (unsigned)rows);
+    kv_store_bf16_k<<<grid, kThreads, 0, STREAM(stream)>>>((__nv_bfloat16 *)K, (__nv_bfloat16 *)V, k, v,
+                                                          te, pos0, dev_pos0);
     return launched();
 }

@@ -176,7 +176,7 @@ static double run_case(const gcase *gc, int nx, const char *isa, int blas_min) {
     void *prep = NULL;
     assert_int_equal(b.g->prepare(b.inst, &tw, &prep), TSR_OK);
     assert_int_equal(b.g->bytes(b.inst, prep), rb * (uint64_t)gc->rows);
-    tsr_exec ex = {TSR_DEVICE_CPU, 0, NULL, 2};
+    tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 2};
     assert_int_equal(b.g->run(b.inst, prep, nx, x, y, &ex), TSR_OK);
     reference(gc->dtype, w, rb, gc->rows, gc->cols, x, nx, yref, tol);
 

@@ -29,6 +29,8 @@ struct Attn {
     float *scratch;       // scores (ref) or partial results (split)
     size_t scratch_floats;
     int chunk;            // keys per split (split-K)
+    int graph_splits;     // splits of a captured pass
+    float *graph_scratch; // partial results of a captured pass (TSR_GRAPH_MAX_ROWS rows)
 };
 
 // Grows geometrically so that decoding (one more key per step) does not
@@ -104,36 +106,43 @@ __global__ void ref_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bf
 // Split-K: grid (rows * n_kv_heads, n_splits); block = one warp per query
 // head of the group (group <= 8 warps), each lane holding head_dim/32 dims.
 // Writes per split: max m, sum l and unnormalised o[hd] per query head.
-template <int DPL> // dims per lane
+// With dev_pos0 (a captured pass) the position is read on the device and
+// each row's keys are cut into n_splits equal chunks (chunk ignored).
+template <int DPL> // dims per lane: ceil(hd / 32); lanes past hd hold nothing
 __global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bfloat16 *V,
-                             float *part, int n_heads, int n_kv, int group, int64_t ts, int64_t hs,
-                             int pos0, int window, float scale, int chunk, int n_splits) {
-    const int hd = DPL * 32;
+                             float *part, int n_heads, int n_kv, int group, int hd, int64_t ts, int64_t hs,
+                             int pos0, const int32_t *dev_pos0, int window, float scale, int chunk,
+                             int n_splits) {
     const int row = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = kvh * group + warp;
+    if (dev_pos0) pos0 = *dev_pos0;
     const int last = pos0 + row;
     const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+    if (dev_pos0) chunk = (last - first + n_splits) / n_splits; // ceil((last - first + 1) / n_splits)
     const int t0 = first + split * chunk, t1 = min(last, t0 + chunk - 1);
     float qv[DPL], acc[DPL];
     const float *qr = q + ((int64_t)row * n_heads + h) * hd;
+    const int d0 = lane * DPL; // this lane's first dim
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
-        qv[i] = qr[lane * DPL + i] * scale;
+        qv[i] = d0 + i < hd ? qr[d0 + i] * scale : 0.0f;
         acc[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
     for (int t = t0; t <= t1; t++) {
-        const __nv_bfloat16 *k = K + t * ts + kvh * hs + lane * DPL;
+        const __nv_bfloat16 *k = K + t * ts + kvh * hs + d0;
         float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) s = fmaf(qv[i], __bfloat162float(k[i]), s);
+        for (int i = 0; i < DPL; i++)
+            if (d0 + i < hd) s = fmaf(qv[i], __bfloat162float(k[i]), s);
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         const float mn = fmaxf(m, s), corr = __expf(m - mn), p = __expf(s - mn);
         l = l * corr + p;
-        const __nv_bfloat16 *v = V + t * ts + kvh * hs + lane * DPL;
+        const __nv_bfloat16 *v = V + t * ts + kvh * hs + d0;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] = acc[i] * corr + p * __bfloat162float(v[i]);
+        for (int i = 0; i < DPL; i++)
+            if (d0 + i < hd) acc[i] = acc[i] * corr + p * __bfloat162float(v[i]);
         m = mn;
     }
     // part layout: [rows * n_heads][n_splits][2 + hd]
@@ -143,7 +152,8 @@ __global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_
         pp[1] = l;
     }
 #pragma unroll
-    for (int i = 0; i < DPL; i++) pp[2 + lane * DPL + i] = acc[i];
+    for (int i = 0; i < DPL; i++)
+        if (d0 + i < hd) pp[2 + d0 + i] = acc[i];
 }
 
 __global__ void merge_kernel(const float *part, float *out, int hd, int n_splits, int n_heads) {
@@ -175,12 +185,24 @@ int a_init(void *inst, const tsr_plugin_ctx *ctx) {
     const tsr_param *p = ctx->host->param(ctx, "split_keys");
     a->chunk = p ? (int)p->v.i : 256;
     if (a->chunk <= 0) a->chunk = 256;
+#ifdef CUDA_ATTN_SPLIT
+    p = ctx->host->param(ctx, "graph_splits");
+    a->graph_splits = p ? (int)p->v.i : 16;
+    if (a->graph_splits <= 0) a->graph_splits = 16;
+    const tsr_model_desc *md = ctx->model;
+    if (md && md->n_heads > 0 && md->head_dim > 0) { // scratch for captured passes, reserved now
+        const size_t floats = (size_t)TSR_GRAPH_MAX_ROWS * md->n_heads * a->graph_splits * (2 + md->head_dim);
+        int rc = ctx->host->dev_alloc(ctx, floats * sizeof(float), reinterpret_cast<void **>(&a->graph_scratch));
+        if (rc != TSR_OK) return rc;
+    }
+#endif
     return TSR_OK;
 }
 
 void a_fini(void *inst) {
     Attn *a = static_cast<Attn *>(inst);
     if (a->ctx && a->scratch) a->ctx->host->dev_free(a->ctx, a->scratch);
+    if (a->ctx && a->graph_scratch) a->ctx->host->dev_free(a->ctx, a->graph_scratch);
 }
 
 int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
@@ -202,24 +224,36 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
     const __nv_bfloat16 *V = static_cast<const __nv_bfloat16 *>(kv->v);
     int rc;
 #ifdef CUDA_ATTN_SPLIT
-    if (x->head_dim % 32 == 0 && group <= 32 && x->head_dim / 32 <= 8) {
-        const int n_splits = (keys + a->chunk - 1) / a->chunk;
-        const size_t floats = (size_t)x->rows * x->n_heads * n_splits * (2 + x->head_dim);
-        if ((rc = ensure(a, floats))) return rc;
+    const int32_t *dev_pos0 = ex->step ? &ex->step->pos0 : nullptr;
+    const bool split_ok = group <= 32 && x->head_dim <= 256;
+    if (dev_pos0 && (!split_ok || !a->graph_scratch || x->rows > TSR_GRAPH_MAX_ROWS ||
+                     x->n_heads != a->ctx->model->n_heads || x->head_dim != a->ctx->model->head_dim)) {
+        a->ctx->host->set_error(a->ctx, "a captured pass of %d rows, %d heads of %d, %d kv heads is not one "
+                                "it can replay", x->rows, x->n_heads, x->head_dim, x->n_kv_heads);
+        return TSR_ERR_UNSUPPORTED;
+    }
+    if (split_ok) {
+        const int n_splits = dev_pos0 ? a->graph_splits : (keys + a->chunk - 1) / a->chunk;
+        float *part = dev_pos0 ? a->graph_scratch : nullptr;
+        if (!part) {
+            const size_t floats = (size_t)x->rows * x->n_heads * n_splits * (2 + x->head_dim);
+            if ((rc = ensure(a, floats))) return rc;
+            part = a->scratch;
+        }
         dim3 grid(x->rows * x->n_kv_heads, n_splits);
         const int threads = 32 * group;
-        switch (x->head_dim / 32) {
-#define CASE(D)                                                                                      \
-    case D:                                                                                          \
-        split_kernel<D><<<grid, threads, 0, st>>>(x->q, K, V, a->scratch, x->n_heads, x->n_kv_heads, \
-                                                  group, kv->token_stride, kv->head_stride, x->pos0, \
-                                                  x->window, x->scale, a->chunk, n_splits);          \
+        switch ((x->head_dim + 31) / 32) {
+#define CASE(D)                                                                                   \
+    case D:                                                                                       \
+        split_kernel<D><<<grid, threads, 0, st>>>(x->q, K, V, part, x->n_heads, x->n_kv_heads,    \
+                                                  group, x->head_dim, kv->token_stride, kv->head_stride, \
+                                                  x->pos0, dev_pos0, x->window, x->scale,         \
+                                                  a->chunk, n_splits);                            \
         break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
         }
-        merge_kernel<<<x->rows * x->n_heads, 128, 0, st>>>(a->scratch, x->out, x->head_dim, n_splits,
-                                                           x->n_heads);
+        merge_kernel<<<x->rows * x->n_heads, 128, 0, st>>>(part, x->out, x->head_dim, n_splits, x->n_heads);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) {
             a->ctx->host->set_error(a->ctx, "split attention: %s", cudaGetErrorString(e));
@@ -228,6 +262,10 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
         return TSR_OK;
     }
 #endif
+    if (ex->step) {
+        a->ctx->host->set_error(a->ctx, "the plain kernel does not replay captured passes");
+        return TSR_ERR_UNSUPPORTED;
+    }
     if ((rc = ensure(a, (size_t)x->rows * x->n_heads * keys))) return rc;
     ref_kernel<<<x->rows * x->n_heads, 128, 0, st>>>(x->q, K, V, x->out, a->scratch, x->n_heads, group,
                                                      x->head_dim, kv->token_stride, kv->head_stride,

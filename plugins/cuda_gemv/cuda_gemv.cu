@@ -8,7 +8,10 @@
 //   rows with 16-byte loads; cuBLASLt above 8 rows (prefill).
 // Weights are widened or narrowed to bf16 at prepare (exact for bf16
 // checkpoints; f32/f16 weights are rounded: lossy there), activations are
-// rounded to bf16 before the product.
+// rounded to bf16 before the product. prepare_group stacks matrices (q/k/v,
+// gate/up) into one so a decode pass reads them in one launch.
+// Graph-capable: a captured pass (ex->step) uses activation scratch reserved
+// at init for TSR_GRAPH_MAX_ROWS rows, never the growing eager one.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -29,27 +32,32 @@ namespace {
 
 constexpr size_t kWorkspace = 32u << 20;
 
+struct Algo {
+    int ready;
+    int64_t m, n, k, ld; // the shape it was planned for
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+};
+
+constexpr int kPlans = 128; // distinct (weight shape, row count) pairs planned once
+
 struct Gemv {
     const tsr_plugin_ctx *ctx;
     cublasLtHandle_t lt;
     void *workspace;
     __nv_bfloat16 *xb;   // activations in bf16
     size_t xb_elems;
+    __nv_bfloat16 *graph_xb; // the same for captured passes: fixed at init
+    size_t graph_xb_elems;
     int decode_rows;     // rows up to which the hand-written kernels run
-};
-
-struct Algo {
-    int ready;
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t a, b, d;
-    cublasLtMatmulAlgo_t algo;
+    Algo plans[kPlans];  // cuBLASLt plans by shape (a heuristic query costs ~0.1 ms)
 };
 
 struct Weight {
     int64_t rows, cols;
     int64_t ld;          // cols rounded up to 8 (16-byte rows); the padding is zero
     __nv_bfloat16 *w;    // [rows, cols] device
-    Algo algos[65];      // per row count 1..64 (0 unused); larger counts use a fresh plan
 };
 
 int cuda_err(Gemv *g, cudaError_t e, const char *what) {
@@ -174,16 +182,26 @@ void unplan(Algo *a) {
     a->ready = 0;
 }
 
-int run_lt(Gemv *g, Weight *w, int rows, float *y, cudaStream_t st) {
+// The plan for w at rows: found in the table, else planned into a free
+// entry (or into tmp when the table is full).
+int run_lt(Gemv *g, Weight *w, int rows, const __nv_bfloat16 *xb, float *y, cudaStream_t st) {
     Algo tmp = {};
-    Algo *a = rows <= 64 ? &w->algos[rows] : &tmp;
+    Algo *a = nullptr;
     int rc;
-    if (!a->ready && (rc = plan(g, w, rows, a))) {
-        unplan(a);
-        return rc;
+    for (int i = 0; i < kPlans && !a; i++) {
+        Algo *p = &g->plans[i];
+        if (!p->ready || (p->m == w->rows && p->n == rows && p->k == w->cols && p->ld == w->ld)) a = p;
+    }
+    if (!a) a = &tmp;
+    if (!a->ready) {
+        if ((rc = plan(g, w, rows, a))) {
+            unplan(a);
+            return rc;
+        }
+        a->m = w->rows, a->n = rows, a->k = w->cols, a->ld = w->ld;
     }
     const float one = 1.0f, zero = 0.0f;
-    rc = lt_err(g, cublasLtMatmul(g->lt, a->op, &one, w->w, a->a, g->xb, a->b, &zero, y, a->d, y, a->d,
+    rc = lt_err(g, cublasLtMatmul(g->lt, a->op, &one, w->w, a->a, xb, a->b, &zero, y, a->d, y, a->d,
                                   &a->algo, g->workspace, kWorkspace, st),
                 "cublasLtMatmul");
     unplan(&tmp);
@@ -206,6 +224,15 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
     const tsr_param *p = ctx->host->param(ctx, "decode_rows");
     g->decode_rows = p ? (int)p->v.i : kMaxDecodeRows;
 #endif
+    const tsr_model_desc *md = ctx->model;
+    if (md) { // the widest input of any projection, for captured passes
+        int64_t cols = md->hidden;
+        const int64_t others[] = {md->ffn, (int64_t)md->n_heads * md->head_dim, md->expert_ffn};
+        for (int64_t c : others) cols = c > cols ? c : cols;
+        g->graph_xb_elems = (size_t)TSR_GRAPH_MAX_ROWS * (size_t)((cols + 7) / 8 * 8);
+        if ((rc = ctx->host->dev_alloc(ctx, g->graph_xb_elems * 2, reinterpret_cast<void **>(&g->graph_xb))))
+            return rc;
+    }
     return TSR_OK;
 }
 
@@ -214,37 +241,60 @@ void g_fini(void *inst) {
     if (!g->ctx) return;
     if (g->workspace) g->ctx->host->dev_free(g->ctx, g->workspace);
     if (g->xb) g->ctx->host->dev_free(g->ctx, g->xb);
+    if (g->graph_xb) g->ctx->host->dev_free(g->ctx, g->graph_xb);
+    for (int i = 0; i < kPlans; i++) unplan(&g->plans[i]);
     if (g->lt) cublasLtDestroy(g->lt);
 }
 
-// Stored weight -> bf16 on the host (a row at a time) -> device.
-int g_prepare(void *inst, const tsr_weight *tw, void **out) {
-    Gemv *g = static_cast<Gemv *>(inst);
-    const tsr_host_api *h = g->ctx->host;
-    uint64_t row_bytes;
+int readable(Gemv *g, const tsr_weight *tw, uint64_t *row_bytes) {
     if (tw->dtype >= TSR_DTYPE_COUNT || tw->dtype == TSR_DTYPE_I32 || tw->dtype == TSR_DTYPE_I64 ||
-        tsr_dtype_row_bytes(tw->dtype, tw->cols, &row_bytes) != 0) {
-        h->set_error(g->ctx, "%s: %s is not a weight type it reads", tw->name, tsr_dtype_name(tw->dtype));
+        tsr_dtype_row_bytes(tw->dtype, tw->cols, row_bytes) != 0) {
+        g->ctx->host->set_error(g->ctx, "%s: %s is not a weight type it reads", tw->name, tsr_dtype_name(tw->dtype));
         return TSR_ERR_UNSUPPORTED;
+    }
+    return TSR_OK;
+}
+
+// Stored weights -> bf16 on the host (a row at a time), stacked by rows ->
+// device: n matrices of equal cols become one [sum of rows, ld] matrix.
+int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
+    const tsr_host_api *h = g->ctx->host;
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t rb;
+        int rc = readable(g, &ws[i], &rb);
+        if (rc != TSR_OK) return rc;
+        if (ws[i].cols != ws[0].cols) {
+            h->set_error(g->ctx, "%s and %s differ in columns (%lld, %lld): they cannot be stacked", ws[0].name,
+                         ws[i].name, (long long)ws[0].cols, (long long)ws[i].cols);
+            return TSR_ERR_INVALID;
+        }
+        rows += ws[i].rows;
     }
     Weight *w = static_cast<Weight *>(h->alloc(g->ctx, sizeof(Weight), 64));
     if (!w) return TSR_ERR_NOMEM;
-    w->rows = tw->rows;
-    w->cols = tw->cols;
-    w->ld = (tw->cols + 7) / 8 * 8;
-    const size_t elems = (size_t)tw->rows * (size_t)w->ld;
+    w->rows = rows;
+    w->cols = ws[0].cols;
+    w->ld = (w->cols + 7) / 8 * 8;
+    const size_t elems = (size_t)rows * (size_t)w->ld;
     int rc = h->dev_alloc(g->ctx, elems * 2, reinterpret_cast<void **>(&w->w));
     uint16_t *host = static_cast<uint16_t *>(calloc(elems, 2)); // zero padding
-    float *row = static_cast<float *>(malloc((size_t)tw->cols * sizeof(float)));
+    float *row = static_cast<float *>(malloc((size_t)w->cols * sizeof(float)));
     if (rc == TSR_OK && (!host || !row)) rc = TSR_ERR_NOMEM;
-    for (int64_t r = 0; rc == TSR_OK && r < tw->rows; r++) {
-        const uint8_t *src = static_cast<const uint8_t *>(tw->data) + (uint64_t)r * row_bytes;
-        uint16_t *dst = host + (size_t)r * w->ld;
-        if (tw->dtype == TSR_DTYPE_BF16) {
-            memcpy(dst, src, (size_t)tw->cols * 2);
-        } else {
-            tsr_dequant_row(tw->dtype, src, row, tw->cols);
-            for (int64_t c = 0; c < tw->cols; c++) dst[c] = tsr_f32_to_bf16(row[c]);
+    int64_t at = 0;
+    for (int i = 0; rc == TSR_OK && i < n; i++) {
+        const tsr_weight *tw = &ws[i];
+        uint64_t row_bytes;
+        readable(g, tw, &row_bytes);
+        for (int64_t r = 0; r < tw->rows; r++, at++) {
+            const uint8_t *src = static_cast<const uint8_t *>(tw->data) + (uint64_t)r * row_bytes;
+            uint16_t *dst = host + (size_t)at * w->ld;
+            if (tw->dtype == TSR_DTYPE_BF16) {
+                memcpy(dst, src, (size_t)tw->cols * 2);
+            } else {
+                tsr_dequant_row(tw->dtype, src, row, tw->cols);
+                for (int64_t c = 0; c < tw->cols; c++) dst[c] = tsr_f32_to_bf16(row[c]);
+            }
         }
     }
     if (rc == TSR_OK) rc = cuda_err(g, cudaMemcpy(w->w, host, elems * 2, cudaMemcpyHostToDevice), "upload");
@@ -259,11 +309,19 @@ int g_prepare(void *inst, const tsr_weight *tw, void **out) {
     return TSR_OK;
 }
 
+int g_prepare(void *inst, const tsr_weight *tw, void **out) {
+    return make_weight(static_cast<Gemv *>(inst), tw, 1, out);
+}
+
+int g_prepare_group(void *inst, const tsr_weight *ws, int n, void **out) {
+    if (n < 1) return TSR_ERR_INVALID;
+    return make_weight(static_cast<Gemv *>(inst), ws, n, out);
+}
+
 void g_release(void *inst, void *prepared) {
     Gemv *g = static_cast<Gemv *>(inst);
     Weight *w = static_cast<Weight *>(prepared);
     if (!w) return;
-    for (int i = 0; i <= 64; i++) unplan(&w->algos[i]);
     g->ctx->host->dev_free(g->ctx, w->w);
     g->ctx->host->free(g->ctx, w);
 }
@@ -279,7 +337,15 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
         return run_decode(g, w, rows, x, y, st);
 #endif
     size_t need = (size_t)rows * (size_t)w->ld;
-    if (need > g->xb_elems) {
+    __nv_bfloat16 *xb = g->xb;
+    if (ex->step) { // captured: the fixed scratch; nothing may be allocated
+        if (need > g->graph_xb_elems) {
+            g->ctx->host->set_error(g->ctx, "a captured pass of %d rows x %lld columns exceeds the scratch "
+                                    "reserved at init", rows, (long long)w->cols);
+            return TSR_ERR_UNSUPPORTED;
+        }
+        xb = g->graph_xb;
+    } else if (need > g->xb_elems) {
         if (need < 2 * g->xb_elems) need = 2 * g->xb_elems;
         if (g->xb) g->ctx->host->dev_free(g->ctx, g->xb);
         g->xb = nullptr;
@@ -287,14 +353,15 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
         int rc = g->ctx->host->dev_alloc(g->ctx, need * 2, reinterpret_cast<void **>(&g->xb));
         if (rc != TSR_OK) return rc;
         g->xb_elems = need;
+        xb = g->xb;
     }
-    if (tsr_cu_f32_to_bf16_pad(reinterpret_cast<uint16_t *>(g->xb), x, rows, (int)w->cols, (int)w->ld, st) != 0)
+    if (tsr_cu_f32_to_bf16_pad(reinterpret_cast<uint16_t *>(xb), x, rows, (int)w->cols, (int)w->ld, st) != 0)
         return cuda_err(g, cudaGetLastError(), "activations to bf16");
 #ifdef CUDA_GEMV_DECODE
     if (rows <= g->decode_rows && rows <= kMaxDecodeRows)
-        return run_decode(g, w, rows, static_cast<const __nv_bfloat16 *>(g->xb), y, st);
+        return run_decode(g, w, rows, static_cast<const __nv_bfloat16 *>(xb), y, st);
 #endif
-    return run_lt(g, w, rows, y, st);
+    return run_lt(g, w, rows, xb, y, st);
 }
 
 uint64_t g_bytes(void *inst, const void *prepared) {
@@ -304,7 +371,7 @@ uint64_t g_bytes(void *inst, const void *prepared) {
 }
 
 const tsr_gemv_i iface = {
-    sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes,
+    sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group,
 };
 
 const tsr_plugin_desc desc = {

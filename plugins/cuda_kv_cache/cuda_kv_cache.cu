@@ -2,6 +2,8 @@
 // sequence in device memory ([n_layers][max_tokens][n_kv_heads][head_dim]
 // for K and for V), reserved at seq_alloc. Append rounds the f32 keys and
 // values to bf16 on the device; truncate lowers lengths (rollback).
+// Graph-capable: while the host captures a pass (ex->step), the store kernel
+// reads the position on the device; replayed() advances the lengths.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <string.h>
@@ -79,9 +81,9 @@ int kv_append(void *inst, int seq, int layer, int pos0, int rows, const float *k
     if (!s) return TSR_ERR_INVALID;
     int rc = tsr_kv_seqs_check_append(&kv->seqs, &s->hdr, layer, pos0, rows);
     if (rc != TSR_OK) return rc;
-    const int64_t te = token_elems(kv), off = ((int64_t)layer * s->hdr.max_tokens + pos0) * te;
-    if (tsr_cu_f32_to_bf16(reinterpret_cast<uint16_t *>(s->k + off), k, rows * te, ex->stream) != 0 ||
-        tsr_cu_f32_to_bf16(reinterpret_cast<uint16_t *>(s->v + off), v, rows * te, ex->stream) != 0) {
+    const int64_t te = token_elems(kv), off = (int64_t)layer * s->hdr.max_tokens * te;
+    if (tsr_cu_kv_store_bf16(reinterpret_cast<uint16_t *>(s->k + off), reinterpret_cast<uint16_t *>(s->v + off),
+                             k, v, rows, te, pos0, ex->step ? &ex->step->pos0 : nullptr, ex->stream) != 0) {
         kv->ctx->host->set_error(kv->ctx, "append: %s", cudaGetErrorString(cudaGetLastError()));
         return TSR_ERR_DEVICE;
     }
@@ -115,6 +117,19 @@ int kv_truncate(void *inst, int seq, int n_tokens) {
     return s ? tsr_kv_seqs_truncate(&kv->seqs, &s->hdr, n_tokens) : TSR_ERR_INVALID;
 }
 
+int kv_replayed(void *inst, int seq, int n_layers, int pos0, int rows) {
+    Kv *kv = static_cast<Kv *>(inst);
+    Seq *s = get(kv, seq);
+    if (!s) return TSR_ERR_INVALID;
+    if (n_layers > kv->n_layers) return tsr_kv_seqs_check_layer(&kv->seqs, n_layers - 1);
+    for (int l = 0; l < n_layers; l++) {
+        int rc = tsr_kv_seqs_check_append(&kv->seqs, &s->hdr, l, pos0, rows);
+        if (rc != TSR_OK) return rc;
+    }
+    for (int l = 0; l < n_layers; l++) s->hdr.lens[l] += rows;
+    return TSR_OK;
+}
+
 void kv_usage(void *inst, uint64_t *used, uint64_t *capacity) {
     Kv *kv = static_cast<Kv *>(inst);
     const uint64_t per = (uint64_t)kv->n_layers * token_elems(kv) * 2 * 2;
@@ -124,7 +139,7 @@ void kv_usage(void *inst, uint64_t *used, uint64_t *capacity) {
 
 const tsr_kv_cache_i iface = {
     sizeof(tsr_kv_cache_i), TSR_KV_CACHE_IFACE_VERSION, kv_seq_alloc, kv_seq_free, kv_append,
-    kv_view, kv_truncate, kv_usage,
+    kv_view, kv_truncate, kv_usage, kv_replayed,
 };
 
 const tsr_plugin_desc desc = {

@@ -64,7 +64,7 @@ static void run_case(conf_env *env, const tsr_manifest *km, const char *kvar, co
     for (int64_t i = 0; i < qn; i++) q[i] = 2.0f * conf_randf(rng);
     if (c->nan_q) q[1 * c->head_dim + 3] = NAN; /* row 0, head 1 */
     memcpy(qc, q, (size_t)qn * sizeof *q);
-    tsr_exec ex = {TSR_DEVICE_CPU, 0, NULL, 2};
+    tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 2};
     int seq = -1;
     if (conf_lib_open(km, &kl, why, sizeof why) ||
         conf_inst_new(kl.desc, km, &md, &kvar, kvar ? 1 : 0, env->pool, &kv) != TSR_OK ||

@@ -86,7 +86,7 @@ static const ex_case cases[] = {
 
 /* Run gate, up and down of w on the case's fixed x; out [EX_FFN * 2 + EX_HIDDEN]. */
 static int eval_expert(conf_inst *g, const tsr_expert_weights *w, const float *x, const float *xf, float *out) {
-    tsr_exec ex = {TSR_DEVICE_CPU, 0, NULL, 1};
+    tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 1};
     int (*run)(void *, const void *, int, const float *, float *, const tsr_exec *) = CONF_MEMBER(g, tsr_gemv_i, run);
     if (!w || !w->gate || !w->up || !w->down) return -1;
     if (run(CONF_INST(g), w->gate, 1, x, out, &ex) || run(CONF_INST(g), w->up, 1, x, out + EX_FFN, &ex) ||

@@ -84,7 +84,7 @@ typedef struct gemv_pair {
 } gemv_pair;
 
 static int gemv_run(conf_inst *ci, const void *h, int rows, const float *x, float *y) {
-    tsr_exec ex = {TSR_DEVICE_CPU, 0, NULL, 2};
+    tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 2};
     return CONF_MEMBER(ci, tsr_gemv_i, run)(CONF_INST(ci), h, rows, x, y, &ex);
 }
 

@@ -296,7 +296,7 @@ int conf_inst_new(const tsr_plugin_desc *desc, const tsr_manifest *m, const tsr_
     void *inst = h_alloc(&ci->ctx, desc->instance_size ? desc->instance_size : 1, 64);
     if (!inst) return TSR_ERR_NOMEM;
     ci->ref = (tsr_slot_ref){(tsr_slot)desc->slot, desc->name, desc->version, desc->iface, inst,
-                             &ci->ctx, !!(desc->caps & TSR_CAP_EXACT), 0};
+                             &ci->ctx, !!(desc->caps & TSR_CAP_EXACT), 0, 0};
     int rc = desc->init(inst, &ci->ctx);
     if (rc != TSR_OK && !ci->err[0]) snprintf(ci->err, sizeof ci->err, "init failed (%d) with no message", rc);
     return rc;

@@ -102,7 +102,7 @@ typedef struct kv_side {
 
 static int side_op(kv_side *s, const kv_op *op, int layer, int rows, const float *k, const float *v) {
     void *inst = CONF_INST(s->ci);
-    tsr_exec ex = {TSR_DEVICE_CPU, 0, NULL, 2};
+    tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 2};
     switch (op->op) {
     case OP_ALLOC: return CONF_MEMBER(s->ci, tsr_kv_cache_i, seq_alloc)(inst, op->a, &s->seq[op->seq]);
     case OP_APPEND:

@@ -4,7 +4,10 @@
  * weights, activations and KV give logits within
  *     |logit - reference| <= TOL_ABS + TOL_REL * max|reference logit of the row|
  * and wherever the reference's top-2 margin exceeds twice that bound, the
- * argmax is the reference's.
+ * argmax is the reference's. Each assembly runs the tokens as one prefill
+ * pass, and again as a one-token prefill followed by passes of 1 and of 3
+ * rows (decode and verification: with runtime.cuda_graphs these are
+ * captured once and replayed, which the test checks happened).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -32,7 +35,7 @@ static const char *src_dir(void) {
 }
 
 static void check(const char *model, const char *ref_path, const char *ids_name,
-                  const char *logits_name, const char *assembly) {
+                  const char *logits_name, const char *assembly, int step) {
     char asm_path[4096];
     snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", src_dir(), assembly);
     tsr_safetensors *ref;
@@ -52,7 +55,20 @@ static void check(const char *model, const char *ref_path, const char *ids_name,
     if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s with %s: %s", model, assembly, err.msg);
     tsr_seq *s;
     assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    if (tsr_seq_forward(s, ids, n, got, 1, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
+    if (step == 0) {
+        if (tsr_seq_forward(s, ids, n, got, 1, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
+    } else { /* a one-token prefill, then passes of step rows */
+        for (int at = 0; at < n;) {
+            int rows = at == 0 ? 1 : n - at < step ? n - at : step;
+            if (tsr_seq_forward(s, ids + at, rows, got + (size_t)at * vocab, 1, &err) != TSR_OK)
+                fail_msg("forward of %d rows at %d: %s", rows, at, err.msg);
+            at += rows;
+        }
+    }
+    uint64_t captures, replays;
+    tsr_model_graph_stats(m, &captures, &replays);
+    if (step > 0 && !strstr(assembly, "eager") && strstr(assembly, "fast") && n > 2 * step + 1 && replays == 0)
+        fail_msg("%s: no pass was replayed as a graph (%llu captured)", assembly, (unsigned long long)captures);
     double worst = 0, worst_rel = 0;
     int argmax_checked = 0;
     for (int r = 0; r < n; r++) {
@@ -81,8 +97,10 @@ static void check(const char *model, const char *ref_path, const char *ids_name,
             if (ga != a) fail_msg("%s/%s row %d: argmax %d, transformers %d", model, assembly, r, ga, a);
         }
     }
-    printf("# %s via %s: max |diff| %.4g (%.0f%% of the bound), argmax equal on %d/%d rows with a clear margin\n",
-           model, assembly, worst, 100 * worst_rel, argmax_checked, n);
+    printf("# %s via %s, passes of %d rows: max |diff| %.4g (%.0f%% of the bound), argmax equal on %d/%d rows "
+           "with a clear margin; graphs captured %llu, replayed %llu\n",
+           model, assembly, step ? step : n, worst, 100 * worst_rel, argmax_checked, n, (unsigned long long)captures,
+           (unsigned long long)replays);
     tsr_seq_free(s);
     tsr_model_free(m);
     free(ids);
@@ -109,20 +127,22 @@ static void run_all(const char *assembly) {
     for (size_t i = 0; i < 3; i++) {
         snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), families[i]);
         snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
-        check(dir, ref, "input_ids", "logits", assembly);
+        for (int step = 0; step <= 3; step += step ? 2 : 1) check(dir, ref, "input_ids", "logits", assembly, step);
     }
     snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", src_dir());
     snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", src_dir());
-    check(dir, ref, "input_ids_1", "logits_1", assembly);
+    for (int step = 0; step <= 3; step += step ? 2 : 1) check(dir, ref, "input_ids_1", "logits_1", assembly, step);
 }
 
 static void test_cuda_baseline(void **state) { (void)state; run_all("cuda-baseline.yaml"); }
 static void test_cuda_fast(void **state) { (void)state; run_all("cuda-fast.yaml"); }
+static void test_cuda_fast_eager(void **state) { (void)state; run_all("cuda-fast-eager.yaml"); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_baseline),
         cmocka_unit_test(test_cuda_fast),
+        cmocka_unit_test(test_cuda_fast_eager),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,108 @@
+/*
+ * graph.c - decode passes replayed as CUDA graphs (runtime.cuda_graphs).
+ *
+ * A pass of a few rows issues some 15 launches per layer; on the H200 each
+ * costs ~5 us to issue, more than the GPU needs for most of them. So the
+ * first pass of a (sequence, rows, outputs) kind is captured into a graph:
+ * the copy of the staged inputs (tsr_step and ids from pinned host memory),
+ * every launch of the core and the plugins, and the copy of the outputs back.
+ * Later passes of that kind write their inputs into the staging memory, let
+ * the kv_cache plugin record the appends (replayed()), and launch the graph
+ * once. Plugins read the position from the step on the device (tsr_exec.step).
+ * Only passes that qualify are captured: a device backend with graphs, every
+ * forward-pass plugin providing cuda_graph (the checker refused the assembly
+ * otherwise), no mixture of experts (routing runs on the host), at most
+ * TSR_GRAPH_MAX_ROWS rows, and not a sequence's first pass (its prefill).
+ */
+#include <string.h>
+
+#include "model_internal.h"
+
+void tsr_graphs_forget_seq(tsr_model *m, int kv_seq) {
+    for (int i = 0; i < TSR_GRAPH_CACHE; i++) {
+        tsr_graph *g = &m->graphs[i];
+        if (g->exec && (kv_seq < 0 || g->kv_seq == kv_seq)) {
+            m->be->graph_free(g->exec);
+            memset(g, 0, sizeof *g);
+        }
+    }
+}
+
+void tsr_graphs_free(tsr_model *m) {
+    if (m->be && m->be->graph_free) tsr_graphs_forget_seq(m, -1);
+}
+
+/* Decode and verification passes: a few rows after a prefill (a prompt's
+ * first pass, pos0 0, happens once: capturing it would only cost time). */
+static int qualifies(const tsr_model *m, int pos0, int rows) {
+    return m->graphs_on && m->be->capture_begin && pos0 > 0 && rows <= TSR_GRAPH_MAX_ROWS &&
+           m->cfg.n_experts == 0 && m->gemv->graph && m->attn->graph && m->kv->graph;
+}
+
+/* The cached graph of this kind, or a free (or least recently used) entry. */
+static tsr_graph *lookup(tsr_model *m, int kv_seq, int rows, tsr_fwd_out out, int *hit) {
+    tsr_graph *victim = &m->graphs[0];
+    for (int i = 0; i < TSR_GRAPH_CACHE; i++) {
+        tsr_graph *g = &m->graphs[i];
+        if (g->exec && g->kv_seq == kv_seq && g->rows == rows && g->out == (int)out) {
+            *hit = 1;
+            return g;
+        }
+        if (!g->exec ? victim->exec != NULL : victim->exec && g->last_use < victim->last_use) victim = g;
+    }
+    *hit = 0;
+    if (victim->exec) m->be->graph_free(victim->exec);
+    memset(victim, 0, sizeof *victim);
+    return victim;
+}
+
+int tsr_graph_forward(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens, int rows, tsr_fwd_out out,
+                      void *dst, int *done, tsr_error *err) {
+    const tsr_backend *be = m->be;
+    *done = 0;
+    if (!qualifies(m, pos0, rows)) return TSR_OK;
+    *done = 1;
+    /* inputs into the staging memory the graph's first copy reads */
+    tsr_step *st = m->io_host;
+    st->pos0 = pos0;
+    st->rows = rows;
+    memcpy((char *)m->io_host + sizeof(tsr_step), tokens, (size_t)rows * sizeof *tokens);
+    const size_t in_bytes = sizeof(tsr_step) + (size_t)rows * sizeof *tokens;
+    const int logits = out == TSR_FWD_LOGITS_LAST || out == TSR_FWD_LOGITS_ALL;
+    const int n_out = out == TSR_FWD_LOGITS_ALL || out == TSR_FWD_ARGMAX_ALL ? rows : 1;
+    const size_t out_bytes = logits ? (size_t)n_out * m->cfg.vocab * sizeof(float)
+                             : out != TSR_FWD_NONE ? (size_t)n_out * sizeof(int32_t) : 0;
+    int hit, rc;
+    tsr_graph *g = lookup(m, kv_seq, rows, out, &hit);
+    if (hit) {
+        rc = tsr_kv_replayed(m->kv, kv_seq, m->cfg.n_layers, pos0, rows);
+        if (rc != TSR_OK) return tsr_model_slot_error(m, m->kv, rc, err, "kv replayed");
+        m->graph_replays++;
+    } else {
+        tsr_exec ex = m->ex;
+        ex.step = (const tsr_step *)m->io;
+        m->head_out = m->logits_dev;
+        if ((rc = be->capture_begin(err))) return rc;
+        rc = be->upload_async(m->io, m->io_host, in_bytes, err);
+        if (rc == TSR_OK) rc = tsr_forward_pass(m, &ex, kv_seq, pos0, rows, out, err);
+        if (rc == TSR_OK && out_bytes)
+            rc = be->download_async(m->out_host, logits ? (void *)m->logits_dev : (void *)m->argmax_dev,
+                                    out_bytes, err);
+        tsr_error end_err;
+        tsr_error_clear(&end_err);
+        int end_rc = be->capture_end(&g->exec, &end_err);
+        if (rc != TSR_OK) return rc; /* the pass's own error says more than the capture's */
+        if (end_rc != TSR_OK) {
+            *err = end_err;
+            return end_rc;
+        }
+        g->kv_seq = kv_seq;
+        g->rows = rows;
+        g->out = out;
+        m->graph_captures++;
+    }
+    g->last_use = ++m->graph_tick;
+    if ((rc = be->graph_launch(g->exec, err)) || (rc = be->sync(err))) return rc;
+    if (out_bytes) memcpy(dst, m->out_host, out_bytes);
+    return TSR_OK;
+}
