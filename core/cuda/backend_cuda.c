@@ -20,6 +20,11 @@ static int cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n,
     return tsr_cuda_check(tsr_cu_rmsnorm(y, x, w, rows, n, eps, tsr_cuda_stream()), "rmsnorm", err);
 }
 
+static int cu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
+                          tsr_error *err) {
+    return tsr_cuda_check(tsr_cu_add_rmsnorm(x, o, y, w, rows, n, eps, tsr_cuda_stream()), "add and rmsnorm", err);
+}
+
 static int cu_rope(const tsr_rope *r, const float *inv_freq, float *x, int rows, int n_heads, int pos0,
                    const int32_t *dev_pos0, tsr_error *err) {
     return tsr_cuda_check(tsr_cu_rope(x, inv_freq, rows, n_heads, r->head_dim, pos0, dev_pos0, r->pos_scale,
@@ -67,6 +72,7 @@ static const tsr_backend cuda_backend = {
     .stream = tsr_cuda_stream,
     .embed = cu_embed,
     .rmsnorm = cu_rmsnorm,
+    .add_rmsnorm = cu_add_rmsnorm,
     .rope = cu_rope,
     .silu_mul = cu_silu_mul,
     .silu_mul_cat = cu_silu_mul_cat,

@@ -37,6 +37,9 @@ typedef struct tsr_backend {
                  int rows, tsr_error *err);
     int (*rmsnorm)(float *y, const float *x, const float *w, int rows, int n, float eps,
                    tsr_error *err);
+    /* x += o, then y = rmsnorm(x) * w: the residual add and the next norm */
+    int (*add_rmsnorm)(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
+                       tsr_error *err);
     /* x [rows, n_heads, head_dim] to positions pos0 + r; inv_freq is the
      * backend's copy of r->inv_freq; dev_pos0 (device backends, while
      * capturing a graph) holds pos0 in backend memory instead */

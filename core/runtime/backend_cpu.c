@@ -39,6 +39,14 @@ static int cpu_rmsnorm(float *y, const float *x, const float *w, int rows, int n
     return TSR_OK;
 }
 
+static int cpu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
+                           tsr_error *err) {
+    (void)err;
+    tsr_add(x, o, (int64_t)rows * n);
+    for (int r = 0; r < rows; r++) tsr_rmsnorm(y + (int64_t)r * n, x + (int64_t)r * n, w, n, eps);
+    return TSR_OK;
+}
+
 static int cpu_rope(const tsr_rope *rp, const float *inv_freq, float *x, int rows, int n_heads,
                     int pos0, const int32_t *dev_pos0, tsr_error *err) {
     (void)inv_freq;
@@ -112,6 +120,7 @@ static const tsr_backend cpu_backend = {
     .host_free = free,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .rope = cpu_rope,
     .silu_mul = cpu_silu_mul,
     .silu_mul_cat = cpu_silu_mul_cat,

@@ -152,14 +152,16 @@ static int moe(tsr_model *m, int layer, int rows, tsr_error *err) {
     return TSR_OK;
 }
 
-static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int rows,
+/* The attention half of a layer, leaving x + attention out in x. normed:
+ * m->xn already holds the layer's input norm (fused with the last add). */
+static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int rows, int normed,
                            tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     const tsr_backend *be = m->be;
     const tsr_layer_w *L = &m->layers[layer];
     const int h = c->hidden, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     int rc;
-    OP(TSR_PROF_NORM, BE(be->rmsnorm(m->xn, m->x, L->attn_norm, rows, h, c->norm_eps, err)));
+    if (!normed) OP(TSR_PROF_NORM, BE(be->rmsnorm(m->xn, m->x, L->attn_norm, rows, h, c->norm_eps, err)));
     float *q = m->q, *k = m->k, *v = m->v;
     if (L->wqkv) { /* one pass over q, k, v stacked: [rows, qd + 2 kvd] */
         const int ld = qd + 2 * kvd;
@@ -184,8 +186,11 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
            BE(be->rmsnorm(k, k, L->k_norm, rows * c->n_kv_heads, hd, c->norm_eps, err)));
     }
     const int32_t *dev_pos0 = EX->step ? &EX->step->pos0 : NULL;
-    OP(TSR_PROF_ROPE, BE(be->rope(&m->rope, m->inv_freq, q, rows, c->n_heads, pos0, dev_pos0, err));
-       BE(be->rope(&m->rope, m->inv_freq, k, rows, c->n_kv_heads, pos0, dev_pos0, err)));
+    if (rows == 1 && k == q + qd) /* one row of stacked q/k: one rotation over both */
+        OP(TSR_PROF_ROPE, BE(be->rope(&m->rope, m->inv_freq, q, 1, c->n_heads + c->n_kv_heads, pos0, dev_pos0, err)));
+    else
+        OP(TSR_PROF_ROPE, BE(be->rope(&m->rope, m->inv_freq, q, rows, c->n_heads, pos0, dev_pos0, err));
+           BE(be->rope(&m->rope, m->inv_freq, k, rows, c->n_kv_heads, pos0, dev_pos0, err)));
     OP(TSR_PROF_KV, CALL(m->kv, tsr_kv_append(m->kv, kv_seq, layer, pos0, rows, k, v, EX), "kv append"));
     tsr_kv_view view;
     CALL(m->kv, tsr_kv_view_get(m->kv, kv_seq, layer, &view), "kv view");
@@ -204,8 +209,7 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
     OP(TSR_PROF_ATTN, CALL(m->attn, tsr_attention_run(m->attn, &a, EX), "attention"));
     OP(TSR_PROF_O, if ((rc = gemv(m, L->wo, rows, m->att, m->o, err))) return rc;
        BE(add_bias(m, m->o, L->bo, rows, h, err)));
-    OP(TSR_PROF_ADD, BE(be->add(m->x, m->o, (int64_t)rows * h, err)));
-    return TSR_OK;
+    return TSR_OK; /* the caller adds m->o into x (with the next norm) */
 }
 
 int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int rows, tsr_fwd_out out,
@@ -219,15 +223,19 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     OP(TSR_PROF_EMBED, BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, m->ids, rows, err)));
     for (int l = 0; l < c->n_layers; l++) {
         const tsr_layer_w *L = &m->layers[l];
-        if ((rc = attention_block(m, l, kv_seq, pos0, rows, err))) return rc;
-        OP(TSR_PROF_NORM, BE(be->rmsnorm(m->xn, m->x, L->ffn_norm, rows, h, c->norm_eps, err)));
+        if ((rc = attention_block(m, l, kv_seq, pos0, rows, l > 0 && !m->layers[l - 1].moe, err))) return rc;
+        OP(TSR_PROF_NORM, BE(be->add_rmsnorm(m->x, m->o, m->xn, L->ffn_norm, rows, h, c->norm_eps, err)));
         if (L->moe) {
             if ((rc = moe(m, l, rows, err))) return rc;
         } else {
             rc = L->w_gu ? ffn_stacked(m, L->w_gu, L->w_down, rows, c->ffn, m->xn, m->g, m->o, err)
                          : ffn(m, L->w_gate, L->w_up, L->w_down, rows, c->ffn, m->xn, m->g, m->u, m->o, err);
             if (rc) return rc;
-            OP(TSR_PROF_ADD, BE(be->add(m->x, m->o, (int64_t)rows * h, err)));
+            if (l + 1 < c->n_layers) /* the residual add and the next layer's input norm */
+                OP(TSR_PROF_NORM, BE(be->add_rmsnorm(m->x, m->o, m->xn, m->layers[l + 1].attn_norm, rows, h,
+                                                     c->norm_eps, err)));
+            else
+                OP(TSR_PROF_ADD, BE(be->add(m->x, m->o, (int64_t)rows * h, err)));
         }
     }
     if (out == TSR_FWD_NONE) return TSR_OK;

@@ -364,6 +364,25 @@ static void fill_desc(tsr_model *m) {
     d->weight_dtype = c->dtype;
 }
 
+/* On a device: a prefill-sized pass and a decode pass of a throwaway
+ * sequence at load, so that what a first pass does once (loading kernels,
+ * planning and timing the GEMMs of that size) is load time, not the first
+ * request's. */
+static int warm_up(tsr_model *m, tsr_error *err) {
+    const int n = m->chunk < m->ctx - 1 ? m->chunk : m->ctx - 1;
+    if (n < 1) return TSR_OK;
+    int32_t *ids = calloc((size_t)n + 1, sizeof *ids); /* token 0: any id would do */
+    if (!ids) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    tsr_seq *s = NULL;
+    int32_t choice;
+    int rc = tsr_seq_new(m, n + 1, &s, err);
+    if (rc == TSR_OK) rc = tsr_seq_forward_greedy(s, ids, n, &choice, 0, err);
+    if (rc == TSR_OK) rc = tsr_seq_forward_greedy(s, ids + n, 1, &choice, 0, err);
+    tsr_seq_free(s);
+    free(ids);
+    return rc;
+}
+
 int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
     double t0 = now_seconds();
     char default_model[4096], default_asm[4096];
@@ -484,6 +503,8 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
     /* a GPU wants whole prompts per pass; the CPU's caches want small chunks */
     if (m->be->device != TSR_DEVICE_CPU) m->chunk = 512;
     if ((rc = tsr_model_alloc_scratch(m, err))) goto fail;
+    if (m->be->device != TSR_DEVICE_CPU && (rc = warm_up(m, err))) goto fail;
+    if (m->prof) memset(m->prof, 0, 2 * sizeof *m->prof);
     m->load_seconds = now_seconds() - t0;
     *out = m;
     return TSR_OK;

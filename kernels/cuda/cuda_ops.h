@@ -20,6 +20,9 @@ int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden, const 
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of n; y may equal x. */
 int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
                    void *stream);
+/* x += o, then y = rmsnorm(x) * w, rows of n (add then rmsnorm in one pass) */
+int tsr_cu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
+                       void *stream);
 /* Rotate rows x [rows, n_heads, head_dim] to positions pos0 + r (pos0 read
  * from the device at dev_pos0 when that is not NULL). inv_freq: device
  * [head_dim / 2]. */

@@ -52,13 +52,30 @@ __global__ void rmsnorm_k(float *y, const float *x, const float *w, int n, float
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
+// x[r] += o[r], then y[r] = rmsnorm(x[r]) * w (the residual add fused with
+// the next norm: the same arithmetic as add then rmsnorm).
+__global__ void add_rmsnorm_k(float *x, const float *o, float *y, const float *w, int n, float eps) {
+    float *xr = x + (int64_t)blockIdx.x * n;
+    const float *orow = o + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] + orow[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    const float inv = rsqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+}
+
 __global__ void rope_k(float *x, const float *inv_freq, int n_heads, int head_dim, int pos0,
                        const int32_t *dev_pos0, float pos_scale, int interleaved) {
-    const int r = blockIdx.x, half = head_dim / 2;
+    const int r = blockIdx.y, half = head_dim / 2;
     if (dev_pos0) pos0 = *dev_pos0;
     const float p = (float)(pos0 + r) * pos_scale;
     float *row = x + (int64_t)r * n_heads * head_dim;
-    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n_heads * half; j += gridDim.x * blockDim.x) {
         const int h = j / half, i = j % half;
         float s, c;
         sincosf(p * inv_freq[i], &s, &c);
@@ -70,11 +87,12 @@ __global__ void rope_k(float *x, const float *inv_freq, int n_heads, int head_di
     }
 }
 
-// y[r, i] = silu(gu[r, i]) * gu[r, f + i]: gate and up side by side.
+// y[r, i] = silu(gu[r, i]) * gu[r, f + i]: gate and up side by side; grid
+// (column blocks, rows).
 __global__ void silu_mul_cat_k(float *y, const float *gu, int f) {
-    const float *g = gu + (int64_t)blockIdx.x * 2 * f;
-    float *out = y + (int64_t)blockIdx.x * f;
-    for (int i = threadIdx.x; i < f; i += blockDim.x) {
+    const float *g = gu + (int64_t)blockIdx.y * 2 * f;
+    float *out = y + (int64_t)blockIdx.y * f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < f; i += gridDim.x * blockDim.x) {
         const float a = g[i];
         out[i] = a / (1.0f + __expf(-a)) * g[f + i];
     }
@@ -177,17 +195,30 @@ extern "C" int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hid
     return launched();
 }
 
+/* a thread per 4 values up to 1024 threads: one wave of loads for a 4096-wide row */
+static int norm_threads(int n) {
+    int threads = (n / 4 + 31) / 32 * 32;
+    return threads < 64 ? 64 : threads > 1024 ? 1024 : threads;
+}
+
 extern "C" int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
                               void *stream) {
-    rmsnorm_k<<<rows, kThreads, 0, STREAM(stream)>>>(y, x, w, n, eps);
+    rmsnorm_k<<<rows, norm_threads(n), 0, STREAM(stream)>>>(y, x, w, n, eps);
+    return launched();
+}
+
+extern "C" int tsr_cu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
+                                  void *stream) {
+    add_rmsnorm_k<<<rows, norm_threads(n), 0, STREAM(stream)>>>(x, o, y, w, n, eps);
     return launched();
 }
 
 extern "C" int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim,
                            int pos0, const int32_t *dev_pos0, float pos_scale, int interleaved,
                            void *stream) {
-    rope_k<<<rows, kThreads, 0, STREAM(stream)>>>(x, inv_freq, n_heads, head_dim, pos0, dev_pos0,
-                                                  pos_scale, interleaved);
+    dim3 grid((unsigned)((n_heads * (head_dim / 2) + kThreads - 1) / kThreads), (unsigned)rows);
+    rope_k<<<grid, kThreads, 0, STREAM(stream)>>>(x, inv_freq, n_heads, head_dim, pos0, dev_pos0, pos_scale,
+                                                  interleaved);
     return launched();
 }
 
@@ -218,7 +249,8 @@ extern "C" int tsr_cu_f32_to_bf16_pad(uint16_t *dst, const float *src, int rows,
 }
 
 extern "C" int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, void *stream) {
-    silu_mul_cat_k<<<rows, kThreads, 0, STREAM(stream)>>>(y, gu, f);
+    dim3 grid((unsigned)((f + kThreads - 1) / kThreads), (unsigned)rows);
+    silu_mul_cat_k<<<grid, kThreads, 0, STREAM(stream)>>>(y, gu, f);
     return launched();
 }
 

@@ -28,8 +28,9 @@ struct Attn {
     const tsr_plugin_ctx *ctx;
     float *scratch;       // scores (ref) or partial results (split)
     size_t scratch_floats;
-    int chunk;            // keys per split (split-K)
+    int chunk;            // fewest keys per split (split-K, eager passes)
     int graph_splits;     // splits of a captured pass
+    int sms;              // multiprocessors of the device
     float *graph_scratch; // partial results of a captured pass (TSR_GRAPH_MAX_ROWS rows)
 };
 
@@ -103,6 +104,28 @@ __global__ void ref_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bf
 }
 
 #ifdef CUDA_ATTN_SPLIT
+// DPL bf16 of a K or V row from p (this lane's dims d0..), widened; one
+// vector load where the dims are whole and aligned (vec), else one by one.
+template <int DPL>
+__device__ __forceinline__ void load_dims(const __nv_bfloat16 *p, int d0, int hd, bool vec, float *out) {
+    if constexpr (DPL == 2 || DPL == 4 || DPL == 8) {
+        if (vec && d0 + DPL <= hd) {
+            __nv_bfloat162 h[DPL / 2];
+            if constexpr (DPL == 2) *reinterpret_cast<uint32_t *>(h) = *reinterpret_cast<const uint32_t *>(p);
+            if constexpr (DPL == 4) *reinterpret_cast<uint2 *>(h) = *reinterpret_cast<const uint2 *>(p);
+            if constexpr (DPL == 8) *reinterpret_cast<uint4 *>(h) = *reinterpret_cast<const uint4 *>(p);
+#pragma unroll
+            for (int i = 0; i < DPL / 2; i++) {
+                const float2 f = __bfloat1622float2(h[i]);
+                out[2 * i] = f.x, out[2 * i + 1] = f.y;
+            }
+            return;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) out[i] = d0 + i < hd ? __bfloat162float(p[i]) : 0.0f;
+}
+
 // Split-K: grid (rows * n_kv_heads, n_splits); block = one warp per query
 // head of the group (group <= 8 warps), each lane holding head_dim/32 dims.
 // Writes per split: max m, sum l and unnormalised o[hd] per query head.
@@ -111,7 +134,7 @@ __global__ void ref_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bf
 template <int DPL> // dims per lane: ceil(hd / 32); lanes past hd hold nothing
 __global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bfloat16 *V,
                              float *part, int n_heads, int n_kv, int group, int hd, int64_t ts, int64_t hs,
-                             int pos0, const int32_t *dev_pos0, int window, float scale, int chunk,
+                             bool vec, int pos0, const int32_t *dev_pos0, int window, float scale, int chunk,
                              int n_splits) {
     const int row = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -129,20 +152,53 @@ __global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_
         qv[i] = d0 + i < hd ? qr[d0 + i] * scale : 0.0f;
         acc[i] = 0.0f;
     }
+    // KB keys at a time: their loads are all in flight before any is used
+    // (one key at a time leaves the loop waiting on memory for every key).
+    constexpr int KB = 8;
     float m = -INFINITY, l = 0.0f;
-    for (int t = t0; t <= t1; t++) {
-        const __nv_bfloat16 *k = K + t * ts + kvh * hs + d0;
-        float s = 0.0f;
+    for (int tb = t0; tb <= t1; tb += KB) {
+        float sc[KB];
 #pragma unroll
-        for (int i = 0; i < DPL; i++)
-            if (d0 + i < hd) s = fmaf(qv[i], __bfloat162float(k[i]), s);
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        const float mn = fmaxf(m, s), corr = __expf(m - mn), p = __expf(s - mn);
-        l = l * corr + p;
-        const __nv_bfloat16 *v = V + t * ts + kvh * hs + d0;
+        for (int j = 0; j < KB; j++) {
+            float s = 0.0f;
+            if (tb + j <= t1) {
+                float kf[DPL];
+                load_dims<DPL>(K + (int64_t)(tb + j) * ts + kvh * hs + d0, d0, hd, vec, kf);
 #pragma unroll
-        for (int i = 0; i < DPL; i++)
-            if (d0 + i < hd) acc[i] = acc[i] * corr + p * __bfloat162float(v[i]);
+                for (int i = 0; i < DPL; i++) s = fmaf(qv[i], kf[i], s);
+            }
+            sc[j] = s;
+        }
+#pragma unroll
+        for (int j = 0; j < KB; j++)
+            for (int o = 16; o > 0; o >>= 1) sc[j] += __shfl_xor_sync(0xffffffffu, sc[j], o);
+        // the batch's values too, all in flight before any is used (keys past
+        // t1 read as zeros and weigh nothing)
+        float vf[KB][DPL];
+#pragma unroll
+        for (int j = 0; j < KB; j++) {
+            if (tb + j <= t1) {
+                load_dims<DPL>(V + (int64_t)(tb + j) * ts + kvh * hs + d0, d0, hd, vec, vf[j]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < DPL; i++) vf[j][i] = 0.0f;
+            }
+        }
+        float mn = m;
+#pragma unroll
+        for (int j = 0; j < KB; j++)
+            if (tb + j <= t1) mn = fmaxf(mn, sc[j]);
+        const float corr = __expf(m - mn);
+        l *= corr;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] *= corr;
+#pragma unroll
+        for (int j = 0; j < KB; j++) {
+            const float p = tb + j <= t1 ? __expf(sc[j] - mn) : 0.0f;
+            l += p;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[i] = fmaf(p, vf[j][i], acc[i]);
+        }
         m = mn;
     }
     // part layout: [rows * n_heads][n_splits][2 + hd]
@@ -156,23 +212,31 @@ __global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_
         if (d0 + i < hd) pp[2 + d0 + i] = acc[i];
 }
 
+// One block per (row, head): the splits' maxima and sums through shared
+// memory (read in parallel, not one after another), then each thread a dim.
+constexpr int kMaxSplits = 1024;
+
 __global__ void merge_kernel(const float *part, float *out, int hd, int n_splits, int n_heads) {
+    __shared__ float w[kMaxSplits]; // each split's weight exp(m - M) / L
+    __shared__ float red[33];
     const int rh = blockIdx.x; // row * n_heads + h
     const float *pp = part + (int64_t)rh * n_splits * (2 + hd);
     float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, pp[(int64_t)s * (2 + hd)]);
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) M = fmaxf(M, pp[(int64_t)s * (2 + hd)]);
+    M = block_reduce(M, true, red);
     float L = 0.0f;
-    for (int s = 0; s < n_splits; s++) {
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
         const float m = pp[(int64_t)s * (2 + hd)];
-        if (m > -INFINITY) L += pp[(int64_t)s * (2 + hd) + 1] * __expf(m - M);
+        const float e = m > -INFINITY ? __expf(m - M) : 0.0f;
+        w[s] = e;
+        L += pp[(int64_t)s * (2 + hd) + 1] * e;
     }
+    L = block_reduce(L, false, red);
     float *o = out + (int64_t)rh * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (int s = 0; s < n_splits; s++) {
-            const float m = pp[(int64_t)s * (2 + hd)];
-            if (m > -INFINITY) acc += pp[(int64_t)s * (2 + hd) + 2 + d] * __expf(m - M);
-        }
+#pragma unroll 8
+        for (int s = 0; s < n_splits; s++) acc = fmaf(pp[(int64_t)s * (2 + hd) + 2 + d], w[s], acc);
         o[d] = acc / L;
     }
 }
@@ -183,12 +247,16 @@ int a_init(void *inst, const tsr_plugin_ctx *ctx) {
     Attn *a = static_cast<Attn *>(inst);
     a->ctx = ctx;
     const tsr_param *p = ctx->host->param(ctx, "split_keys");
-    a->chunk = p ? (int)p->v.i : 256;
-    if (a->chunk <= 0) a->chunk = 256;
+    a->chunk = p ? (int)p->v.i : 32;
+    if (a->chunk <= 0) a->chunk = 32;
+    a->sms = 132;
+    int dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&a->sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaGetLastError();
 #ifdef CUDA_ATTN_SPLIT
     p = ctx->host->param(ctx, "graph_splits");
-    a->graph_splits = p ? (int)p->v.i : 16;
-    if (a->graph_splits <= 0) a->graph_splits = 16;
+    a->graph_splits = p ? (int)p->v.i : 32;
+    if (a->graph_splits <= 0) a->graph_splits = 32;
     const tsr_model_desc *md = ctx->model;
     if (md && md->n_heads > 0 && md->head_dim > 0) { // scratch for captured passes, reserved now
         const size_t floats = (size_t)TSR_GRAPH_MAX_ROWS * md->n_heads * a->graph_splits * (2 + md->head_dim);
@@ -233,7 +301,16 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
         return TSR_ERR_UNSUPPORTED;
     }
     if (split_ok) {
-        const int n_splits = dev_pos0 ? a->graph_splits : (keys + a->chunk - 1) / a->chunk;
+        int n_splits = a->graph_splits;
+        if (!dev_pos0) { /* enough blocks to fill the GPU, at least chunk keys each */
+            const int blocks = x->rows * x->n_kv_heads, want = (4 * a->sms + blocks - 1) / blocks;
+            const int most = (keys + a->chunk - 1) / a->chunk, least = (keys + 255) / 256;
+            n_splits = want < most ? want : most;
+            if (n_splits < least) n_splits = least; /* no block walks more than 256 keys */
+            if (n_splits < 1) n_splits = 1;
+            if (n_splits > kMaxSplits) n_splits = kMaxSplits;
+        }
+        const int chunk = (keys + n_splits - 1) / n_splits;
         float *part = dev_pos0 ? a->graph_scratch : nullptr;
         if (!part) {
             const size_t floats = (size_t)x->rows * x->n_heads * n_splits * (2 + x->head_dim);
@@ -241,14 +318,16 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
             part = a->scratch;
         }
         dim3 grid(x->rows * x->n_kv_heads, n_splits);
-        const int threads = 32 * group;
+        const int threads = 32 * group, dpl = (x->head_dim + 31) / 32;
+        const bool vec = kv->token_stride % dpl == 0 && kv->head_stride % dpl == 0 &&
+                         (reinterpret_cast<uintptr_t>(K) | reinterpret_cast<uintptr_t>(V)) % (2 * dpl) == 0;
         switch ((x->head_dim + 31) / 32) {
 #define CASE(D)                                                                                   \
     case D:                                                                                       \
         split_kernel<D><<<grid, threads, 0, st>>>(x->q, K, V, part, x->n_heads, x->n_kv_heads,    \
-                                                  group, x->head_dim, kv->token_stride, kv->head_stride, \
+                                                  group, x->head_dim, kv->token_stride, kv->head_stride, vec, \
                                                   x->pos0, dev_pos0, x->window, x->scale,         \
-                                                  a->chunk, n_splits);                            \
+                                                  chunk, n_splits);                               \
         break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
