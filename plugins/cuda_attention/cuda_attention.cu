@@ -13,6 +13,9 @@
 #include <math.h>
 
 #include "slots/tsr_attention.h"
+#ifdef CUDA_ATTN_SPLIT
+#include "plugins/cuda_attention/prefill.h"
+#endif
 
 #ifdef CUDA_ATTN_SPLIT
 #define PLUGIN_NAME "cuda_attention"
@@ -292,6 +295,14 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
     const __nv_bfloat16 *V = static_cast<const __nv_bfloat16 *>(kv->v);
     int rc;
 #ifdef CUDA_ATTN_SPLIT
+    if (!ex->step && x->rows >= CUDA_ATTN_PREFILL_MIN_ROWS && cuda_attn_prefill_supported(x)) { // prefill.cu
+        const cudaError_t e = static_cast<cudaError_t>(cuda_attn_prefill(x, st));
+        if (e != cudaSuccess) {
+            a->ctx->host->set_error(a->ctx, "prefill attention: %s", cudaGetErrorString(e));
+            return TSR_ERR_DEVICE;
+        }
+        return TSR_OK;
+    }
     const int32_t *dev_pos0 = ex->step ? &ex->step->pos0 : nullptr;
     const bool split_ok = group <= 32 && x->head_dim <= 256;
     if (dev_pos0 && (!split_ok || !a->graph_scratch || x->rows > TSR_GRAPH_MAX_ROWS ||

@@ -1,0 +1,44 @@
+/*
+ * prefill.h - cuda_attention's prefill kernel: causal attention of many
+ * query rows at once over bf16 contiguous KV, flash-attention-2 style on
+ * tensor cores (prefill.cu). C linkage so that the GPU tests can call it
+ * directly as well as through the plugin.
+ *
+ * Exact in the sense of the plugin's manifest: q and the softmax weights
+ * are each split into two bf16 halves (hi + lo, 16 significant bits), so the
+ * tensor cores' bf16 products with the stored bf16 keys and values lose
+ * nothing an f32 computation keeps to 2^-17 of each term; sums are f32.
+ */
+#ifndef CUDA_ATTN_PREFILL_H
+#define CUDA_ATTN_PREFILL_H
+
+#include "slots/tsr_attention.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cuda_attention runs passes of at least this many rows through the prefill
+ * kernel (fewer rows: decode and verification keep the split-K kernel). */
+#define CUDA_ATTN_PREFILL_MIN_ROWS 33
+
+/* 1 if cuda_attn_prefill can run a: bf16 contiguous KV whose k and v are
+ * 16-byte aligned with token and head strides multiples of 8 elements,
+ * head_dim 16, 32, 64 or 128, n_heads a multiple of n_kv_heads with at most
+ * 64 query heads per KV head, rows >= 1, pos0 >= 0, and a view holding
+ * pos0 + rows tokens; else 0 (nothing is launched). */
+int cuda_attn_prefill_supported(const tsr_attn_args *a);
+
+/* Launch the kernel for a on stream (a cudaStream_t): a->out [rows,
+ * n_heads * head_dim] receives softmax(q K^T * scale) V, row i over keys
+ * [first, pos0 + i] (first = max(0, pos0 + i - window + 1) with a window,
+ * else 0). Only keys below pos0 + rows are read. Asynchronous; returns 0
+ * (cudaSuccess) or the cudaError_t of the launch. Precondition:
+ * cuda_attn_prefill_supported(a). */
+int cuda_attn_prefill(const tsr_attn_args *a, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUDA_ATTN_PREFILL_H */

@@ -1,0 +1,594 @@
+/*
+ * cuda_attention's tensor-core prefill kernel (plugins/cuda_attention/
+ * prefill.cu; ctest label "gpu", skipped cleanly where no CUDA device is
+ * present).
+ *
+ * 1. Random q (f32) and K/V (bf16) over a table of shapes (rows 33..600,
+ *    pos0 0 and > 0, no window and windows, GQA groups 1..64, head_dim 16,
+ *    32, 64, 128, a head-major KV layout, stored tokens past pos0 + rows
+ *    holding NaN that must never be read), the kernel called directly
+ *    against a plain f64 CPU reference over the same bf16 keys and values.
+ *    Bound, from the plugin's exactness claim (q and the softmax weights
+ *    enter the tensor cores as two bf16 halves, 16 significant bits):
+ *        |out - ref| <= 1e-3 * max|ref| + 1e-5 for every element, and
+ *        NMSE = sum (out - ref)^2 / sum ref^2 <= 1e-7 (the conformance
+ *        harness's bound for exact attention plugins);
+ *    nothing written past out (guard values).
+ * 2. The same cases through the cuda_attention plugin from the catalog:
+ *    its output must be bit for bit the direct kernel's (the plugin sends
+ *    passes of more than 32 rows to the prefill kernel).
+ * 3. The transformers fixtures (head_dim 16) on cuda-fast, 100 random tokens
+ *    as one pass and as passes of 40 + 60 rows, against the cpu-reference
+ *    assembly's logits: |diff| <= 0.02 + 5% of the row's max |logit| (the
+ *    bound of test_cuda.c for bf16 weights, activations and KV).
+ */
+#include <dlfcn.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include <cmocka.h>
+
+#include "core/runtime/runtime.h"
+#include "kernels/dtype.h"
+#include "slots/tsr_attention.h"
+#ifdef TESSERA_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/device.h"
+#include "plugins/cuda_attention/prefill.h"
+#endif
+
+#define TOL_REL 1e-3
+#define TOL_ABS 1e-5
+#define TOL_NMSE 1e-7
+#define GUARD 64          /* floats after out that must keep GUARD_VALUE */
+#define GUARD_VALUE 12345.0f
+
+typedef struct pcase {
+    int rows, pos0, n_heads, n_kv_heads, head_dim, window;
+    int head_major; /* KV [n_kv_heads][tokens][head_dim] instead of [tokens][n_kv_heads][head_dim] */
+    int extra;      /* tokens stored past pos0 + rows, all NaN */
+} pcase;
+
+static const pcase cases[] = {
+    {33, 0, 8, 8, 64, 0, 0, 0},        /* group 1, the fewest rows the plugin sends here */
+    {64, 0, 32, 8, 128, 0, 0, 0},      /* group 4, one full block of keys */
+    {512, 0, 32, 8, 128, 0, 0, 5},     /* the Llama-3-8B prefill shape */
+    {100, 37, 32, 4, 128, 0, 0, 0},    /* group 8, a continued sequence */
+    {257, 300, 16, 4, 64, 0, 1, 3},    /* head-major KV */
+    {600, 0, 8, 1, 64, 0, 0, 0},       /* group 8, head_dim 64 */
+    {200, 50, 8, 2, 128, 64, 0, 7},    /* a window */
+    {77, 500, 4, 4, 64, 100, 0, 0},    /* a window, group 1 */
+    {345, 0, 14, 2, 64, 31, 0, 0},     /* group 7, a window not a multiple of the key tile */
+    {50, 7, 8, 2, 64, 1, 0, 0},        /* window 1: every row sees only itself */
+    {65, 3, 8, 8, 128, 1000, 0, 0},    /* a window longer than the sequence */
+    {40, 10, 4, 2, 16, 0, 0, 0},       /* head_dim 16 */
+    {90, 20, 6, 2, 32, 17, 0, 0},      /* head_dim 32, group 3, a window */
+    {35, 0, 64, 1, 64, 0, 0, 2},       /* group 64: one query row per block */
+};
+
+static const char *src_dir(void) {
+    const char *s = getenv("TESSERA_SOURCE_DIR");
+    return s ? s : ".";
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 0x2545F4914F6CDD1Dull;
+}
+
+/* Uniform in [-1, 1). */
+static float rng_f(uint64_t *s) { return (float)((double)(rng_next(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+/* Element offset of K/V (t, h, 0) in a case's layout. */
+static int64_t kv_off(const pcase *c, int T, int t, int h) {
+    return c->head_major ? ((int64_t)h * T + t) * c->head_dim : ((int64_t)t * c->n_kv_heads + h) * c->head_dim;
+}
+
+/* Plain f64 attention over the widened bf16 K/V. */
+static void reference(const pcase *c, int T, const float *q, const uint16_t *k, const uint16_t *v, float scale,
+                      double *out) {
+    const int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, keys = c->pos0 + c->rows;
+    double *s = malloc((size_t)keys * sizeof *s), *o = malloc((size_t)hd * sizeof *o);
+    assert_non_null(s);
+    assert_non_null(o);
+    for (int i = 0; i < c->rows; i++)
+        for (int h = 0; h < c->n_heads; h++) {
+            const float *qr = q + ((int64_t)i * c->n_heads + h) * hd;
+            const int kvh = h / group, last = c->pos0 + i;
+            const int first = c->window > 0 && last - c->window + 1 > 0 ? last - c->window + 1 : 0;
+            double mx = -INFINITY, sum = 0;
+            for (int t = first; t <= last; t++) {
+                const uint16_t *kr = k + kv_off(c, T, t, kvh);
+                double acc = 0;
+                for (int d = 0; d < hd; d++) acc += (double)qr[d] * tsr_bf16_to_f32(kr[d]);
+                s[t] = acc * scale;
+                if (s[t] > mx) mx = s[t];
+            }
+            for (int d = 0; d < hd; d++) o[d] = 0;
+            for (int t = first; t <= last; t++) {
+                const double w = exp(s[t] - mx);
+                const uint16_t *vr = v + kv_off(c, T, t, kvh);
+                sum += w;
+                for (int d = 0; d < hd; d++) o[d] += w * tsr_bf16_to_f32(vr[d]);
+            }
+            double *dst = out + ((int64_t)i * c->n_heads + h) * hd;
+            for (int d = 0; d < hd; d++) dst[d] = o[d] / sum;
+        }
+    free(s);
+    free(o);
+}
+
+#ifdef TESSERA_CUDA
+
+/* --- a minimal host for one cuda_attention instance ------------------------ */
+
+static void h_log(const tsr_plugin_ctx *ctx, int level, const char *fmt, ...) {
+    (void)ctx;
+    (void)level;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("# plugin: ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+}
+
+static char plugin_err[1024];
+
+static void h_set_error(const tsr_plugin_ctx *ctx, const char *fmt, ...) {
+    (void)ctx;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(plugin_err, sizeof plugin_err, fmt, ap);
+    va_end(ap);
+}
+
+static void *h_alloc(const tsr_plugin_ctx *ctx, size_t size, size_t align) {
+    (void)ctx;
+    void *p = NULL;
+    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size ? size : 1)) return NULL;
+    memset(p, 0, size);
+    return p;
+}
+
+static void h_free(const tsr_plugin_ctx *ctx, void *p) {
+    (void)ctx;
+    free(p);
+}
+
+static int h_dev_alloc(const tsr_plugin_ctx *ctx, size_t size, void **out) {
+    (void)ctx;
+    tsr_error err;
+    tsr_error_clear(&err);
+    *out = tsr_cuda_malloc(size, &err);
+    return *out ? TSR_OK : TSR_ERR_NOMEM;
+}
+
+static void h_dev_free(const tsr_plugin_ctx *ctx, void *p) {
+    (void)ctx;
+    tsr_cuda_free(p);
+}
+
+static int h_parallel_for(const tsr_plugin_ctx *ctx, int64_t n, tsr_work_fn fn, void *arg) {
+    (void)ctx;
+    if (n > 0) fn(arg, 0, n, 0);
+    return TSR_OK;
+}
+
+/* No params set: the plugin takes its documented defaults. */
+static const tsr_param *h_param(const tsr_plugin_ctx *ctx, const char *name) {
+    (void)ctx;
+    (void)name;
+    return NULL;
+}
+
+static int h_model_open(const tsr_plugin_ctx *ctx, const char *path, const char *assembly, int n_layers,
+                        tsr_aux_model **out) {
+    (void)ctx, (void)path, (void)assembly, (void)n_layers;
+    *out = NULL;
+    return TSR_ERR_UNSUPPORTED;
+}
+static void h_model_close(const tsr_plugin_ctx *ctx, tsr_aux_model *m) { (void)ctx, (void)m; }
+static int h_model_dims(const tsr_plugin_ctx *ctx, const tsr_aux_model *m, int *vocab, int *max_ctx) {
+    (void)ctx, (void)m, (void)vocab, (void)max_ctx;
+    return TSR_ERR_UNSUPPORTED;
+}
+static int h_seq_open(const tsr_plugin_ctx *ctx, tsr_aux_model *m, int max_tokens, tsr_aux_seq **out) {
+    (void)ctx, (void)m, (void)max_tokens;
+    *out = NULL;
+    return TSR_ERR_UNSUPPORTED;
+}
+static void h_seq_close(const tsr_plugin_ctx *ctx, tsr_aux_seq *s) { (void)ctx, (void)s; }
+static int h_seq_forward(const tsr_plugin_ctx *ctx, tsr_aux_seq *s, const int32_t *tokens, int n, float *logits) {
+    (void)ctx, (void)s, (void)tokens, (void)n, (void)logits;
+    return TSR_ERR_UNSUPPORTED;
+}
+static int h_seq_truncate(const tsr_plugin_ctx *ctx, tsr_aux_seq *s, int n_tokens) {
+    (void)ctx, (void)s, (void)n_tokens;
+    return TSR_ERR_UNSUPPORTED;
+}
+
+static const tsr_host_api host_api = {
+    sizeof(tsr_host_api), 2, h_log, h_set_error, h_alloc, h_free, h_dev_alloc, h_dev_free, h_parallel_for, h_param,
+    h_model_open, h_model_close, h_model_dims, h_seq_open, h_seq_close, h_seq_forward, h_seq_truncate,
+};
+
+typedef struct plugin {
+    void *handle;
+    const tsr_plugin_desc *desc;
+} plugin;
+
+static void plugin_open(plugin *p, const char *name) {
+    const char *cat = getenv("TESSERA_CATALOG");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/lib%s.so", cat ? cat : "build/catalog", name);
+    p->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!p->handle) fail_msg("dlopen %s: %s", path, dlerror());
+    tsr_plugin_entry_fn entry = (tsr_plugin_entry_fn)dlsym(p->handle, TSR_PLUGIN_ENTRY_NAME);
+    assert_non_null(entry);
+    p->desc = entry();
+    assert_non_null(p->desc);
+    assert_string_equal(p->desc->name, name);
+    assert_int_equal(p->desc->slot, TSR_SLOT_ATTENTION);
+}
+
+/* One instance of a plugin for c's model shape (ctx and md live as long as
+ * the instance, as the ABI asks of a host). */
+typedef struct instance {
+    const plugin *p;
+    tsr_model_desc md;
+    tsr_plugin_ctx ctx;
+    void *inst;
+} instance;
+
+static instance *instance_new(const plugin *p, const pcase *c) {
+    instance *in = calloc(1, sizeof *in);
+    assert_non_null(in);
+    in->p = p;
+    in->md = (tsr_model_desc){.arch = "llama", .n_layers = 1, .hidden = c->n_heads * c->head_dim,
+                              .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                              .ffn = 64, .vocab = 256, .max_ctx = c->pos0 + c->rows + c->extra,
+                              .weight_dtype = TSR_DTYPE_BF16};
+    in->ctx = (tsr_plugin_ctx){.host = &host_api, .name = p->desc->name, .device = TSR_DEVICE_CUDA,
+                               .model = &in->md};
+    if (posix_memalign(&in->inst, 64, p->desc->instance_size)) fail_msg("out of memory");
+    memset(in->inst, 0, p->desc->instance_size);
+    plugin_err[0] = 0;
+    if (p->desc->init(in->inst, &in->ctx) != TSR_OK) fail_msg("%s init: %s", p->desc->name, plugin_err);
+    return in;
+}
+
+static int instance_run(instance *in, const tsr_attn_args *a) {
+    const tsr_attention_i *it = in->p->desc->iface;
+    tsr_exec ex = {.device = TSR_DEVICE_CUDA, .device_id = 0, .stream = tsr_cuda_stream(), .n_threads = 1};
+    plugin_err[0] = 0;
+    return it->run(in->inst, a, &ex);
+}
+
+static void instance_free(instance *in) {
+    if (in->p->desc->fini) in->p->desc->fini(in->inst);
+    free(in->inst);
+    free(in);
+}
+
+/* --- the cases --------------------------------------------------------------- */
+
+static void upload(void *dst, const void *src, size_t bytes) {
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (tsr_cuda_upload(dst, src, bytes, &err) != TSR_OK) fail_msg("upload: %s", err.msg);
+}
+
+static void download(void *dst, const void *src, size_t bytes) {
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (tsr_cuda_sync(&err) != TSR_OK || tsr_cuda_download(dst, src, bytes, &err) != TSR_OK)
+        fail_msg("download: %s", err.msg);
+}
+
+static void *dev(size_t bytes) {
+    tsr_error err;
+    tsr_error_clear(&err);
+    void *p = tsr_cuda_malloc(bytes, &err);
+    if (!p) fail_msg("device allocation of %zu bytes: %s", bytes, err.msg);
+    return p;
+}
+
+static void run_case(const plugin *p, const pcase *c, uint64_t *rng) {
+    const int hd = c->head_dim, T = c->pos0 + c->rows + c->extra;
+    const int64_t qn = (int64_t)c->rows * c->n_heads * hd, kvn = (int64_t)T * c->n_kv_heads * hd;
+    float *q = malloc((size_t)qn * sizeof *q), *got = malloc((size_t)(qn + GUARD) * sizeof *got);
+    float *got_plugin = malloc((size_t)(qn + GUARD) * sizeof *got);
+    double *want = malloc((size_t)qn * sizeof *want);
+    uint16_t *k = malloc((size_t)kvn * sizeof *k), *v = malloc((size_t)kvn * sizeof *v);
+    assert_true(q && got && got_plugin && want && k && v);
+    for (int64_t i = 0; i < qn; i++) q[i] = 2.0f * rng_f(rng);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < c->n_kv_heads; h++)
+            for (int d = 0; d < hd; d++) {
+                const int64_t o = kv_off(c, T, t, h) + d;
+                const int tail = t >= c->pos0 + c->rows; /* never to be read */
+                k[o] = tail ? 0x7fc0 : tsr_f32_to_bf16(2.0f * rng_f(rng));
+                v[o] = tail ? 0x7fc0 : tsr_f32_to_bf16(rng_f(rng));
+            }
+    const float scale = 1.0f / sqrtf((float)hd);
+    reference(c, T, q, k, v, scale, want);
+
+    float *q_d = dev((size_t)qn * sizeof *q), *out_d = dev((size_t)(qn + GUARD) * sizeof *got);
+    uint16_t *k_d = dev((size_t)kvn * 2), *v_d = dev((size_t)kvn * 2);
+    upload(q_d, q, (size_t)qn * sizeof *q);
+    upload(k_d, k, (size_t)kvn * 2);
+    upload(v_d, v, (size_t)kvn * 2);
+    for (int64_t i = 0; i < qn + GUARD; i++) got[i] = i < qn ? NAN : GUARD_VALUE;
+    tsr_kv_view view = {.dtype = TSR_DTYPE_BF16, .layout = TSR_KV_CONTIGUOUS, .n_tokens = T,
+                        .n_kv_heads = c->n_kv_heads, .head_dim = hd, .k = k_d, .v = v_d,
+                        .token_stride = c->head_major ? hd : (int64_t)c->n_kv_heads * hd,
+                        .head_stride = c->head_major ? (int64_t)T * hd : hd};
+    tsr_attn_args a = {c->rows, c->pos0, c->n_heads, c->n_kv_heads, hd, scale, c->window, q_d, &view, out_d};
+
+    /* 1. the kernel itself */
+    upload(out_d, got, (size_t)(qn + GUARD) * sizeof *got);
+    assert_int_equal(cuda_attn_prefill_supported(&a), 1);
+    int rc = cuda_attn_prefill(&a, tsr_cuda_stream());
+    if (rc != 0) fail_msg("cuda_attn_prefill: CUDA error %d", rc);
+    download(got, out_d, (size_t)(qn + GUARD) * sizeof *got);
+    double max_ref = 0, max_diff = 0, num = 0, den = 0;
+    for (int64_t i = 0; i < qn; i++)
+        if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
+    const double bound = TOL_REL * max_ref + TOL_ABS;
+    for (int64_t i = 0; i < qn; i++) {
+        const double d = fabs((double)got[i] - want[i]);
+        if (!(d <= bound))
+            fail_msg("rows %d pos0 %d heads %d/%d d %d window %d: out[%lld] = %.9g, reference %.9g (|diff| > %.3g)",
+                     c->rows, c->pos0, c->n_heads, c->n_kv_heads, hd, c->window, (long long)i, got[i], want[i], bound);
+        if (d > max_diff) max_diff = d;
+        num += d * d;
+        den += want[i] * want[i];
+    }
+    for (int i = 0; i < GUARD; i++)
+        if (got[qn + i] != GUARD_VALUE) fail_msg("wrote past out (guard %d changed)", i);
+    const double nmse = num / den;
+    if (!(nmse <= TOL_NMSE)) fail_msg("nmse %.3g > %.0e", nmse, TOL_NMSE);
+
+    /* 2. through the plugin: the same kernel, the same bits */
+    for (int64_t i = 0; i < qn + GUARD; i++) got_plugin[i] = i < qn ? NAN : GUARD_VALUE;
+    upload(out_d, got_plugin, (size_t)(qn + GUARD) * sizeof *got);
+    instance *in = instance_new(p, c);
+    rc = instance_run(in, &a);
+    if (rc != TSR_OK) fail_msg("cuda_attention run: status %d: %s", rc, plugin_err);
+    download(got_plugin, out_d, (size_t)(qn + GUARD) * sizeof *got);
+    instance_free(in);
+    if (memcmp(got, got_plugin, (size_t)(qn + GUARD) * sizeof *got))
+        fail_msg("rows %d heads %d/%d d %d: the plugin's output is not the prefill kernel's", c->rows, c->n_heads,
+                 c->n_kv_heads, hd);
+
+    printf("# rows %3d pos0 %3d heads %2d/%d d %3d window %4d%s%s: max |diff| %.3g (bound %.3g), nmse %.3g\n",
+           c->rows, c->pos0, c->n_heads, c->n_kv_heads, hd, c->window, c->head_major ? " head-major" : "",
+           c->extra ? " NaN tail" : "", max_diff, bound, nmse);
+    tsr_cuda_free(q_d);
+    tsr_cuda_free(out_d);
+    tsr_cuda_free(k_d);
+    tsr_cuda_free(v_d);
+    free(q), free(got), free(got_plugin), free(want), free(k), free(v);
+}
+
+static int have_gpu(void) { return tsr_cuda_device_count() > 0; }
+
+/* Microseconds per call of fn over c's shape (random data), for the log:
+ * a figure, not a check. */
+typedef int (*attn_fn)(const void *ctx, const pcase *c, const tsr_attn_args *a);
+
+static int call_kernel(const void *ctx, const pcase *c, const tsr_attn_args *a) {
+    (void)ctx, (void)c;
+    return cuda_attn_prefill(a, tsr_cuda_stream());
+}
+
+static int call_plugin(const void *ctx, const pcase *c, const tsr_attn_args *a) {
+    (void)c;
+    return instance_run((instance *)ctx, a);
+}
+
+static double time_shape(const pcase *c, attn_fn fn, const void *ctx) {
+    const int hd = c->head_dim, T = c->pos0 + c->rows;
+    const int64_t qn = (int64_t)c->rows * c->n_heads * hd, kvn = (int64_t)T * c->n_kv_heads * hd;
+    float *q_d = dev((size_t)qn * 4), *out_d = dev((size_t)qn * 4);
+    uint16_t *k_d = dev((size_t)kvn * 2), *v_d = dev((size_t)kvn * 2);
+    float *q = malloc((size_t)qn * 4);
+    uint16_t *kv = malloc((size_t)kvn * 2);
+    assert_true(q && kv);
+    uint64_t rng = 7;
+    for (int64_t i = 0; i < qn; i++) q[i] = rng_f(&rng);
+    for (int64_t i = 0; i < kvn; i++) kv[i] = tsr_f32_to_bf16(rng_f(&rng));
+    upload(q_d, q, (size_t)qn * 4);
+    upload(k_d, kv, (size_t)kvn * 2);
+    upload(v_d, kv, (size_t)kvn * 2);
+    tsr_kv_view view = {.dtype = TSR_DTYPE_BF16, .layout = TSR_KV_CONTIGUOUS, .n_tokens = T,
+                        .n_kv_heads = c->n_kv_heads, .head_dim = hd, .k = k_d, .v = v_d,
+                        .token_stride = (int64_t)c->n_kv_heads * hd, .head_stride = hd};
+    tsr_attn_args a = {c->rows, c->pos0, c->n_heads, c->n_kv_heads, hd, 1.0f / sqrtf((float)hd), c->window,
+                       q_d, &view, out_d};
+    cudaStream_t st = (cudaStream_t)tsr_cuda_stream();
+    cudaEvent_t e0, e1;
+    assert_int_equal(cudaEventCreate(&e0), cudaSuccess);
+    assert_int_equal(cudaEventCreate(&e1), cudaSuccess);
+    enum { REPS = 20 };
+    assert_int_equal(fn(ctx, c, &a), 0); /* warm up */
+    assert_int_equal(cudaEventRecord(e0, st), cudaSuccess);
+    for (int r = 0; r < REPS; r++) assert_int_equal(fn(ctx, c, &a), 0);
+    assert_int_equal(cudaEventRecord(e1, st), cudaSuccess);
+    assert_int_equal(cudaEventSynchronize(e1), cudaSuccess);
+    float ms = 0;
+    assert_int_equal(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    tsr_cuda_free(q_d), tsr_cuda_free(out_d), tsr_cuda_free(k_d), tsr_cuda_free(v_d);
+    free(q), free(kv);
+    return 1000.0 * ms / REPS;
+}
+
+static void test_prefill_kernel(void **state) {
+    (void)state;
+    if (!have_gpu()) {
+        printf("# no CUDA device: prefill kernel checks skipped\n");
+        skip();
+    }
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (tsr_cuda_init(0, &err) != TSR_OK) fail_msg("CUDA init: %s", err.msg);
+    plugin p, base;
+    plugin_open(&p, "cuda_attention");
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    printf("# seed 0x9e3779b97f4a7c15\n");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&p, &cases[i], &rng);
+    /* figures for the log: the Llama-3-8B shape, one layer of a 512-token prefill */
+    const pcase llama = {512, 0, 32, 8, 128, 0, 0, 0};
+    plugin_open(&base, "cuda_attention_ref");
+    instance *in = instance_new(&p, &llama), *in_base = instance_new(&base, &llama);
+    const double t_kernel = time_shape(&llama, call_kernel, NULL);
+    const double t_plugin = time_shape(&llama, call_plugin, in);
+    const double t_base = time_shape(&llama, call_plugin, in_base);
+    printf("# 512 rows, 32/8 heads, head_dim 128: prefill kernel %.1f us, through cuda_attention %.1f us, "
+           "cuda_attention_ref %.1f us\n", t_kernel, t_plugin, t_base);
+    instance_free(in);
+    instance_free(in_base);
+    dlclose(base.handle);
+    dlclose(p.handle);
+}
+
+/* Shapes the kernel must decline (the plugin keeps its other paths); host
+ * code only, so it runs without a device too. */
+static void test_prefill_declines(void **state) {
+    (void)state;
+    float f = 0;
+    _Alignas(16) uint16_t kv[64] = {0};
+    tsr_kv_view view = {.dtype = TSR_DTYPE_BF16, .layout = TSR_KV_CONTIGUOUS, .n_tokens = 64, .n_kv_heads = 2,
+                        .head_dim = 64, .k = kv, .v = kv, .token_stride = 128, .head_stride = 64};
+    tsr_attn_args a = {40, 0, 8, 2, 64, 0.125f, 0, &f, &view, &f};
+    assert_int_equal(cuda_attn_prefill_supported(&a), 1);
+    a.head_dim = view.head_dim = 96;
+    assert_int_equal(cuda_attn_prefill_supported(&a), 0); /* head_dim */
+    a.head_dim = view.head_dim = 64;
+    view.dtype = TSR_DTYPE_F16;
+    assert_int_equal(cuda_attn_prefill_supported(&a), 0); /* dtype */
+    view.dtype = TSR_DTYPE_BF16;
+    view.token_stride = 132;
+    assert_int_equal(cuda_attn_prefill_supported(&a), 0); /* stride */
+    view.token_stride = 128;
+    a.rows = 65;
+    assert_int_equal(cuda_attn_prefill_supported(&a), 0); /* more rows than stored tokens */
+    a.rows = 40;
+    a.n_heads = 7;
+    assert_int_equal(cuda_attn_prefill_supported(&a), 0); /* not a multiple of n_kv_heads */
+    a.n_heads = 8;
+    view.k = (const uint16_t *)kv + 1;
+    assert_int_equal(cuda_attn_prefill_supported(&a), 0); /* unaligned */
+    view.k = kv;
+    a.head_dim = view.head_dim = 96;
+    assert_int_not_equal(cuda_attn_prefill(&a, NULL), 0); /* refused before any launch */
+}
+
+/* --- 3. the transformers fixtures end to end ---------------------------------- */
+
+static float *logits_of(const char *model, const char *assembly, const int32_t *ids, int n, int first_pass,
+                        int *vocab) {
+    char asm_path[4096];
+    snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", src_dir(), assembly);
+    tsr_error err;
+    tsr_error_clear(&err);
+    tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .no_tokenizer = 1};
+    tsr_model *m;
+    if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s with %s: %s", model, assembly, err.msg);
+    *vocab = tsr_model_get_config(m)->vocab;
+    float *lg = malloc((size_t)n * *vocab * sizeof *lg);
+    assert_non_null(lg);
+    tsr_seq *s;
+    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
+    for (int at = 0; at < n;) {
+        const int rows = at == 0 && first_pass ? first_pass : n - at;
+        if (tsr_seq_forward(s, ids + at, rows, lg + (size_t)at * *vocab, 1, &err) != TSR_OK)
+            fail_msg("%s: forward of %d rows at %d: %s", assembly, rows, at, err.msg);
+        at += rows;
+    }
+    tsr_seq_free(s);
+    tsr_model_free(m);
+    return lg;
+}
+
+static void test_prefill_fixtures(void **state) {
+    (void)state;
+    if (!have_gpu()) {
+        printf("# no CUDA device: fixture checks skipped\n");
+        skip();
+    }
+    const char *families[] = {"llama", "qwen2", "qwen3"};
+    enum { N = 100 };
+    for (size_t f = 0; f < 3; f++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), families[f]);
+        int vocab = 0, vocab_gpu = 0;
+        int32_t ids[N];
+        uint64_t rng = 0x5eed0000ull + f;
+        /* the vocabulary is known only once loaded: draw ids after a first load */
+        float *want = NULL;
+        {
+            int32_t probe[1] = {0};
+            free(logits_of(dir, "cpu-reference.yaml", probe, 1, 0, &vocab));
+        }
+        for (int i = 0; i < N; i++) ids[i] = (int32_t)(rng_next(&rng) % (uint64_t)vocab);
+        want = logits_of(dir, "cpu-reference.yaml", ids, N, 0, &vocab);
+        for (int split = 0; split <= 40; split += 40) {
+            float *got = logits_of(dir, "cuda-fast.yaml", ids, N, split, &vocab_gpu);
+            assert_int_equal(vocab_gpu, vocab);
+            double worst = 0;
+            for (int r = 0; r < N; r++) {
+                const float *w = want + (size_t)r * vocab, *g = got + (size_t)r * vocab;
+                double mx = 0, row_worst = 0;
+                for (int i = 0; i < vocab; i++)
+                    if (fabs(w[i]) > mx) mx = fabs(w[i]);
+                const double bound = 0.02 + 0.05 * mx;
+                for (int i = 0; i < vocab; i++) {
+                    const double d = fabs((double)g[i] - w[i]);
+                    if (!(d <= row_worst)) row_worst = d;
+                }
+                if (!(row_worst <= bound))
+                    fail_msg("%s, passes %s: row %d |logit diff| %g > %g", families[f], split ? "40 + 60" : "100",
+                             r, row_worst, bound);
+                if (row_worst > worst) worst = row_worst;
+            }
+            printf("# %s via cuda-fast, %s rows: max |logit diff| %.4g against cpu-reference\n", families[f],
+                   split ? "passes of 40 + 60" : "one pass of 100", worst);
+            free(got);
+        }
+        free(want);
+    }
+}
+
+#else /* no CUDA in this build */
+
+static void test_prefill_kernel(void **state) {
+    (void)state;
+    printf("# built without CUDA: skipped\n");
+    skip();
+}
+static void test_prefill_declines(void **state) { test_prefill_kernel(state); }
+static void test_prefill_fixtures(void **state) { test_prefill_kernel(state); }
+
+#endif
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefill_declines),
+        cmocka_unit_test(test_prefill_kernel),
+        cmocka_unit_test(test_prefill_fixtures),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
