@@ -65,7 +65,8 @@ typedef struct abl_ctx {
     tsr_assembly *as;
     tsr_plan *plan;
     int np;
-    int pslot[TSR_ABL_MAX_PLUGINS];           /* slot of plugin i */
+    int pslot[TSR_ABL_MAX_PLUGINS];           /* slot of plugin i; -1: a runtime switch */
+    int graphs;                               /* factor index of runtime.cuda_graphs, or -1 */
     const tsr_manifest *base[TSR_SLOT_COUNT]; /* each slot's baseline */
     int vi, nv;                               /* progress */
 } abl_ctx;
@@ -104,6 +105,7 @@ static int write_variant(abl_ctx *c, tsr_abl_result *r, tsr_abl_variant *v, tsr_
             fprintf(f, "  %s: %s\n", tsr_slot_name((tsr_slot)s), c->base[s]->name);
         }
     }
+    if (c->graphs >= 0 && (v->mask >> c->graphs & 1)) fputs("runtime:\n  cuda_graphs: true\n", f);
     if (fclose(f)) return tsr_error_set(err, TSR_ERR_IO, "cannot write %s", v->assembly_file);
     return TSR_OK;
 }
@@ -559,6 +561,18 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
         p->exact = m->exact;
         p->max_mean_kl = m->has_quality ? m->max_mean_kl : 0;
         p->max_ppl_ratio = m->has_quality ? m->max_ppl_ratio : 1;
+    }
+    c.graphs = -1;
+    if (c.as->cuda_graphs) { /* a runtime switch is a factor like a plugin: off is its baseline */
+        tsr_abl_plugin *p = &r->plugins[r->n_plugins];
+        c.graphs = r->n_plugins;
+        c.pslot[r->n_plugins++] = -1;
+        snprintf(p->name, sizeof p->name, "runtime.cuda_graphs");
+        snprintf(p->slot, sizeof p->slot, "runtime");
+        snprintf(p->baseline, sizeof p->baseline, "off");
+        p->exact = 1; /* the same kernels replayed (attention splits keys differently: float sums reorder) */
+        p->max_mean_kl = 0;
+        p->max_ppl_ratio = 1;
     }
     c.np = r->n_plugins;
 

@@ -106,6 +106,52 @@ __global__ void ref_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bf
     }
 }
 
+// Baseline for a captured pass: the KV length is only known on the device,
+// so no scratch is sized for it; the scores are computed twice instead (for
+// the maximum, then 128 keys at a time into shared memory for the sum and
+// the weighted values). grid (rows * n_heads), 128 threads.
+constexpr int kRefThreads = 128;
+
+__global__ void ref_step_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bfloat16 *V, float *out,
+                                int n_heads, int group, int hd, int64_t ts, int64_t hs, const int32_t *dev_pos0,
+                                int window, float scale) {
+    __shared__ float sh[33];
+    __shared__ float p[kRefThreads];
+    const int row = blockIdx.x / n_heads, h = blockIdx.x % n_heads, kvh = h / group;
+    const int last = *dev_pos0 + row;
+    const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+    const float *qr = q + ((int64_t)row * n_heads + h) * hd;
+    float mx = -INFINITY;
+    for (int t = first + threadIdx.x; t <= last; t += blockDim.x) {
+        const __nv_bfloat16 *k = K + t * ts + kvh * hs;
+        float dot = 0.0f;
+        for (int d = 0; d < hd; d++) dot = fmaf(qr[d], __bfloat162float(k[d]), dot);
+        mx = fmaxf(mx, dot * scale);
+    }
+    mx = block_reduce(mx, true, sh);
+    float sum = 0.0f, acc[kMaxHeadDim / kRefThreads] = {};
+    for (int t0 = first; t0 <= last; t0 += blockDim.x) {
+        const int t = t0 + threadIdx.x;
+        float e = 0.0f;
+        if (t <= last) {
+            const __nv_bfloat16 *k = K + t * ts + kvh * hs;
+            float dot = 0.0f;
+            for (int d = 0; d < hd; d++) dot = fmaf(qr[d], __bfloat162float(k[d]), dot);
+            e = __expf(dot * scale - mx);
+        }
+        p[threadIdx.x] = e;
+        sum += e;
+        __syncthreads();
+        const int n = min((int)blockDim.x, last - t0 + 1);
+        for (int i = 0, d = threadIdx.x; d < hd; i++, d += blockDim.x)
+            for (int j = 0; j < n; j++) acc[i] = fmaf(p[j], __bfloat162float(V[(t0 + j) * ts + kvh * hs + d]), acc[i]);
+        __syncthreads();
+    }
+    sum = block_reduce(sum, false, sh);
+    float *o = out + (int64_t)row * n_heads * hd + (int64_t)h * hd;
+    for (int i = 0, d = threadIdx.x; d < hd; i++, d += blockDim.x) o[d] = acc[i] / sum;
+}
+
 #ifdef CUDA_ATTN_SPLIT
 // DPL bf16 of a K or V row from p (this lane's dims d0..), widened; one
 // vector load where the dims are whole and aligned (vec), else one by one.
@@ -353,8 +399,15 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
     }
 #endif
     if (ex->step) {
-        a->ctx->host->set_error(a->ctx, "the plain kernel does not replay captured passes");
-        return TSR_ERR_UNSUPPORTED;
+        ref_step_kernel<<<x->rows * x->n_heads, kRefThreads, 0, st>>>(
+            x->q, K, V, x->out, x->n_heads, group, x->head_dim, kv->token_stride, kv->head_stride,
+            &ex->step->pos0, x->window, x->scale);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) {
+            a->ctx->host->set_error(a->ctx, "attention: %s", cudaGetErrorString(e));
+            return TSR_ERR_DEVICE;
+        }
+        return TSR_OK;
     }
     if ((rc = ensure(a, (size_t)x->rows * x->n_heads * keys))) return rc;
     ref_kernel<<<x->rows * x->n_heads, 128, 0, st>>>(x->q, K, V, x->out, a->scratch, x->n_heads, group,
