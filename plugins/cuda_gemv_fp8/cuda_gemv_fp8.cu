@@ -419,6 +419,62 @@ void g_fini(void *inst) {
     if (g->lt) cublasLtDestroy(g->lt);
 }
 
+// Quantisation of stacked rows [i0, i1) on the host's pool: row i of the
+// stack is row i - (rows of the matrices before it) of its matrix.
+struct Quant {
+    const tsr_weight *ws;
+    int n;
+    int64_t cols, ld;
+    uint8_t *q;            // [rows_pad, ld]
+    float *scale;          // [rows_pad]
+    int nomem;             // a worker could not allocate its row
+    int bad;               // a non-finite weight was seen (the first claim is reported)
+    int bad_mat;
+    int64_t bad_row, bad_col;
+    float bad_val;
+};
+
+void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    Quant *j = static_cast<Quant *>(arg);
+    float *row = static_cast<float *>(malloc((size_t)j->cols * sizeof(float)));
+    if (!row) {
+        __atomic_store_n(&j->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        int m = 0;
+        int64_t r = i;
+        while (r >= j->ws[m].rows) r -= j->ws[m++].rows;
+        const tsr_weight *tw = &j->ws[m];
+        uint64_t rb;
+        tsr_dtype_row_bytes(tw->dtype, j->cols, &rb);
+        tsr_dequant_row(tw->dtype, static_cast<const uint8_t *>(tw->data) + (uint64_t)r * rb, row, j->cols);
+        float amax = 0.0f;
+        int64_t bad = -1;
+        for (int64_t c = 0; c < j->cols && bad < 0; c++) {
+            if (!isfinite(row[c])) bad = c;
+            const float a = fabsf(row[c]);
+            amax = a > amax ? a : amax;
+        }
+        if (bad >= 0) {
+            int expect = 0;
+            if (__atomic_compare_exchange_n(&j->bad, &expect, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                j->bad_mat = m, j->bad_row = r, j->bad_col = bad, j->bad_val = row[bad];
+            }
+            continue;
+        }
+        // at least FLT_MIN, like s_x: an all-zero row gets codes 0, and no
+        // row is divided by 0 or a subnormal
+        float s = amax / kE4M3Max;
+        if (s < FLT_MIN) s = FLT_MIN;
+        uint8_t *dst = j->q + (size_t)i * (size_t)j->ld;
+        for (int64_t c = 0; c < j->cols; c++) dst[c] = tsr_f32_to_f8e4m3(row[c] / s);
+        j->scale[i] = s;
+    }
+    free(row);
+}
+
 // Rows of f32, f16 or bf16 weights -> e4m3 with one scale per row, stacked
 // by rows -> device: n matrices of equal cols become one [rows_pad, ld].
 int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
@@ -460,34 +516,16 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     if (rc == TSR_OK) rc = h->dev_alloc(g->ctx, (size_t)rows_pad * sizeof(float), reinterpret_cast<void **>(&w->scale));
     uint8_t *q = static_cast<uint8_t *>(calloc((size_t)bytes, 1));          // zero padding
     float *scale = static_cast<float *>(calloc((size_t)rows_pad, sizeof(float))); // padding rows: 0
-    float *row = static_cast<float *>(malloc((size_t)cols * sizeof(float)));
-    if (rc == TSR_OK && (!q || !scale || !row)) rc = TSR_ERR_NOMEM;
-    int64_t at = 0;
-    for (int i = 0; rc == TSR_OK && i < n; i++) {
-        const tsr_weight *tw = &ws[i];
-        uint64_t rb;
-        tsr_dtype_row_bytes(tw->dtype, cols, &rb);
-        for (int64_t r = 0; rc == TSR_OK && r < tw->rows; r++, at++) {
-            tsr_dequant_row(tw->dtype, static_cast<const uint8_t *>(tw->data) + (uint64_t)r * rb, row, cols);
-            float amax = 0.0f;
-            for (int64_t c = 0; c < cols; c++) {
-                if (!isfinite(row[c])) {
-                    h->set_error(g->ctx, "%s: row %lld holds %g at column %lld: no fp8 scale for it", tw->name,
-                                 (long long)r, (double)row[c], (long long)c);
-                    rc = TSR_ERR_INVALID;
-                    break;
-                }
-                const float a = fabsf(row[c]);
-                amax = a > amax ? a : amax;
-            }
-            if (rc != TSR_OK) break;
-            // at least FLT_MIN, like s_x: an all-zero row gets codes 0, and
-            // no row is divided by 0 or a subnormal
-            float s = amax / kE4M3Max;
-            if (s < FLT_MIN) s = FLT_MIN;
-            uint8_t *dst = q + (size_t)at * (size_t)ld;
-            for (int64_t c = 0; c < cols; c++) dst[c] = tsr_f32_to_f8e4m3(row[c] / s);
-            scale[at] = s;
+    if (rc == TSR_OK && (!q || !scale)) rc = TSR_ERR_NOMEM;
+    if (rc == TSR_OK) { // rows over the host's thread pool
+        Quant job = {ws, n, cols, ld, q, scale, 0, 0, 0, -1, -1, 0.0f};
+        h->parallel_for(g->ctx, rows, quant_rows, &job);
+        if (job.nomem) {
+            rc = TSR_ERR_NOMEM;
+        } else if (job.bad) {
+            h->set_error(g->ctx, "%s: row %lld holds %g at column %lld: no fp8 scale for it", ws[job.bad_mat].name,
+                         (long long)job.bad_row, (double)job.bad_val, (long long)job.bad_col);
+            rc = TSR_ERR_INVALID;
         }
     }
     if (rc == TSR_OK) rc = cuda_err(g, cudaMemcpy(w->w, q, (size_t)bytes, cudaMemcpyHostToDevice), "upload weights");
@@ -496,7 +534,6 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
                       "upload scales");
     free(q);
     free(scale);
-    free(row);
     if (rc != TSR_OK) {
         if (w->w) h->dev_free(g->ctx, w->w);
         if (w->scale) h->dev_free(g->ctx, w->scale);
