@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <float.h>
 #include <math.h>
 
@@ -141,6 +142,8 @@ static void *make_matrix(uint32_t dtype, int64_t rows, int64_t cols, float *wf, 
 #ifdef TESSERA_CUDA
 
 typedef struct kenv {
+    int decode_rows;   /* rows up to which the decode kernels run (the param) */
+    int out_bf16;      /* prefill_out: bf16 */
     tsr_engine *e;
     const tsr_slot_ref *gemv;
     tsr_exec ex;
@@ -148,17 +151,33 @@ typedef struct kenv {
 } kenv;
 
 /* The model the engine is described with: its sizes bound the graph scratch
- * (columns <= 1000, outputs <= 1000 in captured passes). */
-static void kenv_open(kenv *k) {
+ * (columns <= 1000, outputs <= 1000 in captured passes). params: NULL for
+ * assemblies/cuda-fast-fp8.yaml, else the gemv's params in a flow mapping
+ * (an assembly written to a temporary file). */
+static void kenv_open(kenv *k, const char *params) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/assemblies/cuda-fast-fp8.yaml", src_dir());
+    if (!params) {
+        snprintf(path, sizeof path, "%s/assemblies/cuda-fast-fp8.yaml", src_dir());
+    } else {
+        snprintf(path, sizeof path, "/tmp/test_cuda_fp8_XXXXXX.yaml");
+        int fd = mkstemps(path, 5);
+        assert_true(fd >= 0);
+        FILE *f = fdopen(fd, "w");
+        assert_non_null(f);
+        fprintf(f, "name: cuda-fp8-variant\ndevice: cuda\nslots:\n  gemv: {plugin: cuda_gemv_fp8, params: %s}\n"
+                   "  attention: cuda_attention\n  kv_cache: cuda_kv_cache\n  drafter: drafter_none\n"
+                   "  expert_cache: expert_resident\n", params);
+        fclose(f);
+    }
     tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = 1000, .n_heads = 4, .n_kv_heads = 2,
                          .head_dim = 16, .ffn = 96, .vocab = 1000, .max_ctx = 128,
                          .weight_dtype = TSR_DTYPE_F32};
     tsr_engine_opts o = {.n_threads = 1};
     tsr_error err;
     tsr_error_clear(&err);
-    if (tsr_engine_open(path, NULL, &md, &o, &k->e, &err) != TSR_OK) fail_msg("engine: %s", err.msg);
+    int rc = tsr_engine_open(path, NULL, &md, &o, &k->e, &err);
+    if (params) unlink(path);
+    if (rc != TSR_OK) fail_msg("engine: %s", err.msg);
     k->gemv = tsr_engine_slot(k->e, TSR_SLOT_GEMV);
     assert_string_equal(k->gemv->plugin, "cuda_gemv_fp8");
     k->ex = (tsr_exec){.device = TSR_DEVICE_CUDA, .stream = tsr_cuda_stream(), .n_threads = 1};
@@ -173,9 +192,9 @@ static void kenv_close(kenv *k) {
 
 /* One product checked: y (device, rows x n_out) against the reference for
  * the matrices wf (rows of the stacked handle, n_out x cols) and x. */
-static void check_product(const char *what, const float *y, const float *wf, int64_t n_out, int64_t cols,
-                          const float *x, int rows) {
-    const int lt = rows > 8;
+static void check_product(const kenv *k, const char *what, const float *y, const float *wf, int64_t n_out,
+                          int64_t cols, const float *x, int rows) {
+    const int lt = rows > k->decode_rows;
     double *wq = malloc(sizeof(double) * (size_t)(n_out * cols)), *xq = malloc(sizeof(double) * (size_t)(rows * cols));
     float *ws = malloc(sizeof(float) * (size_t)n_out);
     assert_true(wq && xq && ws);
@@ -201,14 +220,15 @@ static void check_product(const char *what, const float *y, const float *wf, int
             }
             double scale = (double)ws[o] * xs, ref = sum * scale;
             double bound = (lt ? KERNEL_REL_LT : KERNEL_REL_DECODE) * mag * scale + 1e-30;
+            if (lt && k->out_bf16) bound += 0x1p-8 * fabs(ref); /* the product rounded to bf16 */
             double got = y[(int64_t)r * n_out + o], d = fabs(got - ref);
             if (!(d <= bound))
                 fail_msg("%s: rows %d, [%lld x %lld], y[%d, %lld] = %.9g, reference %.9g (|diff| %.3g > bound %.3g)",
                          what, rows, (long long)n_out, (long long)cols, r, (long long)o, got, ref, d, bound);
             if (d / bound > worst) worst = d / bound;
         }
-    printf("# %s: rows %d, [%lld x %lld]: worst %.1f%% of the bound\n", what, rows, (long long)n_out, (long long)cols,
-           100 * worst);
+    printf("# %s%s: rows %d, [%lld x %lld]: worst %.1f%% of the bound\n", lt ? "cuBLASLt " : "decode ", what, rows,
+           (long long)n_out, (long long)cols, 100 * worst);
     free(wq), free(xq), free(ws);
 }
 
@@ -253,7 +273,7 @@ static void kernel_case(kenv *k, uint32_t dtype, const int64_t *mrows, int n, in
     rc = tsr_gemv_run(k->gemv, h, rows, dx + x_off, dy, &k->ex);
     if (rc != TSR_OK) fail_msg("%s run of %d rows: %d %s", what, rows, rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
     if (tsr_cuda_download(y, dy, sizeof(float) * yn, &err) != TSR_OK) fail_msg("%s: %s", what, err.msg);
-    check_product(what, y, wf_all, n_out, cols, x, rows);
+    check_product(k, what, y, wf_all, n_out, cols, x, rows);
 
     if (graph) {
         tsr_exec ex = k->ex;
@@ -271,7 +291,7 @@ static void kernel_case(kenv *k, uint32_t dtype, const int64_t *mrows, int n, in
             fail_msg("%s replay: %s", what, err.msg);
         tsr_cuda_graph_free(g);
         snprintf(what + strlen(what), sizeof what - strlen(what), " (graph replay)");
-        check_product(what, y, wf_all, n_out, cols, x, rows);
+        check_product(k, what, y, wf_all, n_out, cols, x, rows);
     }
     tsr_gemv_release(k->gemv, h);
     tsr_cuda_free(dx), tsr_cuda_free(dy);
@@ -287,8 +307,8 @@ static void test_kernels(void **state) {
         skip();
     }
 #ifdef TESSERA_CUDA
-    kenv k;
-    kenv_open(&k);
+    kenv k = {.decode_rows = 8};
+    kenv_open(&k, NULL);
     const int64_t one_a[] = {37}, one_b[] = {130}, one_c[] = {1000}, stack[] = {5, 23, 11};
     /* decode kernels: every row count, odd and aligned widths, each dtype */
     for (int rows = 1; rows <= 8; rows++) {
@@ -320,6 +340,30 @@ static void test_kernels(void **state) {
     uint8_t q8[34] = {0};
     tsr_weight wq = {"q8.weight", TSR_DTYPE_Q8_0, 1, 32, q8, sizeof q8};
     assert_int_equal(tsr_gemv_prepare(k.gemv, &wq, &h), TSR_ERR_UNSUPPORTED);
+    kenv_close(&k);
+#endif
+}
+
+/* The other params: cuBLASLt writing bf16 (prefill_out), and cuBLASLt for
+ * every row count (decode_rows 0). */
+static void test_kernel_params(void **state) {
+    (void)state;
+    if (!have_gpu()) {
+        printf("# no CUDA device: fp8 kernel checks skipped\n");
+        skip();
+    }
+#ifdef TESSERA_CUDA
+    const int64_t one_a[] = {37}, stack[] = {5, 23, 11};
+    kenv k = {.decode_rows = 8, .out_bf16 = 1};
+    kenv_open(&k, "{prefill_out: bf16}");
+    kernel_case(&k, TSR_DTYPE_F32, one_a, 1, 301, 9, 0, 1);
+    kernel_case(&k, TSR_DTYPE_BF16, stack, 3, 77, 64, 1, 0);
+    kernel_case(&k, TSR_DTYPE_F32, one_a, 1, 301, 1, 0, 0); /* decode unchanged */
+    kenv_close(&k);
+    k = (kenv){.decode_rows = 0};
+    kenv_open(&k, "{decode_rows: 0}");
+    for (int rows = 1; rows <= 8; rows++) kernel_case(&k, TSR_DTYPE_F32, one_a, 1, 301, rows, 0, rows == 3);
+    kernel_case(&k, TSR_DTYPE_F16, stack, 3, 77, 2, 1, 1);
     kenv_close(&k);
 #endif
 }
@@ -455,6 +499,7 @@ static void test_models(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels),
+        cmocka_unit_test(test_kernel_params),
         cmocka_unit_test(test_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
