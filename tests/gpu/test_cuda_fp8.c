@@ -48,8 +48,14 @@
 #include "core/cuda/device.h"
 #endif
 
-#define TOL_ABS 0.05
-#define TOL_REL 0.20
+/* Loose on purpose: e4m3 keeps 3 mantissa bits, and the tiny random fixtures
+ * amplify rounding from layer to layer; a simulation of this quantisation on
+ * the CPU (ref_gemv with the same fp8 weights and activations) moved their
+ * logits by up to 2.1 where max|logit| is about 5 (stories260K: 1.4 of 16).
+ * The mean KL and perplexity ratio against the manifest's bound are the
+ * quality check; this one catches garbage (NaN, wrong scales, wrong rows). */
+#define TOL_ABS 0.1
+#define TOL_REL 0.75
 #define KERNEL_REL_DECODE 1e-5
 #define KERNEL_REL_LT 1e-3
 
