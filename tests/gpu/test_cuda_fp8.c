@@ -72,6 +72,8 @@ static int have_gpu(void) {
 #endif
 }
 
+#ifdef TESSERA_CUDA /* the kernel checks' helpers */
+
 /* ---- the reference quantisation, written from the format's definition ---- */
 
 /* float8_e4m3fn by definition: bias 7, S.1111.111 NaN, no infinities. */
@@ -144,8 +146,6 @@ static void *make_matrix(uint32_t dtype, int64_t rows, int64_t cols, float *wf, 
     *nbytes = (uint64_t)(rows * cols) * esz;
     return d;
 }
-
-#ifdef TESSERA_CUDA
 
 typedef struct kenv {
     int decode_rows;   /* rows up to which the decode kernels run (the param) */
