@@ -139,6 +139,34 @@ float tsr_f8e4m3_to_f32(uint8_t v) {
     return sign ? -r : r;
 }
 
+uint8_t tsr_f32_to_f8e4m3(float f) {
+    uint32_t u = f32_to_bits(f);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7f;      /* NaN */
+    if (a >= 0x43e00000u) return sign | 0x7e;     /* >= 448 (and inf): saturate */
+    if (a < 0x3c800000u) {
+        /* below 2^-6: subnormal or zero, in units of 2^-9 rounded to nearest even */
+        if (a <= 0x3a800000u) return sign;        /* <= 2^-10: rounds to zero (2^-10 ties to 0) */
+        uint32_t e = a >> 23;                     /* 117..120 */
+        uint32_t m = (a & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 141 - e;                 /* 21..24 */
+        uint32_t q = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return sign | (uint8_t)q;                 /* q 8 is 2^-6, the smallest normal */
+    }
+    /* normal: rebias (127 -> 7) and round the 20 dropped mantissa bits to
+     * nearest even; a carry moves into the exponent, and a < 448 keeps the
+     * result <= 0x7e (448) */
+    uint32_t r = a - (120u << 23);
+    uint32_t q = r >> 20;
+    uint32_t rem = r & 0xfffffu;
+    if (rem > 0x80000u || (rem == 0x80000u && (q & 1))) q++;
+    return sign | (uint8_t)q;
+}
+
 /* --- rows -------------------------------------------------------------------- */
 
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }

@@ -37,6 +37,10 @@ uint16_t tsr_f32_to_f16(float f);   /* round to nearest even */
 float tsr_bf16_to_f32(uint16_t h);
 uint16_t tsr_f32_to_bf16(float f);  /* round to nearest even */
 float tsr_f8e4m3_to_f32(uint8_t v);
+/* float8_e4m3fn nearest to f, ties to even; magnitudes beyond 448 (and
+ * infinities) saturate to +-448; NaN gives NaN (0x7f with f's sign). The
+ * same as the CUDA cvt with __NV_SATFINITE. */
+uint8_t tsr_f32_to_f8e4m3(float f);
 
 #ifdef __cplusplus
 }

@@ -135,6 +135,57 @@ static void test_f8e4m3_exhaustive(void **state) {
     assert_true(isnan(tsr_f8e4m3_to_f32(0x7f)) && isnan(tsr_f8e4m3_to_f32(0xff)));
 }
 
+/* The float8_e4m3fn code nearest to v by search over every finite code,
+ * ties to the even code, beyond 448 saturated: the definition
+ * tsr_f32_to_f8e4m3 must meet. */
+static uint8_t f8_nearest(double v) {
+    uint8_t sign = signbit(v) ? 0x80 : 0;
+    double a = fabs(v);
+    if (a > 448) return sign | 0x7e;
+    int best = 0;
+    for (int c = 1; c <= 0x7e; c++) {
+        double d = fabs(f8_ref((uint8_t)c) - a), db = fabs(f8_ref((uint8_t)best) - a);
+        if (d < db || (d == db && (c & 1) == 0)) best = c;
+    }
+    return sign | (uint8_t)best;
+}
+
+static void check_to_f8(float f) {
+    uint8_t want = f8_nearest(f), got = tsr_f32_to_f8e4m3(f);
+    if (got != want) fail_msg("tsr_f32_to_f8e4m3(%a) = 0x%02x, nearest-even is 0x%02x", (double)f, got, want);
+}
+
+static void test_f32_to_f8e4m3(void **state) {
+    (void)state;
+    for (int c = 0; c <= 0x7e; c++) { /* every value, the midpoints to the next, and one ulp either side */
+        float v = (float)f8_ref((uint8_t)c), next = c < 0x7e ? (float)f8_ref((uint8_t)(c + 1)) : 464.0f;
+        float mid = (v + next) / 2; /* exact: 5 significant bits */
+        const float probe[] = {v, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY), nextafterf(v, 0),
+                               nextafterf(v, INFINITY)};
+        for (size_t i = 0; i < sizeof probe / sizeof *probe; i++) {
+            check_to_f8(probe[i]);
+            check_to_f8(-probe[i]);
+        }
+        assert_int_equal(tsr_f32_to_f8e4m3(v), c);
+        assert_int_equal(tsr_f32_to_f8e4m3(-v), 0x80 | c);
+    }
+    for (uint32_t u = 0; u < 0x44000000u; u += 4099) { /* a sweep over [0, 512) */
+        float f;
+        memcpy(&f, &u, 4);
+        check_to_f8(f);
+        check_to_f8(-f);
+    }
+    assert_int_equal(tsr_f32_to_f8e4m3(464.0f), 0x7e); /* would round up past 448: saturates */
+    assert_int_equal(tsr_f32_to_f8e4m3(INFINITY), 0x7e);
+    assert_int_equal(tsr_f32_to_f8e4m3(-INFINITY), 0xfe);
+    assert_int_equal(tsr_f32_to_f8e4m3(1e30f), 0x7e);
+    assert_int_equal(tsr_f32_to_f8e4m3(0x1p-10f), 0x00);         /* half the smallest subnormal: to even 0 */
+    assert_int_equal(tsr_f32_to_f8e4m3(0x1.8p-9f), 0x02);        /* 1.5 units: to even 2 */
+    assert_int_equal(tsr_f32_to_f8e4m3(0x1.1p-6f), 0x08);        /* 2^-6 * 1.0625: to 2^-6 */
+    assert_int_equal(tsr_f32_to_f8e4m3(-0.0f), 0x80);
+    assert_true(isnan(tsr_f8e4m3_to_f32(tsr_f32_to_f8e4m3(NAN))));
+}
+
 static void put16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
@@ -286,6 +337,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_to_f32_exhaustive), cmocka_unit_test(test_f32_to_f16_rounding),
         cmocka_unit_test(test_bf16_exhaustive),       cmocka_unit_test(test_f8e4m3_exhaustive),
+        cmocka_unit_test(test_f32_to_f8e4m3),
         cmocka_unit_test(test_q8_0),                  cmocka_unit_test(test_q4_0),
         cmocka_unit_test(test_q4_k),                  cmocka_unit_test(test_q6_k),
         cmocka_unit_test(test_plain_rows),            cmocka_unit_test(test_sizes_and_names),

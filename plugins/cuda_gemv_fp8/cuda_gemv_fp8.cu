@@ -1,0 +1,639 @@
+// cuda_gemv_fp8 - gemv on an NVIDIA GPU with FP8 E4M3 weights and one f32
+// scale per output row, quantised at prepare from f32/f16/bf16 weights:
+// s_o = max|w_o| / 448, q = e4m3(w / s_o) rounded to nearest even.
+//
+// - 1..decode_rows rows (decode, verification of drafts): hand-written
+//   kernels, one warp per output row, 16 fp8 weights per 16-byte load (a few
+//   loads in flight per lane), widened by the hardware cvt, f32 activations
+//   as given, f32 sums times s_o.
+// - more rows (prefill): a cuBLASLt FP8 matmul. Activations are quantised per
+//   tensor on the device (s_x = max|x| / 448, found by a reduction kernel and
+//   handed to cuBLASLt as the B scale); the product lands in scratch and a
+//   last kernel applies s_o while copying it into y.
+// Graph-capable: a captured pass (ex->step) uses scratch reserved at init for
+// TSR_GRAPH_MAX_ROWS rows, never the growing eager one, and makes no
+// synchronising call.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util/checked.h"
+#include "kernels/dtype.h"
+#include "slots/tsr_gemv.h"
+
+namespace {
+
+constexpr size_t kWorkspace = 32u << 20;
+constexpr int kMaxDecodeRows = 8;
+constexpr int kUnroll = 4;        // 16-byte weight loads in flight per lane
+constexpr int kPlans = 128;       // distinct (weight shape, row count) pairs planned once
+constexpr float kE4M3Max = 448.0f;
+
+struct Algo {
+    int ready;
+    int64_t m, n, k; // the shape it was planned for
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+};
+
+// Device scratch of one kind of pass (eager: grown on demand; graph: fixed
+// at init, so captured pointers stay valid).
+struct Scratch {
+    float *xpad;          // f32 activations with rows ld apart (decode, when x's rows are not)
+    size_t xpad_elems;
+    uint8_t *xq;          // e4m3 activations [rows, ld] (cuBLASLt)
+    size_t xq_bytes;
+    void *d;              // cuBLASLt output [rows, rows_pad], f32 or bf16
+    size_t d_bytes;
+    unsigned *stat;       // [0]: max|x| as f32 bits, [1]: s_x as f32 bits
+};
+
+struct Gemv {
+    const tsr_plugin_ctx *ctx;
+    cublasLtHandle_t lt;
+    void *workspace;
+    Scratch eager, graph;
+    int have_graph;       // graph scratch reserved (a model was described at init)
+    int64_t graph_ld, graph_out; // what the graph scratch holds per row
+    int decode_rows;
+    int out_bf16;         // cuBLASLt writes bf16 (prefill_out: bf16), else f32
+    Algo plans[kPlans];
+};
+
+struct Weight {
+    int64_t rows, cols;
+    int64_t ld;           // cols rounded up to 16 (16-byte rows); the padding is zero
+    int64_t rows_pad;     // rows rounded up to 16 for cuBLASLt; extra rows zero, scale 0
+    uint8_t *w;           // [rows_pad, ld] e4m3, device
+    float *scale;         // [rows_pad] s_o, device
+};
+
+int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+int cuda_err(Gemv *g, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return TSR_OK;
+    g->ctx->host->set_error(g->ctx, "%s: CUDA error %d (%s)", what, (int)e, cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? TSR_ERR_NOMEM : TSR_ERR_DEVICE;
+}
+
+int lt_err(Gemv *g, cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return TSR_OK;
+    g->ctx->host->set_error(g->ctx, "%s: cuBLASLt status %d", what, (int)s);
+    return TSR_ERR_DEVICE;
+}
+
+// ---- kernels ------------------------------------------------------------
+
+// 16 e4m3 values (one 16-byte load) widened to f32 by the hardware cvt
+// (e4m3x2 -> f16x2 is exact, and so is f16 -> f32).
+__device__ __forceinline__ void fp8x16_to_f32(const uint4 &raw, float *f) {
+    const __nv_fp8x2_storage_t *p = reinterpret_cast<const __nv_fp8x2_storage_t *>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[j], __NV_E4M3)));
+        f[2 * j] = v.x;
+        f[2 * j + 1] = v.y;
+    }
+}
+
+// y[r, o] = s_o * sum_c x[r, c] q[o, c] for R rows: one warp per output row;
+// each lane reads 16 weights per 16-byte load, kUnroll loads issued before
+// any arithmetic, so every weight row is read once for all R input rows.
+// x: [R, ld] f32, 16-byte aligned, zero where c >= cols (ld % 16 == 0).
+template <int R>
+__global__ void __launch_bounds__(256) decode_kernel(const uint8_t *__restrict__ w, const float *__restrict__ scale,
+                                                     const float *__restrict__ x, float *__restrict__ y,
+                                                     int64_t n_out, int64_t ld) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
+    if (o >= n_out) return;
+    const uint8_t *wr = w + o * ld;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int64_t base = (int64_t)lane * 16; base < ld; base += 32 * 16 * kUnroll) {
+        uint4 raw[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+            const int64_t i = base + (int64_t)u * 32 * 16;
+            raw[u] = i < ld ? __ldg(reinterpret_cast<const uint4 *>(wr + i)) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+            const int64_t i = base + (int64_t)u * 32 * 16;
+            if (i < ld) {
+                float wf[16];
+                fp8x16_to_f32(raw[u], wf);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float4 *xp = reinterpret_cast<const float4 *>(x + (int64_t)r * ld + i);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const float4 xv = __ldg(xp + j);
+                        acc[r] = fmaf(wf[4 * j], xv.x, acc[r]);
+                        acc[r] = fmaf(wf[4 * j + 1], xv.y, acc[r]);
+                        acc[r] = fmaf(wf[4 * j + 2], xv.z, acc[r]);
+                        acc[r] = fmaf(wf[4 * j + 3], xv.w, acc[r]);
+                    }
+                }
+            }
+        }
+    }
+    const float s = scale[o];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = acc[r];
+        for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
+        if (lane == 0) y[(int64_t)r * n_out + o] = v * s;
+    }
+}
+
+// dst[r, c] = src[r, c] for c < cols, 0 for cols <= c < ld.
+__global__ void pad_kernel(float *__restrict__ dst, const float *__restrict__ src, int64_t rows, int64_t cols,
+                           int64_t ld) {
+    const int64_t n = rows * ld;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / ld, c = i % ld;
+        dst[i] = c < cols ? src[r * cols + c] : 0.0f;
+    }
+}
+
+// stat[0] = max over x of |x| as f32 bits (zeroed beforehand). Non-negative
+// floats order as their bits, and NaN's bits exceed infinity's, so a NaN
+// anywhere wins and reaches s_x (never dropped as fmaxf would).
+__global__ void amax_kernel(unsigned *__restrict__ stat, const float *__restrict__ x, int64_t n) {
+    unsigned m = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const unsigned b = __float_as_uint(fabsf(x[i]));
+        m = b > m ? b : m;
+    }
+    m = __reduce_max_sync(0xffffffffu, m);
+    if ((threadIdx.x & 31) == 0) atomicMax(stat, m);
+}
+
+// s_x from max|x|: max|x| / 448, at least FLT_MIN (an all-zero or tiny x
+// then quantises to zeros and small codes, never to a division by zero);
+// NaN and infinity pass through (the comparison is false for NaN).
+__device__ __forceinline__ float act_scale(unsigned amax_bits) {
+    float s = __uint_as_float(amax_bits) / kE4M3Max;
+    if (s < FLT_MIN) s = FLT_MIN;
+    return s;
+}
+
+// xq[r, c] = e4m3(x[r, c] / s_x) (nearest even, saturating), 0 for
+// cols <= c < ld; stat[1] = s_x for cuBLASLt's B scale.
+__global__ void quant_kernel(uint8_t *__restrict__ xq, unsigned *__restrict__ stat, const float *__restrict__ x,
+                             int64_t rows, int64_t cols, int64_t ld) {
+    const float s = act_scale(stat[0]);
+    if (blockIdx.x == 0 && threadIdx.x == 0) stat[1] = __float_as_uint(s);
+    const int64_t n = rows * ld;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / ld, c = i % ld;
+        const float v = c < cols ? x[r * cols + c] / s : 0.0f;
+        xq[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    }
+}
+
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// y[r, o] = d[r, o] * s_o for o < n_out (rows of d are rows_pad apart).
+template <typename DT>
+__global__ void rescale_kernel(float *__restrict__ y, const DT *__restrict__ d, const float *__restrict__ scale,
+                               int64_t rows, int64_t n_out, int64_t rows_pad) {
+    const int64_t n = rows * n_out;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / n_out, o = i % n_out;
+        y[i] = widen(d[r * rows_pad + o]) * scale[o];
+    }
+}
+
+unsigned grid_for(int64_t n, int threads, int64_t cap = 4096) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b > cap) b = cap; // grid-stride loops cover the rest
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+// ---- scratch --------------------------------------------------------------
+
+// *p holds at least need bytes (eager scratch only: freed and grown by half
+// again as much, never while a graph is being captured).
+int grow(Gemv *g, void **p, size_t *have, size_t need) {
+    if (need <= *have) return TSR_OK;
+    if (need < *have + *have / 2) need = *have + *have / 2;
+    if (*p) g->ctx->host->dev_free(g->ctx, *p);
+    *p = nullptr;
+    *have = 0;
+    int rc = g->ctx->host->dev_alloc(g->ctx, need, p);
+    if (rc != TSR_OK) return rc;
+    *have = need;
+    return TSR_OK;
+}
+
+void scratch_free(Gemv *g, Scratch *s) {
+    const tsr_host_api *h = g->ctx->host;
+    if (s->xpad) h->dev_free(g->ctx, s->xpad);
+    if (s->xq) h->dev_free(g->ctx, s->xq);
+    if (s->d) h->dev_free(g->ctx, s->d);
+    if (s->stat) h->dev_free(g->ctx, s->stat);
+    memset(s, 0, sizeof *s);
+}
+
+// ---- decode ---------------------------------------------------------------
+
+int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st) {
+    const int threads = 256, per_block = threads / 32;
+    const unsigned blocks = (unsigned)((w->rows + per_block - 1) / per_block);
+    switch (rows) {
+#define CASE(R)                                                                                           \
+    case R: decode_kernel<R><<<blocks, threads, 0, st>>>(w->w, w->scale, x, y, w->rows, w->ld); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    default:
+        g->ctx->host->set_error(g->ctx, "decode kernels take 1..%d rows, not %d", kMaxDecodeRows, rows);
+        return TSR_ERR_INVALID;
+    }
+    return cuda_err(g, cudaGetLastError(), "fp8 decode gemv launch");
+}
+
+// ---- prefill: cuBLASLt FP8 ---------------------------------------------
+
+// A plan for D[rows_pad x rows] = Q^T-view x Xq-view (column-major; "TN"):
+// A = the weights [rows_pad, ld] row-major, seen as ld x rows_pad
+// transposed; B = the e4m3 activations [rows, ld] as ld x rows.
+int plan(Gemv *g, const Weight *w, int rows, Algo *a) {
+    const uint64_t m = (uint64_t)w->rows_pad, n = (uint64_t)rows, k = (uint64_t)w->ld;
+    const cudaDataType_t dt = g->out_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int rc;
+    if ((rc = lt_err(g, cublasLtMatmulDescCreate(&a->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"))) return rc;
+    a->ready = 1; // from here unplan() releases what exists
+    if ((rc = lt_err(g, cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa")) ||
+        (rc = lt_err(g, cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb")) ||
+        (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->a, CUDA_R_8F_E4M3, k, m, k), "layout A")) ||
+        (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->b, CUDA_R_8F_E4M3, k, n, k), "layout B")) ||
+        (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->d, dt, m, n, m), "layout D")))
+        return rc;
+    // the B scale pointer is set before each call (eager and graph scratch
+    // differ); a placeholder now so the heuristic plans a scaled matmul
+    const void *bs = g->eager.stat ? g->eager.stat + 1 : g->graph.stat + 1;
+    if ((rc = lt_err(g, cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs),
+                     "B scale")))
+        return rc;
+    cublasLtMatmulPreference_t pref;
+    size_t ws = kWorkspace;
+    if ((rc = lt_err(g, cublasLtMatmulPreferenceCreate(&pref), "preference"))) return rc;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g->lt, a->op, a->a, a->b, a->d, a->d, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+        g->ctx->host->set_error(g->ctx,
+                                "cuBLASLt has no FP8 algorithm for %llu x %llu x %llu (e4m3 x e4m3 -> %s, "
+                                "status %d): this device or library does not run the prefill path",
+                                (unsigned long long)m, (unsigned long long)n, (unsigned long long)k,
+                                g->out_bf16 ? "bf16" : "f32", (int)s);
+        return TSR_ERR_UNSUPPORTED;
+    }
+    a->algo = res.algo;
+    return TSR_OK;
+}
+
+void unplan(Algo *a) {
+    if (!a->ready) return;
+    if (a->a) cublasLtMatrixLayoutDestroy(a->a);
+    if (a->b) cublasLtMatrixLayoutDestroy(a->b);
+    if (a->d) cublasLtMatrixLayoutDestroy(a->d);
+    cublasLtMatmulDescDestroy(a->op);
+    memset(a, 0, sizeof *a);
+}
+
+int run_lt(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch *sc, cudaStream_t st) {
+    const int64_t nx = (int64_t)rows * w->cols, nq = (int64_t)rows * w->ld, ny = (int64_t)rows * w->rows;
+    // 1. s_x: max|x| / 448 on the device (a capped grid: fewer atomics on one word)
+    int rc = cuda_err(g, cudaMemsetAsync(sc->stat, 0, 2 * sizeof(unsigned), st), "zero amax");
+    if (rc != TSR_OK) return rc;
+    amax_kernel<<<grid_for(nx, 256, 512), 256, 0, st>>>(sc->stat, x, nx);
+    // 2. x -> e4m3, rows padded to ld
+    quant_kernel<<<grid_for(nq, 256), 256, 0, st>>>(sc->xq, sc->stat, x, rows, w->cols, w->ld);
+    if ((rc = cuda_err(g, cudaGetLastError(), "activation quantisation launch"))) return rc;
+    // 3. D = Q^T (Xq * s_x), planned once per shape
+    Algo tmp = {};
+    Algo *a = nullptr;
+    for (int i = 0; i < kPlans && !a; i++) {
+        Algo *p = &g->plans[i];
+        if (!p->ready || (p->m == w->rows_pad && p->n == rows && p->k == w->ld)) a = p;
+    }
+    if (!a) a = &tmp;
+    if (!a->ready) {
+        if ((rc = plan(g, w, rows, a))) {
+            unplan(a);
+            return rc;
+        }
+        a->m = w->rows_pad, a->n = rows, a->k = w->ld;
+    }
+    const void *bs = sc->stat + 1;
+    rc = lt_err(g, cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs),
+                "B scale");
+    const float one = 1.0f, zero = 0.0f;
+    if (rc == TSR_OK)
+        rc = lt_err(g, cublasLtMatmul(g->lt, a->op, &one, w->w, a->a, sc->xq, a->b, &zero, sc->d, a->d, sc->d, a->d,
+                                      &a->algo, g->workspace, kWorkspace, st),
+                    "cublasLtMatmul (fp8)");
+    unplan(&tmp);
+    if (rc != TSR_OK) return rc;
+    // 4. y = D * s_o
+    if (g->out_bf16)
+        rescale_kernel<<<grid_for(ny, 256), 256, 0, st>>>(y, static_cast<const __nv_bfloat16 *>(sc->d), w->scale,
+                                                          rows, w->rows, w->rows_pad);
+    else
+        rescale_kernel<<<grid_for(ny, 256), 256, 0, st>>>(y, static_cast<const float *>(sc->d), w->scale, rows,
+                                                          w->rows, w->rows_pad);
+    return cuda_err(g, cudaGetLastError(), "row scale launch");
+}
+
+// ---- the slot ---------------------------------------------------------------
+
+int g_init(void *inst, const tsr_plugin_ctx *ctx) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    g->ctx = ctx;
+    const tsr_host_api *h = ctx->host;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        h->set_error(ctx, "no CUDA device");
+        return TSR_ERR_DEVICE;
+    }
+    const tsr_param *p = h->param(ctx, "decode_rows");
+    g->decode_rows = p ? (int)p->v.i : kMaxDecodeRows;
+    p = h->param(ctx, "prefill_out");
+    g->out_bf16 = p && p->type == TSR_PARAM_STRING && p->v.s && !strcmp(p->v.s, "bf16");
+    int rc;
+    if ((rc = lt_err(g, cublasLtCreate(&g->lt), "cublasLtCreate"))) return rc;
+    if ((rc = h->dev_alloc(ctx, kWorkspace, &g->workspace))) return rc;
+    if ((rc = h->dev_alloc(ctx, 2 * sizeof(unsigned), reinterpret_cast<void **>(&g->eager.stat)))) return rc;
+    const tsr_model_desc *md = ctx->model;
+    if (md) { // the widest input and output of any projection, for captured passes
+        int64_t cols = md->hidden, out = md->hidden;
+        const int64_t ins[] = {md->ffn, (int64_t)md->n_heads * md->head_dim, md->expert_ffn};
+        const int64_t outs[] = {md->vocab, 2 * (int64_t)md->ffn, 2 * (int64_t)md->expert_ffn, md->n_experts,
+                                ((int64_t)md->n_heads + 2 * (int64_t)md->n_kv_heads) * md->head_dim};
+        for (int64_t c : ins) cols = c > cols ? c : cols;
+        for (int64_t c : outs) out = c > out ? c : out;
+        if (cols <= 0 || out <= 0) {
+            h->set_error(ctx, "model description with no projection sizes (hidden %d)", md->hidden);
+            return TSR_ERR_INVALID;
+        }
+        g->graph_ld = round16(cols);
+        g->graph_out = round16(out);
+        const size_t rows = TSR_GRAPH_MAX_ROWS, ld = (size_t)g->graph_ld;
+        Scratch *s = &g->graph;
+        s->xpad_elems = (size_t)kMaxDecodeRows * ld;
+        s->xq_bytes = rows * ld;
+        s->d_bytes = rows * (size_t)g->graph_out * (g->out_bf16 ? 2 : 4);
+        if ((rc = h->dev_alloc(ctx, s->xpad_elems * sizeof(float), reinterpret_cast<void **>(&s->xpad))) ||
+            (rc = h->dev_alloc(ctx, s->xq_bytes, reinterpret_cast<void **>(&s->xq))) ||
+            (rc = h->dev_alloc(ctx, s->d_bytes, &s->d)) ||
+            (rc = h->dev_alloc(ctx, 2 * sizeof(unsigned), reinterpret_cast<void **>(&s->stat))))
+            return rc;
+        g->have_graph = 1;
+    }
+    return TSR_OK;
+}
+
+void g_fini(void *inst) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    if (!g->ctx) return;
+    if (g->workspace) g->ctx->host->dev_free(g->ctx, g->workspace);
+    scratch_free(g, &g->eager);
+    scratch_free(g, &g->graph);
+    for (int i = 0; i < kPlans; i++) unplan(&g->plans[i]);
+    if (g->lt) cublasLtDestroy(g->lt);
+}
+
+// Quantisation of stacked rows [i0, i1) on the host's pool: row i of the
+// stack is row i - (rows of the matrices before it) of its matrix.
+struct Quant {
+    const tsr_weight *ws;
+    int n;
+    int64_t cols, ld;
+    uint8_t *q;            // [rows_pad, ld]
+    float *scale;          // [rows_pad]
+    int nomem;             // a worker could not allocate its row
+    int bad;               // a non-finite weight was seen (the first claim is reported)
+    int bad_mat;
+    int64_t bad_row, bad_col;
+    float bad_val;
+};
+
+void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    Quant *j = static_cast<Quant *>(arg);
+    float *row = static_cast<float *>(malloc((size_t)j->cols * sizeof(float)));
+    if (!row) {
+        __atomic_store_n(&j->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        int m = 0;
+        int64_t r = i;
+        while (r >= j->ws[m].rows) r -= j->ws[m++].rows;
+        const tsr_weight *tw = &j->ws[m];
+        uint64_t rb;
+        tsr_dtype_row_bytes(tw->dtype, j->cols, &rb);
+        tsr_dequant_row(tw->dtype, static_cast<const uint8_t *>(tw->data) + (uint64_t)r * rb, row, j->cols);
+        float amax = 0.0f;
+        int64_t bad = -1;
+        for (int64_t c = 0; c < j->cols && bad < 0; c++) {
+            if (!isfinite(row[c])) bad = c;
+            const float a = fabsf(row[c]);
+            amax = a > amax ? a : amax;
+        }
+        if (bad >= 0) {
+            int expect = 0;
+            if (__atomic_compare_exchange_n(&j->bad, &expect, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                j->bad_mat = m, j->bad_row = r, j->bad_col = bad, j->bad_val = row[bad];
+            }
+            continue;
+        }
+        // at least FLT_MIN, like s_x: an all-zero row gets codes 0, and no
+        // row is divided by 0 or a subnormal
+        float s = amax / kE4M3Max;
+        if (s < FLT_MIN) s = FLT_MIN;
+        uint8_t *dst = j->q + (size_t)i * (size_t)j->ld;
+        for (int64_t c = 0; c < j->cols; c++) dst[c] = tsr_f32_to_f8e4m3(row[c] / s);
+        j->scale[i] = s;
+    }
+    free(row);
+}
+
+// Rows of f32, f16 or bf16 weights -> e4m3 with one scale per row, stacked
+// by rows -> device: n matrices of equal cols become one [rows_pad, ld].
+int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
+    const tsr_host_api *h = g->ctx->host;
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) {
+        const tsr_weight *tw = &ws[i];
+        uint64_t rb;
+        if (tw->dtype != TSR_DTYPE_F32 && tw->dtype != TSR_DTYPE_F16 && tw->dtype != TSR_DTYPE_BF16) {
+            h->set_error(g->ctx, "%s: %s weights are not quantised to fp8 here (f32, f16 and bf16 are)", tw->name,
+                         tsr_dtype_name(tw->dtype));
+            return TSR_ERR_UNSUPPORTED;
+        }
+        if (tw->rows < 1 || tw->cols < 1 || tw->cols > ((int64_t)1 << 40) ||
+            tsr_dtype_row_bytes(tw->dtype, tw->cols, &rb) != 0 || tw->nbytes / rb < (uint64_t)tw->rows) {
+            h->set_error(g->ctx, "%s: shape [%lld, %lld] of %s does not fit its %llu bytes", tw->name,
+                         (long long)tw->rows, (long long)tw->cols, tsr_dtype_name(tw->dtype),
+                         (unsigned long long)tw->nbytes);
+            return TSR_ERR_INVALID;
+        }
+        if (tw->cols != ws[0].cols) {
+            h->set_error(g->ctx, "%s and %s differ in columns (%lld, %lld): they cannot be stacked", ws[0].name,
+                         tw->name, (long long)ws[0].cols, (long long)tw->cols);
+            return TSR_ERR_INVALID;
+        }
+        rows += tw->rows;
+    }
+    const int64_t cols = ws[0].cols, ld = round16(cols), rows_pad = round16(rows);
+    uint64_t bytes;
+    if (tsr_mul_u64((uint64_t)rows_pad, (uint64_t)ld, &bytes) || bytes > ((uint64_t)1 << 46)) {
+        h->set_error(g->ctx, "%s: %lld x %lld fp8 weights are too large", ws[0].name, (long long)rows_pad,
+                     (long long)ld);
+        return TSR_ERR_INVALID;
+    }
+    Weight *w = static_cast<Weight *>(h->alloc(g->ctx, sizeof(Weight), 64));
+    if (!w) return TSR_ERR_NOMEM;
+    w->rows = rows, w->cols = cols, w->ld = ld, w->rows_pad = rows_pad;
+    int rc = h->dev_alloc(g->ctx, (size_t)bytes, reinterpret_cast<void **>(&w->w));
+    if (rc == TSR_OK) rc = h->dev_alloc(g->ctx, (size_t)rows_pad * sizeof(float), reinterpret_cast<void **>(&w->scale));
+    uint8_t *q = static_cast<uint8_t *>(calloc((size_t)bytes, 1));          // zero padding
+    float *scale = static_cast<float *>(calloc((size_t)rows_pad, sizeof(float))); // padding rows: 0
+    if (rc == TSR_OK && (!q || !scale)) rc = TSR_ERR_NOMEM;
+    if (rc == TSR_OK) { // rows over the host's thread pool
+        Quant job = {ws, n, cols, ld, q, scale, 0, 0, 0, -1, -1, 0.0f};
+        h->parallel_for(g->ctx, rows, quant_rows, &job);
+        if (job.nomem) {
+            rc = TSR_ERR_NOMEM;
+        } else if (job.bad) {
+            h->set_error(g->ctx, "%s: row %lld holds %g at column %lld: no fp8 scale for it", ws[job.bad_mat].name,
+                         (long long)job.bad_row, (double)job.bad_val, (long long)job.bad_col);
+            rc = TSR_ERR_INVALID;
+        }
+    }
+    if (rc == TSR_OK) rc = cuda_err(g, cudaMemcpy(w->w, q, (size_t)bytes, cudaMemcpyHostToDevice), "upload weights");
+    if (rc == TSR_OK)
+        rc = cuda_err(g, cudaMemcpy(w->scale, scale, (size_t)rows_pad * sizeof(float), cudaMemcpyHostToDevice),
+                      "upload scales");
+    free(q);
+    free(scale);
+    if (rc != TSR_OK) {
+        if (w->w) h->dev_free(g->ctx, w->w);
+        if (w->scale) h->dev_free(g->ctx, w->scale);
+        h->free(g->ctx, w);
+        return rc;
+    }
+    *out = w;
+    return TSR_OK;
+}
+
+int g_prepare(void *inst, const tsr_weight *tw, void **out) {
+    return make_weight(static_cast<Gemv *>(inst), tw, 1, out);
+}
+
+int g_prepare_group(void *inst, const tsr_weight *ws, int n, void **out) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    if (n < 1 || !ws) {
+        g->ctx->host->set_error(g->ctx, "prepare_group of %d matrices", n);
+        return TSR_ERR_INVALID;
+    }
+    return make_weight(g, ws, n, out);
+}
+
+void g_release(void *inst, void *prepared) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    Weight *w = static_cast<Weight *>(prepared);
+    if (!w) return;
+    g->ctx->host->dev_free(g->ctx, w->w);
+    g->ctx->host->dev_free(g->ctx, w->scale);
+    g->ctx->host->free(g->ctx, w);
+}
+
+int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    const Weight *w = static_cast<const Weight *>(prepared);
+    const tsr_host_api *h = g->ctx->host;
+    cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
+    if (rows < 1) {
+        h->set_error(g->ctx, "run of %d rows", rows);
+        return TSR_ERR_INVALID;
+    }
+    const int captured = ex->step != nullptr;
+    if (captured && !g->have_graph) {
+        h->set_error(g->ctx, "a captured pass, but no model was described at init: no graph scratch");
+        return TSR_ERR_UNSUPPORTED;
+    }
+    Scratch *sc = captured ? &g->graph : &g->eager;
+    if (rows <= g->decode_rows && rows <= kMaxDecodeRows) {
+        // the kernels read rows ld apart from 16-byte aligned memory: x as
+        // it is when it already is so, else a zero-padded copy
+        if (w->ld == w->cols && (reinterpret_cast<uintptr_t>(x) & 15) == 0) return run_decode(g, w, rows, x, y, st);
+        const size_t need = (size_t)rows * (size_t)w->ld;
+        if (captured) {
+            if (need > sc->xpad_elems) {
+                h->set_error(g->ctx, "a captured pass of %d rows x %lld columns exceeds the scratch reserved at "
+                             "init (%lld columns)", rows, (long long)w->cols, (long long)g->graph_ld);
+                return TSR_ERR_UNSUPPORTED;
+            }
+        } else {
+            size_t have = sc->xpad_elems * sizeof(float);
+            int rc = grow(g, reinterpret_cast<void **>(&sc->xpad), &have, need * sizeof(float));
+            sc->xpad_elems = have / sizeof(float);
+            if (rc != TSR_OK) return rc;
+        }
+        pad_kernel<<<grid_for((int64_t)need, 256), 256, 0, st>>>(sc->xpad, x, rows, w->cols, w->ld);
+        int rc = cuda_err(g, cudaGetLastError(), "activation padding launch");
+        return rc != TSR_OK ? rc : run_decode(g, w, rows, sc->xpad, y, st);
+    }
+    const size_t xq_need = (size_t)rows * (size_t)w->ld;
+    const size_t d_need = (size_t)rows * (size_t)w->rows_pad * (g->out_bf16 ? 2 : 4);
+    if (captured) {
+        if (xq_need > sc->xq_bytes || d_need > sc->d_bytes) {
+            h->set_error(g->ctx, "a captured pass of %d rows through a [%lld, %lld] weight exceeds the scratch "
+                         "reserved at init (%d rows of %lld columns, %lld outputs)", rows, (long long)w->rows,
+                         (long long)w->cols, TSR_GRAPH_MAX_ROWS, (long long)g->graph_ld, (long long)g->graph_out);
+            return TSR_ERR_UNSUPPORTED;
+        }
+    } else {
+        int rc = grow(g, reinterpret_cast<void **>(&sc->xq), &sc->xq_bytes, xq_need);
+        if (rc == TSR_OK) rc = grow(g, &sc->d, &sc->d_bytes, d_need);
+        if (rc != TSR_OK) return rc;
+    }
+    return run_lt(g, w, rows, x, y, sc, st);
+}
+
+uint64_t g_bytes(void *inst, const void *prepared) {
+    (void)inst;
+    const Weight *w = static_cast<const Weight *>(prepared);
+    return (uint64_t)w->rows * (uint64_t)w->ld + (uint64_t)w->rows * sizeof(float);
+}
+
+const tsr_gemv_i iface = {
+    sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group,
+};
+
+const tsr_plugin_desc desc = {
+    TSR_ABI_MAJOR, TSR_ABI_MINOR, "cuda_gemv_fp8", TSR_SLOT_GEMV, "1.0.0", sizeof(Gemv),
+    TSR_CAP_DEVICE_CUDA, g_init, g_fini, &iface,
+};
+
+} // namespace
+
+extern "C" TSR_PLUGIN_EXPORT const tsr_plugin_desc *TSR_PLUGIN_ENTRY(void) { return &desc; }

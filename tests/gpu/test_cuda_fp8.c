@@ -1,0 +1,512 @@
+/*
+ * cuda_gemv_fp8 on the GPU (ctest label "gpu"; skipped cleanly where no CUDA
+ * device is present). Two kinds of check, kept apart so that a kernel defect
+ * cannot hide inside the quantisation error:
+ *
+ * 1. Kernels. Random f32/f16/bf16 matrices of odd sizes go through the
+ *    plugin (prepare, prepare_group, run) for 1..8 rows (the decode kernels)
+ *    and 9..64 rows (cuBLASLt FP8), eagerly and captured into a CUDA graph
+ *    (ex->step set) then replayed on new activations. The reference is this
+ *    file's own quantisation (the e4m3 code nearest to w / s_o by a search
+ *    over every code, ties to even; s_o = max|w_o| / 448) and an f64 product
+ *    of the dequantised weights with x as given (decode), or with x quantised
+ *    per tensor the same way (cuBLASLt; s_x = max|x| / 448). Bounds, against
+ *    S = s_o * sum_c |q_oc x_rc| (the sum of the magnitudes of the terms):
+ *      decode kernels (f32 FMAs):               |y - ref| <= 1e-5 S
+ *      cuBLASLt FP8 (tensor-core accumulation): |y - ref| <= 1e-3 S
+ *    Weights holding NaN, unsupported dtypes and bytes() are checked too.
+ * 2. Models. The transformers fixtures (llama, qwen2, qwen3) and stories260K
+ *    through assemblies/cuda-fast-fp8.yaml, as one prefill pass and as a
+ *    one-token prefill followed by passes of 1 and 3 rows (graphs), against
+ *    transformers' logits:
+ *      |logit - reference| <= TOL_ABS + TOL_REL * max|reference logit of the row|
+ *    argmax equal wherever the reference's top-2 margin exceeds twice that,
+ *    and the mean KL(reference || fp8) and the perplexity ratio within the
+ *    bound the manifest declares (read from the catalog).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <float.h>
+#include <math.h>
+
+#include <cmocka.h>
+
+#include "core/format/safetensors.h"
+#include "core/host/catalog.h"
+#include "core/host/diag.h"
+#include "core/host/engine.h"
+#include "core/host/slot_calls.h"
+#include "core/runtime/runtime.h"
+#include "kernels/dtype.h"
+#ifdef TESSERA_CUDA
+#include "core/cuda/device.h"
+#endif
+
+/* Loose on purpose: e4m3 keeps 3 mantissa bits, and the tiny random fixtures
+ * amplify rounding from layer to layer; a simulation of this quantisation on
+ * the CPU (ref_gemv with the same fp8 weights and activations) moved their
+ * logits by up to 2.1 where max|logit| is about 5 (stories260K: 1.4 of 16).
+ * The mean KL and perplexity ratio against the manifest's bound are the
+ * quality check; this one catches garbage (NaN, wrong scales, wrong rows). */
+#define TOL_ABS 0.1
+#define TOL_REL 0.75
+#define KERNEL_REL_DECODE 1e-5
+#define KERNEL_REL_LT 1e-3
+
+static const char *src_dir(void) {
+    const char *s = getenv("TESSERA_SOURCE_DIR");
+    return s ? s : ".";
+}
+
+static int have_gpu(void) {
+#ifdef TESSERA_CUDA
+    return tsr_cuda_device_count() > 0;
+#else
+    return 0;
+#endif
+}
+
+#ifdef TESSERA_CUDA /* the kernel checks' helpers */
+
+/* ---- the reference quantisation, written from the format's definition ---- */
+
+/* float8_e4m3fn by definition: bias 7, S.1111.111 NaN, no infinities. */
+static double e4m3_value(int code) {
+    int s = code >> 7, e = (code >> 3) & 15, m = code & 7;
+    double v = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+    return s ? -v : v;
+}
+
+/* The finite code nearest to v, ties to the even code, beyond 448 saturated
+ * (a search over every non-negative code). */
+static int e4m3_nearest(double v) {
+    static double tab[0x7f];
+    if (tab[1] == 0)
+        for (int c = 0; c < 0x7f; c++) tab[c] = e4m3_value(c);
+    int sign = signbit(v) ? 0x80 : 0;
+    double a = fabs(v);
+    if (a > 448) return sign | 0x7e;
+    int best = 0;
+    double db = a;
+    for (int c = 1; c <= 0x7e; c++) {
+        double d = fabs(tab[c] - a);
+        if (d < db || (d == db && (c & 1) == 0)) best = c, db = d;
+    }
+    return sign | best;
+}
+
+/* The scale the plugin documents: max|v| / 448 in f32, at least FLT_MIN. */
+static float fp8_scale(const float *v, int64_t n) {
+    float amax = 0;
+    for (int64_t i = 0; i < n; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+    float s = amax / 448.0f;
+    return s < FLT_MIN ? FLT_MIN : s;
+}
+
+/* Dequantised fp8 values of v (one scale s): e4m3(v / s) as doubles, without s. */
+static void quantise(const float *v, int64_t n, float s, double *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = e4m3_value(e4m3_nearest((double)(v[i] / s)));
+}
+
+/* ---- random matrices in a stored dtype ---- */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static double urand(void) { /* [0, 1) */
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (double)(rng >> 11) * 0x1p-53;
+}
+
+/* rows x cols values in dtype (f32, f16 or bf16) into *data, their exact f32
+ * values into wf; a few rows scaled up or down so that the scales differ. */
+static void *make_matrix(uint32_t dtype, int64_t rows, int64_t cols, float *wf, uint64_t *nbytes) {
+    size_t esz = dtype == TSR_DTYPE_F32 ? 4 : 2;
+    uint8_t *d = malloc((size_t)(rows * cols) * esz);
+    assert_non_null(d);
+    for (int64_t r = 0; r < rows; r++) {
+        double mag = r % 5 == 1 ? 20.0 : r % 5 == 3 ? 0.01 : 1.0;
+        for (int64_t c = 0; c < cols; c++) {
+            float v = (float)((urand() * 2 - 1) * mag);
+            int64_t i = r * cols + c;
+            if (dtype == TSR_DTYPE_F32) {
+                memcpy(d + i * 4, &v, 4);
+            } else {
+                uint16_t h = dtype == TSR_DTYPE_F16 ? tsr_f32_to_f16(v) : tsr_f32_to_bf16(v);
+                memcpy(d + i * 2, &h, 2);
+                v = dtype == TSR_DTYPE_F16 ? tsr_f16_to_f32(h) : tsr_bf16_to_f32(h);
+            }
+            wf[i] = v;
+        }
+    }
+    *nbytes = (uint64_t)(rows * cols) * esz;
+    return d;
+}
+
+typedef struct kenv {
+    int decode_rows;   /* rows up to which the decode kernels run (the param) */
+    int out_bf16;      /* prefill_out: bf16 */
+    tsr_engine *e;
+    const tsr_slot_ref *gemv;
+    tsr_exec ex;
+    tsr_step *dev_step;
+} kenv;
+
+/* The model the engine is described with: its sizes bound the graph scratch
+ * (columns <= 1000, outputs <= 1000 in captured passes). params: NULL for
+ * assemblies/cuda-fast-fp8.yaml, else the gemv's params in a flow mapping
+ * (an assembly written to a temporary file). */
+static void kenv_open(kenv *k, const char *params) {
+    char path[4096];
+    if (!params) {
+        snprintf(path, sizeof path, "%s/assemblies/cuda-fast-fp8.yaml", src_dir());
+    } else {
+        snprintf(path, sizeof path, "/tmp/test_cuda_fp8_XXXXXX.yaml");
+        int fd = mkstemps(path, 5);
+        assert_true(fd >= 0);
+        FILE *f = fdopen(fd, "w");
+        assert_non_null(f);
+        fprintf(f, "name: cuda-fp8-variant\ndevice: cuda\nslots:\n  gemv: {plugin: cuda_gemv_fp8, params: %s}\n"
+                   "  attention: cuda_attention\n  kv_cache: cuda_kv_cache\n  drafter: drafter_none\n"
+                   "  expert_cache: expert_resident\n", params);
+        fclose(f);
+    }
+    tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = 1000, .n_heads = 4, .n_kv_heads = 2,
+                         .head_dim = 16, .ffn = 96, .vocab = 1000, .max_ctx = 128,
+                         .weight_dtype = TSR_DTYPE_F32};
+    tsr_engine_opts o = {.n_threads = 1};
+    tsr_error err;
+    tsr_error_clear(&err);
+    int rc = tsr_engine_open(path, NULL, &md, &o, &k->e, &err);
+    if (params) unlink(path);
+    if (rc != TSR_OK) fail_msg("engine: %s", err.msg);
+    k->gemv = tsr_engine_slot(k->e, TSR_SLOT_GEMV);
+    assert_string_equal(k->gemv->plugin, "cuda_gemv_fp8");
+    k->ex = (tsr_exec){.device = TSR_DEVICE_CUDA, .stream = tsr_cuda_stream(), .n_threads = 1};
+    k->dev_step = tsr_cuda_malloc(sizeof(tsr_step), &err);
+    assert_non_null(k->dev_step);
+}
+
+static void kenv_close(kenv *k) {
+    tsr_cuda_free(k->dev_step);
+    tsr_engine_free(k->e);
+}
+
+/* One product checked: y (device, rows x n_out) against the reference for
+ * the matrices wf (rows of the stacked handle, n_out x cols) and x. */
+static void check_product(const kenv *k, const char *what, const float *y, const float *wf, int64_t n_out,
+                          int64_t cols, const float *x, int rows) {
+    const int lt = rows > k->decode_rows;
+    double *wq = malloc(sizeof(double) * (size_t)(n_out * cols)), *xq = malloc(sizeof(double) * (size_t)(rows * cols));
+    float *ws = malloc(sizeof(float) * (size_t)n_out);
+    assert_true(wq && xq && ws);
+    for (int64_t o = 0; o < n_out; o++) {
+        ws[o] = fp8_scale(wf + o * cols, cols);
+        quantise(wf + o * cols, cols, ws[o], wq + o * cols);
+    }
+    float xs = 1;
+    if (lt) {
+        xs = fp8_scale(x, (int64_t)rows * cols);
+        quantise(x, (int64_t)rows * cols, xs, xq);
+    } else {
+        for (int64_t i = 0; i < (int64_t)rows * cols; i++) xq[i] = x[i];
+    }
+    double worst = 0;
+    for (int r = 0; r < rows; r++)
+        for (int64_t o = 0; o < n_out; o++) {
+            double sum = 0, mag = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                double t = wq[o * cols + c] * xq[(int64_t)r * cols + c];
+                sum += t;
+                mag += fabs(t);
+            }
+            double scale = (double)ws[o] * xs, ref = sum * scale;
+            double bound = (lt ? KERNEL_REL_LT : KERNEL_REL_DECODE) * mag * scale + 1e-30;
+            if (lt && k->out_bf16) bound += 0x1p-8 * fabs(ref); /* the product rounded to bf16 */
+            double got = y[(int64_t)r * n_out + o], d = fabs(got - ref);
+            if (!(d <= bound))
+                fail_msg("%s: rows %d, [%lld x %lld], y[%d, %lld] = %.9g, reference %.9g (|diff| %.3g > bound %.3g)",
+                         what, rows, (long long)n_out, (long long)cols, r, (long long)o, got, ref, d, bound);
+            if (d / bound > worst) worst = d / bound;
+        }
+    printf("# %s%s: rows %d, [%lld x %lld]: worst %.1f%% of the bound\n", lt ? "cuBLASLt " : "decode ", what, rows,
+           (long long)n_out, (long long)cols, 100 * worst);
+    free(wq), free(xq), free(ws);
+}
+
+static void random_x(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(urand() * 2 - 1) * (i % 7 == 0 ? 4.0f : 1.0f);
+}
+
+/* Prepare n matrices (one handle: stacked when n > 1), run rows of x through
+ * it eagerly (x offset by x_off floats on the device: 0 or a misalignment),
+ * and when graph, capture a run with ex->step set and replay it on new x. */
+static void kernel_case(kenv *k, uint32_t dtype, const int64_t *mrows, int n, int64_t cols, int rows, int x_off,
+                        int graph) {
+    tsr_weight ws[4];
+    float *wf_all;
+    int64_t n_out = 0;
+    for (int i = 0; i < n; i++) n_out += mrows[i];
+    wf_all = malloc(sizeof(float) * (size_t)(n_out * cols));
+    assert_non_null(wf_all);
+    void *data[4];
+    for (int i = 0, at = 0; i < n; at += (int)mrows[i], i++) {
+        uint64_t nb;
+        data[i] = make_matrix(dtype, mrows[i], cols, wf_all + (int64_t)at * cols, &nb);
+        ws[i] = (tsr_weight){"test.weight", dtype, mrows[i], cols, data[i], nb};
+    }
+    void *h = NULL;
+    int rc = n == 1 ? tsr_gemv_prepare(k->gemv, &ws[0], &h) : tsr_gemv_prepare_group(k->gemv, ws, n, &h);
+    if (rc != TSR_OK) fail_msg("prepare: %d %s", rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
+    uint64_t want_bytes = (uint64_t)n_out * (uint64_t)((cols + 15) / 16 * 16) + 4 * (uint64_t)n_out;
+    assert_int_equal(tsr_gemv_bytes(k->gemv, h, NULL), want_bytes);
+
+    tsr_error err;
+    tsr_error_clear(&err);
+    const size_t xn = (size_t)rows * (size_t)cols, yn = (size_t)rows * (size_t)n_out;
+    float *x = malloc(sizeof(float) * xn), *y = malloc(sizeof(float) * yn);
+    float *dx = tsr_cuda_malloc(sizeof(float) * (xn + 4), &err), *dy = tsr_cuda_malloc(sizeof(float) * yn, &err);
+    assert_true(x && y && dx && dy);
+    char what[160];
+    snprintf(what, sizeof what, "%s%s%s", tsr_dtype_name(dtype), n > 1 ? " stacked" : "", x_off ? " misaligned x" : "");
+
+    random_x(x, (int64_t)xn);
+    assert_int_equal(tsr_cuda_upload(dx + x_off, x, sizeof(float) * xn, &err), TSR_OK);
+    rc = tsr_gemv_run(k->gemv, h, rows, dx + x_off, dy, &k->ex);
+    if (rc != TSR_OK) fail_msg("%s run of %d rows: %d %s", what, rows, rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
+    if (tsr_cuda_download(y, dy, sizeof(float) * yn, &err) != TSR_OK) fail_msg("%s: %s", what, err.msg);
+    check_product(k, what, y, wf_all, n_out, cols, x, rows);
+
+    if (graph) {
+        tsr_exec ex = k->ex;
+        ex.step = k->dev_step;
+        void *g = NULL;
+        assert_int_equal(tsr_cuda_capture_begin(&err), TSR_OK);
+        rc = tsr_gemv_run(k->gemv, h, rows, dx + x_off, dy, &ex);
+        int rc2 = tsr_cuda_capture_end(&g, &err);
+        if (rc != TSR_OK) fail_msg("%s captured run of %d rows: %d %s", what, rows, rc,
+                                   tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
+        if (rc2 != TSR_OK) fail_msg("%s capture of %d rows: %s", what, rows, err.msg);
+        random_x(x, (int64_t)xn); /* new activations, the same buffer */
+        assert_int_equal(tsr_cuda_upload(dx + x_off, x, sizeof(float) * xn, &err), TSR_OK);
+        if (tsr_cuda_graph_launch(g, &err) != TSR_OK || tsr_cuda_download(y, dy, sizeof(float) * yn, &err) != TSR_OK)
+            fail_msg("%s replay: %s", what, err.msg);
+        tsr_cuda_graph_free(g);
+        snprintf(what + strlen(what), sizeof what - strlen(what), " (graph replay)");
+        check_product(k, what, y, wf_all, n_out, cols, x, rows);
+    }
+    tsr_gemv_release(k->gemv, h);
+    tsr_cuda_free(dx), tsr_cuda_free(dy);
+    free(x), free(y), free(wf_all);
+    for (int i = 0; i < n; i++) free(data[i]);
+}
+#endif
+
+static void test_kernels(void **state) {
+    (void)state;
+    if (!have_gpu()) {
+        printf("# no CUDA device: fp8 kernel checks skipped\n");
+        skip();
+    }
+#ifdef TESSERA_CUDA
+    kenv k = {.decode_rows = 8};
+    kenv_open(&k, NULL);
+    const int64_t one_a[] = {37}, one_b[] = {130}, one_c[] = {1000}, stack[] = {5, 23, 11};
+    /* decode kernels: every row count, odd and aligned widths, each dtype */
+    for (int rows = 1; rows <= 8; rows++) {
+        kernel_case(&k, TSR_DTYPE_F32, one_a, 1, 301, rows, 0, rows == 1 || rows == 3 || rows == 8);
+        kernel_case(&k, TSR_DTYPE_BF16, one_b, 1, 256, rows, 0, rows == 2);
+    }
+    kernel_case(&k, TSR_DTYPE_F16, one_b, 1, 1000, 4, 0, 1);
+    kernel_case(&k, TSR_DTYPE_F32, one_b, 1, 256, 1, 1, 1); /* 16-byte multiple, x misaligned: padded copy */
+    kernel_case(&k, TSR_DTYPE_BF16, stack, 3, 77, 5, 0, 1);  /* prepare_group: each row its own scale */
+    kernel_case(&k, TSR_DTYPE_F32, one_c, 1, 1000, 8, 0, 1); /* wide: several unrolled iterations per lane */
+    /* cuBLASLt FP8: 9..64 rows */
+    const int lt_rows[] = {9, 16, 17, 32, 33, 64};
+    for (size_t i = 0; i < sizeof lt_rows / sizeof *lt_rows; i++) {
+        kernel_case(&k, TSR_DTYPE_F32, one_a, 1, 301, lt_rows[i], 0, lt_rows[i] <= TSR_GRAPH_MAX_ROWS);
+        kernel_case(&k, TSR_DTYPE_F16, one_b, 1, 256, lt_rows[i], lt_rows[i] == 17, 0);
+    }
+    kernel_case(&k, TSR_DTYPE_BF16, stack, 3, 77, 20, 0, 1);
+    kernel_case(&k, TSR_DTYPE_F32, one_c, 1, 1000, 24, 0, 1);
+
+    /* refusals: a NaN weight (named), a dtype it does not quantise */
+    float bad[2 * 16];
+    for (int i = 0; i < 32; i++) bad[i] = 0.5f;
+    bad[16 + 3] = NAN;
+    tsr_weight w = {"nan.weight", TSR_DTYPE_F32, 2, 16, bad, sizeof bad};
+    void *h = NULL;
+    assert_int_equal(tsr_gemv_prepare(k.gemv, &w, &h), TSR_ERR_INVALID);
+    assert_null(h);
+    assert_non_null(strstr(tsr_engine_plugin_error(k.e, TSR_SLOT_GEMV), "row 1"));
+    uint8_t q8[34] = {0};
+    tsr_weight wq = {"q8.weight", TSR_DTYPE_Q8_0, 1, 32, q8, sizeof q8};
+    assert_int_equal(tsr_gemv_prepare(k.gemv, &wq, &h), TSR_ERR_UNSUPPORTED);
+    kenv_close(&k);
+#endif
+}
+
+/* The other params: cuBLASLt writing bf16 (prefill_out), and cuBLASLt for
+ * every row count (decode_rows 0). */
+static void test_kernel_params(void **state) {
+    (void)state;
+    if (!have_gpu()) {
+        printf("# no CUDA device: fp8 kernel checks skipped\n");
+        skip();
+    }
+#ifdef TESSERA_CUDA
+    const int64_t one_a[] = {37}, stack[] = {5, 23, 11};
+    kenv k = {.decode_rows = 8, .out_bf16 = 1};
+    kenv_open(&k, "{prefill_out: bf16}");
+    kernel_case(&k, TSR_DTYPE_F32, one_a, 1, 301, 9, 0, 1);
+    kernel_case(&k, TSR_DTYPE_BF16, stack, 3, 77, 64, 1, 0);
+    kernel_case(&k, TSR_DTYPE_F32, one_a, 1, 301, 1, 0, 0); /* decode unchanged */
+    kenv_close(&k);
+    k = (kenv){.decode_rows = 0};
+    kenv_open(&k, "{decode_rows: 0}");
+    for (int rows = 1; rows <= 8; rows++) kernel_case(&k, TSR_DTYPE_F32, one_a, 1, 301, rows, 0, rows == 3);
+    kernel_case(&k, TSR_DTYPE_F16, stack, 3, 77, 2, 1, 1);
+    kenv_close(&k);
+#endif
+}
+
+/* ---- models ---- */
+
+static double manifest_kl = -1, manifest_ppl = -1;
+
+static void manifest_bound(void) {
+    if (manifest_kl >= 0) return;
+    tsr_catalog *cat;
+    tsr_diag d;
+    tsr_diag_init(&d);
+    if (tsr_catalog_load(getenv("TESSERA_CATALOG"), &cat, &d) != TSR_OK) fail_msg("catalog does not load");
+    const tsr_manifest *m = tsr_catalog_find(cat, "cuda_gemv_fp8");
+    assert_non_null(m);
+    assert_true(m->has_quality);
+    manifest_kl = m->max_mean_kl;
+    manifest_ppl = m->max_ppl_ratio;
+    tsr_catalog_free(cat);
+    tsr_diag_free(&d);
+}
+
+static void log_softmax(const float *x, int n, double *out) {
+    double mx = x[0], s = 0;
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++) s += exp(x[i] - mx);
+    for (int i = 0; i < n; i++) out[i] = x[i] - mx - log(s);
+}
+
+static void check_model(const char *model, const char *ref_path, const char *ids_name, const char *logits_name,
+                        int step) {
+    char asm_path[4096];
+    snprintf(asm_path, sizeof asm_path, "%s/assemblies/cuda-fast-fp8.yaml", src_dir());
+    tsr_safetensors *ref;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
+    const tsr_tensor *ti = tsr_safetensors_find(ref, ids_name), *tl = tsr_safetensors_find(ref, logits_name);
+    assert_non_null(ti);
+    assert_non_null(tl);
+    int n = (int)(ti->nbytes / 4), vocab = (int)tl->shape[1];
+    int32_t *ids = malloc(ti->nbytes);
+    float *want = malloc(tl->nbytes), *got = malloc(tl->nbytes);
+    double *lp = malloc(sizeof(double) * (size_t)vocab), *lq = malloc(sizeof(double) * (size_t)vocab);
+    assert_true(ids && want && got && lp && lq);
+    memcpy(ids, ti->data, ti->nbytes);
+    memcpy(want, tl->data, tl->nbytes);
+    tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .no_tokenizer = 1};
+    tsr_model *m;
+    if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s with cuda-fast-fp8: %s", model, err.msg);
+    tsr_seq *s;
+    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
+    if (step == 0) {
+        if (tsr_seq_forward(s, ids, n, got, 1, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
+    } else {
+        for (int at = 0; at < n;) {
+            int rows = at == 0 ? 1 : n - at < step ? n - at : step;
+            if (tsr_seq_forward(s, ids + at, rows, got + (size_t)at * vocab, 1, &err) != TSR_OK)
+                fail_msg("forward of %d rows at %d: %s", rows, at, err.msg);
+            at += rows;
+        }
+    }
+    uint64_t captures, replays;
+    tsr_model_graph_stats(m, &captures, &replays);
+    if (step > 0 && n > 2 * step + 1 && replays == 0)
+        fail_msg("%s: no pass was replayed as a graph (%llu captured)", model, (unsigned long long)captures);
+    double worst = 0, worst_rel = 0, kl = 0, nll_ref = 0, nll_got = 0;
+    int argmax_checked = 0;
+    for (int r = 0; r < n; r++) {
+        const float *w = want + (size_t)r * vocab, *g = got + (size_t)r * vocab;
+        double mx = 0;
+        int a = 0, b = -1;
+        for (int i = 0; i < vocab; i++) {
+            if (fabs(w[i]) > mx) mx = fabs(w[i]);
+            if (w[i] > w[a]) a = i;
+        }
+        for (int i = 0; i < vocab; i++)
+            if (i != a && (b < 0 || w[i] > w[b])) b = i;
+        double bound = TOL_ABS + TOL_REL * mx, row_worst = 0;
+        int ga = 0;
+        for (int i = 0; i < vocab; i++) {
+            double d = fabs((double)g[i] - w[i]);
+            if (!(d <= row_worst)) row_worst = d; /* NaN propagates as a failure below */
+            if (g[i] > g[ga]) ga = i;
+        }
+        if (!(row_worst <= bound)) fail_msg("%s row %d: |logit diff| %g > bound %g", model, r, row_worst, bound);
+        if (row_worst > worst) worst = row_worst;
+        if (row_worst / bound > worst_rel) worst_rel = row_worst / bound;
+        if (w[a] - w[b] > 2 * bound) {
+            argmax_checked++;
+            if (ga != a) fail_msg("%s row %d: argmax %d, transformers %d", model, r, ga, a);
+        }
+        log_softmax(w, vocab, lp);
+        log_softmax(g, vocab, lq);
+        for (int i = 0; i < vocab; i++) kl += exp(lp[i]) * (lp[i] - lq[i]);
+        if (r + 1 < n) nll_ref -= lp[ids[r + 1]], nll_got -= lq[ids[r + 1]];
+    }
+    kl /= n;
+    double ppl = exp((nll_got - nll_ref) / (n - 1));
+    manifest_bound();
+    printf("# %s via cuda-fast-fp8, passes of %d rows: max |diff| %.4g (%.0f%% of the bound), argmax equal on %d/%d "
+           "rows with a clear margin; mean KL %.3g (bound %g), perplexity ratio %.4f (bound %g); graphs captured "
+           "%llu, replayed %llu\n",
+           model, step ? step : n, worst, 100 * worst_rel, argmax_checked, n, kl, manifest_kl, ppl, manifest_ppl,
+           (unsigned long long)captures, (unsigned long long)replays);
+    if (!(kl <= manifest_kl)) fail_msg("%s: mean KL %g over the manifest's %g", model, kl, manifest_kl);
+    if (!(ppl <= manifest_ppl)) fail_msg("%s: perplexity ratio %g over the manifest's %g", model, ppl, manifest_ppl);
+    tsr_seq_free(s);
+    tsr_model_free(m);
+    free(ids), free(want), free(got), free(lp), free(lq);
+    tsr_safetensors_free(ref);
+}
+
+static void test_models(void **state) {
+    (void)state;
+    if (!have_gpu()) {
+        printf("# no CUDA device: cuda-fast-fp8 checks skipped\n");
+        skip();
+    }
+    const char *families[] = {"llama", "qwen2", "qwen3"};
+    char dir[4096], ref[4200];
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), families[i]);
+        snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
+        for (int step = 0; step <= 3; step += step ? 2 : 1) check_model(dir, ref, "input_ids", "logits", step);
+    }
+    snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", src_dir());
+    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", src_dir());
+    for (int step = 0; step <= 3; step += step ? 2 : 1) check_model(dir, ref, "input_ids_1", "logits_1", step);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kernels),
+        cmocka_unit_test(test_kernel_params),
+        cmocka_unit_test(test_models),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
