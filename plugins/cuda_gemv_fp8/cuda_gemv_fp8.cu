@@ -35,12 +35,18 @@ constexpr int kUnroll = 4;        // 16-byte weight loads in flight per lane
 constexpr int kPlans = 128;       // distinct (weight shape, row count) pairs planned once
 constexpr float kE4M3Max = 448.0f;
 
+constexpr int kCandidates = 8;
+
 struct Algo {
     int ready;
     int64_t m, n, k; // the shape it was planned for
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
+    // the heuristic's candidates: cuBLASLt may offer an FP8 algorithm that
+    // then refuses to run (NOT_SUPPORTED), so the first that runs is kept
+    cublasLtMatmulAlgo_t cands[kCandidates];
+    int n_cands, verified;
 };
 
 // Device scratch of one kind of pass (eager: grown on demand; graph: fixed
@@ -291,9 +297,10 @@ int plan(Gemv *g, const Weight *w, int rows, Algo *a) {
     size_t ws = kWorkspace;
     if ((rc = lt_err(g, cublasLtMatmulPreferenceCreate(&pref), "preference"))) return rc;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[kCandidates];
     int found = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g->lt, a->op, a->a, a->b, a->d, a->d, pref, 1, &res, &found);
+    cublasStatus_t s =
+        cublasLtMatmulAlgoGetHeuristic(g->lt, a->op, a->a, a->b, a->d, a->d, pref, kCandidates, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
         g->ctx->host->set_error(g->ctx,
@@ -303,7 +310,9 @@ int plan(Gemv *g, const Weight *w, int rows, Algo *a) {
                                 g->out_bf16 ? "bf16" : "f32", (int)s);
         return TSR_ERR_UNSUPPORTED;
     }
-    a->algo = res.algo;
+    for (int i = 0; i < found; i++) a->cands[i] = res[i].algo;
+    a->n_cands = found;
+    a->algo = res[0].algo;
     return TSR_OK;
 }
 
@@ -316,7 +325,8 @@ void unplan(Algo *a) {
     memset(a, 0, sizeof *a);
 }
 
-int run_lt(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch *sc, cudaStream_t st) {
+int run_lt(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch *sc, cudaStream_t st,
+           bool capturing) {
     const int64_t nx = (int64_t)rows * w->cols, nq = (int64_t)rows * w->ld, ny = (int64_t)rows * w->rows;
     // 1. s_x: max|x| / 448 on the device (a capped grid: fewer atomics on one word)
     int rc = cuda_err(g, cudaMemsetAsync(sc->stat, 0, 2 * sizeof(unsigned), st), "zero amax");
@@ -344,10 +354,24 @@ int run_lt(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch
     rc = lt_err(g, cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs),
                 "B scale");
     const float one = 1.0f, zero = 0.0f;
-    if (rc == TSR_OK)
+    if (rc == TSR_OK && !a->verified && !capturing) { /* the first candidate that runs */
+        cublasStatus_t last = CUBLAS_STATUS_NOT_SUPPORTED;
+        for (int i = 0; i < a->n_cands && !a->verified; i++) {
+            last = cublasLtMatmul(g->lt, a->op, &one, w->w, a->a, sc->xq, a->b, &zero, sc->d, a->d, sc->d, a->d,
+                                  &a->cands[i], g->workspace, kWorkspace, st);
+            if (last == CUBLAS_STATUS_SUCCESS) a->algo = a->cands[i], a->verified = 1;
+        }
+        if (!a->verified) {
+            g->ctx->host->set_error(g->ctx, "cuBLASLt offered %d FP8 algorithms for %lld x %d x %lld and none ran "
+                                    "(last status %d)", a->n_cands, (long long)w->rows_pad, rows,
+                                    (long long)w->ld, (int)last);
+            rc = TSR_ERR_UNSUPPORTED;
+        }
+    } else if (rc == TSR_OK) {
         rc = lt_err(g, cublasLtMatmul(g->lt, a->op, &one, w->w, a->a, sc->xq, a->b, &zero, sc->d, a->d, sc->d, a->d,
                                       &a->algo, g->workspace, kWorkspace, st),
                     "cublasLtMatmul (fp8)");
+    }
     unplan(&tmp);
     if (rc != TSR_OK) return rc;
     // 4. y = D * s_o
@@ -616,7 +640,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
         if (rc == TSR_OK) rc = grow(g, &sc->d, &sc->d_bytes, d_need);
         if (rc != TSR_OK) return rc;
     }
-    return run_lt(g, w, rows, x, y, sc, st);
+    return run_lt(g, w, rows, x, y, sc, st, captured);
 }
 
 uint64_t g_bytes(void *inst, const void *prepared) {
