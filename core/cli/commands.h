@@ -14,6 +14,7 @@ int tsr_cmd_serve(int argc, char **argv);   /* cmd_serve.c   */
 int tsr_cmd_probe(int argc, char **argv);   /* cmd_probe.c   */
 int tsr_cmd_bench(int argc, char **argv);   /* cmd_bench.c   */
 int tsr_cmd_ablate(int argc, char **argv);  /* cmd_ablate.c  */
+int tsr_cmd_passes(int argc, char **argv);  /* cmd_passes.c  */
 
 /* Shared helpers (cli_util.c). */
 /* Directory of the running executable (no trailing slash). */

@@ -12,6 +12,7 @@ typedef struct command {
 
 static const command commands[] = {
     {"run", tsr_cmd_run, "generate text from a prompt with an assembled engine"},
+    {"passes", tsr_cmd_passes, "time forward passes by row count (decode vs verifying drafts)"},
     {"score", tsr_cmd_score, "write the logits of every position of a token sequence"},
     {"serve", tsr_cmd_serve, "serve an assembled engine over an OpenAI-compatible HTTP API"},
     {"check", tsr_cmd_check, "check an assembly against the catalog and print the engine"},

@@ -1,0 +1,135 @@
+/*
+ * tessera passes: the time of one forward pass by row count, at a given
+ * context: a decode pass is 1 row, verifying k drafts is k + 1 rows. What
+ * drafting can win depends on the ratio (a pass of k + 1 rows accepted a
+ * tokens per pass pays off when it costs less than a decode passes).
+ * Each pass runs greedy outputs (as generation does: graphs replayed where
+ * the assembly asks for them), then the sequence is cut back, so every
+ * sample sees the same context.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "commands.h"
+#include "model_opts.h"
+
+static void passes_usage(FILE *f) {
+    fprintf(f,
+            "usage: tessera passes [ASSEMBLY] [--model PATH] [--context N] [--rows LIST] [--reps N]\n\n"
+            "Times forward passes of each row count after a context of N tokens (pseudo-random\n"
+            "ids): median and min over the repetitions, and the ratio to one row.\n\n"
+            "%s"
+            "  --context N        tokens before the timed passes (default 512)\n"
+            "  --rows LIST        comma-separated row counts (default 1,2,4,8,9)\n"
+            "  --reps N           timed repetitions of each (default 50, after 5 warm-up)\n",
+            TSR_MODEL_OPTS_HELP);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int tsr_cmd_passes(int argc, char **argv) {
+    if (tsr_cli_wants_help(argc, argv)) {
+        passes_usage(stdout);
+        return 0;
+    }
+    tsr_model_opts o = {.progress = 1, .no_tokenizer = 1};
+    long context = 512, reps = 50;
+    int rows[32], n_rows = 0;
+    const char *rows_arg = "1,2,4,8,9";
+    for (int i = 1; i < argc; i++) {
+        int r = tsr_cli_model_opt(argc, argv, &i, &o, "passes");
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        if (i + 1 >= argc) {
+            fprintf(stderr, "tessera passes: unknown option or missing value: %s\n", argv[i]);
+            return 2;
+        }
+        const char *a = argv[i], *v = argv[++i];
+        if (!strcmp(a, "--context")) {
+            if (tsr_cli_parse_int("passes", a, v, 1, 1 << 24, &context)) return 2;
+        } else if (!strcmp(a, "--reps")) {
+            if (tsr_cli_parse_int("passes", a, v, 1, 100000, &reps)) return 2;
+        } else if (!strcmp(a, "--rows")) {
+            rows_arg = v;
+        } else {
+            fprintf(stderr, "tessera passes: unknown option: %s\n", a);
+            return 2;
+        }
+    }
+    for (const char *p = rows_arg; *p;) {
+        char *end;
+        long n = strtol(p, &end, 10);
+        if (end == p || n < 1 || n > TSR_GRAPH_MAX_ROWS || n_rows == (int)(sizeof rows / sizeof *rows) ||
+            (*end && *end != ',')) {
+            fprintf(stderr, "tessera passes: --rows: '%s' is not a list of row counts in 1..%d\n", rows_arg,
+                    TSR_GRAPH_MAX_ROWS);
+            return 2;
+        }
+        rows[n_rows++] = (int)n;
+        p = *end ? end + 1 : end;
+    }
+    tsr_error err;
+    tsr_error_clear(&err);
+    tsr_model *m = NULL;
+    if (tsr_model_load(&o, &m, &err) != TSR_OK) {
+        fprintf(stderr, "tessera passes: %s\n", err.msg);
+        return 1;
+    }
+    const int vocab = tsr_model_get_config(m)->vocab, total = (int)context + TSR_GRAPH_MAX_ROWS;
+    int status = 1;
+    tsr_seq *s = NULL;
+    int32_t *ids = malloc((size_t)total * sizeof *ids), choices[TSR_GRAPH_MAX_ROWS];
+    double *t = malloc((size_t)reps * sizeof *t);
+    if (!ids || !t) {
+        fprintf(stderr, "tessera passes: out of memory\n");
+        goto done;
+    }
+    uint32_t x = 12345;
+    for (int i = 0; i < total; i++) ids[i] = (int32_t)((x = x * 1664525u + 1013904223u) >> 8) % vocab;
+    if (total > tsr_model_ctx(m)) {
+        fprintf(stderr, "tessera passes: a context of %ld + %d rows exceeds the model's %d\n", context,
+                TSR_GRAPH_MAX_ROWS, tsr_model_ctx(m));
+        goto done;
+    }
+    if (tsr_seq_new(m, total, &s, &err) || tsr_seq_forward_greedy(s, ids, (int)context, choices, 0, &err))
+        goto fail;
+    printf("# %s, context %ld, %ld repetitions (median, min), ratio of medians to 1 row\n",
+           tsr_engine_name(tsr_model_get_engine(m)), context, reps);
+    double one = 0;
+    for (int k = 0; k < n_rows; k++) {
+        for (long r = -5; r < reps; r++) {
+            double t0 = now();
+            if (tsr_seq_forward_greedy(s, ids + context, rows[k], choices, 1, &err) ||
+                tsr_seq_truncate(s, (int)context, &err))
+                goto fail;
+            if (r >= 0) t[r] = now() - t0;
+        }
+        qsort(t, (size_t)reps, sizeof *t, cmp_double);
+        const double med = t[reps / 2];
+        if (rows[k] == 1) one = med;
+        printf("rows %2d: %8.3f ms (min %8.3f)", rows[k], med * 1e3, t[0] * 1e3);
+        if (one > 0) printf("  x%.2f", med / one);
+        printf("\n");
+    }
+    status = 0;
+    goto done;
+fail:
+    fprintf(stderr, "tessera passes: %s\n", err.msg);
+done:
+    free(ids);
+    free(t);
+    tsr_seq_free(s);
+    tsr_model_free(m);
+    return status;
+}
