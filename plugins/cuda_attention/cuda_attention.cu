@@ -19,8 +19,14 @@
 
 #ifdef CUDA_ATTN_SPLIT
 #define PLUGIN_NAME "cuda_attention"
+// Sums in another order than the baseline's (key splits, the prefill
+// kernel's tiles): logits agree to ~1e-6, which can flip a near-tied greedy
+// choice (measured: ablation/reports/2026-11-30-h200-cuda-fast), so lossy
+// with a tight bound.
+#define PLUGIN_CAPS TSR_CAP_DEVICE_CUDA
 #else
 #define PLUGIN_NAME "cuda_attention_ref"
+#define PLUGIN_CAPS (TSR_CAP_DEVICE_CUDA | TSR_CAP_EXACT)
 #endif
 
 namespace {
@@ -178,20 +184,22 @@ __device__ __forceinline__ void load_dims(const __nv_bfloat16 *p, int d0, int hd
 // Split-K: grid (rows * n_kv_heads, n_splits); block = one warp per query
 // head of the group (group <= 8 warps), each lane holding head_dim/32 dims.
 // Writes per split: max m, sum l and unnormalised o[hd] per query head.
-// With dev_pos0 (a captured pass) the position is read on the device and
-// each row's keys are cut into n_splits equal chunks (chunk ignored).
+// With dev_pos0 (a captured pass) the position is read on the device; with
+// even, each row's keys are cut into n_splits equal chunks (chunk ignored):
+// decode and verification passes do that captured or not, so a replayed
+// graph computes exactly what the same pass issued eagerly does.
 template <int DPL> // dims per lane: ceil(hd / 32); lanes past hd hold nothing
 __global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bfloat16 *V,
                              float *part, int n_heads, int n_kv, int group, int hd, int64_t ts, int64_t hs,
-                             bool vec, int pos0, const int32_t *dev_pos0, int window, float scale, int chunk,
-                             int n_splits) {
+                             bool vec, int pos0, const int32_t *dev_pos0, bool even, int window, float scale,
+                             int chunk, int n_splits) {
     const int row = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = kvh * group + warp;
     if (dev_pos0) pos0 = *dev_pos0;
     const int last = pos0 + row;
     const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
-    if (dev_pos0) chunk = (last - first + n_splits) / n_splits; // ceil((last - first + 1) / n_splits)
+    if (even) chunk = (last - first + n_splits) / n_splits; // ceil((last - first + 1) / n_splits)
     const int t0 = first + split * chunk, t1 = min(last, t0 + chunk - 1);
     float qv[DPL], acc[DPL];
     const float *qr = q + ((int64_t)row * n_heads + h) * hd;
@@ -358,8 +366,11 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
         return TSR_ERR_UNSUPPORTED;
     }
     if (split_ok) {
+        /* passes of a few rows: graph_splits even splits (as captured); more
+         * rows: enough blocks to fill the GPU, at least chunk keys each */
+        const bool even = dev_pos0 || x->rows <= TSR_GRAPH_MAX_ROWS;
         int n_splits = a->graph_splits;
-        if (!dev_pos0) { /* enough blocks to fill the GPU, at least chunk keys each */
+        if (!even) {
             const int blocks = x->rows * x->n_kv_heads, want = (4 * a->sms + blocks - 1) / blocks;
             const int most = (keys + a->chunk - 1) / a->chunk, least = (keys + 255) / 256;
             n_splits = want < most ? want : most;
@@ -368,7 +379,7 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
             if (n_splits > kMaxSplits) n_splits = kMaxSplits;
         }
         const int chunk = (keys + n_splits - 1) / n_splits;
-        float *part = dev_pos0 ? a->graph_scratch : nullptr;
+        float *part = dev_pos0 ? a->graph_scratch : nullptr; /* eager: its own scratch (graphs keep theirs) */
         if (!part) {
             const size_t floats = (size_t)x->rows * x->n_heads * n_splits * (2 + x->head_dim);
             if ((rc = ensure(a, floats))) return rc;
@@ -383,7 +394,7 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
     case D:                                                                                       \
         split_kernel<D><<<grid, threads, 0, st>>>(x->q, K, V, part, x->n_heads, x->n_kv_heads,    \
                                                   group, x->head_dim, kv->token_stride, kv->head_stride, vec, \
-                                                  x->pos0, dev_pos0, x->window, x->scale,         \
+                                                  x->pos0, dev_pos0, even, x->window, x->scale,   \
                                                   chunk, n_splits);                               \
         break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
@@ -425,7 +436,7 @@ const tsr_attention_i iface = {sizeof(tsr_attention_i), TSR_ATTENTION_IFACE_VERS
 
 const tsr_plugin_desc desc = {
     TSR_ABI_MAJOR, TSR_ABI_MINOR, PLUGIN_NAME, TSR_SLOT_ATTENTION, "1.0.0", sizeof(Attn),
-    TSR_CAP_DEVICE_CUDA | TSR_CAP_EXACT, a_init, a_fini, &iface,
+    PLUGIN_CAPS, a_init, a_fini, &iface,
 };
 
 } // namespace

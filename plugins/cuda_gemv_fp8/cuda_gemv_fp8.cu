@@ -40,6 +40,7 @@ constexpr int kCandidates = 8;
 struct Algo {
     int ready;
     int64_t m, n, k; // the shape it was planned for
+    int64_t ldd;     // and D's leading dimension (bf16 tile plans)
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
@@ -59,7 +60,16 @@ struct Scratch {
     void *d;              // cuBLASLt output [rows, rows_pad], f32 or bf16
     size_t d_bytes;
     unsigned *stat;       // [0]: max|x| as f32 bits, [1]: s_x as f32 bits
+    __nv_bfloat16 *xb;    // bf16 activations [rows, ld] (prefill: bf16 tiles)
+    size_t xb_bytes;
+    __nv_bfloat16 *tile;  // kTileRows weight rows widened to bf16 (prefill: bf16 tiles)
+    size_t tile_bytes;
 };
+
+// Prefill by tiles: kTileRows e4m3 weight rows at a time widened to bf16
+// (exactly: e4m3 values are bf16 values; the row scales come after) and
+// multiplied by cuBLASLt's bf16 GEMM.
+constexpr int64_t kTileRows = 2048;
 
 struct Gemv {
     const tsr_plugin_ctx *ctx;
@@ -70,7 +80,9 @@ struct Gemv {
     int64_t graph_ld, graph_out; // what the graph scratch holds per row
     int decode_rows;
     int out_bf16;         // cuBLASLt writes bf16 (prefill_out: bf16), else f32
+    int fp8_prefill;      // prefill: fp8 (cuBLASLt FP8), else bf16 tiles
     Algo plans[kPlans];
+    Algo bplans[kPlans];  // bf16 tile GEMMs by shape
 };
 
 struct Weight {
@@ -221,6 +233,28 @@ __global__ void rescale_kernel(float *__restrict__ y, const DT *__restrict__ d, 
     }
 }
 
+// rows of e4m3 weights widened to bf16 (exact), n = rows * ld values
+__global__ void widen_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ src, int64_t n) {
+    for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2; i < n;
+         i += (int64_t)gridDim.x * blockDim.x * 2) {
+        const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(*reinterpret_cast<const __nv_fp8x2_storage_t *>(src + i),
+                                                             __NV_E4M3));
+        const float2 f = __half22float2(h);
+        dst[i] = __float2bfloat16_rn(f.x);
+        dst[i + 1] = __float2bfloat16_rn(f.y);
+    }
+}
+
+// x [rows, cols] f32 -> bf16 [rows, ld], zero past cols
+__global__ void to_bf16_kernel(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ x, int64_t rows,
+                               int64_t cols, int64_t ld) {
+    const int64_t n = rows * ld;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / ld, c = i % ld;
+        dst[i] = __float2bfloat16_rn(c < cols ? x[r * cols + c] : 0.0f);
+    }
+}
+
 unsigned grid_for(int64_t n, int threads, int64_t cap = 4096) {
     int64_t b = (n + threads - 1) / threads;
     if (b > cap) b = cap; // grid-stride loops cover the rest
@@ -249,6 +283,8 @@ void scratch_free(Gemv *g, Scratch *s) {
     if (s->xq) h->dev_free(g->ctx, s->xq);
     if (s->d) h->dev_free(g->ctx, s->d);
     if (s->stat) h->dev_free(g->ctx, s->stat);
+    if (s->xb) h->dev_free(g->ctx, s->xb);
+    if (s->tile) h->dev_free(g->ctx, s->tile);
     memset(s, 0, sizeof *s);
 }
 
@@ -323,6 +359,71 @@ void unplan(Algo *a) {
     if (a->d) cublasLtMatrixLayoutDestroy(a->d);
     cublasLtMatmulDescDestroy(a->op);
     memset(a, 0, sizeof *a);
+}
+
+// A bf16 plan for D[m x n] (ldd) = tile^T-view x Xb-view, tile [m, k] row-major.
+int plan_bf16(Gemv *g, int64_t m, int64_t n, int64_t k, int64_t ldd, Algo *a) {
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int rc;
+    if ((rc = lt_err(g, cublasLtMatmulDescCreate(&a->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"))) return rc;
+    a->ready = 1;
+    if ((rc = lt_err(g, cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa")) ||
+        (rc = lt_err(g, cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb")) ||
+        (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->a, CUDA_R_16BF, k, m, k), "layout A")) ||
+        (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->b, CUDA_R_16BF, k, n, k), "layout B")) ||
+        (rc = lt_err(g, cublasLtMatrixLayoutCreate(&a->d, CUDA_R_32F, m, n, ldd), "layout D")))
+        return rc;
+    cublasLtMatmulPreference_t pref;
+    size_t ws = kWorkspace;
+    if ((rc = lt_err(g, cublasLtMatmulPreferenceCreate(&pref), "preference"))) return rc;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g->lt, a->op, a->a, a->b, a->d, a->d, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+        g->ctx->host->set_error(g->ctx, "cuBLASLt has no bf16 algorithm for %lld x %lld x %lld", (long long)m,
+                                (long long)n, (long long)k);
+        return TSR_ERR_UNSUPPORTED;
+    }
+    a->algo = res.algo;
+    a->m = m, a->n = n, a->k = k;
+    return TSR_OK;
+}
+
+// Prefill through bf16 tiles: D (f32, [rows, rows_pad]) tile by tile, then
+// y = D * s_o. The same launches every call: replayable.
+int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch *sc, cudaStream_t st) {
+    float *d = static_cast<float *>(sc->d);
+    to_bf16_kernel<<<grid_for((int64_t)rows * w->ld, 256), 256, 0, st>>>(sc->xb, x, rows, w->cols, w->ld);
+    int rc = cuda_err(g, cudaGetLastError(), "activations to bf16");
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t r0 = 0; rc == TSR_OK && r0 < w->rows_pad; r0 += kTileRows) {
+        const int64_t t = w->rows_pad - r0 < kTileRows ? w->rows_pad - r0 : kTileRows;
+        widen_kernel<<<grid_for(t * w->ld / 2, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld);
+        if ((rc = cuda_err(g, cudaGetLastError(), "weights to bf16"))) break;
+        Algo tmp = {}, *a = nullptr;
+        for (int i = 0; i < kPlans && !a; i++) {
+            Algo *p = &g->bplans[i];
+            if (!p->ready || (p->m == t && p->n == rows && p->k == w->ld && p->ldd == w->rows_pad)) a = p;
+        }
+        if (!a) a = &tmp;
+        if (!a->ready) {
+            if ((rc = plan_bf16(g, t, rows, w->ld, w->rows_pad, a))) {
+                unplan(a);
+                break;
+            }
+            a->ldd = w->rows_pad;
+        }
+        rc = lt_err(g, cublasLtMatmul(g->lt, a->op, &one, sc->tile, a->a, sc->xb, a->b, &zero, d + r0, a->d, d + r0,
+                                      a->d, &a->algo, g->workspace, kWorkspace, st),
+                    "cublasLtMatmul (bf16 tile)");
+        unplan(&tmp);
+    }
+    if (rc != TSR_OK) return rc;
+    rescale_kernel<<<grid_for((int64_t)rows * w->rows, 256), 256, 0, st>>>(y, d, w->scale, rows, w->rows,
+                                                                          w->rows_pad);
+    return cuda_err(g, cudaGetLastError(), "row scale launch");
 }
 
 int run_lt(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch *sc, cudaStream_t st,
@@ -400,6 +501,8 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
     g->decode_rows = p ? (int)p->v.i : kMaxDecodeRows;
     p = h->param(ctx, "prefill_out");
     g->out_bf16 = p && p->type == TSR_PARAM_STRING && p->v.s && !strcmp(p->v.s, "bf16");
+    p = h->param(ctx, "prefill");
+    g->fp8_prefill = p && p->type == TSR_PARAM_STRING && p->v.s && !strcmp(p->v.s, "fp8");
     int rc;
     if ((rc = lt_err(g, cublasLtCreate(&g->lt), "cublasLtCreate"))) return rc;
     if ((rc = h->dev_alloc(ctx, kWorkspace, &g->workspace))) return rc;
@@ -422,7 +525,14 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
         Scratch *s = &g->graph;
         s->xpad_elems = (size_t)kMaxDecodeRows * ld;
         s->xq_bytes = rows * ld;
-        s->d_bytes = rows * (size_t)g->graph_out * (g->out_bf16 ? 2 : 4);
+        s->d_bytes = rows * (size_t)g->graph_out * (g->fp8_prefill && g->out_bf16 ? 2 : 4);
+        if (!g->fp8_prefill) {
+            s->xb_bytes = rows * ld * 2;
+            s->tile_bytes = (size_t)kTileRows * ld * 2;
+            if ((rc = h->dev_alloc(ctx, s->xb_bytes, reinterpret_cast<void **>(&s->xb))) ||
+                (rc = h->dev_alloc(ctx, s->tile_bytes, reinterpret_cast<void **>(&s->tile))))
+                return rc;
+        }
         if ((rc = h->dev_alloc(ctx, s->xpad_elems * sizeof(float), reinterpret_cast<void **>(&s->xpad))) ||
             (rc = h->dev_alloc(ctx, s->xq_bytes, reinterpret_cast<void **>(&s->xq))) ||
             (rc = h->dev_alloc(ctx, s->d_bytes, &s->d)) ||
@@ -439,7 +549,7 @@ void g_fini(void *inst) {
     if (g->workspace) g->ctx->host->dev_free(g->ctx, g->workspace);
     scratch_free(g, &g->eager);
     scratch_free(g, &g->graph);
-    for (int i = 0; i < kPlans; i++) unplan(&g->plans[i]);
+    for (int i = 0; i < kPlans; i++) unplan(&g->plans[i]), unplan(&g->bplans[i]);
     if (g->lt) cublasLtDestroy(g->lt);
 }
 
@@ -625,6 +735,23 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
         pad_kernel<<<grid_for((int64_t)need, 256), 256, 0, st>>>(sc->xpad, x, rows, w->cols, w->ld);
         int rc = cuda_err(g, cudaGetLastError(), "activation padding launch");
         return rc != TSR_OK ? rc : run_decode(g, w, rows, sc->xpad, y, st);
+    }
+    if (!g->fp8_prefill) { // bf16 tiles
+        const size_t xb_need = (size_t)rows * (size_t)w->ld * 2, d_need = (size_t)rows * (size_t)w->rows_pad * 4;
+        const size_t tile_need = (size_t)(w->rows_pad < kTileRows ? w->rows_pad : kTileRows) * (size_t)w->ld * 2;
+        if (captured) {
+            if (xb_need > sc->xb_bytes || d_need > sc->d_bytes || tile_need > sc->tile_bytes) {
+                h->set_error(g->ctx, "a captured pass of %d rows through a [%lld, %lld] weight exceeds the scratch "
+                             "reserved at init", rows, (long long)w->rows, (long long)w->cols);
+                return TSR_ERR_UNSUPPORTED;
+            }
+        } else {
+            int rc = grow(g, reinterpret_cast<void **>(&sc->xb), &sc->xb_bytes, xb_need);
+            if (rc == TSR_OK) rc = grow(g, &sc->d, &sc->d_bytes, d_need);
+            if (rc == TSR_OK) rc = grow(g, reinterpret_cast<void **>(&sc->tile), &sc->tile_bytes, tile_need);
+            if (rc != TSR_OK) return rc;
+        }
+        return run_tiles(g, w, rows, x, y, sc, st);
     }
     const size_t xq_need = (size_t)rows * (size_t)w->ld;
     const size_t d_need = (size_t)rows * (size_t)w->rows_pad * (g->out_bf16 ? 2 : 4);
