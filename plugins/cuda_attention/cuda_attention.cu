@@ -21,7 +21,7 @@
 #define PLUGIN_NAME "cuda_attention"
 // Sums in another order than the baseline's (key splits, the prefill
 // kernel's tiles): logits agree to ~1e-6, which can flip a near-tied greedy
-// choice (measured: ablation/reports/2026-11-30-h200-cuda-fast), so lossy
+// choice (measured: ablation/reports/2026-11-29-h200-cuda-fast-graphs), so lossy
 // with a tight bound.
 #define PLUGIN_CAPS TSR_CAP_DEVICE_CUDA
 #else
