@@ -327,6 +327,9 @@ static void test_assembly_bad(void **state) {
         {"name: a\ndevice: cpu\nslots: 3\n", TSR_ERR_FORMAT, 3, 8, "slots must be a mapping"},
         {"name: [a\n", TSR_ERR_FORMAT, 0, 0, "malformed"},
         {"name: &x a\ndevice: *x\n", TSR_ERR_FORMAT, 1, 7, "anchors"},
+        {"name: a\ndevice: cpu\nruntime: 3\n", TSR_ERR_FORMAT, 3, 10, "runtime must be a mapping"},
+        {"name: a\ndevice: cpu\nruntime:\n  colour: 1\n", TSR_ERR_FORMAT, 4, 3, "runtime: unknown key 'colour'"},
+        {"name: a\ndevice: cpu\nruntime:\n  cuda_graphs: yes\n", TSR_ERR_FORMAT, 4, 16, "must be true or false"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         tsr_diag d;
@@ -365,8 +368,24 @@ static const char *const mem_manifests[] = {
     MHEAD("ec_test", "expert_cache") "devices: [cpu]\ntest: true\n",
 };
 
+/* CUDA plugins, for runtime.cuda_graphs: every baseline replays captured
+ * passes (provides cuda_graph), att_plain does not. */
+static const char *const cuda_manifests[] = {
+    MHEAD("gemv_g", "gemv") "devices: [cuda]\nbaseline: [cuda]\nprovides: {cuda_graph: true}\n",
+    MHEAD("att_g", "attention") "devices: [cuda]\nbaseline: [cuda]\nprovides: {cuda_graph: true}\n",
+    MHEAD("att_plain", "attention") "devices: [cuda]\n",
+    MHEAD("kv_g", "kv_cache") "devices: [cuda]\nbaseline: [cuda]\nprovides: {cuda_graph: true}\n",
+    MHEAD("dr_g", "drafter") "devices: [cuda]\nbaseline: [cuda]\n",
+    MHEAD("ec_g", "expert_cache") "devices: [cuda]\nbaseline: [cuda]\n",
+};
+
+static tsr_catalog *catalog_of(const char *const *manifests, size_t n);
+
 static tsr_catalog *mem_catalog(void) {
-    size_t n = sizeof mem_manifests / sizeof mem_manifests[0];
+    return catalog_of(mem_manifests, sizeof mem_manifests / sizeof mem_manifests[0]);
+}
+
+static tsr_catalog *catalog_of(const char *const *manifests, size_t n) {
     tsr_catalog *c = tsr_hcalloc(1, sizeof *c);
     c->dir = tsr_hstrdup("<mem>");
     c->items = tsr_hcalloc(n, sizeof *c->items);
@@ -374,7 +393,7 @@ static tsr_catalog *mem_catalog(void) {
     tsr_diag_init(&d);
     for (size_t i = 0; i < n; i++) {
         tsr_manifest *m = NULL;
-        if (tsr_manifest_parse(mem_manifests[i], strlen(mem_manifests[i]), "/mem/m.yaml", &m, &d)) {
+        if (tsr_manifest_parse(manifests[i], strlen(manifests[i]), "/mem/m.yaml", &m, &d)) {
             dump(&d);
             fail_msg("in-memory manifest %zu does not parse", i);
         }
@@ -521,6 +540,40 @@ static void test_checker_baselines(void **state) {
     assert_int_equal(check_doc(c, "name: t\ndevice: cuda\n", NULL, 0, &d, NULL), TSR_ERR_REFUSED);
     assert_true(has_error(&d, TSR_ERR_REFUSED, 1, 1, "no baseline gemv plugin for device cuda"));
     assert_int_equal(d.n_errors, 5);
+    tsr_diag_free(&d);
+    tsr_catalog_free(c);
+}
+
+/* runtime.cuda_graphs: only on cuda, only with plugins that replay captured passes. */
+static void test_checker_graphs(void **state) {
+    (void)state;
+    tsr_catalog *c = catalog_of(cuda_manifests, sizeof cuda_manifests / sizeof cuda_manifests[0]);
+    tsr_diag d;
+    tsr_diag_init(&d);
+    tsr_plan *p = NULL;
+    assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nruntime:\n  cuda_graphs: true\n", NULL, 0, &d, &p), TSR_OK);
+    assert_true(p->assembly->cuda_graphs);
+    tsr_assembly_free((tsr_assembly *)p->assembly);
+    tsr_plan_free(p);
+    tsr_diag_free(&d);
+    tsr_diag_init(&d);
+    assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime:\n  cuda_graphs: true\n",
+                               NULL, 0, &d, NULL),
+                     TSR_ERR_REFUSED);
+    assert_true(has_error(&d, TSR_ERR_REFUSED, 6, 16, "plugin att_plain (slot attention) does not provide cuda_graph"));
+    tsr_diag_free(&d);
+    /* off, the same plugin is fine */
+    tsr_diag_init(&d);
+    assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime: {cuda_graphs: false}\n",
+                               NULL, 0, &d, NULL),
+                     TSR_OK);
+    tsr_diag_free(&d);
+    tsr_catalog_free(c);
+    c = mem_catalog();
+    tsr_diag_init(&d);
+    assert_int_equal(check_doc(c, "name: t\ndevice: cpu\nruntime:\n  cuda_graphs: true\n", NULL, 0, &d, NULL),
+                     TSR_ERR_REFUSED);
+    assert_true(has_error(&d, TSR_ERR_REFUSED, 4, 16, "runtime.cuda_graphs needs device cuda"));
     tsr_diag_free(&d);
     tsr_catalog_free(c);
 }
@@ -711,6 +764,7 @@ int main(void) {
         cmocka_unit_test(test_assembly_bad),
         cmocka_unit_test(test_checker_resolution),
         cmocka_unit_test(test_checker_baselines),
+        cmocka_unit_test(test_checker_graphs),
         cmocka_unit_test(test_lua_ok),
         cmocka_unit_test(test_lua_bad),
         cmocka_unit_test(test_manifest_alloc_failures),

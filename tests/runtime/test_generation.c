@@ -147,6 +147,51 @@ static void test_greedy_same_with_every_drafter(void **state) {
     unlink(a);
 }
 
+/* The greedy choices a pass hands back alone (tsr_seq_forward_greedy: what
+ * greedy generation without log-probabilities asks for) are the argmax of
+ * the logits the same pass gives, ties to the lowest id; and generation with
+ * log-probabilities on (the logits path) picks the same tokens. */
+static void test_greedy_choices_match_logits(void **state) {
+    (void)state;
+    tsr_model *m = load(stories, NULL);
+    const int vocab = tsr_model_get_config(m)->vocab, n = 12;
+    int32_t ids[12], choices[12];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(1 + (i * 37) % (vocab - 1));
+    float *logits = malloc((size_t)n * vocab * sizeof *logits);
+    assert_non_null(logits);
+    tsr_error err;
+    tsr_error_clear(&err);
+    tsr_seq *a, *b;
+    assert_int_equal(tsr_seq_new(m, n, &a, &err), TSR_OK);
+    assert_int_equal(tsr_seq_new(m, n, &b, &err), TSR_OK);
+    /* a prefill of 5, then verification-sized passes of 4 and 3 rows */
+    const int cuts[] = {0, 5, 9, 12};
+    for (int c = 0; c < 3; c++) {
+        const int at = cuts[c], rows = cuts[c + 1] - at;
+        assert_int_equal(tsr_seq_forward(a, ids + at, rows, logits + (size_t)at * vocab, 1, &err), TSR_OK);
+        assert_int_equal(tsr_seq_forward_greedy(b, ids + at, rows, choices + at, 1, &err), TSR_OK);
+    }
+    for (int r = 0; r < n; r++) {
+        const float *row = logits + (size_t)r * vocab;
+        int best = 0;
+        for (int i = 1; i < vocab; i++)
+            if (row[i] > row[best]) best = i;
+        assert_int_equal(choices[r], best);
+    }
+    tsr_seq_free(a);
+    tsr_seq_free(b);
+    free(logits);
+    tsr_gen_params p = {.sampling = tsr_sampling_greedy(), .max_tokens = 40, .ignore_eos = 1};
+    const int32_t prompt[] = {1, 403, 407};
+    gen_out plain, with_lp;
+    generate(m, prompt, 3, &p, &plain);
+    p.logprobs = 1;
+    generate(m, prompt, 3, &p, &with_lp);
+    assert_int_equal(plain.n, with_lp.n);
+    assert_memory_equal(plain.ids, with_lp.ids, (size_t)plain.n * sizeof *plain.ids);
+    tsr_model_free(m);
+}
+
 static void test_pystd_draft_model(void **state) {
     (void)state;
     const char *shared = getenv("TESSERA_SHARED_DIR");
@@ -259,6 +304,7 @@ int main(void) {
     snprintf(stories_ref, sizeof stories_ref, "%s/models/stories260K/hf/reference.safetensors", src_dir());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_same_with_every_drafter),
+        cmocka_unit_test(test_greedy_choices_match_logits),
         cmocka_unit_test(test_pystd_draft_model),
         cmocka_unit_test(test_seed_reproduces_sampling),
         cmocka_unit_test(test_stop_strings),
