@@ -5,15 +5,16 @@
  *
  * 1. Kernels. Random f32/f16/bf16 matrices of odd sizes go through the
  *    plugin (prepare, prepare_group, run) for 1..8 rows (the decode kernels)
- *    and 9..64 rows (cuBLASLt FP8), eagerly and captured into a CUDA graph
+ *    and 9..64 rows (bf16 tiles, or cuBLASLt FP8 with prefill: fp8, whose
+ *    refusal by cuBLASLt is accepted when it says so), eagerly and captured into a CUDA graph
  *    (ex->step set) then replayed on new activations. The reference is this
  *    file's own quantisation (the e4m3 code nearest to w / s_o by a search
  *    over every code, ties to even; s_o = max|w_o| / 448) and an f64 product
- *    of the dequantised weights with x as given (decode), or with x quantised
- *    per tensor the same way (cuBLASLt; s_x = max|x| / 448). Bounds, against
+ *    of the dequantised weights with x as given (decode), rounded to bf16
+ *    (tiles), or quantised per tensor the same way (FP8; s_x = max|x| / 448). Bounds, against
  *    S = s_o * sum_c |q_oc x_rc| (the sum of the magnitudes of the terms):
  *      decode kernels (f32 FMAs):               |y - ref| <= 1e-5 S
- *      cuBLASLt FP8 (tensor-core accumulation): |y - ref| <= 1e-3 S
+ *      cuBLASLt (tensor-core accumulation):     |y - ref| <= 1e-3 S
  *    Weights holding NaN, unsupported dtypes and bytes() are checked too.
  * 2. Models. The transformers fixtures (llama, qwen2, qwen3) and stories260K
  *    through assemblies/cuda-fast-fp8.yaml, as one prefill pass and as a
