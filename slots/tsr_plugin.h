@@ -175,7 +175,7 @@ typedef void (*tsr_work_fn)(void *arg, int64_t i0, int64_t i1, int tid);
  * built without CUDA. */
 typedef struct tsr_host_api {
     uint32_t struct_size;
-    uint32_t version; /* 1 */
+    uint32_t version; /* 3: every member below is present */
     /* Log a line under the plugin's name. */
     void (*log)(const struct tsr_plugin_ctx *ctx, int level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
@@ -220,6 +220,18 @@ typedef struct tsr_host_api {
                        int n, float *logits);
     /* Keep the first n_tokens tokens of s. */
     int (*seq_truncate)(const struct tsr_plugin_ctx *ctx, tsr_aux_seq *s, int n_tokens);
+
+    /* --- version 3: memory. */
+    /* The plugin will not read [data, data + nbytes) again: bytes of a weight
+     * it was handed (tsr_weight.data, all of it or a part) that it has made
+     * its own copy of (quantised, converted, uploaded). Where the range lies
+     * in the model file's read-only mapping, the host gives the whole pages
+     * inside it back to the system: resident memory shrinks, and whoever
+     * reads those bytes later (the host's embedding lookup when the table is
+     * tied to the output head, a re-prepare) gets the same bytes back from
+     * the file. Anywhere else nothing happens. Returns the bytes given back
+     * (0 when none were). Callable from prepare() and from any thread. */
+    uint64_t (*weight_done)(const struct tsr_plugin_ctx *ctx, const void *data, uint64_t nbytes);
 } tsr_host_api;
 
 /* The context a plugin instance lives in. The host keeps it alive and

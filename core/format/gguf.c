@@ -433,6 +433,10 @@ int tsr_gguf_open(const char *path, tsr_gguf **out, tsr_error *err) {
     return TSR_OK;
 }
 
+uint64_t tsr_gguf_give_back(const tsr_gguf *g, const void *p, uint64_t n) {
+    return tsr_map_give_back(&g->map, p, n);
+}
+
 void tsr_gguf_free(tsr_gguf *g) {
     if (!g) return;
     for (int i = 0; i < g->n_kv; i++) {

@@ -38,6 +38,18 @@ int tsr_map_file(const char *path, tsr_map *m, tsr_error *err) {
     return TSR_OK;
 }
 
+uint64_t tsr_map_give_back(const tsr_map *m, const void *p, uint64_t n) {
+    uintptr_t lo = (uintptr_t)m->addr, a = (uintptr_t)p;
+    if (!m->addr || !p || a < lo || a - lo > m->size || n > m->size - (a - lo)) return 0;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t b = (a + page - 1) & ~(page - 1), e = (a + (uintptr_t)n) & ~(page - 1);
+    if (e <= b) return 0;
+    /* PROT_READ and MAP_PRIVATE: never written, so dropping the pages loses
+     * nothing; a later read faults the file's bytes back in */
+    if (madvise((void *)b, e - b, MADV_DONTNEED) != 0) return 0;
+    return e - b;
+}
+
 void tsr_map_release(tsr_map *m) {
     if (m && m->addr) munmap(m->addr, (size_t)m->size);
     if (m) {

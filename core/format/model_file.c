@@ -423,6 +423,14 @@ void tsr_model_file_close(tsr_model_file *f) {
     free(f);
 }
 
+uint64_t tsr_model_file_give_back(const tsr_model_file *f, const void *p, uint64_t n) {
+    uint64_t done = 0;
+    for (int i = 0; i < f->n_shards && !done; i++) done = tsr_safetensors_give_back(f->shards[i], p, n);
+    if (!done && f->gguf) done = tsr_gguf_give_back(f->gguf, p, n);
+    if (!done) done = tsr_map_give_back(&f->map, p, n);
+    return done;
+}
+
 const tsr_model_config *tsr_model_file_config(const tsr_model_file *f) { return &f->cfg; }
 tsr_model_format tsr_model_file_format(const tsr_model_file *f) { return f->format; }
 

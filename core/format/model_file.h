@@ -61,6 +61,14 @@ const char *tsr_model_file_path(const tsr_model_file *f);
  * template), NULL for other formats. */
 const struct tsr_gguf *tsr_model_file_gguf(const tsr_model_file *f);
 
+/* Give the whole pages inside [p, p + n) back to the system when the range
+ * lies inside one of f's file mappings (madvise MADV_DONTNEED on the
+ * read-only private mapping: resident memory shrinks, and a later read of
+ * those bytes faults the same bytes back in from the file). For a reader
+ * that has made its own copy of a tensor. Returns the bytes given back; 0
+ * when the range is not in a mapping of f (nothing is touched then). */
+uint64_t tsr_model_file_give_back(const tsr_model_file *f, const void *p, uint64_t n);
+
 /* Total bytes of tensor data mapped. */
 uint64_t tsr_model_file_bytes(const tsr_model_file *f);
 

@@ -217,11 +217,16 @@ static int h_seq_truncate(const tsr_plugin_ctx *ctx, tsr_aux_seq *s, int n_token
     return a ? a->seq_truncate(a->data, ctx, s, n_tokens) : TSR_ERR_UNSUPPORTED;
 }
 
+static uint64_t h_weight_done(const tsr_plugin_ctx *ctx, const void *data, uint64_t nbytes) {
+    const tsr_aux_api *a = ctx_slot(ctx)->e->aux;
+    return a && a->weight_done && data && nbytes ? a->weight_done(a->data, data, nbytes) : 0;
+}
+
 void tsr_engine_set_aux(tsr_engine *e, const tsr_aux_api *api) { e->aux = api; }
 
 static const tsr_host_api host_api = {
     .struct_size = sizeof(tsr_host_api),
-    .version = 2,
+    .version = 3,
     .log = h_log,
     .set_error = h_set_error,
     .alloc = h_alloc,
@@ -237,6 +242,7 @@ static const tsr_host_api host_api = {
     .seq_close = h_seq_close,
     .seq_forward = h_seq_forward,
     .seq_truncate = h_seq_truncate,
+    .weight_done = h_weight_done,
 };
 
 /* --- interface tables --------------------------------------------------------- */

@@ -73,7 +73,8 @@ void tsr_engine_describe(const tsr_engine *e, FILE *f);
  * allocator. */
 uint64_t tsr_engine_host_bytes(const tsr_engine *e);
 
-/* Models the runtime lends plugins through tsr_host_api version 2: each
+/* Models the runtime lends plugins through tsr_host_api version 2 (and the
+ * pages of its model file they give back, version 3): each
  * member takes the runtime's data first, then the host member's arguments.
  * Until tsr_engine_set_aux is called those host members answer
  * TSR_ERR_UNSUPPORTED. */
@@ -89,6 +90,9 @@ typedef struct tsr_aux_api {
     int (*seq_forward)(void *data, const tsr_plugin_ctx *ctx, tsr_aux_seq *s, const int32_t *tokens,
                        int n, float *logits);
     int (*seq_truncate)(void *data, const tsr_plugin_ctx *ctx, tsr_aux_seq *s, int n_tokens);
+    /* tsr_host_api version 3: give back the pages of the model file under
+     * [p, p + n) (weight_done); NULL: never (the host member answers 0). */
+    uint64_t (*weight_done)(void *data, const void *p, uint64_t n);
 } tsr_aux_api;
 
 /* Lend models to the engine's plugins (api borrowed; NULL withdraws it). */

@@ -2,7 +2,8 @@
  * aux.c - models the runtime lends to plugins (tsr_host_api version 2):
  * another checkpoint assembled from plugins (a draft model), or a cut of
  * the engine's own model to its first layers (self-speculation), which
- * shares every weight and costs only its scratch.
+ * shares every weight and costs only its scratch; and (version 3) the
+ * pages of the model file a plugin has its own copy of, given back.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +123,14 @@ static int aux_seq_truncate(void *data, const tsr_plugin_ctx *ctx, tsr_aux_seq *
     return TSR_OK;
 }
 
+/* Pages of the model file a plugin has its own copy of. With the embedding
+ * table tied to the output head they are given back too: the lookup reads
+ * one row per token and faults back only the pages of the rows it reads. */
+static uint64_t aux_weight_done(void *data, const void *p, uint64_t n) {
+    const tsr_model *m = data;
+    return m->file ? tsr_model_file_give_back(m->file, p, n) : 0;
+}
+
 void tsr_model_lend_models(tsr_model *m) {
     m->aux = (tsr_aux_api){
         .data = m,
@@ -132,6 +141,7 @@ void tsr_model_lend_models(tsr_model *m) {
         .seq_close = aux_seq_close,
         .seq_forward = aux_seq_forward,
         .seq_truncate = aux_seq_truncate,
+        .weight_done = aux_weight_done,
     };
     tsr_engine_set_aux(m->engine, &m->aux);
 }

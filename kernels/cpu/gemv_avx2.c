@@ -94,6 +94,43 @@ PLAIN_DOT(dot_f16, ld_f16, sc_f16, 2)
 PLAIN_DOT(dot_bf16, ld_bf16, sc_bf16, 2)
 PLAIN_DOT(dot_i8, ld_i8, sc_i8, 1)
 
+/* Four rows at once against one input row (decode): each x vector is loaded
+ * once for four weight rows, eight chains are in flight, and the four sums are
+ * reduced together (three hadds) instead of one horizontal sum per row, which
+ * is what bounds a row of a few hundred bytes. */
+INL __m128 hsum8x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+#define PLAIN_DOT4(NAME, LOAD, SCALAR, ESZ)                                                      \
+    INL void NAME(const uint8_t *w, uint64_t rb, const float *x, int64_t n, float *out) {        \
+        __m256 a[4], b[4];                                                                       \
+        for (int k = 0; k < 4; k++) a[k] = b[k] = _mm256_setzero_ps();                          \
+        int64_t c = 0;                                                                           \
+        for (; c + 16 <= n; c += 16) {                                                           \
+            if (((c * ESZ) & 63) == 0)                                                           \
+                for (int k = 0; k < 4; k++)                                                      \
+                    _mm_prefetch((const char *)(w + k * rb + c * ESZ) + PF_DIST, _MM_HINT_T0);   \
+            __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);                 \
+            for (int k = 0; k < 4; k++) {                                                        \
+                a[k] = _mm256_fmadd_ps(LOAD(w + k * rb + c * ESZ), x0, a[k]);                    \
+                b[k] = _mm256_fmadd_ps(LOAD(w + k * rb + (c + 8) * ESZ), x1, b[k]);              \
+            }                                                                                    \
+        }                                                                                        \
+        for (; c + 8 <= n; c += 8) {                                                             \
+            __m256 x0 = _mm256_loadu_ps(x + c);                                                  \
+            for (int k = 0; k < 4; k++) a[k] = _mm256_fmadd_ps(LOAD(w + k * rb + c * ESZ), x0, a[k]); \
+        }                                                                                        \
+        for (int k = 0; k < 4; k++) a[k] = _mm256_add_ps(a[k], b[k]);                            \
+        _mm_storeu_ps(out, hsum8x4(a[0], a[1], a[2], a[3]));                                     \
+        for (; c < n; c++)                                                                       \
+            for (int k = 0; k < 4; k++) out[k] += SCALAR(w + k * rb + c * ESZ) * x[c];           \
+    }
+
+PLAIN_DOT4(dot4_f32, ld_f32, sc_f32, 4)
+PLAIN_DOT4(dot4_f16, ld_f16, sc_f16, 2)
+
 /* --- Q8_0: {f16 d; i8 q[32]}; sum_b d_b * (q_b . x_b), two blocks in flight -- */
 
 INL __m256 q8_part(const uint8_t *b, int k) { return ld_i8(b + 2 + 8 * k); }
@@ -233,6 +270,24 @@ ROW_DRIVER(rows_i8, dot_i8, 8)
 ROW_DRIVER(rows_q8_0, dot_q8_0, 4)
 ROW_DRIVER(rows_q4_k, dot_q4_k, 4)
 
+/* Short rows: four weight rows per step against each input row in turn (the
+ * four rows stay in L1 meanwhile), the rest one at a time. From a few hundred
+ * columns on the per-row sum is amortised, and one weight stream at a time
+ * serves DRAM better than four. */
+#define ROW4_MAX_COLS 512
+#define ROW4_DRIVER(NAME, DOT4, ROWS)                                                           \
+    static void NAME(const tsr_gemv_args *a, int64_t r0, int64_t r1) {                          \
+        int64_t r = r0;                                                                         \
+        for (; r + 4 <= r1; r += 4)                                                             \
+            for (int i = 0; i < a->nx; i++)                                                     \
+                DOT4(a->w + (uint64_t)r * a->row_bytes, a->row_bytes, a->x + i * a->ldx, a->cols, \
+                     a->y + i * a->ldy + r);                                                    \
+        if (r < r1) ROWS(a, r, r1, NULL);                                                       \
+    }
+
+ROW4_DRIVER(rows4_f32, dot4_f32, rows_f32)
+ROW4_DRIVER(rows4_f16, dot4_f16, rows_f16)
+
 
 static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     float out[XG];
@@ -259,8 +314,14 @@ void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
         run_permuted(dtype, a, r0, r1))
         return;
     switch (dtype) {
-    case TSR_DTYPE_F32: rows_f32(a, r0, r1, NULL); break;
-    case TSR_DTYPE_F16: rows_f16(a, r0, r1, NULL); break;
+    case TSR_DTYPE_F32:
+        if (a->cols <= ROW4_MAX_COLS) rows4_f32(a, r0, r1);
+        else rows_f32(a, r0, r1, NULL);
+        break;
+    case TSR_DTYPE_F16:
+        if (a->cols <= ROW4_MAX_COLS) rows4_f16(a, r0, r1);
+        else rows_f16(a, r0, r1, NULL);
+        break;
     case TSR_DTYPE_BF16: rows_bf16(a, r0, r1, NULL); break;
     case TSR_DTYPE_I8: rows_i8(a, r0, r1, a->scale); break;
     case TSR_DTYPE_Q8_0: rows_q8_0(a, r0, r1, NULL); break;

@@ -149,6 +149,8 @@ static const gcase cases[] = {
     {TSR_DTYPE_Q8_0, 37, 96},  {TSR_DTYPE_BF16, 5, 4104},
     {TSR_DTYPE_Q8_0, 20, 896}, {TSR_DTYPE_Q4_0, 9, 64},   {TSR_DTYPE_Q4_K, 37, 256},
     {TSR_DTYPE_Q4_K, 11, 768}, {TSR_DTYPE_Q6_K, 7, 512},
+    /* short rows, taken four weight rows at a time: row and column tails */
+    {TSR_DTYPE_F32, 7, 172},   {TSR_DTYPE_F16, 6, 500},   {TSR_DTYPE_F32, 8, 512},
 };
 static const int nxs[] = {1, 2, 3, 4, 5, 8, 9};
 

@@ -5,13 +5,18 @@
  * prepare() widens each stored row to f32 (one row of scratch per worker),
  * quantises it symmetrically (scale = max|w| / 127, round to nearest) into a
  * plugin-owned [rows, cols] int8 matrix, and never looks at the stored
- * weights again: decode reads 1 byte per weight plus 4 per row. run() is
+ * weights again: decode reads 1 byte per weight plus 4 per row. Rows are
+ * quantised in blocks of about QUANT_BLOCK_BYTES of stored weights, and each
+ * block's pages are handed back to the host (weight_done, host api version
+ * 3) as soon as it is done, so that resident memory during and after load
+ * is the int8 copy, not the int8 copy beside the stored weights. run() is
  * cpu_gemv's engine with dtype I8 and the row scales: with x_int16 (the
  * default) the activations of few-row calls are quantised to int16 per row
  * and multiplied with integer multiply-adds; many-row calls widen tiles to
  * f32 for OpenBLAS sgemm.
  */
 #include <math.h>
+#include <stddef.h>
 
 #include "core/util/checked.h"
 #include "kernels/dtype.h"
@@ -31,17 +36,29 @@ static int gi_init(void *inst, const tsr_plugin_ctx *ctx) {
     return gemv_engine_init(&g->cfg, ctx);
 }
 
+/* Stored bytes quantised between two hand-backs of their pages. */
+#define QUANT_BLOCK_BYTES ((uint64_t)1 << 20)
+
 typedef struct quant_job {
     const tsr_plugin_ctx *ctx;
     const tsr_weight *w;
     uint64_t src_row_bytes;
+    int64_t block_rows;       /* rows per work item */
+    int give_back;            /* the host has weight_done */
     int8_t *q;
     float *scale;
     volatile int nomem;
     volatile int64_t bad_row; /* first row with NaN/Inf seen, or -1 */
 } quant_job;
 
-static void quant_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+static int host_has_weight_done(const tsr_host_api *h) {
+    return h->version >= 3 && h->struct_size >= offsetof(tsr_host_api, weight_done) + sizeof(void *) &&
+           h->weight_done;
+}
+
+/* Items are blocks of block_rows rows: quantise a block, then give back the
+ * pages of its stored rows. */
+static void quant_rows(void *arg, int64_t b0, int64_t b1, int tid) {
     (void)tid;
     quant_job *j = arg;
     int64_t cols = j->w->cols;
@@ -51,15 +68,21 @@ static void quant_rows(void *arg, int64_t r0, int64_t r1, int tid) {
         return;
     }
     const uint8_t *src = j->w->data;
-    for (int64_t r = r0; r < r1; r++) {
-        tsr_gemv_args one = {.w = src, .row_bytes = j->src_row_bytes, .cols = cols};
-        tsr_gemv_widen_rows(j->w->dtype, &one, r, r + 1, row); /* SIMD for f16/bf16; no row scale */
-        float s = tsr_gemv_quant_row_i8(row, cols, j->q + (uint64_t)r * (uint64_t)cols);
-        if (!isfinite(s)) {
-            j->bad_row = r;
-            break;
+    for (int64_t b = b0; b < b1 && j->bad_row < 0; b++) {
+        int64_t r0 = b * j->block_rows, r1 = r0 + j->block_rows < j->w->rows ? r0 + j->block_rows : j->w->rows;
+        for (int64_t r = r0; r < r1; r++) {
+            tsr_gemv_args one = {.w = src, .row_bytes = j->src_row_bytes, .cols = cols};
+            tsr_gemv_widen_rows(j->w->dtype, &one, r, r + 1, row); /* SIMD for f16/bf16; no row scale */
+            float s = tsr_gemv_quant_row_i8(row, cols, j->q + (uint64_t)r * (uint64_t)cols);
+            if (!isfinite(s)) {
+                j->bad_row = r;
+                break;
+            }
+            j->scale[r] = s;
         }
-        j->scale[r] = s;
+        if (j->give_back && j->bad_row < 0)
+            j->ctx->host->weight_done(j->ctx, src + (uint64_t)r0 * j->src_row_bytes,
+                                      (uint64_t)(r1 - r0) * j->src_row_bytes);
     }
     j->ctx->host->free(j->ctx, row);
 }
@@ -88,8 +111,11 @@ static int gi_prepare(void *inst, const tsr_weight *w, void **out) {
                              (unsigned long long)total);
         return TSR_ERR_NOMEM;
     }
-    quant_job j = {ctx, w, src_rb, (int8_t *)buf, (float *)(void *)(buf + qbytes), 0, -1};
-    ctx->host->parallel_for(ctx, w->rows, quant_rows, &j);
+    int64_t block_rows = (int64_t)(QUANT_BLOCK_BYTES / src_rb);
+    if (block_rows < 1) block_rows = 1;
+    quant_job j = {ctx, w, src_rb, block_rows, host_has_weight_done(ctx->host), (int8_t *)buf,
+                   (float *)(void *)(buf + qbytes), 0, -1};
+    ctx->host->parallel_for(ctx, (w->rows + block_rows - 1) / block_rows, quant_rows, &j);
     if (j.nomem || j.bad_row >= 0) {
         if (j.nomem)
             ctx->host->set_error(ctx, "%s: out of memory for a %lld-column row", name, (long long)w->cols);
@@ -100,6 +126,8 @@ static int gi_prepare(void *inst, const tsr_weight *w, void **out) {
         ctx->host->free(ctx, m);
         return j.nomem ? TSR_ERR_NOMEM : TSR_ERR_INVALID;
     }
+    /* the pages that straddle two blocks, now that both are done */
+    if (j.give_back) ctx->host->weight_done(ctx, w->data, w->nbytes);
     m->dtype = TSR_DTYPE_I8;
     m->rows = w->rows;
     m->cols = w->cols;

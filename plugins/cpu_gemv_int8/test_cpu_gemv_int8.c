@@ -3,7 +3,9 @@
  * recomputed here and dotted in double (rounding tolerance), and (b) the
  * stored weights in double, within the quantisation bound
  * sum_c |x_c| * scale_r / 2. Both ISAs, kernels and sgemm; NaN weights
- * refused naming the row; allocation failure at every step.
+ * refused naming the row; allocation failure at every step; every stored
+ * byte handed back through weight_done (host api version 3) once quantised,
+ * and nothing asked of an older host.
  */
 #include <float.h>
 #include <math.h>
@@ -252,12 +254,74 @@ static void test_alloc_failure(void **state) {
     assert_true(failures > 0);
 }
 
+/* A version-3 host: weight_done marks the bytes it was handed (workers call
+ * it concurrently, on disjoint blocks; the final whole-range call comes
+ * after them). */
+static const uint8_t *wd_base;
+static uint8_t *wd_seen;
+static uint64_t wd_n;
+static atomic_long wd_calls, wd_outside;
+
+static uint64_t wd_weight_done(const tsr_plugin_ctx *ctx, const void *data, uint64_t nbytes) {
+    (void)ctx;
+    atomic_fetch_add(&wd_calls, 1);
+    const uint8_t *p = data;
+    if (!wd_base || p < wd_base || (uint64_t)(p - wd_base) > wd_n || nbytes > wd_n - (uint64_t)(p - wd_base)) {
+        atomic_fetch_add(&wd_outside, 1);
+        return 0;
+    }
+    memset(wd_seen + (p - wd_base), 1, nbytes);
+    return 0;
+}
+
+static void test_weight_done(void **state) {
+    (void)state;
+    rng = SEED + 7;
+    tsr_host_api api3 = th_api;
+    api3.version = 3;
+    api3.weight_done = wd_weight_done;
+    tsr_plugin_ctx ctx3 = {.host = &api3, .name = "test"};
+    th_n_params = 0;
+    /* 1200 rows of 512 f32: 2.4 MB, several quantisation blocks and a short last one */
+    const int64_t rows = 1200, cols = 512;
+    float *wf = malloc((size_t)(rows * cols) * sizeof *wf), *x = malloc((size_t)cols * sizeof *x);
+    float *y1 = malloc((size_t)rows * sizeof *y1), *y3 = malloc((size_t)rows * sizeof *y3);
+    uint8_t *w = make(TSR_DTYPE_F32, rows, cols, wf);
+    for (int64_t c = 0; c < cols; c++) x[c] = rndf(-1, 1);
+    tsr_weight tw = {"int8.weight", TSR_DTYPE_F32, rows, cols, w, (uint64_t)(rows * cols) * 4};
+    wd_base = w;
+    wd_n = tw.nbytes;
+    wd_seen = calloc(1, wd_n);
+    assert_true(wf && x && y1 && y3 && wd_seen);
+    const tsr_plugin_desc *d = tsr_plugin_entry();
+    const tsr_gemv_i *g = d->iface;
+    for (int v = 1; v <= 3; v += 2) {
+        atomic_store(&wd_calls, 0);
+        void *inst = calloc(1, d->instance_size), *prep;
+        assert_int_equal(d->init(inst, v == 3 ? &ctx3 : &th_ctx), TSR_OK);
+        assert_int_equal(g->prepare(inst, &tw, &prep), TSR_OK);
+        assert_int_equal(g->run(inst, prep, 1, x, v == 3 ? y3 : y1, NULL), TSR_OK);
+        g->release(inst, prep);
+        free(inst);
+        if (v == 1) assert_int_equal(atomic_load(&wd_calls), 0); /* the old host has no such member */
+        else assert_true(atomic_load(&wd_calls) >= 3);            /* blocks, then the whole range */
+    }
+    assert_int_equal(atomic_load(&wd_outside), 0);
+    for (uint64_t i = 0; i < wd_n; i++)
+        if (!wd_seen[i]) fail_msg("stored byte %llu was never handed back", (unsigned long long)i);
+    assert_memory_equal(y1, y3, (size_t)rows * sizeof *y1);
+    assert_int_equal(atomic_load(&th_live), 0);
+    wd_base = NULL;
+    free(wd_seen), free(wf), free(x), free(y1), free(y3), free(w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_from_q8_0),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_weight_done),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -23,6 +23,62 @@ typedef struct attn_job {
     int failed;
 } attn_job;
 
+/* Scores q . k_t * scale for t in [first, last], each summed in head
+ * dimension order; four keys at a time only so that four independent sums
+ * are in flight (the arithmetic of each is unchanged). */
+static float scores_of(const float *q, const float *K, int64_t ts, int hd, float scale, int first,
+                       int last, float *scores) {
+    float mx = -INFINITY;
+    int t = first;
+    for (; t + 3 <= last; t += 4) {
+        const float *k0 = K + t * ts, *k1 = k0 + ts, *k2 = k1 + ts, *k3 = k2 + ts;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int d = 0; d < hd; d++) {
+            s0 += q[d] * k0[d];
+            s1 += q[d] * k1[d];
+            s2 += q[d] * k2[d];
+            s3 += q[d] * k3[d];
+        }
+        float s[4] = {s0 * scale, s1 * scale, s2 * scale, s3 * scale};
+        for (int i = 0; i < 4; i++) {
+            scores[t + i] = s[i];
+            if (s[i] > mx) mx = s[i];
+        }
+    }
+    for (; t <= last; t++) {
+        const float *k = K + t * ts;
+        float s = 0.0f;
+        for (int d = 0; d < hd; d++) s += q[d] * k[d];
+        s *= scale;
+        scores[t] = s;
+        if (s > mx) mx = s;
+    }
+    return mx;
+}
+
+/* out[d] = sum_t p[t] * v_t[d], each sum in t order from 0; four dimensions
+ * at a time in registers (independent sums, unchanged arithmetic). */
+static void weighted_values(const float *p, const float *V, int64_t ts, int hd, int first, int last,
+                            float *out) {
+    int d = 0;
+    for (; d + 4 <= hd; d += 4) {
+        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+        for (int t = first; t <= last; t++) {
+            const float *v = V + t * ts + d;
+            o0 += p[t] * v[0];
+            o1 += p[t] * v[1];
+            o2 += p[t] * v[2];
+            o3 += p[t] * v[3];
+        }
+        out[d] = o0, out[d + 1] = o1, out[d + 2] = o2, out[d + 3] = o3;
+    }
+    for (; d < hd; d++) {
+        float o = 0.0f;
+        for (int t = first; t <= last; t++) o += p[t] * V[t * ts + d];
+        out[d] = o;
+    }
+}
+
 /* One work item is one (row, head) pair. */
 static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
     (void)tid;
@@ -30,7 +86,6 @@ static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
     const tsr_attn_args *a = j->a;
     const tsr_kv_view *kv = a->kv;
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
-    const float *K = kv->k, *V = kv->v;
     float *scores = malloc(((size_t)a->pos0 + a->rows) * sizeof *scores);
     if (!scores) {
         j->failed = 1;
@@ -41,27 +96,24 @@ static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
         int last = a->pos0 + row; /* inclusive */
         int first = a->window > 0 && last - a->window + 1 > 0 ? last - a->window + 1 : 0;
         const float *q = a->q + ((int64_t)row * a->n_heads + h) * hd;
-        float mx = -INFINITY;
-        for (int t = first; t <= last; t++) {
-            const float *k = K + t * kv->token_stride + kvh * kv->head_stride;
-            float s = 0.0f;
-            for (int d = 0; d < hd; d++) s += q[d] * k[d];
-            s *= a->scale;
-            scores[t] = s;
-            if (s > mx) mx = s;
-        }
+        const float *K = (const float *)kv->k + kvh * kv->head_stride;
+        const float *V = (const float *)kv->v + kvh * kv->head_stride;
+        float mx = scores_of(q, K, kv->token_stride, hd, a->scale, first, last, scores);
         float sum = 0.0f;
         for (int t = first; t <= last; t++) {
             scores[t] = expf(scores[t] - mx);
             sum += scores[t];
         }
-        float *out = a->out + (int64_t)row * a->n_heads * hd + (int64_t)h * hd;
-        for (int d = 0; d < hd; d++) out[d] = 0.0f;
-        for (int t = first; t <= last; t++) {
-            const float *v = V + t * kv->token_stride + kvh * kv->head_stride;
-            float p = scores[t] / sum;
-            for (int d = 0; d < hd; d++) out[d] += p * v[d];
+        int t = first;
+        for (; t + 3 <= last; t += 4) { /* four independent divisions: one packed divide */
+            scores[t] = scores[t] / sum;
+            scores[t + 1] = scores[t + 1] / sum;
+            scores[t + 2] = scores[t + 2] / sum;
+            scores[t + 3] = scores[t + 3] / sum;
         }
+        for (; t <= last; t++) scores[t] = scores[t] / sum;
+        weighted_values(scores, V, kv->token_stride, hd, first, last,
+                        a->out + (int64_t)row * a->n_heads * hd + (int64_t)h * hd);
     }
     free(scores);
 }

@@ -242,6 +242,62 @@ static float *read_tensor(const tsr_tensor *t) {
     return v;
 }
 
+/* Resident kB of the mapping that holds p (/proc/self/smaps), -1 if none. */
+static long rss_kb_of(const void *p) {
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp) return -1;
+    char line[512];
+    int in = 0;
+    long kb = -1;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (in && sscanf(line, "Rss: %ld kB", &kb) == 1) break;
+    }
+    fclose(fp);
+    return kb;
+}
+
+/* Giving back the pages of a tensor a reader copied: resident memory drops by
+ * what was given back, the bytes read afterwards are the same, and a range
+ * outside the file's mappings is left alone. */
+static void test_give_back(void **state) {
+    (void)state;
+    const char *rels[] = {"models/stories260K/stories260K.gguf", "models/stories260K/hf",
+                          "models/stories260K/stories260K.bin"};
+    long page = sysconf(_SC_PAGESIZE);
+    for (size_t i = 0; i < sizeof rels / sizeof *rels; i++) {
+        tsr_model_file *f = open_rel(rels[i]);
+        const tsr_tensor *t = tsr_model_file_tensor(f, "model.embed_tokens.weight");
+        assert_non_null(t);
+        assert_true(t->nbytes >= (uint64_t)(4 * page));
+        uint8_t *copy = malloc(t->nbytes);
+        assert_non_null(copy);
+        memcpy(copy, t->data, t->nbytes); /* every page of the tensor resident */
+        long before = rss_kb_of(t->data);
+        uint64_t got = tsr_model_file_give_back(f, t->data, t->nbytes);
+        long after = rss_kb_of(t->data);
+        print_message("  %s: %llu of %llu bytes given back, mapping %ld -> %ld kB resident\n", rels[i],
+                      (unsigned long long)got, (unsigned long long)t->nbytes, before, after);
+        assert_true(got > 0 && got % (uint64_t)page == 0 && got <= t->nbytes &&
+                    got + 2 * (uint64_t)page > t->nbytes);
+        assert_true(before >= 0 && after >= 0);
+        assert_int_equal(before - after, (long)(got / 1024));
+        assert_memory_equal(t->data, copy, t->nbytes); /* faulted back from the file */
+        /* not in a mapping of f: a heap block, a range running past the file */
+        memset(copy, 0x5a, t->nbytes);
+        assert_int_equal(tsr_model_file_give_back(f, copy, t->nbytes), 0);
+        for (uint64_t k = 0; k < t->nbytes; k++) assert_int_equal(copy[k], 0x5a);
+        assert_int_equal(tsr_model_file_give_back(f, t->data, (uint64_t)1 << 40), 0);
+        assert_int_equal(tsr_model_file_give_back(f, NULL, 4096), 0);
+        free(copy);
+        tsr_model_file_close(f);
+    }
+}
+
 /* exact: 0 for bitwise equality; 1: b holds a's values rounded to f16 */
 static void compare_tensor(const tsr_model_file *a, const tsr_model_file *b, const char *name,
                            int f16) {
@@ -1299,6 +1355,7 @@ int main(void) {
         cmocka_unit_test(test_config_spellings),
         cmocka_unit_test(test_llama2c_untied),
         cmocka_unit_test(test_bad_model_files),
+        cmocka_unit_test(test_give_back),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(g_tmp);
