@@ -10,8 +10,9 @@
  * every pass comes from DRAM (>= 256 MiB in all, several times the L3), as a
  * model's successive layers do. Each figure is the median over passes.
  * i8x16 is int8 weights with int16 activations (cpu_gemv_int8's decode).
- * --prefill also times the kernels against widened tiles + OpenBLAS sgemm at
- * 4..256 rows (the cpu_gemv plugin's blas_min_rows threshold).
+ * --prefill also times the kernels against the blocked GEMM (gemm_cpu.h) and
+ * widened tiles + OpenBLAS sgemm at 4..256 rows (the cpu_gemv plugin's
+ * blas_min_rows threshold), in ms per call and GFLOP/s.
  */
 #include <math.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 #include <cblas.h>
 
 #include "core/util/threadpool.h"
+#include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/gemv_cpu.h"
 #include "kernels/dtype.h"
 
@@ -132,6 +134,28 @@ typedef struct pjob {
     float **scratch;
 } pjob;
 
+static tsr_gemv_isa g_isa;
+
+/* The blocked GEMM over NR-wide panels (scratch: one panel per thread). */
+static void run_gemm(void *arg, int64_t p0, int64_t p1, int tid) {
+    pjob *p = arg;
+    tsr_gemm_panels(g_isa, p->dtype, p->a, p->rows, p0, p1, p->scratch[tid]);
+}
+
+static double median_pjob(tsr_threadpool *tp, pjob *p, int64_t items, tsr_work_fn fn, double seconds) {
+    double tb[64];
+    int n = 0;
+    tsr_threadpool_run(tp, items, fn, p);
+    double t_end = now() + seconds;
+    while (n < 64 && (n < 3 || now() < t_end)) {
+        double t0 = now();
+        tsr_threadpool_run(tp, items, fn, p);
+        tb[n++] = now() - t0;
+    }
+    qsort(tb, (size_t)n, sizeof *tb, cmp_d);
+    return tb[n / 2];
+}
+
 static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
     pjob *p = arg;
     for (int64_t t = t0; t < t1; t++) {
@@ -165,6 +189,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (openblas_set_num_threads) openblas_set_num_threads(1);
+    g_isa = isa;
     tsr_threadpool *tp = tsr_threadpool_new(threads);
     if (!tp) return 1;
     printf("bench_gemv: %d threads, isa %s, median of passes over >= 256 MiB of copies\n", threads,
@@ -220,11 +245,11 @@ int main(int argc, char **argv) {
         }
     if (prefill) {
         const uint32_t pdt[] = {TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_Q8_0};
-        const int prow[] = {4, 8, 12, 16, 24, 32, 64, 128, 256};
+        const int prow[] = {2, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256};
         int64_t rows = 4864, cols = 896;
-        printf("\nprefill [%lld x %lld]: ms per call, kernels vs widened 64-row tiles + sgemm\n", (long long)rows,
-               (long long)cols);
-        printf("%-7s %6s %10s %10s %8s\n", "dtype", "rows", "kernel_ms", "sgemm_ms", "winner");
+        printf("\nprefill [%lld x %lld]: ms per call (GFLOP/s), kernels vs blocked GEMM vs widened 64-row tiles + sgemm\n",
+               (long long)rows, (long long)cols);
+        printf("%-7s %6s %18s %18s %18s %8s\n", "dtype", "rows", "kernel_ms", "gemm_ms", "sgemm_ms", "winner");
         for (size_t d = 0; d < 3; d++) {
             uint64_t rb;
             tsr_dtype_row_bytes(pdt[d], cols, &rb);
@@ -232,29 +257,27 @@ int main(int argc, char **argv) {
             fill(pdt[d], w, rb * (uint64_t)rows, rows * cols);
             float *x = malloc((size_t)(256 * cols) * sizeof *x), *y = malloc((size_t)(256 * rows) * sizeof *y);
             for (int64_t i = 0; i < 256 * cols; i++) x[i] = rndf();
-            float *scr[256];
-            for (int t = 0; t < threads; t++) scr[t] = aligned_alloc(64, (size_t)(64 * cols) * sizeof(float));
+            float *scr[256], *pan[256];
+            for (int t = 0; t < threads; t++) {
+                scr[t] = aligned_alloc(64, (size_t)(64 * cols) * sizeof(float));
+                pan[t] = aligned_alloc(64, (size_t)TSR_GEMM_WBUF_FLOATS * sizeof(float));
+            }
             for (size_t k = 0; k < sizeof prow / sizeof *prow; k++) {
                 job j = {.k = tsr_gemv_kernel(isa), .dtype = pdt[d]};
                 j.a = (tsr_gemv_args){w, rb, NULL, cols, x, cols, prow[k], y, rows};
                 uint8_t *cp[1] = {w};
                 double tk = median_time(tp, &j, cp, 1, rows, run_kernel, seconds / 2);
-                pjob p = {&j.a, pdt[d], rows, 64, scr};
-                double tb[64];
-                int n = 0;
-                tsr_threadpool_run(tp, (rows + 63) / 64, run_blas, &p);
-                double t_end = now() + seconds / 2;
-                while (n < 64 && (n < 3 || now() < t_end)) {
-                    double t0 = now();
-                    tsr_threadpool_run(tp, (rows + 63) / 64, run_blas, &p);
-                    tb[n++] = now() - t0;
-                }
-                qsort(tb, (size_t)n, sizeof *tb, cmp_d);
-                printf("%-7s %6d %10.3f %10.3f %8s\n", tsr_dtype_name(pdt[d]), prow[k], tk * 1e3, tb[n / 2] * 1e3,
-                       tk < tb[n / 2] ? "kernel" : "sgemm");
+                pjob pg = {&j.a, pdt[d], rows, 64, pan};
+                double tg = median_pjob(tp, &pg, tsr_gemm_panel_count(rows), run_gemm, seconds / 2);
+                pjob pb = {&j.a, pdt[d], rows, 64, scr};
+                double tb = median_pjob(tp, &pb, (rows + 63) / 64, run_blas, seconds / 2);
+                double fl = 2.0 * (double)rows * (double)cols * prow[k] * 1e-9;
+                printf("%-7s %6d %9.3f (%6.1f) %9.3f (%6.1f) %9.3f (%6.1f) %8s\n", tsr_dtype_name(pdt[d]), prow[k],
+                       tk * 1e3, fl / tk, tg * 1e3, fl / tg, tb * 1e3, fl / tb,
+                       tk < tg && tk < tb ? "kernel" : tg < tb ? "gemm" : "sgemm");
                 fflush(stdout);
             }
-            for (int t = 0; t < threads; t++) free(scr[t]);
+            for (int t = 0; t < threads; t++) free(scr[t]), free(pan[t]);
             free(w), free(x), free(y);
         }
     }

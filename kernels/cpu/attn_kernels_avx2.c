@@ -21,31 +21,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "exp_avx2.h"
 #include "slots/tsr_plugin.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-/* e^x, about 2 ulp, NaN in -> NaN out, x < -87 -> 0 (no subnormals). */
-ALWAYS_INLINE __m256 exp256(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
-    /* operand order keeps NaN: max/min return the second operand on NaN */
-    __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    /* Taylor series of e^r to r^6 on |r| <= ln2/2 */
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 res = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), res);
-}
 
 /* Lane i of the result is the sum of the 8 lanes of a[i]. */
 ALWAYS_INLINE __m256 hsum8x8(const __m256 *a) {
@@ -173,10 +152,10 @@ ALWAYS_INLINE void run_block(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, fl
     __m256 mn = _mm256_max_ps(mb, mo);
     /* lanes with nothing but -Inf so far: subtract 0 so -Inf scores give 0 */
     __m256 mu = _mm256_blendv_ps(mn, _mm256_setzero_ps(), _mm256_cmp_ps(mn, ninf, _CMP_EQ_OQ));
-    __m256 alpha = exp256(_mm256_sub_ps(mo, mu));
+    __m256 alpha = tsr_exp256(_mm256_sub_ps(mo, mu));
     __m256 lsum = _mm256_setzero_ps();
     for (int j = 0; j < n; j++) {
-        __m256 p = exp256(_mm256_sub_ps(_mm256_load_ps(S + 8 * j), mu));
+        __m256 p = tsr_exp256(_mm256_sub_ps(_mm256_load_ps(S + 8 * j), mu));
         lsum = _mm256_add_ps(lsum, p);
         if (DT == TSR_DTYPE_I8)
             p = _mm256_mul_ps(p, _mm256_set1_ps(kv->v_scale[(int64_t)(tb + j) * kv->scale_stride]));

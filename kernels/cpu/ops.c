@@ -2,6 +2,12 @@
 
 #include <math.h>
 
+#include "cpu_features.h"
+
+#if defined(__x86_64__)
+void tsr_silu_mul_avx2(float *y, const float *g, const float *u, int64_t n); /* ops_avx2.c */
+#endif
+
 void tsr_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
@@ -54,6 +60,12 @@ void tsr_rope_apply(const tsr_rope *r, float *x, int n_heads, int pos) {
 }
 
 void tsr_silu_mul(float *y, const float *g, const float *u, int64_t n) {
+#if defined(__x86_64__)
+    if (tsr_cpu_has_avx2_fma_f16c()) {
+        tsr_silu_mul_avx2(y, g, u, n);
+        return;
+    }
+#endif
     for (int64_t i = 0; i < n; i++) {
         float a = g[i];
         y[i] = a / (1.0f + expf(-a)) * u[i];

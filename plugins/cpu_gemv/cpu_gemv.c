@@ -6,8 +6,10 @@
  * decoded in registers, the other block types 256 elements at a time on the
  * stack; no copy of the matrix is ever made. run() splits the output rows
  * over the host's pool and reads each weight row once for every input row
- * (decode, verification). From blas_min_rows input rows on (prefill), tiles
- * of weight rows are widened to f32 and multiplied by OpenBLAS sgemm.
+ * (decode, verification). From blas_min_rows input rows on (prefill), the
+ * blocked GEMM of kernels/cpu/gemm_cpu.h widens each 16-row weight panel
+ * once in registers for all input rows (or, with prefill: blas, tiles of
+ * weight rows are widened to f32 and multiplied by OpenBLAS sgemm).
  */
 #include "gemv_engine.h"
 

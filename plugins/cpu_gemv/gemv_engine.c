@@ -30,6 +30,14 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
     }
     cfg->kernel = tsr_gemv_kernel(want);
     cfg->i8_kernel = tsr_gemv_i8_kernel(want);
+    cfg->isa = want;
+    p = ctx->host->param(ctx, "prefill");
+    const char *pre = p && p->type == TSR_PARAM_STRING && p->v.s ? p->v.s : "gemm";
+    if (strcmp(pre, "gemm") != 0 && strcmp(pre, "blas") != 0) {
+        ctx->host->set_error(ctx, "param prefill: '%s' is not one of gemm, blas", pre);
+        return TSR_ERR_INVALID;
+    }
+    cfg->use_blas = !strcmp(pre, "blas");
     p = ctx->host->param(ctx, "blas_min_rows");
     cfg->blas_min_rows = p && p->type == TSR_PARAM_INT ? p->v.i : 0;
     p = ctx->host->param(ctx, "blas_min_rows_quant");
@@ -44,9 +52,9 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
                              (long long)cfg->tile_rows);
         return TSR_ERR_INVALID;
     }
-    if ((cfg->blas_min_rows > 0 || cfg->blas_min_rows_q > 0) && openblas_set_num_threads)
+    if (cfg->use_blas && (cfg->blas_min_rows > 0 || cfg->blas_min_rows_q > 0) && openblas_set_num_threads)
         openblas_set_num_threads(1);
-    ctx->host->log(ctx, TSR_LOG_DEBUG, "isa %s, sgemm from %lld rows", tsr_gemv_isa_name(want),
+    ctx->host->log(ctx, TSR_LOG_DEBUG, "isa %s, %s from %lld rows", tsr_gemv_isa_name(want), pre,
                    (long long)cfg->blas_min_rows);
     return TSR_OK;
 }
@@ -137,6 +145,19 @@ static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
     j->ctx->host->free(j->ctx, tile);
 }
 
+/* Items are NR-wide panels of weight rows (gemm_cpu.h). */
+static void run_gemm(void *arg, int64_t p0, int64_t p1, int tid) {
+    (void)tid;
+    run_job *j = arg;
+    float *wbuf = j->ctx->host->alloc(j->ctx, (size_t)TSR_GEMM_WBUF_FLOATS * sizeof(float), 64);
+    if (!wbuf) {
+        j->failed = 1;
+        return;
+    }
+    tsr_gemm_panels(j->cfg->isa, j->m->dtype, &j->args, j->m->rows, p0, p1, wbuf);
+    j->ctx->host->free(j->ctx, wbuf);
+}
+
 int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
                     int rows, const float *x, float *y) {
     if (rows < 1 || !x || !y) {
@@ -149,7 +170,15 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
                  0};
     /* sgemm's int dimensions: fall back to the kernels past them. */
     int64_t min_rows = tsr_dtype_block_elems(m->dtype) > 1 ? cfg->blas_min_rows_q : cfg->blas_min_rows;
-    int blas = min_rows > 0 && rows >= min_rows && m->cols <= INT32_MAX / 2 &&
+    if (!cfg->use_blas && min_rows > 0 && rows >= min_rows) {
+        ctx->host->parallel_for(ctx, tsr_gemm_panel_count(m->rows), run_gemm, &j);
+        if (j.failed) {
+            ctx->host->set_error(ctx, "out of memory for a %d x %d GEMM panel", TSR_GEMM_NR, TSR_GEMM_KC);
+            return TSR_ERR_NOMEM;
+        }
+        return TSR_OK;
+    }
+    int blas = cfg->use_blas && min_rows > 0 && rows >= min_rows && m->cols <= INT32_MAX / 2 &&
                m->rows <= INT32_MAX / 2 && m->cols * cfg->tile_rows <= (int64_t)1 << 30;
     if (blas) {
         int64_t tiles = (m->rows + cfg->tile_rows - 1) / cfg->tile_rows;

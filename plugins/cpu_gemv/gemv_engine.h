@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/gemv_cpu.h"
 #include "slots/tsr_gemv.h"
 
@@ -15,7 +16,9 @@
 typedef struct gemv_engine_cfg {
     tsr_gemv_kernel_fn kernel; /* the ISA picked at init */
     tsr_gemv_i8_kernel_fn i8_kernel;
-    int64_t blas_min_rows;     /* run() with >= this many rows uses sgemm; 0: never */
+    tsr_gemv_isa isa;
+    int use_blas;              /* prefill through OpenBLAS sgemm (1) or the blocked GEMM (0) */
+    int64_t blas_min_rows;     /* run() with >= this many rows takes the prefill path; 0: never */
     int64_t blas_min_rows_q;   /* the same for block-quantised dtypes (slower to widen) */
     int64_t tile_rows;         /* weight rows widened per sgemm call */
 } gemv_engine_cfg;
@@ -32,8 +35,10 @@ typedef struct gemv_matrix {
     int x_i16;          /* I8 only: decode with int16 activations (lossy) */
 } gemv_matrix;
 
-/* Reads ctx params "isa" (auto, avx2, portable), "blas_min_rows",
- * "blas_min_rows_quant", "blas_tile_rows"; sets up OpenBLAS to one thread (the host's pool is the
+/* Reads ctx params "isa" (auto, avx2, portable), "prefill" (gemm: the
+ * blocked GEMM of gemm_cpu.h, the default when absent; blas: widened tiles
+ * through OpenBLAS sgemm), "blas_min_rows", "blas_min_rows_quant",
+ * "blas_tile_rows"; sets up OpenBLAS to one thread (the host's pool is the
  * only source of threads). set_error and a negative status on bad params. */
 int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx);
 

@@ -1,9 +1,10 @@
 /*
  * Tests of cpu_gemv against an independent reference: each stored row
  * widened with the kernels' dequantiser and dotted in double precision.
- * A table of cases (dtypes, shapes with and without SIMD tails, 1..9 input
- * rows, both ISAs, kernels and sgemm), guard words around the output, NaN
- * parity, errors naming the tensor, and allocation failure at every step.
+ * A table of cases (dtypes, shapes with and without SIMD tails, 1..9, 13 and
+ * 70 input rows, both ISAs, the kernels, the blocked GEMM and sgemm), guard
+ * words around the output, NaN parity, errors naming the tensor, and
+ * allocation failure at every step.
  * Tolerance: 4 * sqrt(cols) * FLT_EPSILON * sum |w x| per output.
  */
 #include <float.h>
@@ -151,14 +152,26 @@ static const gcase cases[] = {
     {TSR_DTYPE_Q4_K, 11, 768}, {TSR_DTYPE_Q6_K, 7, 512},
     /* short rows, taken four weight rows at a time: row and column tails */
     {TSR_DTYPE_F32, 7, 172},   {TSR_DTYPE_F16, 6, 500},   {TSR_DTYPE_F32, 8, 512},
+    /* several GEMM panels (16 rows) and column slices (256), both with tails */
+    {TSR_DTYPE_BF16, 150, 700}, {TSR_DTYPE_F16, 67, 520}, {TSR_DTYPE_F32, 33, 300},
+    {TSR_DTYPE_I8, 45, 300},    {TSR_DTYPE_Q8_0, 40, 544}, {TSR_DTYPE_Q4_K, 18, 512},
 };
-static const int nxs[] = {1, 2, 3, 4, 5, 8, 9};
+/* 8 and 9 rows: GEMM row tiles of 4 + 4 and 5 + 4; 13: 6 + 4 + 3; 70: 11 x 6 + 4. */
+static const int nxs[] = {1, 2, 3, 4, 5, 8, 9, 13, 70};
 
-/* Runs one case; returns the worst error / tolerance ratio. */
-static double run_case(const gcase *gc, int nx, const char *isa, int blas_min) {
+/* The three paths of run(): the kernels, the blocked GEMM, sgemm. */
+static const char *const prefills[] = {"kernels", "gemm", "blas"};
+
+/* Runs one case; returns the worst error / tolerance ratio. mode indexes
+ * prefills: 0 keeps every row count on the kernels, 1 and 2 send 4 rows and
+ * more to the GEMM or to sgemm. */
+static double run_case(const gcase *gc, int nx, const char *isa, int mode) {
+    int blas_min = mode ? 4 : 0;
     th_n_params = 0;
     th_set_str("isa", isa);
+    th_set_str("prefill", mode == 2 ? "blas" : "gemm");
     th_set_int("blas_min_rows", blas_min);
+    th_set_int("blas_min_rows_quant", blas_min);
     th_set_int("blas_tile_rows", 16);
     inst_box b;
     assert_int_equal(open_inst(&b), TSR_OK);
@@ -187,15 +200,15 @@ static double run_case(const gcase *gc, int nx, const char *isa, int blas_min) {
         memcpy(&u0, ybuf + i, 4);
         memcpy(&u1, ybuf + GUARD + ny + i, 4);
         if (u0 != guard_bits || u1 != guard_bits)
-            fail_msg("%s %lldx%lld nx=%d %s blas=%d: guard word %d overwritten", tsr_dtype_name(gc->dtype),
-                     (long long)gc->rows, (long long)gc->cols, nx, isa, blas_min, i);
+            fail_msg("%s %lldx%lld nx=%d %s %s: guard word %d overwritten", tsr_dtype_name(gc->dtype),
+                     (long long)gc->rows, (long long)gc->cols, nx, isa, prefills[mode], i);
     }
     double worst = 0;
     for (size_t k = 0; k < ny; k++) {
         double e = fabs((double)y[k] - yref[k]);
         if (!(e <= tol[k]))
-            fail_msg("%s %lldx%lld nx=%d %s blas_min_rows=%d: y[%zu] = %.9g, reference %.9g (tol %.3g)",
-                     tsr_dtype_name(gc->dtype), (long long)gc->rows, (long long)gc->cols, nx, isa, blas_min, k,
+            fail_msg("%s %lldx%lld nx=%d %s %s: y[%zu] = %.9g, reference %.9g (tol %.3g)",
+                     tsr_dtype_name(gc->dtype), (long long)gc->rows, (long long)gc->cols, nx, isa, prefills[mode], k,
                      (double)y[k], yref[k], tol[k]);
         if (e / tol[k] > worst) worst = e / tol[k];
     }
@@ -219,15 +232,16 @@ static void test_table(void **state) {
             continue;
         }
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-            double worst = 0;
+            double worst[3] = {0, 0, 0};
             for (size_t k = 0; k < sizeof nxs / sizeof *nxs; k++)
-                for (int blas = 0; blas < 2; blas++) {
-                    double r = run_case(&cases[c], nxs[k], isas[s], blas ? 4 : 0);
-                    if (r > worst) worst = r;
+                for (int mode = 0; mode < 3; mode++) {
+                    double r = run_case(&cases[c], nxs[k], isas[s], mode);
+                    if (r > worst[mode]) worst[mode] = r;
                     ran++;
                 }
-            printf("  %-8s %-8s %4lld x %-4lld worst error/tol %.3f\n", isas[s], tsr_dtype_name(cases[c].dtype),
-                   (long long)cases[c].rows, (long long)cases[c].cols, worst);
+            printf("  %-8s %-8s %4lld x %-4lld worst error/tol: kernels %.3f, gemm %.3f, sgemm %.3f\n", isas[s],
+                   tsr_dtype_name(cases[c].dtype), (long long)cases[c].rows, (long long)cases[c].cols, worst[0],
+                   worst[1], worst[2]);
         }
     }
     printf("%d cases passed, %d isa unsupported\n", ran, unsupported);
@@ -242,11 +256,13 @@ static void test_nan_parity(void **state) {
     const char *isas[] = {"portable", "avx2"};
     for (int s = 0; s < 2; s++) {
         if (s == 1 && !tsr_gemv_isa_runs(TSR_GEMV_ISA_AVX2)) continue;
-        for (int blas = 0; blas < 2; blas++)
+        for (int mode = 0; mode < 3; mode++)
             for (size_t d = 0; d < 4; d++) {
                 th_n_params = 0;
                 th_set_str("isa", isas[s]);
-                th_set_int("blas_min_rows", blas ? 2 : 0);
+                th_set_str("prefill", mode == 2 ? "blas" : "gemm");
+                th_set_int("blas_min_rows", mode ? 2 : 0);
+                th_set_int("blas_min_rows_quant", mode ? 2 : 0);
                 inst_box b;
                 assert_int_equal(open_inst(&b), TSR_OK);
                 int64_t rows = 21, cols = 256;
@@ -317,11 +333,16 @@ static void test_errors(void **state) {
     th_set_int("blas_min_rows", -3);
     assert_int_equal(open_inst(&b), TSR_ERR_INVALID);
     close_inst(&b);
+    th_n_params = 0;
+    th_set_str("prefill", "mkl");
+    assert_int_equal(open_inst(&b), TSR_ERR_INVALID);
+    assert_non_null(strstr(th_err, "mkl"));
+    close_inst(&b);
     assert_int_equal(atomic_load(&th_live), 0);
 }
 
-/* Fail the Nth host allocation for every N: prepare and the sgemm path fail
- * with NOMEM or succeed, and nothing leaks. */
+/* Fail the Nth host allocation for every N: prepare and the GEMM and sgemm
+ * paths fail with NOMEM or succeed, and nothing leaks. */
 static void test_alloc_failure(void **state) {
     (void)state;
     rng = SEED + 2;
@@ -330,9 +351,11 @@ static void test_alloc_failure(void **state) {
     uint8_t *w = make_weights(TSR_DTYPE_F16, rows, cols, &rb);
     float x[8 * 64], y[8 * 40];
     for (int i = 0; i < 8 * 64; i++) x[i] = rndf(-1, 1);
-    int failures = 0;
-    for (long n = 1; n < 20; n++) {
+    int failures = 0, run_failures[2] = {0, 0};
+    for (long k = 0; k < 40; k++) {
+        long n = k % 20 + 1;
         th_n_params = 0;
+        th_set_str("prefill", k < 20 ? "gemm" : "blas");
         th_set_int("blas_min_rows", 2);
         th_set_int("blas_tile_rows", 8);
         inst_box b;
@@ -343,6 +366,7 @@ static void test_alloc_failure(void **state) {
         int rc = b.g->prepare(b.inst, &tw, &prep);
         if (rc == TSR_OK) {
             rc = b.g->run(b.inst, prep, 8, x, y, NULL);
+            if (rc == TSR_ERR_NOMEM) run_failures[k >= 20]++;
             b.g->release(b.inst, prep);
         }
         atomic_store(&th_fail_at, 0);
@@ -352,6 +376,7 @@ static void test_alloc_failure(void **state) {
         assert_int_equal(atomic_load(&th_live), 0);
     }
     assert_true(failures > 0);
+    assert_true(run_failures[0] > 0 && run_failures[1] > 0); /* the GEMM's and sgemm's scratch */
     free(w);
 }
 

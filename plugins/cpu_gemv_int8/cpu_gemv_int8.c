@@ -12,8 +12,8 @@
  * is the int8 copy, not the int8 copy beside the stored weights. run() is
  * cpu_gemv's engine with dtype I8 and the row scales: with x_int16 (the
  * default) the activations of few-row calls are quantised to int16 per row
- * and multiplied with integer multiply-adds; many-row calls widen tiles to
- * f32 for OpenBLAS sgemm.
+ * and multiplied with integer multiply-adds; many-row calls go through the
+ * blocked GEMM (int8 panels widened with their scales) or OpenBLAS sgemm.
  */
 #include <math.h>
 #include <stddef.h>

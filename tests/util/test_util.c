@@ -1,9 +1,12 @@
 /* Tests of core/util: checked sizes, errors, the thread pool. */
+#define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -73,11 +76,47 @@ static void test_threadpool_covers_range(void **state) {
     }
 }
 
+typedef struct count_arg {
+    _Atomic int64_t items;
+    int64_t calls;
+} count_arg;
+
+static void count_items(void *p, int64_t i0, int64_t i1, int tid) {
+    count_arg *a = p;
+    (void)tid;
+    atomic_fetch_add(&a->items, i1 - i0);
+}
+
+/* Many short jobs back to back (the workers poll between them) and jobs after
+ * pauses long enough that they sleep: every item of every job runs once, and
+ * each run returns only after its job is done. */
+static void test_threadpool_spin_and_sleep(void **state) {
+    (void)state;
+    for (int nt = 2; nt <= 3; nt++) {
+        tsr_threadpool *tp = tsr_threadpool_new(nt);
+        assert_non_null(tp);
+        count_arg a = {0, 0};
+        int64_t expect = 0;
+        for (int job = 0; job < 5000; job++) {
+            int64_t n = 2 + job % 5;
+            tsr_threadpool_run(tp, n, count_items, &a);
+            expect += n;
+            assert_true(atomic_load(&a.items) == expect);
+            if (job % 1000 == 0) {
+                struct timespec ts = {0, 5 * 1000 * 1000}; /* 5 ms: past the polling, workers sleep */
+                nanosleep(&ts, NULL);
+            }
+        }
+        tsr_threadpool_free(tp);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checked_overflow),
         cmocka_unit_test(test_error_format),
         cmocka_unit_test(test_threadpool_covers_range),
+        cmocka_unit_test(test_threadpool_spin_and_sleep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

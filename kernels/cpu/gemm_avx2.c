@@ -1,0 +1,242 @@
+/*
+ * gemm_avx2.c - the AVX2 + FMA + F16C path of gemm_cpu.h. Built with those
+ * flags for this file only; called only after tsr_gemv_isa_runs() said yes.
+ *
+ * Packing reads 8 weight rows x 8 columns at a time, widens them in
+ * registers (f16: vcvtph2ps, bf16: a 16-bit shift, f32: as is; other types
+ * from a dequantised slice on the stack) and transposes the 8 x 8 block into
+ * the k-major panel. The register tile is 6 input rows x 16 outputs: twelve
+ * accumulators, per column two panel loads and six broadcasts of x for
+ * twelve FMAs.
+ */
+#include "gemm_cpu.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "../dtype.h"
+
+#define INL static inline __attribute__((always_inline))
+#define NR TSR_GEMM_NR
+#define MR TSR_GEMM_MR
+#define KC TSR_GEMM_KC
+
+/* dst[j * NR] = column j of the 8 x 8 block r[0..7] (row i in r[i]). */
+INL void store_t8x8(__m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256 r4, __m256 r5, __m256 r6, __m256 r7,
+                    float *dst) {
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    _mm256_store_ps(dst + 0 * NR, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_store_ps(dst + 1 * NR, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_store_ps(dst + 2 * NR, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_store_ps(dst + 3 * NR, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_store_ps(dst + 4 * NR, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_store_ps(dst + 5 * NR, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_store_ps(dst + 6 * NR, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_store_ps(dst + 7 * NR, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+INL __m256 w8_f32(const uint8_t *p) { return _mm256_loadu_ps((const float *)(const void *)p); }
+INL __m256 w8_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
+INL __m256 w8_bf16(const uint8_t *p) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+/* Pack 8 rows (src[i] = row i at column c0, elements of esz bytes) x kc
+ * columns into dst (k-major, NR apart); kc need not be a multiple of 8. */
+#define PACK8(NAME, LOAD, ESZ)                                                                   \
+    INL void NAME(const uint8_t *const src[8], int64_t kc, float *dst, uint32_t dtype) {        \
+        int64_t k = 0;                                                                           \
+        for (; k + 8 <= kc; k += 8)                                                              \
+            store_t8x8(LOAD(src[0] + k * ESZ), LOAD(src[1] + k * ESZ), LOAD(src[2] + k * ESZ),  \
+                       LOAD(src[3] + k * ESZ), LOAD(src[4] + k * ESZ), LOAD(src[5] + k * ESZ),  \
+                       LOAD(src[6] + k * ESZ), LOAD(src[7] + k * ESZ), dst + k * NR);           \
+        for (; k < kc; k++)                                                                      \
+            for (int i = 0; i < 8; i++) tsr_dequant_row(dtype, src[i] + k * ESZ, dst + k * NR + i, 1); \
+    }
+
+PACK8(pack8_f32, w8_f32, 4)
+PACK8(pack8_f16, w8_f16, 2)
+PACK8(pack8_bf16, w8_bf16, 2)
+
+/* wbuf[k * NR + j] = W[r0 + j, c0 + k] (times the I8 row scale), zero for
+ * j >= nv; k < kc. */
+static void pack_panel(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int nv, int64_t c0, int64_t kc,
+                       float *wbuf) {
+    int be = tsr_dtype_block_elems(dtype), bb = tsr_dtype_block_bytes(dtype);
+    uint64_t off = (uint64_t)(c0 / be) * (uint64_t)bb;
+    static const uint8_t zeros[KC * 4]; /* a row of zeros for the rows past nv (any dtype: 0 bytes read as 0) */
+    for (int h = 0; h < NR; h += 8) {
+        const uint8_t *src[8];
+        for (int i = 0; i < 8; i++)
+            src[i] = h + i < nv ? a->w + (uint64_t)(r0 + h + i) * a->row_bytes + off : zeros;
+        float *dst = wbuf + h;
+        switch (dtype) {
+        case TSR_DTYPE_F32: pack8_f32(src, kc, dst, dtype); break;
+        case TSR_DTYPE_F16: pack8_f16(src, kc, dst, dtype); break;
+        case TSR_DTYPE_BF16: pack8_bf16(src, kc, dst, dtype); break;
+        default: {
+            /* dequantise the 8 slices, then transpose them as f32 */
+            _Alignas(32) float tmp[8][KC];
+            const uint8_t *fs[8];
+            for (int i = 0; i < 8; i++) {
+                if (h + i < nv) {
+                    tsr_dequant_row(dtype, src[i], tmp[i], kc);
+                    if (dtype == TSR_DTYPE_I8 && a->scale) {
+                        __m256 s = _mm256_set1_ps(a->scale[r0 + h + i]);
+                        int64_t k = 0;
+                        for (; k + 8 <= kc; k += 8)
+                            _mm256_store_ps(tmp[i] + k, _mm256_mul_ps(_mm256_load_ps(tmp[i] + k), s));
+                        for (; k < kc; k++) tmp[i][k] *= a->scale[r0 + h + i];
+                    }
+                } else {
+                    memset(tmp[i], 0, (size_t)kc * sizeof(float));
+                }
+                fs[i] = (const uint8_t *)tmp[i];
+            }
+            pack8_f32(fs, kc, dst, TSR_DTYPE_F32);
+        }
+        }
+    }
+}
+
+/* Store one tile row: y[r0 + j] (+)= (lo, hi)[j] for j < nv. */
+INL void store_row(float *y, __m256 lo, __m256 hi, int nv, int add) {
+    if (nv == NR) {
+        if (add) {
+            lo = _mm256_add_ps(_mm256_loadu_ps(y), lo);
+            hi = _mm256_add_ps(_mm256_loadu_ps(y + 8), hi);
+        }
+        _mm256_storeu_ps(y, lo);
+        _mm256_storeu_ps(y + 8, hi);
+        return;
+    }
+    _Alignas(32) float t[NR];
+    _mm256_store_ps(t, lo);
+    _mm256_store_ps(t + 8, hi);
+    for (int j = 0; j < nv; j++) y[j] = add ? y[j] + t[j] : t[j];
+}
+
+/* y[i0 + i, r0 + j] (+)= sum_k x[i0 + i, c0 + k] * wbuf[k, j] for i < m
+ * (m a constant after inlining) and j < NR; only j < nv is stored. Named
+ * accumulators, not an array: the compiler keeps them in registers. */
+INL void tile(int m, const tsr_gemv_args *a, int64_t i0, int64_t r0, int nv, int64_t c0, int64_t kc,
+              const float *wbuf, int add) {
+    __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0, a4 = a0,
+           b4 = a0, a5 = a0, b5 = a0;
+    const int64_t ldx = a->ldx;
+    const float *x0 = a->x + i0 * ldx + c0, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx,
+                *x5 = x4 + ldx;
+    const float *w = wbuf;
+#define ROW(I)                                                                                     \
+    if (m > I) {                                                                                   \
+        __m256 xv = _mm256_broadcast_ss(x##I + k);                                                 \
+        a##I = _mm256_fmadd_ps(xv, w0, a##I);                                                      \
+        b##I = _mm256_fmadd_ps(xv, w1, b##I);                                                      \
+    }
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++, w += NR) {
+        __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);
+        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
+    }
+#undef ROW
+    float *y = a->y + i0 * a->ldy + r0;
+    const int64_t ldy = a->ldy;
+    if (m > 0) store_row(y, a0, b0, nv, add);
+    if (m > 1) store_row(y + ldy, a1, b1, nv, add);
+    if (m > 2) store_row(y + 2 * ldy, a2, b2, nv, add);
+    if (m > 3) store_row(y + 3 * ldy, a3, b3, nv, add);
+    if (m > 4) store_row(y + 4 * ldy, a4, b4, nv, add);
+    if (m > 5) store_row(y + 5 * ldy, a5, b5, nv, add);
+}
+
+/* Software prefetch of the slice packed next, spread over the tiles of the
+ * current one, so that packing finds it in cache: weights stream from DRAM
+ * in 16 short runs per slice, too short for the hardware prefetcher. */
+typedef struct prefetch {
+    const uint8_t *row0; /* first row's slice */
+    uint64_t row_bytes;
+    int64_t lines, per_row, done, step;
+} prefetch;
+
+static void prefetch_plan(prefetch *pf, uint32_t dtype, const tsr_gemv_args *a, int64_t rows, int64_t r0, int64_t c0,
+                          int64_t ntiles) {
+    int be = tsr_dtype_block_elems(dtype), bb = tsr_dtype_block_bytes(dtype);
+    int64_t kc = a->cols - c0 < KC ? a->cols - c0 : KC;
+    int nv = rows - r0 < NR ? (int)(rows - r0) : NR;
+    pf->row0 = a->w + (uint64_t)r0 * a->row_bytes + (uint64_t)(c0 / be) * (uint64_t)bb;
+    pf->row_bytes = a->row_bytes;
+    pf->per_row = ((kc / be) * bb + 63) / 64 + 1;
+    pf->lines = nv * pf->per_row;
+    pf->done = 0;
+    pf->step = (pf->lines + ntiles - 1) / ntiles;
+}
+
+INL void prefetch_step(prefetch *pf) {
+    int64_t end = pf->done + pf->step < pf->lines ? pf->done + pf->step : pf->lines;
+    for (int64_t l = pf->done; l < end; l++)
+        _mm_prefetch((const char *)(pf->row0 + (uint64_t)(l / pf->per_row) * pf->row_bytes) + 64 * (l % pf->per_row),
+                     _MM_HINT_T0);
+    pf->done = end;
+}
+
+void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t rows, int64_t p0, int64_t p1,
+                          float *wbuf) {
+    /* Row tiles: MR rows each; a remainder of 1..3 rows borrows a full tile
+     * and runs as two of 4-5 rows (enough accumulators to hide FMA latency). */
+    int64_t full = a->nx / MR;
+    int rem = (int)(a->nx % MR), t1 = 0, t2 = 0;
+    if (rem >= 4 || (rem > 0 && full == 0)) {
+        t1 = rem;
+    } else if (rem > 0) {
+        full--;
+        t1 = (MR + rem + 1) / 2;
+        t2 = MR + rem - t1;
+    }
+    int64_t ntiles = full + (t1 > 0) + (t2 > 0);
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t r0 = p * NR;
+        int nv = rows - r0 < NR ? (int)(rows - r0) : NR;
+        for (int64_t c0 = 0; c0 < a->cols; c0 += KC) {
+            int64_t kc = a->cols - c0 < KC ? a->cols - c0 : KC;
+            int add = c0 > 0;
+            pack_panel(dtype, a, r0, nv, c0, kc, wbuf);
+            prefetch pf = {0};
+            if (c0 + KC < a->cols) prefetch_plan(&pf, dtype, a, rows, r0, c0 + KC, ntiles);
+            else if (p + 1 < p1) prefetch_plan(&pf, dtype, a, rows, r0 + NR, 0, ntiles);
+            int64_t i0 = 0;
+            for (int64_t t = 0; t < full; t++, i0 += MR) {
+                prefetch_step(&pf);
+                tile(MR, a, i0, r0, nv, c0, kc, wbuf, add);
+            }
+            for (int h = 0; h < 2; h++) {
+                int m = h ? t2 : t1;
+                prefetch_step(&pf);
+                switch (m) {
+                case 1: tile(1, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                case 2: tile(2, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                case 3: tile(3, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                case 4: tile(4, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                case 5: tile(5, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                default: break;
+                }
+                i0 += m;
+            }
+        }
+    }
+}
+
+#else
+void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t rows, int64_t p0, int64_t p1,
+                          float *wbuf) {
+    tsr_gemm_panels_portable(dtype, a, rows, p0, p1, wbuf);
+}
+#endif
