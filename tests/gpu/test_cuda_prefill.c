@@ -217,9 +217,15 @@ static int h_seq_truncate(const tsr_plugin_ctx *ctx, tsr_aux_seq *s, int n_token
     return TSR_ERR_UNSUPPORTED;
 }
 
+static uint64_t h_weight_done(const tsr_plugin_ctx *ctx, const void *data, uint64_t nbytes) {
+    (void)ctx, (void)data, (void)nbytes;
+    return 0; /* nothing mapped here to give back */
+}
+
 static const tsr_host_api host_api = {
-    sizeof(tsr_host_api), 2, h_log, h_set_error, h_alloc, h_free, h_dev_alloc, h_dev_free, h_parallel_for, h_param,
+    sizeof(tsr_host_api), 3, h_log, h_set_error, h_alloc, h_free, h_dev_alloc, h_dev_free, h_parallel_for, h_param,
     h_model_open, h_model_close, h_model_dims, h_seq_open, h_seq_close, h_seq_forward, h_seq_truncate,
+    h_weight_done,
 };
 
 typedef struct plugin {
