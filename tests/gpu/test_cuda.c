@@ -22,6 +22,7 @@
 
 #include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
+#include "tests/gpu/gpu_check.h"
 #ifdef TESSERA_CUDA
 #include "core/cuda/device.h"
 #endif
@@ -55,16 +56,7 @@ static void check(const char *model, const char *ref_path, const char *ids_name,
     if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s with %s: %s", model, assembly, err.msg);
     tsr_seq *s;
     assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    if (step == 0) {
-        if (tsr_seq_forward(s, ids, n, got, 1, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
-    } else { /* a one-token prefill, then passes of step rows */
-        for (int at = 0; at < n;) {
-            int rows = at == 0 ? 1 : n - at < step ? n - at : step;
-            if (tsr_seq_forward(s, ids + at, rows, got + (size_t)at * vocab, 1, &err) != TSR_OK)
-                fail_msg("forward of %d rows at %d: %s", rows, at, err.msg);
-            at += rows;
-        }
-    }
+    if (gpu_run_passes(s, ids, n, vocab, step, got, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
     uint64_t captures, replays;
     tsr_model_graph_stats(m, &captures, &replays);
     if (step > 0 && !strstr(assembly, "eager") && strstr(assembly, "fast") && n > 2 * step + 1 && replays == 0)
@@ -72,29 +64,16 @@ static void check(const char *model, const char *ref_path, const char *ids_name,
     double worst = 0, worst_rel = 0;
     int argmax_checked = 0;
     for (int r = 0; r < n; r++) {
-        const float *w = want + (size_t)r * vocab, *g = got + (size_t)r * vocab;
-        double mx = 0;
-        int a = 0, b = -1;
-        for (int i = 0; i < vocab; i++) {
-            if (fabs(w[i]) > mx) mx = fabs(w[i]);
-            if (w[i] > w[a]) a = i;
-        }
-        for (int i = 0; i < vocab; i++)
-            if (i != a && (b < 0 || w[i] > w[b])) b = i;
-        double bound = TOL_ABS + TOL_REL * mx, row_worst = 0;
-        int ga = 0;
-        for (int i = 0; i < vocab; i++) {
-            double d = fabs((double)g[i] - w[i]);
-            if (!(d <= row_worst)) row_worst = d; /* NaN propagates as a failure below */
-            if (g[i] > g[ga]) ga = i;
-        }
-        if (!(row_worst <= bound))
-            fail_msg("%s/%s row %d: |logit diff| %g > bound %g", model, assembly, r, row_worst, bound);
-        if (row_worst > worst) worst = row_worst;
-        if (row_worst / bound > worst_rel) worst_rel = row_worst / bound;
-        if (w[a] - w[b] > 2 * bound) {
+        const gpu_row c = gpu_check_row(want + (size_t)r * vocab, got + (size_t)r * vocab, vocab, TOL_ABS, TOL_REL);
+        const float *w = want + (size_t)r * vocab;
+        if (!(c.worst <= c.bound))
+            fail_msg("%s/%s row %d: |logit diff| %g > bound %g", model, assembly, r, c.worst, c.bound);
+        if (c.worst > worst) worst = c.worst;
+        if (c.worst / c.bound > worst_rel) worst_rel = c.worst / c.bound;
+        if (w[c.want_top] - w[c.want_second] > 2 * c.bound) {
             argmax_checked++;
-            if (ga != a) fail_msg("%s/%s row %d: argmax %d, transformers %d", model, assembly, r, ga, a);
+            if (c.got_top != c.want_top)
+                fail_msg("%s/%s row %d: argmax %d, transformers %d", model, assembly, r, c.got_top, c.want_top);
         }
     }
     printf("# %s via %s, passes of %d rows: max |diff| %.4g (%.0f%% of the bound), argmax equal on %d/%d rows "
