@@ -11,6 +11,9 @@ function(tessera_add_test NAME)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
+  if(TESSERA_SANITIZE) # ASan/UBSan run the same work several times slower
+    math(EXPR T_TIMEOUT "${T_TIMEOUT} * 4")
+  endif()
   set_tests_properties(${NAME} PROPERTIES TIMEOUT ${T_TIMEOUT}
     ENVIRONMENT "TESSERA_SOURCE_DIR=${CMAKE_SOURCE_DIR};TESSERA_BUILD_DIR=${CMAKE_BINARY_DIR};TESSERA_SHARED_DIR=${TESSERA_SHARED_DIR};TESSERA_CATALOG=${TESSERA_CATALOG_DIR};TESSERA_BIN=${CMAKE_BINARY_DIR}/bin/tessera")
   if(T_LABELS)
