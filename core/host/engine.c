@@ -646,4 +646,5 @@ void tsr_engine_describe(const tsr_engine *e, FILE *f) {
         }
         fprintf(f, "\n");
     }
+    if (e->asmb->cuda_graphs) fprintf(f, "  runtime      cuda_graphs=true\n");
 }
