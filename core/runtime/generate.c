@@ -43,6 +43,8 @@ struct tsr_gen {
     char *text;               /* generated text so far */
     size_t text_len, text_cap, emitted;
     size_t max_stop;
+    int greedy;               /* temperature 0 or top_k 1: the argmax, no draw */
+    int want_raw;             /* log-probabilities asked for: keep the raw row */
     tsr_gen_stats stats;
     double t_start;
 };
@@ -106,6 +108,8 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
     }
     if (m->tok) tsr_detok_init(&g->detok, m->tok, 0);
     g->drafter_seq = __atomic_fetch_add(&next_drafter_seq, 1, __ATOMIC_RELAXED);
+    g->greedy = !(p->sampling.temperature > 0.0f && p->sampling.top_k != 1);
+    g->want_raw = p->logprobs || p->top_logprobs;
     g->stats.n_prompt = n_prompt;
     g->t_start = now_seconds();
     *out = g;
@@ -210,6 +214,16 @@ static int take_token(tsr_gen *g, const tsr_token_info *info, tsr_gen_event *ev,
     return 0;
 }
 
+/* The token tsr_sampler_dist and tsr_sampler_draw choose from row (penalised
+ * in place); greedy requests take the argmax without building the one-hot
+ * distribution and summing it (tsr_sampler_sample's equivalence). */
+static int32_t choose(tsr_gen *g, float *row) {
+    if (g->greedy)
+        return tsr_sampler_sample(g->sampler, row, g->hist, g->n_hist, g->n_prompt, 0, NULL);
+    tsr_sampler_dist(g->sampler, row, g->hist, g->n_hist, g->n_prompt, g->probs);
+    return tsr_sampler_draw(g->sampler, g->probs);
+}
+
 /* Choose a token from logits row (raw copy kept for log-probabilities). */
 static void token_info(tsr_gen *g, const float *raw, int32_t id, tsr_token_info *info) {
     if (g->p.logprobs || g->p.top_logprobs)
@@ -244,9 +258,8 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         } else {
             rc = tsr_seq_forward(g->seq, g->hist, g->n_hist, g->logits, 0, err);
             if (rc == TSR_OK) {
-                memcpy(raw, g->logits, (size_t)vocab * sizeof(float));
-                tsr_sampler_dist(g->sampler, g->logits, g->hist, g->n_hist, g->n_prompt, g->probs);
-                choice = tsr_sampler_draw(g->sampler, g->probs);
+                if (g->want_raw) memcpy(raw, g->logits, (size_t)vocab * sizeof(float));
+                choice = choose(g, g->logits);
             }
         }
         if (rc != TSR_OK) goto out;
@@ -273,7 +286,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         if (room < k_max) k_max = room;
         if (ctx_room < k_max) k_max = ctx_room;
         int k = 0;
-        int sampled = g->p.sampling.temperature > 0.0f && g->p.sampling.top_k != 1;
+        int sampled = !g->greedy;
         tsr_draft_out dout = {.tokens = g->draft, .probs = sampled ? g->qprobs : NULL};
         if (k_max > 0) {
             tsr_draft_req req = {g->drafter_seq, g->hist, g->n_hist, k_max};
@@ -303,13 +316,13 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
                 accept_draft = i < k && choice == g->draft[i];
             } else {
                 float *row = g->logits + (int64_t)i * vocab;
-                memcpy(raw, row, (size_t)vocab * sizeof(float));
-                tsr_sampler_dist(g->sampler, row, g->hist, g->n_hist, g->n_prompt, g->probs);
+                if (g->want_raw) memcpy(raw, row, (size_t)vocab * sizeof(float));
                 if (i < k && sampled) {
+                    tsr_sampler_dist(g->sampler, row, g->hist, g->n_hist, g->n_prompt, g->probs);
                     const float *q = dout.deterministic ? NULL : g->qprobs + (int64_t)i * vocab;
                     accept_draft = tsr_sampler_verify(g->sampler, g->probs, q, g->draft[i], &choice) == 1;
                 } else {
-                    choice = tsr_sampler_draw(g->sampler, g->probs);
+                    choice = choose(g, row);
                     accept_draft = i < k && choice == g->draft[i];
                 }
             }

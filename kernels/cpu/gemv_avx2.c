@@ -4,6 +4,9 @@
  *
  * Each weight vector of 8 elements is decoded once in registers and used for
  * up to 4 input rows; wider batches take the row again from L1 per group of 4.
+ * f32 and f16 rows of at most ROW4_MAX_COLS columns go four weight rows at a
+ * time against one input row after another (the four rows stay in L1), so
+ * that one reduction serves four outputs.
  */
 #include "gemv_cpu.h"
 

@@ -11,8 +11,9 @@
  * block types (Q8_0, Q4_K) are decoded block by block in registers; the other
  * block types go through tsr_dequant_row one 256-element chunk at a time on
  * the stack. Nothing wider than a chunk is ever materialised, and each weight
- * row is read once for all nx input rows (verification and small batches pay
- * the weight traffic once). Accumulation is f32; the order differs from the
+ * row is read from memory once for all nx input rows (verification and small
+ * batches pay the weight traffic once; short f32/f16 rows are taken four at a
+ * time and re-read from L1 for each input row). Accumulation is f32; the order differs from the
  * reference's, so results differ from it by rounding only.
  *
  * The ISA is picked at run time (__builtin_cpu_supports): AVX2+FMA+F16C where
