@@ -506,6 +506,11 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
     if (m->be->device != TSR_DEVICE_CPU) m->chunk = 512;
     if ((rc = tsr_model_alloc_scratch(m, err))) goto fail;
     if (m->be->device != TSR_DEVICE_CPU && (rc = warm_up(m, err))) goto fail;
+    /* weights read in place on the CPU: fault the file in now rather than
+     * inside the first prefill; not where a plugin gave pages back (it keeps
+     * its own copy) nor on a device (the weights were copied there) */
+    if (m->be->device == TSR_DEVICE_CPU && __atomic_load_n(&m->given_back, __ATOMIC_RELAXED) == 0)
+        tsr_model_file_populate(m->file);
     if (m->prof) memset(m->prof, 0, 2 * sizeof *m->prof);
     m->load_seconds = now_seconds() - t0;
     *out = m;
