@@ -81,4 +81,15 @@ grep -q "bad.lua:2: error: .*no engine for you" "$TMP/err" || fail "lua: $(cat "
 "$T" plugins call test_gemv test_gemv_add_i32 40 --catalog "$CAT" > /dev/null 2>&1 && fail "arity accepted"
 "$T" plugins call test_gemv nope --catalog "$CAT" > /dev/null 2>&1 && fail "unknown export accepted"
 "$T" plugins show nosuch --catalog "$CAT" > /dev/null 2>&1 && fail "unknown plugin accepted"
+
+# tessera passes (the embedded model, the real catalog) and tessera run --profile
+RCAT=${TESSERA_BUILD_DIR}/catalog
+out=$("$T" passes --catalog "$RCAT" --context 8 --rows 1,3 --reps 3 2>/dev/null) || fail "passes: $out"
+echo "$out" | grep -q "^rows  1: .* ms" || fail "passes rows 1: $out"
+echo "$out" | grep -q "^rows  3: .* x[0-9]" || fail "passes rows 3: $out"
+"$T" passes --catalog "$RCAT" --rows 1,0 > /dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "passes --rows 1,0: rc $rc"
+"$T" run --catalog "$RCAT" -p "Once upon a time" -n 4 --profile 2> "$TMP/prof" > /dev/null || fail "run --profile"
+grep -q "profile of decode passes" "$TMP/prof" || fail "profile: $(cat "$TMP/prof")"
+grep -q "^  gate/up " "$TMP/prof" || fail "profile kinds: $(cat "$TMP/prof")"
 echo "ok"
