@@ -15,12 +15,7 @@
 #include "../core/host/manifest.h"
 #include "../core/runtime/runtime.h"
 #include "sse.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "../core/util/clock.h"
 
 static void sleep_s(double s) {
     struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -140,7 +135,7 @@ int tsr_serve_spawn(const tsr_serve_spec *s, tsr_served *out, tsr_error *err) {
     }
     close(fd);
     out->pid = pid;
-    double t0 = now_s(), limit = s->timeout_s > 0 ? s->timeout_s : 300;
+    double t0 = tsr_now_seconds(), limit = s->timeout_s > 0 ? s->timeout_s : 300;
     char tail[700];
     for (;;) {
         int st;
@@ -171,7 +166,7 @@ int tsr_serve_spawn(const tsr_serve_spec *s, tsr_served *out, tsr_error *err) {
                 if (code == 200) return TSR_OK;
             }
         }
-        if (now_s() - t0 > limit) {
+        if (tsr_now_seconds() - t0 > limit) {
             log_tail(s->log_path, tail, sizeof tail);
             tsr_serve_stop(out);
             return tsr_error_set(err, TSR_ERR_IO, "tessera serve not ready after %g s: %s", limit, tail);
@@ -184,11 +179,11 @@ int tsr_serve_stop(tsr_served *s) {
     if (!s || s->pid <= 0) return 0;
     kill(s->pid, SIGTERM);
     int st = 0;
-    double t0 = now_s();
+    double t0 = tsr_now_seconds();
     for (;;) {
         pid_t w = waitpid(s->pid, &st, WNOHANG);
         if (w == s->pid || w < 0) break;
-        if (now_s() - t0 > 10) {
+        if (tsr_now_seconds() - t0 > 10) {
             kill(s->pid, SIGKILL);
             waitpid(s->pid, &st, 0);
             break;
@@ -395,7 +390,7 @@ static int on_event(void *ud, const char *type, const char *data, size_t len) {
         json_decref(j);
         return 1;
     }
-    double t = now_s();
+    double t = tsr_now_seconds();
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
     if (ch) {
         json_t *delta = json_object_get(ch, "delta");
@@ -466,9 +461,9 @@ int tsr_bench_request(const char *url, const tsr_wl_case *c, double timeout_s, t
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
     curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
-    s.t0 = now_s();
+    s.t0 = tsr_now_seconds();
     CURLcode cr = curl_easy_perform(h);
-    double t_end = now_s();
+    double t_end = tsr_now_seconds();
     long code = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
     if (cr != CURLE_OK) {

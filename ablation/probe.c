@@ -10,6 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/util/clock.h"
+#include "bench.h"
+
 #ifdef TESSERA_CUDA
 #include "core/cuda/device.h"
 #include "kernels/cuda/probe_cuda.h"
@@ -19,21 +22,7 @@
 #include <cblas.h>
 #endif
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+static double median(double *v, int n) { return tsr_stat3_of(v, n).med; }
 
 static void read_machine(tsr_probe_result *r) {
     snprintf(r->cpu_model, sizeof r->cpu_model, "unknown");
@@ -122,13 +111,13 @@ static void *rd_thread(void *arg) {
     rd_job *j = arg;
     while (!atomic_load(j->go)) {
     }
-    j->t0 = now_s();
+    j->t0 = tsr_now_seconds();
 #if defined(__x86_64__)
     j->sum = tsr_cpu_has_avx2_fma_f16c() ? read_words_avx2(j->p, j->n) : read_words(j->p, j->n);
 #else
     j->sum = read_words(j->p, j->n);
 #endif
-    j->t1 = now_s();
+    j->t1 = tsr_now_seconds();
     return NULL;
 }
 
@@ -248,9 +237,9 @@ int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) 
     openblas_set_num_threads(r->n_threads);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
     for (int k = 0; k < r->repeats; k++) {
-        double t0 = now_s();
+        double t0 = tsr_now_seconds();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        s[k] = 2.0 * n * (double)n * n / (now_s() - t0) / 1e9;
+        s[k] = 2.0 * n * (double)n * n / (tsr_now_seconds() - t0) / 1e9;
     }
     r->gemm_gflops = median(s, r->repeats);
     r->gemm_gflops_min = s[0];

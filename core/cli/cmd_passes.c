@@ -14,6 +14,8 @@
 
 #include "commands.h"
 #include "model_opts.h"
+#include "../../ablation/bench.h"
+#include "../util/clock.h"
 
 static void passes_usage(FILE *f) {
     fprintf(f,
@@ -25,17 +27,6 @@ static void passes_usage(FILE *f) {
             "  --rows LIST        comma-separated row counts (default 1,2,4,8,9)\n"
             "  --reps N           timed repetitions of each (default 50, after 5 warm-up)\n",
             TSR_MODEL_OPTS_HELP);
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 int tsr_cmd_passes(int argc, char **argv) {
@@ -109,16 +100,16 @@ int tsr_cmd_passes(int argc, char **argv) {
     double one = 0;
     for (int k = 0; k < n_rows; k++) {
         for (long r = -5; r < reps; r++) {
-            double t0 = now();
+            double t0 = tsr_now_seconds();
             if (tsr_seq_forward_greedy(s, ids + context, rows[k], choices, 1, &err) ||
                 tsr_seq_truncate(s, (int)context, &err))
                 goto fail;
-            if (r >= 0) t[r] = now() - t0;
+            if (r >= 0) t[r] = tsr_now_seconds() - t0;
         }
-        qsort(t, (size_t)reps, sizeof *t, cmp_double);
-        const double med = t[reps / 2];
+        const tsr_stat3 st = tsr_stat3_of(t, (int)reps);
+        const double med = st.med;
         if (rows[k] == 1) one = med;
-        printf("rows %2d: %8.3f ms (min %8.3f)", rows[k], med * 1e3, t[0] * 1e3);
+        printf("rows %2d: %8.3f ms (min %8.3f)", rows[k], med * 1e3, st.min * 1e3);
         if (one > 0) printf("  x%.2f", med / one);
         printf("\n");
     }

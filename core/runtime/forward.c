@@ -12,6 +12,7 @@
 
 #include "../../kernels/dtype.h"
 #include "model_internal.h"
+#include "../util/clock.h"
 
 #define CALL(slot, expr, what)                                                                 \
     do {                                                                                       \
@@ -33,22 +34,16 @@ static int add_bias(tsr_model *m, float *y, const float *b, int rows, int n, tsr
  * capturing a graph). */
 #define EX (m->cur_ex)
 
-static double prof_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* With profiling on (tsr_model_opts.profile): wait for the backend after
  * the op and add its time to its kind (prefill or decode pass). */
 #define OP(kind, stmt)                                                                         \
     do {                                                                                       \
-        double t0_ = m->prof ? prof_now() : 0;                                                 \
+        double t0_ = m->prof ? tsr_now_seconds() : 0;                                                 \
         stmt;                                                                                  \
         if (m->prof) {                                                                         \
             BE(m->be->sync(err));                                                              \
             tsr_prof *p_ = &m->prof[m->prof_phase];                                            \
-            p_->seconds[kind] += prof_now() - t0_;                                             \
+            p_->seconds[kind] += tsr_now_seconds() - t0_;                                             \
             p_->calls[kind]++;                                                                 \
         }                                                                                      \
     } while (0)

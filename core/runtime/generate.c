@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "model_internal.h"
+#include "../util/clock.h"
 
 #define TSR_MAX_DRAFT 16
 
@@ -48,12 +49,6 @@ struct tsr_gen {
     tsr_gen_stats stats;
     double t_start;
 };
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int next_drafter_seq;
 
@@ -111,7 +106,7 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
     g->greedy = !(p->sampling.temperature > 0.0f && p->sampling.top_k != 1);
     g->want_raw = p->logprobs || p->top_logprobs;
     g->stats.n_prompt = n_prompt;
-    g->t_start = now_seconds();
+    g->t_start = tsr_now_seconds();
     *out = g;
     return TSR_OK;
 }
@@ -251,7 +246,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
     }
     float *raw = g->raw;
     if (!g->started) {
-        double t0 = now_seconds();
+        double t0 = tsr_now_seconds();
         int32_t choice;
         if (g->greedy_ids) {
             rc = tsr_seq_forward_greedy(g->seq, g->hist, g->n_hist, &choice, 0, err);
@@ -264,21 +259,21 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         }
         if (rc != TSR_OK) goto out;
         g->started = 1;
-        g->stats.prefill_seconds = now_seconds() - t0;
+        g->stats.prefill_seconds = tsr_now_seconds() - t0;
         if (choice < 0) {
             rc = tsr_error_set(err, TSR_ERR_INVALID, "no token can be chosen: every logit is NaN or -inf");
             goto out;
         }
         tsr_token_info info;
         token_info(g, raw, choice, &info);
-        g->stats.first_token_seconds = now_seconds() - g->t_start;
+        g->stats.first_token_seconds = tsr_now_seconds() - g->t_start;
         done = take_token(g, &info, ev, &stop_at, err);
         if (done < 0) {
             rc = err->code;
             goto out;
         }
     } else {
-        double t0 = now_seconds();
+        double t0 = tsr_now_seconds();
         /* the last generated token is not in the KV yet: it leads the rows */
         int room = g->p.max_tokens - g->stats.n_generated - 1;
         int ctx_room = m->ctx - g->n_hist - 1;
@@ -350,7 +345,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
             g->stats.verify_passes++;
             tsr_drafter_accept(m->drafter, g->drafter_seq, k, accepted);
         }
-        g->stats.decode_seconds += now_seconds() - t0;
+        g->stats.decode_seconds += tsr_now_seconds() - t0;
     }
     if (done) {
         if (stop_at < 0) { /* nothing more can match: release what was held */

@@ -10,6 +10,7 @@
 
 #include "../../kernels/dtype.h"
 #include "model_internal.h"
+#include "../util/clock.h"
 
 #ifndef TESSERA_SOURCE_DIR
 #define TESSERA_SOURCE_DIR "."
@@ -18,12 +19,6 @@
 /* Rows per forward pass on the CPU: a blocked GEMM widens each weight panel
  * once per pass, so a whole 128-token prompt in one pass pays that once. */
 #define TSR_FORWARD_CHUNK 128
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static const char *source_dir(void) {
     const char *env = getenv("TESSERA_SOURCE_DIR");
@@ -386,7 +381,7 @@ static int warm_up(tsr_model *m, tsr_error *err) {
 }
 
 int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
-    double t0 = now_seconds();
+    double t0 = tsr_now_seconds();
     char default_model[4096], default_asm[4096];
     const char *model_path = o->model_path, *asm_path = o->assembly_path;
     if (!model_path) {
@@ -512,7 +507,7 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
     if (m->be->device == TSR_DEVICE_CPU && __atomic_load_n(&m->given_back, __ATOMIC_RELAXED) == 0)
         tsr_model_file_populate(m->file);
     if (m->prof) memset(m->prof, 0, 2 * sizeof *m->prof);
-    m->load_seconds = now_seconds() - t0;
+    m->load_seconds = tsr_now_seconds() - t0;
     *out = m;
     return TSR_OK;
 fail:

@@ -1,5 +1,6 @@
 /* sched.c - the FIFO queue and the engine thread (see sched.h). */
 #include "sched.h"
+#include "../util/clock.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -21,12 +22,6 @@ struct tsr_srv_sched {
     uint64_t next_id;
     pthread_t thread;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void deadline(struct timespec *ts, int ms) {
     clock_gettime(CLOCK_MONOTONIC, ts);
@@ -227,7 +222,7 @@ static void *engine_main(void *arg) {
             if (rc == 0) {
                 j->state = TSR_SRV_JOB_RUNNING;
                 j->status = 200;
-                j->t_last_token = now_s();
+                j->t_last_token = tsr_now_seconds();
                 s->run[s->n_run++] = j;
                 pthread_cond_broadcast(&j->cond);
             } else {
@@ -269,7 +264,7 @@ static void *engine_main(void *arg) {
             tsr_error err;
             tsr_error_clear(&err);
             int rc = s->be.step(s->be.ctx, j->gen, &ev, &err);
-            double t = now_s();
+            double t = tsr_now_seconds();
             json_t *lp = rc == TSR_OK && j->rq.logprobs && ev.n_tokens > 0 ? event_logprobs(s, &ev)
                                                                            : NULL;
             if (rc == TSR_OK && ev.n_tokens > 0) {
@@ -404,7 +399,7 @@ tsr_srv_job *tsr_srv_submit(tsr_srv_sched *s, tsr_srv_request *rq, tsr_srv_error
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&j->cond, &ca);
     pthread_condattr_destroy(&ca);
-    j->t_arrival = now_s();
+    j->t_arrival = tsr_now_seconds();
     j->created = (int64_t)time(NULL);
     pthread_mutex_lock(&s->mu);
     if (!s->accepting) {
