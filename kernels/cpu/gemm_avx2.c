@@ -133,8 +133,9 @@ INL void tile(int m, const tsr_gemv_args *a, int64_t i0, int64_t r0, int nv, int
     __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0, a4 = a0,
            b4 = a0, a5 = a0, b5 = a0;
     const int64_t ldx = a->ldx;
-    const float *x0 = a->x + i0 * ldx + c0, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx,
-                *x5 = x4 + ldx;
+    /* rows past m are never read; their pointers stay on row 0 (no arithmetic past x) */
+    const float *x0 = a->x + i0 * ldx + c0, *x1 = m > 1 ? x0 + ldx : x0, *x2 = m > 2 ? x0 + 2 * ldx : x0,
+                *x3 = m > 3 ? x0 + 3 * ldx : x0, *x4 = m > 4 ? x0 + 4 * ldx : x0, *x5 = m > 5 ? x0 + 5 * ldx : x0;
     const float *w = wbuf;
 #define ROW(I)                                                                                     \
     if (m > I) {                                                                                   \
