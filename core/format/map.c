@@ -25,15 +25,7 @@ int tsr_map_file(const char *path, tsr_map *m, tsr_error *err) {
         return tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "not a regular file");
     }
     if (st.st_size > 0) {
-        /* MAP_POPULATE: page-table entries for the whole file now, at load,
-         * not one fault per 64 KiB inside the first forward pass (on a
-         * 1 GB model that was a fifth of a 128-token prefill's time). */
-#ifdef MAP_POPULATE
-        const int flags = MAP_PRIVATE | MAP_POPULATE;
-#else
-        const int flags = MAP_PRIVATE;
-#endif
-        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, flags, fd, 0);
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
             int e = errno;
             close(fd);
