@@ -22,10 +22,6 @@ typedef struct tsr_map {
 
 int tsr_map_file(const char *path, tsr_map *m, tsr_error *err);
 void tsr_map_release(tsr_map *m);
-/* Page-table entries for the whole mapping now (a model whose weights are
- * read in place: not one fault per page inside the first forward pass; on
- * a 1 GB model that was a fifth of a 128-token prefill's time). */
-void tsr_map_populate(const tsr_map *m);
 struct tsr_safetensors;
 /* Give back the whole pages of [p, p + n) if the range lies inside m (see
  * tsr_model_file_give_back); returns the bytes given back, 0 otherwise. */
@@ -33,8 +29,6 @@ uint64_t tsr_map_give_back(const tsr_map *m, const void *p, uint64_t n);
 /* The same over the file a reader mapped (0 for one parsed from a buffer). */
 uint64_t tsr_safetensors_give_back(const struct tsr_safetensors *st, const void *p, uint64_t n);
 uint64_t tsr_gguf_give_back(const tsr_gguf *g, const void *p, uint64_t n);
-void tsr_safetensors_populate(const struct tsr_safetensors *st);
-void tsr_gguf_populate(const tsr_gguf *g);
 
 /* A growable list of tensors with owned names, searchable by name once
  * sorted. */

@@ -433,8 +433,6 @@ int tsr_gguf_open(const char *path, tsr_gguf **out, tsr_error *err) {
     return TSR_OK;
 }
 
-void tsr_gguf_populate(const tsr_gguf *g) { tsr_map_populate(&g->map); }
-
 uint64_t tsr_gguf_give_back(const tsr_gguf *g, const void *p, uint64_t n) {
     return tsr_map_give_back(&g->map, p, n);
 }

@@ -25,9 +25,8 @@ int tsr_map_file(const char *path, tsr_map *m, tsr_error *err) {
         return tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "not a regular file");
     }
     if (st.st_size > 0) {
-        /* not populated here: plugins that copy their weights give pages
-         * back, the others get the file populated after load
-         * (tsr_map_populate) */
+        /* not populated here: the runtime populates each weight it hands a
+         * plugin (model.c), and plugins that copy theirs give the pages back */
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
             int e = errno;
@@ -51,19 +50,6 @@ uint64_t tsr_map_give_back(const tsr_map *m, const void *p, uint64_t n) {
      * nothing; a later read faults the file's bytes back in */
     if (madvise((void *)b, e - b, MADV_DONTNEED) != 0) return 0;
     return e - b;
-}
-
-void tsr_map_populate(const tsr_map *m) {
-    if (!m->addr) return;
-#ifdef MADV_POPULATE_READ
-    if (madvise(m->addr, (size_t)m->size, MADV_POPULATE_READ) == 0) return;
-#endif
-    /* older kernels: one read per page does the same */
-    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    const volatile uint8_t *b = m->addr;
-    uint8_t sink = 0;
-    for (uint64_t i = 0; i < m->size; i += page) sink ^= b[i];
-    (void)sink;
 }
 
 void tsr_map_release(tsr_map *m) {

@@ -423,12 +423,6 @@ void tsr_model_file_close(tsr_model_file *f) {
     free(f);
 }
 
-void tsr_model_file_populate(const tsr_model_file *f) {
-    for (int i = 0; i < f->n_shards; i++) tsr_safetensors_populate(f->shards[i]);
-    if (f->gguf) tsr_gguf_populate(f->gguf);
-    tsr_map_populate(&f->map);
-}
-
 uint64_t tsr_model_file_give_back(const tsr_model_file *f, const void *p, uint64_t n) {
     uint64_t done = 0;
     for (int i = 0; i < f->n_shards && !done; i++) done = tsr_safetensors_give_back(f->shards[i], p, n);

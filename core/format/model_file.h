@@ -68,9 +68,6 @@ const struct tsr_gguf *tsr_model_file_gguf(const tsr_model_file *f);
  * that has made its own copy of a tensor. Returns the bytes given back; 0
  * when the range is not in a mapping of f (nothing is touched then). */
 uint64_t tsr_model_file_give_back(const tsr_model_file *f, const void *p, uint64_t n);
-/* Fault the whole file in now (weights read in place: the first forward
- * pass then takes no page faults). */
-void tsr_model_file_populate(const tsr_model_file *f);
 
 /* Total bytes of tensor data mapped. */
 uint64_t tsr_model_file_bytes(const tsr_model_file *f);

@@ -248,8 +248,6 @@ void tsr_safetensors_free(tsr_safetensors *st) {
 
 int tsr_safetensors_n_tensors(const tsr_safetensors *st) { return st->tab.n; }
 
-void tsr_safetensors_populate(const tsr_safetensors *st) { tsr_map_populate(&st->map); }
-
 uint64_t tsr_safetensors_give_back(const tsr_safetensors *st, const void *p, uint64_t n) {
     return tsr_map_give_back(&st->map, p, n);
 }

@@ -127,10 +127,8 @@ static int aux_seq_truncate(void *data, const tsr_plugin_ctx *ctx, tsr_aux_seq *
  * table tied to the output head they are given back too: the lookup reads
  * one row per token and faults back only the pages of the rows it reads. */
 static uint64_t aux_weight_done(void *data, const void *p, uint64_t n) {
-    tsr_model *m = data;
-    uint64_t done = m->file ? tsr_model_file_give_back(m->file, p, n) : 0;
-    if (done) __atomic_add_fetch(&m->given_back, done, __ATOMIC_RELAXED); /* from any worker */
-    return done;
+    const tsr_model *m = data;
+    return m->file ? tsr_model_file_give_back(m->file, p, n) : 0;
 }
 
 void tsr_model_lend_models(tsr_model *m) {

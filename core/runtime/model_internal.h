@@ -79,7 +79,6 @@ struct tsr_model {
     tsr_expert_source esrc;
     uint64_t weight_bytes_token;
     double load_seconds;
-    uint64_t given_back;          /* bytes of the file plugins gave back (weight_done) */
     const tsr_backend *be;        /* where activations live and core kernels run */
     const void *embed_data;       /* the embedding table in the backend's memory */
     void *embed_copy;             /* the backend's copy of it (NULL on the CPU: the mmap) */

@@ -1,6 +1,7 @@
 #include "threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -13,14 +14,33 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* Polls of the job counter (and of the workers' completion) before a thread
- * sleeps on a condition variable: about 50 us on current x86. Decode calls
- * the pool a few hundred times per token with microseconds between calls;
- * waking a sleeping thread costs tens of microseconds (more in a VM), so
- * threads that spin briefly stay ready for the next call. */
+/* How a thread waits for the next job (a worker) or for the workers to
+ * finish (the caller) before it sleeps on a condition variable: first
+ * TSR_POOL_SPINS polls with a pause (a few microseconds), then
+ * TSR_POOL_YIELDS polls that each give the CPU to any other runnable thread
+ * (tens of microseconds when the machine is idle, nothing wasted when it is
+ * oversubscribed). Decode calls the pool a few hundred times per token with
+ * microseconds between calls; waking a sleeping thread costs tens of
+ * microseconds (more in a VM), so threads that wait briefly stay ready. */
 #ifndef TSR_POOL_SPINS
-#define TSR_POOL_SPINS 2000
+#define TSR_POOL_SPINS 256
 #endif
+#ifndef TSR_POOL_YIELDS
+#define TSR_POOL_YIELDS 64
+#endif
+
+/* 1 while poll number i (from 0) should go on: pause, then yield. */
+static int poll_again(int i) {
+    if (i < TSR_POOL_SPINS) {
+        cpu_relax();
+        return 1;
+    }
+    if (i < TSR_POOL_SPINS + TSR_POOL_YIELDS) {
+        sched_yield();
+        return 1;
+    }
+    return 0;
+}
 
 /* Every field read across threads is atomic (sequentially consistent where
  * a sleeper must not miss a wake: generation/sleepers, pending/main_waits). */
@@ -55,10 +75,10 @@ typedef struct worker_arg {
 
 /* The next generation after seen, or seen when told to stop. */
 static uint64_t wait_job(tsr_threadpool *tp, uint64_t seen) {
-    for (int i = 0; i < TSR_POOL_SPINS; i++) {
+    for (int i = 0;; i++) {
         uint64_t g = atomic_load(&tp->generation);
         if (g != seen || atomic_load(&tp->stop)) return g;
-        cpu_relax();
+        if (!poll_again(i)) break;
     }
     pthread_mutex_lock(&tp->mu);
     atomic_fetch_add(&tp->sleepers, 1);
@@ -162,7 +182,7 @@ void tsr_threadpool_run(tsr_threadpool *tp, int64_t n, tsr_work_fn fn, void *arg
     if (i1 > i0) fn(arg, i0, i1, 0);
     tls_in_pool = 0;
 
-    for (int i = 0; i < TSR_POOL_SPINS && atomic_load(&tp->pending) > 0; i++) cpu_relax();
+    for (int i = 0; atomic_load(&tp->pending) > 0 && poll_again(i); i++) continue;
     if (atomic_load(&tp->pending) > 0) {
         pthread_mutex_lock(&tp->mu);
         atomic_store(&tp->main_waits, 1);

@@ -133,8 +133,9 @@ INL void tile(int m, const tsr_gemv_args *a, int64_t i0, int64_t r0, int nv, int
     __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0, a4 = a0,
            b4 = a0, a5 = a0, b5 = a0;
     const int64_t ldx = a->ldx;
-    const float *x0 = a->x + i0 * ldx + c0, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx,
-                *x5 = x4 + ldx;
+    /* rows past m are never read; their pointers stay on row 0 (no arithmetic past x) */
+    const float *x0 = a->x + i0 * ldx + c0, *x1 = m > 1 ? x0 + ldx : x0, *x2 = m > 2 ? x0 + 2 * ldx : x0,
+                *x3 = m > 3 ? x0 + 3 * ldx : x0, *x4 = m > 4 ? x0 + 4 * ldx : x0, *x5 = m > 5 ? x0 + 5 * ldx : x0;
     const float *w = wbuf;
 #define ROW(I)                                                                                     \
     if (m > I) {                                                                                   \
@@ -188,6 +189,13 @@ INL void prefetch_step(prefetch *pf) {
     pf->done = end;
 }
 
+/* Panels per column block: for each block the column slices run outermost,
+ * so that one slice of the activations (nx x KC floats) stays in L2 while
+ * the block's panels take it in turn (nx x GP * NR outputs beside it). */
+#ifndef TSR_GEMM_GP
+#define TSR_GEMM_GP 8
+#endif
+
 void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t rows, int64_t p0, int64_t p1,
                           float *wbuf) {
     /* Row tiles: MR rows each; a remainder of 1..3 rows borrows a full tile
@@ -202,33 +210,37 @@ void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t rows, 
         t2 = MR + rem - t1;
     }
     int64_t ntiles = full + (t1 > 0) + (t2 > 0);
-    for (int64_t p = p0; p < p1; p++) {
-        int64_t r0 = p * NR;
-        int nv = rows - r0 < NR ? (int)(rows - r0) : NR;
+    for (int64_t q0 = p0; q0 < p1; q0 += TSR_GEMM_GP) {
+        int64_t q1 = q0 + TSR_GEMM_GP < p1 ? q0 + TSR_GEMM_GP : p1;
         for (int64_t c0 = 0; c0 < a->cols; c0 += KC) {
             int64_t kc = a->cols - c0 < KC ? a->cols - c0 : KC;
             int add = c0 > 0;
-            pack_panel(dtype, a, r0, nv, c0, kc, wbuf);
-            prefetch pf = {0};
-            if (c0 + KC < a->cols) prefetch_plan(&pf, dtype, a, rows, r0, c0 + KC, ntiles);
-            else if (p + 1 < p1) prefetch_plan(&pf, dtype, a, rows, r0 + NR, 0, ntiles);
-            int64_t i0 = 0;
-            for (int64_t t = 0; t < full; t++, i0 += MR) {
-                prefetch_step(&pf);
-                tile(MR, a, i0, r0, nv, c0, kc, wbuf, add);
-            }
-            for (int h = 0; h < 2; h++) {
-                int m = h ? t2 : t1;
-                prefetch_step(&pf);
-                switch (m) {
-                case 1: tile(1, a, i0, r0, nv, c0, kc, wbuf, add); break;
-                case 2: tile(2, a, i0, r0, nv, c0, kc, wbuf, add); break;
-                case 3: tile(3, a, i0, r0, nv, c0, kc, wbuf, add); break;
-                case 4: tile(4, a, i0, r0, nv, c0, kc, wbuf, add); break;
-                case 5: tile(5, a, i0, r0, nv, c0, kc, wbuf, add); break;
-                default: break;
+            for (int64_t p = q0; p < q1; p++) {
+                int64_t r0 = p * NR;
+                int nv = rows - r0 < NR ? (int)(rows - r0) : NR;
+                pack_panel(dtype, a, r0, nv, c0, kc, wbuf);
+                prefetch pf = {0}; /* the panel slice packed next */
+                if (p + 1 < q1) prefetch_plan(&pf, dtype, a, rows, r0 + NR, c0, ntiles);
+                else if (c0 + KC < a->cols) prefetch_plan(&pf, dtype, a, rows, q0 * NR, c0 + KC, ntiles);
+                else if (q1 < p1) prefetch_plan(&pf, dtype, a, rows, q1 * NR, 0, ntiles);
+                int64_t i0 = 0;
+                for (int64_t t = 0; t < full; t++, i0 += MR) {
+                    prefetch_step(&pf);
+                    tile(MR, a, i0, r0, nv, c0, kc, wbuf, add);
                 }
-                i0 += m;
+                for (int h = 0; h < 2; h++) {
+                    int m = h ? t2 : t1;
+                    prefetch_step(&pf);
+                    switch (m) {
+                    case 1: tile(1, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                    case 2: tile(2, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                    case 3: tile(3, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                    case 4: tile(4, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                    case 5: tile(5, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                    default: break;
+                    }
+                    i0 += m;
+                }
             }
         }
     }

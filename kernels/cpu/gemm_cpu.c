@@ -5,6 +5,9 @@
  *   for each KC slice of the columns          (the activations' slice: L2)
  *     for each NR-wide panel of weight rows   (widened, k-major: L1)
  *       for each group of MR input rows       (MR x NR sums in registers)
+ *
+ * (the AVX2 path runs this per block of 8 panels, prefetching the panel
+ * slice it packs next).
  */
 #include "gemm_cpu.h"
 

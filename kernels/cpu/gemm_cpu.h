@@ -6,11 +6,12 @@
  *
  * the same contract as a gemv kernel (gemv_cpu.h, tsr_gemv_args), computed
  * the way BLIS computes a GEMM. The output columns (weight rows) are taken
- * TSR_GEMM_NR at a time; for each slice of TSR_GEMM_KC columns of W that
- * panel is widened to f32 once and transposed into a k-major buffer of
+ * in blocks of 8 panels of TSR_GEMM_NR; within a block, for each slice of
+ * TSR_GEMM_KC columns (the activations' slice, nx x KC floats, stays in L2)
+ * each panel is widened to f32 once and transposed into a k-major buffer of
  * TSR_GEMM_NR x TSR_GEMM_KC floats (16 KiB: it stays in L1), then a register
  * tile of TSR_GEMM_MR input rows x TSR_GEMM_NR outputs is accumulated for
- * every group of MR input rows (the activations' slice stays in L2). Weights
+ * every group of MR input rows. Weights
  * are read as stored: f32, f16 (F16C) and bf16 (a shift) are widened in
  * registers while packing; the other types go through tsr_dequant_row one
  * KC slice of a row at a time. Nothing wider than a panel is materialised.

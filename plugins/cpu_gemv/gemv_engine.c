@@ -168,7 +168,6 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
                  {.w = m->data, .row_bytes = m->row_bytes, .scale = m->scale, .cols = m->cols,
                   .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = m->rows},
                  0};
-    /* sgemm's int dimensions: fall back to the kernels past them. */
     int64_t min_rows = tsr_dtype_block_elems(m->dtype) > 1 ? cfg->blas_min_rows_q : cfg->blas_min_rows;
     if (!cfg->use_blas && min_rows > 0 && rows >= min_rows) {
         ctx->host->parallel_for(ctx, tsr_gemm_panel_count(m->rows), run_gemm, &j);
@@ -178,6 +177,7 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
         }
         return TSR_OK;
     }
+    /* sgemm's int dimensions: fall back to the kernels past them. */
     int blas = cfg->use_blas && min_rows > 0 && rows >= min_rows && m->cols <= INT32_MAX / 2 &&
                m->rows <= INT32_MAX / 2 && m->cols * cfg->tile_rows <= (int64_t)1 << 30;
     if (blas) {
