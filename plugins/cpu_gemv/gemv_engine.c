@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "core/util/checked.h"
@@ -81,6 +82,8 @@ typedef struct run_job {
     const gemv_matrix *m;
     tsr_gemv_args args;
     volatile int failed;
+    atomic_int_fast64_t next; /* GEMM: the next group of panels to take */
+    int64_t group;            /* GEMM: panels per group */
 } run_job;
 
 static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
@@ -145,16 +148,23 @@ static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
     j->ctx->host->free(j->ctx, tile);
 }
 
-/* Items are NR-wide panels of weight rows (gemm_cpu.h). */
-static void run_gemm(void *arg, int64_t p0, int64_t p1, int tid) {
-    (void)tid;
+/* Items are groups of NR-wide panels of weight rows (gemm_cpu.h). Each
+ * worker takes the next group from a shared counter rather than a fixed
+ * share: a worker slowed down (its core shared, a slower memory path) does
+ * fewer groups instead of making the other wait at the end of the call. */
+static void run_gemm(void *arg, int64_t i0, int64_t i1, int tid) {
+    (void)i0, (void)i1, (void)tid;
     run_job *j = arg;
     float *wbuf = j->ctx->host->alloc(j->ctx, (size_t)TSR_GEMM_WBUF_FLOATS * sizeof(float), 64);
     if (!wbuf) {
         j->failed = 1;
         return;
     }
-    tsr_gemm_panels(j->cfg->isa, j->m->dtype, &j->args, j->m->rows, p0, p1, wbuf);
+    int64_t panels = tsr_gemm_panel_count(j->m->rows), g;
+    while ((g = atomic_fetch_add(&j->next, 1)) * j->group < panels) {
+        int64_t p0 = g * j->group, p1 = p0 + j->group < panels ? p0 + j->group : panels;
+        tsr_gemm_panels(j->cfg->isa, j->m->dtype, &j->args, j->m->rows, p0, p1, wbuf);
+    }
     j->ctx->host->free(j->ctx, wbuf);
 }
 
@@ -167,10 +177,14 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
     run_job j = {cfg, ctx, m,
                  {.w = m->data, .row_bytes = m->row_bytes, .scale = m->scale, .cols = m->cols,
                   .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = m->rows},
-                 0};
+                 0, 0, 1};
     int64_t min_rows = tsr_dtype_block_elems(m->dtype) > 1 ? cfg->blas_min_rows_q : cfg->blas_min_rows;
     if (!cfg->use_blas && min_rows > 0 && rows >= min_rows) {
-        ctx->host->parallel_for(ctx, tsr_gemm_panel_count(m->rows), run_gemm, &j);
+        /* groups of up to 8 panels (the GEMM's L2 block), at least 16 groups when the matrix has them */
+        int64_t panels = tsr_gemm_panel_count(m->rows);
+        j.group = panels / 16 < 1 ? 1 : panels / 16 > 8 ? 8 : panels / 16;
+        atomic_init(&j.next, 0);
+        ctx->host->parallel_for(ctx, (panels + j.group - 1) / j.group, run_gemm, &j);
         if (j.failed) {
             ctx->host->set_error(ctx, "out of memory for a %d x %d GEMM panel", TSR_GEMM_NR, TSR_GEMM_KC);
             return TSR_ERR_NOMEM;
