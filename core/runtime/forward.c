@@ -8,7 +8,6 @@
  */
 #include <math.h>
 #include <string.h>
-#include <time.h>
 
 #include "../../kernels/dtype.h"
 #include "model_internal.h"
@@ -38,12 +37,12 @@ static int add_bias(tsr_model *m, float *y, const float *b, int rows, int n, tsr
  * the op and add its time to its kind (prefill or decode pass). */
 #define OP(kind, stmt)                                                                         \
     do {                                                                                       \
-        double t0_ = m->prof ? tsr_now_seconds() : 0;                                                 \
+        double t0_ = m->prof ? tsr_now_seconds() : 0;                                          \
         stmt;                                                                                  \
         if (m->prof) {                                                                         \
             BE(m->be->sync(err));                                                              \
             tsr_prof *p_ = &m->prof[m->prof_phase];                                            \
-            p_->seconds[kind] += tsr_now_seconds() - t0_;                                             \
+            p_->seconds[kind] += tsr_now_seconds() - t0_;                                      \
             p_->calls[kind]++;                                                                 \
         }                                                                                      \
     } while (0)
@@ -234,21 +233,12 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
         }
     }
     if (out == TSR_FWD_NONE) return TSR_OK;
-    const int all = out == TSR_FWD_LOGITS_ALL || out == TSR_FWD_ARGMAX_ALL;
-    const int first = all ? 0 : rows - 1, n = rows - first;
+    const int first = tsr_fwd_all_rows(out) ? 0 : rows - 1, n = rows - first;
     OP(TSR_PROF_HEAD, BE(be->rmsnorm(m->xn, m->x + (int64_t)first * h, m->final_norm, n, h, c->norm_eps, err));
        if ((rc = gemv(m, m->lm_head, n, m->xn, m->head_out, err))) return rc);
-    if (out == TSR_FWD_ARGMAX_LAST || out == TSR_FWD_ARGMAX_ALL)
+    if (!tsr_fwd_logits(out))
         OP(TSR_PROF_ARGMAX, BE(be->argmax(m->head_out, n, c->vocab, m->argmax_dev, err)));
     return TSR_OK;
-}
-
-/* Rows of output a pass hands back, and their size. */
-static size_t out_bytes(const tsr_model *m, tsr_fwd_out out, int rows) {
-    const int n = out == TSR_FWD_LOGITS_ALL || out == TSR_FWD_ARGMAX_ALL ? rows : 1;
-    if (out == TSR_FWD_LOGITS_LAST || out == TSR_FWD_LOGITS_ALL) return (size_t)n * m->cfg.vocab * sizeof(float);
-    if (out == TSR_FWD_ARGMAX_LAST || out == TSR_FWD_ARGMAX_ALL) return (size_t)n * sizeof(int32_t);
-    return 0;
 }
 
 int tsr_forward_chunk(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens, int rows, tsr_fwd_out out,
@@ -267,13 +257,10 @@ int tsr_forward_chunk(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens,
     int done = 0;
     if ((rc = tsr_graph_forward(m, kv_seq, pos0, tokens, rows, out, dst, &done, err)) || done) return rc;
     /* eager: every launch issued now */
-    const int logits = out == TSR_FWD_LOGITS_LAST || out == TSR_FWD_LOGITS_ALL;
     /* on the CPU the head writes the caller's logits; elsewhere they come back from the device */
-    m->head_out = logits && be->device == TSR_DEVICE_CPU ? (float *)dst : m->logits_dev;
+    m->head_out = tsr_fwd_logits(out) && be->device == TSR_DEVICE_CPU ? (float *)dst : m->logits_dev;
     BE(be->upload_async(m->ids, tokens, (size_t)rows * sizeof *tokens, err));
     if ((rc = tsr_forward_pass(m, &m->ex, kv_seq, pos0, rows, out, err))) return rc;
-    if (out == TSR_FWD_NONE) return be->sync(err);
-    if (m->head_out == dst) return be->sync(err);
-    return be->download(dst, logits ? (void *)m->logits_dev : (void *)m->argmax_dev, out_bytes(m, out, rows),
-                        err);
+    if (out == TSR_FWD_NONE || m->head_out == dst) return be->sync(err);
+    return be->download(dst, tsr_fwd_out_src(m, out), tsr_fwd_out_bytes(m, out, rows), err);
 }

@@ -68,10 +68,7 @@ int tsr_graph_forward(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens,
     st->rows = rows;
     memcpy((char *)m->io_host + sizeof(tsr_step), tokens, (size_t)rows * sizeof *tokens);
     const size_t in_bytes = sizeof(tsr_step) + (size_t)rows * sizeof *tokens;
-    const int logits = out == TSR_FWD_LOGITS_LAST || out == TSR_FWD_LOGITS_ALL;
-    const int n_out = out == TSR_FWD_LOGITS_ALL || out == TSR_FWD_ARGMAX_ALL ? rows : 1;
-    const size_t out_bytes = logits ? (size_t)n_out * m->cfg.vocab * sizeof(float)
-                             : out != TSR_FWD_NONE ? (size_t)n_out * sizeof(int32_t) : 0;
+    const size_t out_bytes = tsr_fwd_out_bytes(m, out, rows);
     int hit, rc;
     tsr_graph *g = lookup(m, kv_seq, rows, out, &hit);
     if (hit) {
@@ -86,8 +83,7 @@ int tsr_graph_forward(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens,
         rc = be->upload_async(m->io, m->io_host, in_bytes, err);
         if (rc == TSR_OK) rc = tsr_forward_pass(m, &ex, kv_seq, pos0, rows, out, err);
         if (rc == TSR_OK && out_bytes)
-            rc = be->download_async(m->out_host, logits ? (void *)m->logits_dev : (void *)m->argmax_dev,
-                                    out_bytes, err);
+            rc = be->download_async(m->out_host, tsr_fwd_out_src(m, out), out_bytes, err);
         tsr_error end_err;
         tsr_error_clear(&end_err);
         int end_rc = be->capture_end(&g->exec, &end_err);

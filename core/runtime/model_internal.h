@@ -116,6 +116,18 @@ struct tsr_seq {
     int32_t *tokens;
 };
 
+/* What an output kind implies: every row or the last, logits or ids, and
+ * the bytes of a pass of rows and where they lie in backend memory. */
+static inline int tsr_fwd_all_rows(tsr_fwd_out o) { return o == TSR_FWD_LOGITS_ALL || o == TSR_FWD_ARGMAX_ALL; }
+static inline int tsr_fwd_logits(tsr_fwd_out o) { return o == TSR_FWD_LOGITS_LAST || o == TSR_FWD_LOGITS_ALL; }
+static inline size_t tsr_fwd_out_bytes(const tsr_model *m, tsr_fwd_out o, int rows) {
+    const size_t n = tsr_fwd_all_rows(o) ? (size_t)rows : 1;
+    return o == TSR_FWD_NONE ? 0 : tsr_fwd_logits(o) ? n * (size_t)m->cfg.vocab * sizeof(float) : n * sizeof(int32_t);
+}
+static inline void *tsr_fwd_out_src(const tsr_model *m, tsr_fwd_out o) {
+    return tsr_fwd_logits(o) ? (void *)m->logits_dev : (void *)m->argmax_dev;
+}
+
 /* A string naming a failed slot call: "plugin NAME: its message". */
 int tsr_model_slot_error(const tsr_model *m, const tsr_slot_ref *s, int rc, tsr_error *err,
                          const char *what);

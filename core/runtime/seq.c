@@ -52,7 +52,7 @@ static int seq_run(tsr_seq *s, const int32_t *tokens, int n, tsr_fwd_out out, vo
     if (s->n + n > s->max_tokens)
         return tsr_error_set(err, TSR_ERR_RANGE, "%d + %d tokens exceed the sequence's %d", s->n, n,
                              s->max_tokens);
-    const int all = out == TSR_FWD_LOGITS_ALL || out == TSR_FWD_ARGMAX_ALL;
+    const int all = tsr_fwd_all_rows(out);
     for (int done = 0; done < n;) {
         int rows = n - done < m->chunk ? n - done : m->chunk;
         int last_chunk = done + rows == n;
