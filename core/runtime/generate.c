@@ -87,7 +87,6 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
         tsr_gen_free(g);
         return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
     }
-    g->greedy_ids = tsr_sampler_plain_greedy(g->sampler) && !p->logprobs && !p->top_logprobs;
     /* KV for every token that is ever run: the last generated one never is,
      * but drafts beyond it may be, within the same bound */
     int rc = tsr_seq_new(m, total, &g->seq, err);
@@ -105,6 +104,7 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
     g->drafter_seq = __atomic_fetch_add(&next_drafter_seq, 1, __ATOMIC_RELAXED);
     g->greedy = !(p->sampling.temperature > 0.0f && p->sampling.top_k != 1);
     g->want_raw = p->logprobs || p->top_logprobs;
+    g->greedy_ids = tsr_sampler_plain_greedy(g->sampler) && !g->want_raw;
     g->stats.n_prompt = n_prompt;
     g->t_start = tsr_now_seconds();
     *out = g;
@@ -221,7 +221,7 @@ static int32_t choose(tsr_gen *g, float *row) {
 
 /* Choose a token from logits row (raw copy kept for log-probabilities). */
 static void token_info(tsr_gen *g, const float *raw, int32_t id, tsr_token_info *info) {
-    if (g->p.logprobs || g->p.top_logprobs)
+    if (g->want_raw)
         tsr_logprobs(raw, g->m->cfg.vocab, id, g->p.top_logprobs, info);
     else
         memset(info, 0, sizeof *info);

@@ -105,7 +105,7 @@ static int load_matrix(tsr_model *m, const char *name, int64_t rows, int64_t col
 
 /* Prepare the n matrices names[i] ([rows[i], cols]) as one stacked handle
  * when the gemv plugin groups them (TSR_ERR_UNSUPPORTED when it does not,
- * or when they differ in dtype: the caller then prepares them alone). */
+ * or when they differ in dtype). */
 static int load_group(tsr_model *m, const char *const *names, const int64_t *rows, int n, int64_t cols,
                       void **out, uint64_t *bytes, tsr_error *err) {
     tsr_weight ws[4];
@@ -127,6 +127,17 @@ static int load_group(tsr_model *m, const char *const *names, const int64_t *row
         return tsr_model_slot_error(m, m->gemv, rc, err, what);
     }
     *bytes += tsr_gemv_bytes(m->gemv, *out, NULL);
+    return TSR_OK;
+}
+
+/* The n matrices stacked into *group where the plugin groups them, else
+ * each alone into *each[i] (*group then NULL). */
+static int load_stacked(tsr_model *m, const char *const *names, const int64_t *rows, int n, int64_t cols,
+                        void **group, void **const *each, tsr_error *err) {
+    int rc = load_group(m, names, rows, n, cols, group, &m->weight_bytes_token, err);
+    if (rc != TSR_ERR_UNSUPPORTED) return rc;
+    for (int i = 0; i < n; i++)
+        if ((rc = load_matrix(m, names[i], rows[i], cols, 0, each[i], &m->weight_bytes_token, err))) return rc;
     return TSR_OK;
 }
 
@@ -233,13 +244,8 @@ static int load_layer(tsr_model *m, int l, tsr_error *err) {
     snprintf(vn, sizeof vn, "model.layers.%d.self_attn.v_proj.weight", l);
     const char *qkv_names[] = {qn, kn, vn};
     const int64_t qkv_rows[] = {qd, kvd, kvd};
-    rc = load_group(m, qkv_names, qkv_rows, 3, h, &L->wqkv, &m->weight_bytes_token, err);
-    if (rc != TSR_OK && rc != TSR_ERR_UNSUPPORTED) return rc;
-    if (rc == TSR_ERR_UNSUPPORTED) {
-        if ((rc = load_matrix(m, qn, qd, h, 0, &L->wq, &m->weight_bytes_token, err))) return rc;
-        if ((rc = load_matrix(m, kn, kvd, h, 0, &L->wk, &m->weight_bytes_token, err))) return rc;
-        if ((rc = load_matrix(m, vn, kvd, h, 0, &L->wv, &m->weight_bytes_token, err))) return rc;
-    }
+    void **qkv_each[] = {&L->wq, &L->wk, &L->wv};
+    if ((rc = load_stacked(m, qkv_names, qkv_rows, 3, h, &L->wqkv, qkv_each, err))) return rc;
     if ((rc = load_matrix(m, NAME("self_attn.o_proj.weight"), h, qd, 0, &L->wo, &m->weight_bytes_token, err))) return rc;
     if (c->attn_bias) {
         if ((rc = load_vector(m, NAME("self_attn.q_proj.bias"), qd, 0, &L->bq, err))) return rc;
@@ -262,12 +268,8 @@ static int load_layer(tsr_model *m, int l, tsr_error *err) {
         snprintf(un, sizeof un, "model.layers.%d.mlp.up_proj.weight", l);
         const char *gu_names[] = {gn, un};
         const int64_t gu_rows[] = {c->ffn, c->ffn};
-        rc = load_group(m, gu_names, gu_rows, 2, h, &L->w_gu, &m->weight_bytes_token, err);
-        if (rc != TSR_OK && rc != TSR_ERR_UNSUPPORTED) return rc;
-        if (rc == TSR_ERR_UNSUPPORTED) {
-            if ((rc = load_matrix(m, gn, c->ffn, h, 0, &L->w_gate, &m->weight_bytes_token, err))) return rc;
-            if ((rc = load_matrix(m, un, c->ffn, h, 0, &L->w_up, &m->weight_bytes_token, err))) return rc;
-        }
+        void **gu_each[] = {&L->w_gate, &L->w_up};
+        if ((rc = load_stacked(m, gu_names, gu_rows, 2, h, &L->w_gu, gu_each, err))) return rc;
         if ((rc = load_matrix(m, NAME("mlp.down_proj.weight"), h, c->ffn, 0, &L->w_down, &m->weight_bytes_token, err)))
             return rc;
     } else {
