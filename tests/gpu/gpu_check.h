@@ -1,7 +1,8 @@
 /*
- * gpu_check.h - what the GPU model tests share: running a sequence as one
- * prefill or as passes of a few rows (replayed as graphs where the assembly
- * asks for it), and the per-row comparison of logits with a reference.
+ * gpu_check.h - what the GPU model tests share: a reference's ids and
+ * logits, running a sequence as one prefill or as passes of a few rows
+ * (replayed as graphs where the assembly asks for it), and the per-row
+ * comparison of logits with the reference. Include after cmocka.h.
  */
 #ifndef TSR_TESTS_GPU_CHECK_H
 #define TSR_TESTS_GPU_CHECK_H
@@ -10,7 +11,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
+
+/* The token ids and the logits [n, vocab] a reference file holds (read in
+ * place from its mapping). */
+typedef struct gpu_ref {
+    tsr_safetensors *st;
+    const int32_t *ids;
+    const float *want;
+    int n, vocab;
+} gpu_ref;
+
+static inline void gpu_ref_open(gpu_ref *r, const char *path, const char *ids_name, const char *logits_name) {
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (tsr_safetensors_open(path, &r->st, &err) != TSR_OK) fail_msg("%s: %s", path, err.msg);
+    const tsr_tensor *ti = tsr_safetensors_find(r->st, ids_name), *tl = tsr_safetensors_find(r->st, logits_name);
+    if (!ti || !tl || ti->dtype != TSR_DTYPE_I32 || tl->dtype != TSR_DTYPE_F32 || tl->n_dims != 2)
+        fail_msg("%s: no i32 %s and f32 [n, vocab] %s", path, ids_name, logits_name);
+    r->ids = ti->data;
+    r->want = tl->data;
+    r->n = (int)(ti->nbytes / 4);
+    r->vocab = (int)tl->shape[1];
+}
+
+static inline void gpu_ref_close(gpu_ref *r) { tsr_safetensors_free(r->st); }
 
 /* The n tokens into s with every row's logits in got [n, vocab]: one pass
  * (step 0), or a one-token prefill then passes of step rows. */

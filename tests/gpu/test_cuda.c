@@ -39,18 +39,15 @@ static void check(const char *model, const char *ref_path, const char *ids_name,
                   const char *logits_name, const char *assembly, int step) {
     char asm_path[4096];
     snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", src_dir(), assembly);
-    tsr_safetensors *ref;
+    gpu_ref ref;
+    gpu_ref_open(&ref, ref_path, ids_name, logits_name);
+    const int n = ref.n, vocab = ref.vocab;
+    const int32_t *ids = ref.ids;
+    const float *want = ref.want;
+    float *got = malloc((size_t)n * vocab * sizeof *got);
+    assert_non_null(got);
     tsr_error err;
     tsr_error_clear(&err);
-    assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
-    const tsr_tensor *ti = tsr_safetensors_find(ref, ids_name), *tl = tsr_safetensors_find(ref, logits_name);
-    assert_non_null(ti);
-    assert_non_null(tl);
-    int n = (int)(ti->nbytes / 4), vocab = (int)tl->shape[1];
-    int32_t *ids = malloc(ti->nbytes);
-    float *want = malloc(tl->nbytes), *got = malloc(tl->nbytes);
-    memcpy(ids, ti->data, ti->nbytes);
-    memcpy(want, tl->data, tl->nbytes);
     tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .no_tokenizer = 1};
     tsr_model *m;
     if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s with %s: %s", model, assembly, err.msg);
@@ -82,10 +79,8 @@ static void check(const char *model, const char *ref_path, const char *ids_name,
            (unsigned long long)replays);
     tsr_seq_free(s);
     tsr_model_free(m);
-    free(ids);
-    free(want);
     free(got);
-    tsr_safetensors_free(ref);
+    gpu_ref_close(&ref);
 }
 
 static int have_gpu(void) {

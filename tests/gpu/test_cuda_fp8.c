@@ -425,20 +425,16 @@ static void check_model(const char *model, const char *ref_path, const char *ids
                         int step) {
     char asm_path[4096];
     snprintf(asm_path, sizeof asm_path, "%s/assemblies/cuda-fast-fp8.yaml", src_dir());
-    tsr_safetensors *ref;
+    gpu_ref ref;
+    gpu_ref_open(&ref, ref_path, ids_name, logits_name);
+    const int n = ref.n, vocab = ref.vocab;
+    const int32_t *ids = ref.ids;
+    const float *want = ref.want;
+    float *got = malloc((size_t)n * vocab * sizeof *got);
+    double *lp = malloc(sizeof(double) * (size_t)vocab), *lq = malloc(sizeof(double) * (size_t)vocab);
+    assert_true(got && lp && lq);
     tsr_error err;
     tsr_error_clear(&err);
-    assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
-    const tsr_tensor *ti = tsr_safetensors_find(ref, ids_name), *tl = tsr_safetensors_find(ref, logits_name);
-    assert_non_null(ti);
-    assert_non_null(tl);
-    int n = (int)(ti->nbytes / 4), vocab = (int)tl->shape[1];
-    int32_t *ids = malloc(ti->nbytes);
-    float *want = malloc(tl->nbytes), *got = malloc(tl->nbytes);
-    double *lp = malloc(sizeof(double) * (size_t)vocab), *lq = malloc(sizeof(double) * (size_t)vocab);
-    assert_true(ids && want && got && lp && lq);
-    memcpy(ids, ti->data, ti->nbytes);
-    memcpy(want, tl->data, tl->nbytes);
     tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .no_tokenizer = 1};
     tsr_model *m;
     if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s with cuda-fast-fp8: %s", model, err.msg);
@@ -479,8 +475,8 @@ static void check_model(const char *model, const char *ref_path, const char *ids
     if (!(ppl <= manifest_ppl)) fail_msg("%s: perplexity ratio %g over the manifest's %g", model, ppl, manifest_ppl);
     tsr_seq_free(s);
     tsr_model_free(m);
-    free(ids), free(want), free(got), free(lp), free(lq);
-    tsr_safetensors_free(ref);
+    free(got), free(lp), free(lq);
+    gpu_ref_close(&ref);
 }
 
 static void test_models(void **state) {
