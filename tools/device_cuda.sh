@@ -23,6 +23,8 @@ if [ "${TESTS:-1}" = 1 ]; then
   $B/tests/bin/test_cuda_prefill
   echo "== FP8 gemv: kernels against an f64 product, cuda-fast-fp8 against transformers"
   $B/tests/bin/test_cuda_fp8
+  echo "== decode GEMV kernels (cuda_gemv, cuda_gemv_fp8) against an f64 product"
+  $B/tests/bin/test_cuda_gemv
 fi
 SHAPE=${SHAPE:-llama3-8b}
 echo "== $SHAPE-shaped random bf16 checkpoint"

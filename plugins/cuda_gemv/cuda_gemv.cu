@@ -3,9 +3,10 @@
 // Built twice from this file:
 // - cuda_gemv_cublaslt (the CUDA baseline): every call is one cuBLASLt
 //   matmul, bf16 x bf16 -> f32 with f32 accumulation;
-// - cuda_gemv (CUDA_GEMV_DECODE): hand-written kernels for 1..8 rows (decode
-//   and verification of drafts) that read each weight row once for all input
-//   rows with 16-byte loads; cuBLASLt above 8 rows (prefill).
+// - cuda_gemv (CUDA_GEMV_DECODE): for one row (decode) a warp-per-row
+//   kernel; for 2..8 rows (verification of drafts) a tensor-core GEMV
+//   (kernels/cuda/gemv_mma.cuh) that streams each weight once for all input
+//   rows, 8 rows costing about what 1 does; cuBLASLt above 8 rows (prefill).
 // Weights are widened or narrowed to bf16 at prepare (exact for bf16
 // checkpoints; f32/f16 weights are rounded: lossy there), activations are
 // rounded to bf16 before the product. prepare_group stacks matrices (q/k/v,
@@ -19,6 +20,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemv_mma.cuh"
 #include "kernels/dtype.h"
 #include "slots/tsr_gemv.h"
 
@@ -50,13 +52,13 @@ struct Gemv {
     size_t xb_elems;
     __nv_bfloat16 *graph_xb; // the same for captured passes: fixed at init
     size_t graph_xb_elems;
-    int decode_rows;     // rows up to which the hand-written kernels run
+    int decode_rows;     // rows up to which the tensor-core kernel runs
     Algo plans[kPlans];  // cuBLASLt plans by shape (a heuristic query costs ~0.1 ms)
 };
 
 struct Weight {
     int64_t rows, cols;
-    int64_t ld;          // cols rounded up to 8 (16-byte rows); the padding is zero
+    int64_t ld;          // cols rounded up to 64 (128-byte rows, as gemv_mma reads them); the padding is zero
     __nv_bfloat16 *w;    // [rows, cols] device
 };
 
@@ -75,72 +77,57 @@ int lt_err(Gemv *g, cublasStatus_t s, const char *what) {
 #ifdef CUDA_GEMV_DECODE
 constexpr int kMaxDecodeRows = 8;
 
-// Eight activations of a row, widened to f32: bf16 (converted beforehand)
-// or f32 as the runtime holds them.
-__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float *v) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p));
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float2 f = __bfloat1622float2(h[j]);
-        v[2 * j] = f.x;
-        v[2 * j + 1] = f.y;
-    }
-}
-
-__device__ __forceinline__ void load8(const float *p, float *v) {
-    const float4 a = __ldg(reinterpret_cast<const float4 *>(p)), b = __ldg(reinterpret_cast<const float4 *>(p) + 1);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
-// y[r, o] = sum_c x[r, c] w[o, c] for R rows: one warp per output row, each
-// lane reading 8 bf16 (16 bytes) of the weight row at a time, so every
-// weight row is read once for all R input rows (rows are ld apart).
-template <int R, typename XT>
-__global__ void __launch_bounds__(256) decode_kernel(const __nv_bfloat16 *__restrict__ w,
-                                                     const XT *__restrict__ x,
-                                                     float *__restrict__ y, int64_t n_out, int ld) {
+// One row (decode): one warp per output row, each lane reading 8 bf16 (16
+// bytes) of the weight row and 8 f32 activations at a time, several loads
+// in flight. A warp streams its row from start to end, which the H200 serves
+// faster than the tensor-core kernel's 64-byte pieces of 16 rows
+// (BENCHMARKS.md: 4.47 against 3.87 TB/s on the LM head); at 2..8 rows
+// this kernel would read the activations again per row, so those go to
+// gemv_mma. x: [cols] f32, 16-byte aligned; ld == cols.
+__global__ void __launch_bounds__(256) row_kernel(const __nv_bfloat16 *__restrict__ w, const float *__restrict__ x,
+                                                  float *__restrict__ y, int64_t n_out, int ld) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
     if (o >= n_out) return;
     const __nv_bfloat16 *wr = w + o * ld;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    // unrolled so that several 16-byte loads per lane are in flight: one at a
-    // time leaves each warp waiting out the memory latency at every step
+    float acc = 0.0f;
 #pragma unroll 4
     for (int i = lane * 8; i < ld; i += 32 * 8) {
-        float wf[8];
-        load8(wr + i, wf);
+        const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(wr + i));
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+        const float4 xa = __ldg(reinterpret_cast<const float4 *>(x + i)), xb = __ldg(reinterpret_cast<const float4 *>(x + i) + 1);
+        const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            float xf[8];
-            load8(x + (int64_t)r * ld + i, xf);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[r] = fmaf(wf[j], xf[j], acc[r]);
+        for (int j = 0; j < 4; j++) {
+            const float2 f = __bfloat1622float2(h[j]);
+            acc = fmaf(f.x, xv[2 * j], acc);
+            acc = fmaf(f.y, xv[2 * j + 1], acc);
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float v = acc[r];
-        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-        if (lane == 0) y[(int64_t)r * n_out + o] = v;
-    }
+    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    if (lane == 0) y[o] = acc;
 }
 
-template <typename XT>
-int run_decode(Gemv *g, const Weight *w, int rows, const XT *x, float *y, cudaStream_t st) {
-    const int threads = 256, per_block = threads / 32;
-    const unsigned blocks = (unsigned)((w->rows + per_block - 1) / per_block);
-    switch (rows) {
-#define CASE(R)                                                                                    \
-    case R: decode_kernel<R, XT><<<blocks, threads, 0, st>>>(w->w, x, y, w->rows, (int)w->ld); break;
-        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-#undef CASE
-    default: return TSR_ERR_INVALID;
+// 1..8 rows: row_kernel for one row where x can be read as it is, else the
+// tensor-core GEMV (kernels/cuda/gemv_mma.cuh: the weights read once for all
+// rows, x rounded to bf16 in registers).
+int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st) {
+    if (rows == 1 && w->ld == w->cols) {
+        const unsigned blocks = (unsigned)((w->rows + 7) / 8);
+        row_kernel<<<blocks, 256, 0, st>>>(w->w, x, y, w->rows, (int)w->ld);
+        return cuda_err(g, cudaGetLastError(), "decode gemv launch");
     }
-    return cuda_err(g, cudaGetLastError(), "decode gemv launch");
+    tsr_mma::Args a = {};
+    a.w = reinterpret_cast<const uint8_t *>(w->w);
+    a.x = x, a.y = y;
+    a.n_out = (int)w->rows, a.cols = (int)w->cols, a.ldw = w->ld * 2, a.ldx = a.cols;
+    return cuda_err(g, tsr_mma::launch<tsr_mma::kBf16>(a, rows, st), "decode gemv launch");
+}
+
+// Whether run_decode takes these rows (x read as it is).
+bool decodes(const Gemv *g, const Weight *w, int rows, const float *x) {
+    return rows >= 1 && rows <= g->decode_rows && rows <= kMaxDecodeRows &&
+           tsr_mma::reads_x(x, (int)w->cols, (int)w->cols);
 }
 #endif
 
@@ -262,7 +249,7 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
         int64_t cols = md->hidden;
         const int64_t others[] = {md->ffn, (int64_t)md->n_heads * md->head_dim, md->expert_ffn};
         for (int64_t c : others) cols = c > cols ? c : cols;
-        g->graph_xb_elems = (size_t)TSR_GRAPH_MAX_ROWS * (size_t)((cols + 7) / 8 * 8);
+        g->graph_xb_elems = (size_t)TSR_GRAPH_MAX_ROWS * (size_t)(tsr_mma::row_bytes(tsr_mma::kBf16, cols) / 2);
         if ((rc = ctx->host->dev_alloc(ctx, g->graph_xb_elems * 2, reinterpret_cast<void **>(&g->graph_xb))))
             return rc;
     }
@@ -308,7 +295,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     if (!w) return TSR_ERR_NOMEM;
     w->rows = rows;
     w->cols = ws[0].cols;
-    w->ld = (w->cols + 7) / 8 * 8;
+    w->ld = tsr_mma::row_bytes(tsr_mma::kBf16, w->cols) / 2;
     const size_t elems = (size_t)rows * (size_t)w->ld;
     int rc = h->dev_alloc(g->ctx, elems * 2, reinterpret_cast<void **>(&w->w));
     uint16_t *host = static_cast<uint16_t *>(calloc(elems, 2)); // zero padding
@@ -364,10 +351,8 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     Weight *w = static_cast<Weight *>(const_cast<void *>(prepared));
     cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
 #ifdef CUDA_GEMV_DECODE
-    /* f32 rows 16-byte aligned and unpadded: the kernel reads them as they are */
-    if (rows <= g->decode_rows && rows <= kMaxDecodeRows && w->ld == w->cols &&
-        (reinterpret_cast<uintptr_t>(x) & 15) == 0)
-        return run_decode(g, w, rows, x, y, st);
+    /* x as it is (cuBLASLt below for rows the kernel cannot read: cols % 4) */
+    if (decodes(g, w, rows, x)) return run_decode(g, w, rows, x, y, st);
 #endif
     size_t need = (size_t)rows * (size_t)w->ld;
     __nv_bfloat16 *xb = g->xb;
@@ -390,10 +375,6 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     }
     if (tsr_cu_f32_to_bf16_pad(reinterpret_cast<uint16_t *>(xb), x, rows, (int)w->cols, (int)w->ld, st) != 0)
         return cuda_err(g, cudaGetLastError(), "activations to bf16");
-#ifdef CUDA_GEMV_DECODE
-    if (rows <= g->decode_rows && rows <= kMaxDecodeRows)
-        return run_decode(g, w, rows, static_cast<const __nv_bfloat16 *>(xb), y, st);
-#endif
     return run_lt(g, w, rows, xb, y, st, ex->step != nullptr);
 }
 

@@ -2,14 +2,15 @@
 // scale per output row, quantised at prepare from f32/f16/bf16 weights:
 // s_o = max|w_o| / 448, q = e4m3(w / s_o) rounded to nearest even.
 //
-// - 1..decode_rows rows (decode, verification of drafts): hand-written
-//   kernels, one warp per output row, 16 fp8 weights per 16-byte load (a few
-//   loads in flight per lane), widened by the hardware cvt, f32 activations
-//   as given, f32 sums times s_o.
-// - more rows (prefill): a cuBLASLt FP8 matmul. Activations are quantised per
-//   tensor on the device (s_x = max|x| / 448, found by a reduction kernel and
-//   handed to cuBLASLt as the B scale); the product lands in scratch and a
-//   last kernel applies s_o while copying it into y.
+// - 1..decode_rows rows (decode, verification of drafts): the tensor-core
+//   GEMV of kernels/cuda/gemv_mma.cuh: E4M3 bytes moved into f16 (exact),
+//   activations rounded to f16 after a 2^-4 scaling, f16 mma with f32 sums,
+//   times s_o; each weight read once for all rows.
+// - more rows (prefill): by default 2,048 weight rows at a time widened to
+//   bf16 (exact) for cuBLASLt's bf16 GEMM; with `prefill: fp8` a cuBLASLt FP8
+//   matmul (activations quantised per tensor on the device, s_x = max|x| /
+//   448, handed to cuBLASLt as the B scale; the product lands in scratch and
+//   a last kernel applies s_o while copying it into y).
 // Graph-capable: a captured pass (ex->step) uses scratch reserved at init for
 // TSR_GRAPH_MAX_ROWS rows, never the growing eager one, and makes no
 // synchronising call.
@@ -24,6 +25,7 @@
 #include <string.h>
 
 #include "core/util/checked.h"
+#include "kernels/cuda/gemv_mma.cuh"
 #include "kernels/dtype.h"
 #include "slots/tsr_gemv.h"
 
@@ -31,7 +33,6 @@ namespace {
 
 constexpr size_t kWorkspace = 32u << 20;
 constexpr int kMaxDecodeRows = 8;
-constexpr int kUnroll = 4;        // 16-byte weight loads in flight per lane
 constexpr int kPlans = 128;       // distinct (weight shape, row count) pairs planned once
 constexpr float kE4M3Max = 448.0f;
 
@@ -87,13 +88,14 @@ struct Gemv {
 
 struct Weight {
     int64_t rows, cols;
-    int64_t ld;           // cols rounded up to 16 (16-byte rows); the padding is zero
+    int64_t ld;           // cols rounded up to 128 (as gemv_mma reads rows); the padding is zero
     int64_t rows_pad;     // rows rounded up to 16 for cuBLASLt; extra rows zero, scale 0
     uint8_t *w;           // [rows_pad, ld] e4m3, device
     float *scale;         // [rows_pad] s_o, device
 };
 
 int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+int64_t round128(int64_t n) { return (n + 127) / 128 * 128; } // rows as gemv_mma reads them
 
 int cuda_err(Gemv *g, cudaError_t e, const char *what) {
     if (e == cudaSuccess) return TSR_OK;
@@ -108,70 +110,6 @@ int lt_err(Gemv *g, cublasStatus_t s, const char *what) {
 }
 
 // ---- kernels ------------------------------------------------------------
-
-// 16 e4m3 values (one 16-byte load) widened to f32 by the hardware cvt
-// (e4m3x2 -> f16x2 is exact, and so is f16 -> f32).
-__device__ __forceinline__ void fp8x16_to_f32(const uint4 &raw, float *f) {
-    const __nv_fp8x2_storage_t *p = reinterpret_cast<const __nv_fp8x2_storage_t *>(&raw);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[j], __NV_E4M3)));
-        f[2 * j] = v.x;
-        f[2 * j + 1] = v.y;
-    }
-}
-
-// y[r, o] = s_o * sum_c x[r, c] q[o, c] for R rows: one warp per output row;
-// each lane reads 16 weights per 16-byte load, kUnroll loads issued before
-// any arithmetic, so every weight row is read once for all R input rows.
-// x: [R, ld] f32, 16-byte aligned, zero where c >= cols (ld % 16 == 0).
-template <int R>
-__global__ void __launch_bounds__(256) decode_kernel(const uint8_t *__restrict__ w, const float *__restrict__ scale,
-                                                     const float *__restrict__ x, float *__restrict__ y,
-                                                     int64_t n_out, int64_t ld) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
-    if (o >= n_out) return;
-    const uint8_t *wr = w + o * ld;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (int64_t base = (int64_t)lane * 16; base < ld; base += 32 * 16 * kUnroll) {
-        uint4 raw[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; u++) {
-            const int64_t i = base + (int64_t)u * 32 * 16;
-            raw[u] = i < ld ? __ldg(reinterpret_cast<const uint4 *>(wr + i)) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; u++) {
-            const int64_t i = base + (int64_t)u * 32 * 16;
-            if (i < ld) {
-                float wf[16];
-                fp8x16_to_f32(raw[u], wf);
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const float4 *xp = reinterpret_cast<const float4 *>(x + (int64_t)r * ld + i);
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const float4 xv = __ldg(xp + j);
-                        acc[r] = fmaf(wf[4 * j], xv.x, acc[r]);
-                        acc[r] = fmaf(wf[4 * j + 1], xv.y, acc[r]);
-                        acc[r] = fmaf(wf[4 * j + 2], xv.z, acc[r]);
-                        acc[r] = fmaf(wf[4 * j + 3], xv.w, acc[r]);
-                    }
-                }
-            }
-        }
-    }
-    const float s = scale[o];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float v = acc[r];
-        for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
-        if (lane == 0) y[(int64_t)r * n_out + o] = v * s;
-    }
-}
 
 // dst[r, c] = src[r, c] for c < cols, 0 for cols <= c < ld.
 __global__ void pad_kernel(float *__restrict__ dst, const float *__restrict__ src, int64_t rows, int64_t cols,
@@ -290,19 +228,13 @@ void scratch_free(Gemv *g, Scratch *s) {
 
 // ---- decode ---------------------------------------------------------------
 
-int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st) {
-    const int threads = 256, per_block = threads / 32;
-    const unsigned blocks = (unsigned)((w->rows + per_block - 1) / per_block);
-    switch (rows) {
-#define CASE(R)                                                                                           \
-    case R: decode_kernel<R><<<blocks, threads, 0, st>>>(w->w, w->scale, x, y, w->rows, w->ld); break;
-        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-#undef CASE
-    default:
-        g->ctx->host->set_error(g->ctx, "decode kernels take 1..%d rows, not %d", kMaxDecodeRows, rows);
-        return TSR_ERR_INVALID;
-    }
-    return cuda_err(g, cudaGetLastError(), "fp8 decode gemv launch");
+// 1..8 rows through the tensor-core GEMV (kernels/cuda/gemv_mma.cuh; x rows
+// ldx floats apart, read as they are, zero past cols or cols % 4 == 0).
+int run_decode(Gemv *g, const Weight *w, int rows, const float *x, int ldx, int cols, float *y, cudaStream_t st) {
+    tsr_mma::Args a = {};
+    a.w = w->w, a.scale = w->scale, a.x = x, a.y = y;
+    a.n_out = (int)w->rows, a.cols = cols, a.ldw = w->ld, a.ldx = ldx;
+    return cuda_err(g, tsr_mma::launch<tsr_mma::kFp8>(a, rows, st), "fp8 decode gemv launch");
 }
 
 // ---- prefill: cuBLASLt FP8 ---------------------------------------------
@@ -519,7 +451,7 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
             h->set_error(ctx, "model description with no projection sizes (hidden %d)", md->hidden);
             return TSR_ERR_INVALID;
         }
-        g->graph_ld = round16(cols);
+        g->graph_ld = round128(cols);
         g->graph_out = round16(out);
         const size_t rows = TSR_GRAPH_MAX_ROWS, ld = (size_t)g->graph_ld;
         Scratch *s = &g->graph;
@@ -636,7 +568,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
         }
         rows += tw->rows;
     }
-    const int64_t cols = ws[0].cols, ld = round16(cols), rows_pad = round16(rows);
+    const int64_t cols = ws[0].cols, ld = round128(cols), rows_pad = round16(rows);
     uint64_t bytes;
     if (tsr_mul_u64((uint64_t)rows_pad, (uint64_t)ld, &bytes) || bytes > ((uint64_t)1 << 46)) {
         h->set_error(g->ctx, "%s: %lld x %lld fp8 weights are too large", ws[0].name, (long long)rows_pad,
@@ -716,9 +648,9 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     }
     Scratch *sc = captured ? &g->graph : &g->eager;
     if (rows <= g->decode_rows && rows <= kMaxDecodeRows) {
-        // the kernels read rows ld apart from 16-byte aligned memory: x as
-        // it is when it already is so, else a zero-padded copy
-        if (w->ld == w->cols && (reinterpret_cast<uintptr_t>(x) & 15) == 0) return run_decode(g, w, rows, x, y, st);
+        // x as it is when the kernel can read it so, else a zero-padded copy
+        if (tsr_mma::reads_x(x, (int)w->cols, (int)w->cols))
+            return run_decode(g, w, rows, x, (int)w->cols, (int)w->cols, y, st);
         const size_t need = (size_t)rows * (size_t)w->ld;
         if (captured) {
             if (need > sc->xpad_elems) {
@@ -734,7 +666,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
         }
         pad_kernel<<<grid_for((int64_t)need, 256), 256, 0, st>>>(sc->xpad, x, rows, w->cols, w->ld);
         int rc = cuda_err(g, cudaGetLastError(), "activation padding launch");
-        return rc != TSR_OK ? rc : run_decode(g, w, rows, sc->xpad, y, st);
+        return rc != TSR_OK ? rc : run_decode(g, w, rows, sc->xpad, (int)w->ld, (int)w->ld, y, st);
     }
     if (!g->fp8_prefill) { // bf16 tiles
         const size_t xb_need = (size_t)rows * (size_t)w->ld * 2, d_need = (size_t)rows * (size_t)w->rows_pad * 4;

@@ -217,8 +217,9 @@ static void check_product(const kenv *k, const char *what, const float *y, const
         quantise(x, (int64_t)rows * cols, xs, xq);
     } else if (lt) { /* bf16 tiles: activations rounded to bf16, weights exact */
         for (int64_t i = 0; i < (int64_t)rows * cols; i++) xq[i] = tsr_bf16_to_f32(tsr_f32_to_bf16(x[i]));
-    } else {
-        for (int64_t i = 0; i < (int64_t)rows * cols; i++) xq[i] = x[i];
+    } else { /* the tensor-core kernel: activations times 2^-4 rounded to f16, undone on the sum */
+        for (int64_t i = 0; i < (int64_t)rows * cols; i++)
+            xq[i] = (double)tsr_f16_to_f32(tsr_f32_to_f16(x[i] * 0.0625f)) * 16.0;
     }
     double worst = 0;
     for (int r = 0; r < rows; r++)
@@ -267,7 +268,7 @@ static void kernel_case(kenv *k, uint32_t dtype, const int64_t *mrows, int n, in
     void *h = NULL;
     int rc = n == 1 ? tsr_gemv_prepare(k->gemv, &ws[0], &h) : tsr_gemv_prepare_group(k->gemv, ws, n, &h);
     if (rc != TSR_OK) fail_msg("prepare: %d %s", rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
-    uint64_t want_bytes = (uint64_t)n_out * (uint64_t)((cols + 15) / 16 * 16) + 4 * (uint64_t)n_out;
+    uint64_t want_bytes = (uint64_t)n_out * (uint64_t)((cols + 127) / 128 * 128) + 4 * (uint64_t)n_out;
     assert_int_equal(tsr_gemv_bytes(k->gemv, h, NULL), want_bytes);
 
     tsr_error err;

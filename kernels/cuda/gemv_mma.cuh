@@ -1,0 +1,263 @@
+// gemv_mma.cuh - decode and verification GEMV on tensor cores, shared by the
+// CUDA gemv plugins (cuda_gemv: bf16 weights; cuda_gemv_fp8: E4M3 weights).
+//
+// y[r, o] = scale(o) * sum_k x[r, k] w[o, k] for 1..8 input rows r.
+//
+// Why tensor cores for a memory-bound product: with CUDA cores every input
+// row costs one multiply per weight element and one activation load per
+// weight load, so 8 rows cost several times one row. mma.sync m16n8k16 takes
+// 16 weight rows x 16 k against 8 activation rows x 16 k in one instruction:
+// 1 to 8 rows cost the same, and the kernel is left with nothing to do but
+// stream the weights.
+//
+// Layout trick: a dot product does not care in which order k is summed, so
+// each lane feeds the mma the elements it loaded itself, in any order, as
+// long as A (weights) and B (activations) agree. Lane (g = lane / 4,
+// t = lane % 4) loads 16 contiguous bytes of weight rows g and g + 8 of its
+// 16-row tile at byte 16 t of a 64-byte chunk of each row, and the matching
+// activations of input row g; with that mapping the fragments need no
+// shuffles and every load is 16 bytes wide.
+//   bf16: a chunk is 32 k; lane words w0..w3 of row g, v0..v3 of row g + 8,
+//         x0..x3 (bf16 pairs): mma j in {0,1} takes A = {w[2j], v[2j],
+//         w[2j+1], v[2j+1]}, B = {x[2j], x[2j+1]}.
+//   fp8:  a chunk is 64 k; each 4-byte word becomes two f16 pairs (lo, hi)
+//         by moving bits (E4M3 -> f16 is exact: f16 = e4m3 * 2^-8, also for
+//         subnormals); mma i in 0..3 takes A = {lo(w_i), lo(v_i), hi(w_i),
+//         hi(v_i)} and B = the f16 activations of the same 4 elements. The
+//         activations are multiplied by 2^-4 before they are rounded to f16
+//         (range to ~1e6, at least bf16's precision above 2^-10); both
+//         powers of two are undone exactly on the f32 result.
+// The block is MT tiles of 16 rows times KW warps that split each row's
+// chunks between them (see gemv_mma's work split), each with two units of
+// loads in flight; the KW partial sums are added in shared memory.
+//
+// Measured on the H200 (tools/cuda_lab/gemv_lab.cu, BENCHMARKS.md): 8 rows
+// cost 1.0-1.06x one row; at one row a plain warp-per-row kernel that
+// streams each row from start to end is faster for bf16 (4.47 against 3.87
+// TB/s on the LM head), so cuda_gemv keeps that one for decode.
+//
+// Preconditions (the plugin checks them and uses its other kernels
+// otherwise): weight rows ldw bytes apart, ldw a multiple of 128, the
+// padding zero; x f32, 16-byte aligned, rows ldx floats apart, ldx and cols
+// multiples of 4; y [rows, n_out] f32.
+#ifndef TSR_GEMV_MMA_CUH
+#define TSR_GEMV_MMA_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace tsr_mma {
+
+enum WeightKind { kBf16 = 0, kFp8 = 1 };
+
+// 16 bytes of weights, not kept in L1 (each is read once per pass).
+__device__ __forceinline__ uint4 load_w(const uint8_t *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b); // a in the low half
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+__device__ __forceinline__ uint32_t pack_f16(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+// Two E4M3 bytes (sel picks them: 0x1404 bytes 0,1; 0x3424 bytes 2,3) as an
+// f16 pair equal to the E4M3 values times 2^-8.
+__device__ __forceinline__ uint32_t e4m3x2_f16(uint32_t w, uint32_t sel) {
+    const uint32_t v = __byte_perm(w, 0u, sel); // each byte in the high half of a 16-bit lane
+    return (v & 0x80008000u) | ((v >> 1) & 0x3F803F80u);
+}
+
+__device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+struct Args {
+    const uint8_t *w;     // weight rows ldw bytes apart
+    const float *scale;   // per output row, or null (1)
+    const float *x;       // input rows ldx floats apart
+    float *y;             // [rows, n_out]
+    int n_out, cols;
+    int64_t ldw;
+    int ldx;
+};
+
+// N floats (a multiple of 4) of input row xr from k0, zero at or past cols.
+template <int N>
+__device__ __forceinline__ void load_x(const float *xr, int k0, int cols, float *v) {
+#pragma unroll
+    for (int q = 0; q < N / 4; q++) {
+        const int k = k0 + 4 * q;
+        const float4 f = k < cols ? __ldg(reinterpret_cast<const float4 *>(xr + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+}
+
+// The lane's 16 bytes at byte off of its two rows against input row g's
+// activations of the same k (zero for lanes whose g is not an input row).
+template <int WK>
+__device__ __forceinline__ void chunk_mma(const Args &p, float *acc, const uint4 &a, const uint4 &b, const float *xr,
+                                          int off, bool has_x) {
+    if (WK == kBf16) {
+        float xv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (has_x) load_x<8>(xr, off / 2, p.cols, xv);
+        const uint32_t x0 = pack_bf16(xv[0], xv[1]), x1 = pack_bf16(xv[2], xv[3]);
+        const uint32_t x2 = pack_bf16(xv[4], xv[5]), x3 = pack_bf16(xv[6], xv[7]);
+        mma_bf16(acc, a.x, b.x, a.y, b.y, x0, x1);
+        mma_bf16(acc, a.z, b.z, a.w, b.w, x2, x3);
+    } else {
+        float xv[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) xv[i] = 0.f;
+        if (has_x) load_x<16>(xr, off, p.cols, xv);
+        const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t x0 = pack_f16(xv[4 * i] * 0.0625f, xv[4 * i + 1] * 0.0625f);
+            const uint32_t x1 = pack_f16(xv[4 * i + 2] * 0.0625f, xv[4 * i + 3] * 0.0625f);
+            mma_f16(acc, e4m3x2_f16(aw[i], 0x1404), e4m3x2_f16(bw[i], 0x1404), e4m3x2_f16(aw[i], 0x3424),
+                    e4m3x2_f16(bw[i], 0x3424), x0, x1);
+        }
+    }
+}
+
+// The result multiplier the bit tricks leave: 1 for bf16, 2^8 * 2^4 for fp8.
+template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == kBf16 ? 1.0f : 4096.0f; }
+
+// Work split: a row's bytes are cut in units of UB bytes (64 or 128: each
+// lane loads UB / 64 pieces of 16 bytes per row per unit, adjacent, so a
+// warp reads UB contiguous bytes of each of its 16 rows at a time); warp kw
+// of a tile takes units kw, kw + KW, ... (interleaved) or one contiguous run
+// of them (BLK).
+// PDL: launched as a programmatic dependent of the kernel before it, the
+// kernel issues its first weight loads (which depend on nothing) before it
+// waits for that kernel's results (griddepcontrol.wait), and lets the next
+// kernel launch at once (its own wait keeps it correct).
+template <int WK, int NR, int KW, int MT, int UB, bool BLK, bool PDL = false>
+__global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
+    constexpr int kL = UB / 64; // 16-byte loads per lane per row per unit
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int mt = warp / KW, kw = warp % KW;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = (blockIdx.x * MT + mt) * 16;
+    // rows past n_out read the last row (their results are not stored)
+    const int ra = min(row0 + g, p.n_out - 1), rb = min(row0 + g + 8, p.n_out - 1);
+    const int lo = 16 * kL * t; // the lane's first byte in a unit
+    const uint8_t *pa = p.w + (int64_t)ra * p.ldw + lo, *pb = p.w + (int64_t)rb * p.ldw + lo;
+    const bool has_x = g < NR;
+    const float *xr = p.x + (int64_t)(has_x ? g : 0) * p.ldx;
+    const int nu = (int)(p.ldw / UB);
+    const int u0 = BLK ? (int)((int64_t)kw * nu / KW) : kw, u1 = BLK ? (int)((int64_t)(kw + 1) * nu / KW) : nu;
+    constexpr int kStep = BLK ? 1 : KW;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    // two units in flight: the next unit's weights are loaded while this
+    // unit's are multiplied, so a warp always has loads outstanding
+    uint4 a0[kL], b0[kL], a1[kL], b1[kL];
+    auto load_unit = [&](int u, uint4 *a, uint4 *b) {
+        if (u >= u1) return;
+#pragma unroll
+        for (int h = 0; h < kL; h++) {
+            a[h] = load_w(pa + (int64_t)u * UB + 16 * h);
+            b[h] = load_w(pb + (int64_t)u * UB + 16 * h);
+        }
+    };
+    // the first weights are on their way before anything waits on x
+    load_unit(u0, a0, b0);
+    if (PDL) {
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+    }
+    auto mma_unit = [&](int u, const uint4 *a, const uint4 *b) {
+        if (u >= u1) return;
+#pragma unroll
+        for (int h = 0; h < kL; h++) chunk_mma<WK>(p, acc, a[h], b[h], xr, u * UB + lo + 16 * h, has_x);
+    };
+    for (int u = u0; u < u1; u += 2 * kStep) {
+        load_unit(u + kStep, a1, b1);
+        mma_unit(u, a0, b0);
+        load_unit(u + 2 * kStep, a0, b0);
+        mma_unit(u + kStep, a1, b1);
+    }
+    // acc: rows g (acc 0, 1) and g + 8 (acc 2, 3) for input rows 2t, 2t + 1
+    if (KW > 1) {
+        __shared__ float4 part[MT][KW][32];
+        part[mt][kw][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __syncthreads();
+        if (kw != 0) return;
+        for (int i = 1; i < KW; i++) {
+            const float4 q = part[mt][i][lane];
+            acc[0] += q.x, acc[1] += q.y, acc[2] += q.z, acc[3] += q.w;
+        }
+    }
+    const float mul = kind_mul<WK>();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int o = row0 + g + 8 * h;
+        if (o >= p.n_out) continue;
+        const float s = (p.scale ? p.scale[o] : 1.0f) * mul;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            if (2 * t + j >= NR) continue;
+            p.y[(int64_t)(2 * t + j) * p.n_out + o] = acc[2 * h + j] * s;
+        }
+    }
+}
+
+// Bytes between weight rows the kernels need: a multiple of 128 (the widest unit).
+inline int64_t row_bytes(int WK, int64_t cols) { return (cols * (WK == kBf16 ? 2 : 1) + 127) / 128 * 128; }
+
+// Warps per row tile chosen by shape (tools/cuda_lab/gemv_lab.cu measured
+// the variants at the Llama-3-8B shapes on the H200, BENCHMARKS.md): more
+// warps splitting K where a matrix has few row tiles or long rows, so that
+// enough loads are in flight; 64-byte units dealt to the warps in turn.
+template <int WK> inline int warps_for(int n_out, int cols) {
+    return n_out <= 4096 || cols >= 8192 ? 16 : 8;
+}
+
+// y = scale * x W^T for 1..8 rows of x; the preconditions above hold
+// (reads_x) or the result is wrong, so the callers check them.
+template <int WK>
+inline cudaError_t launch(const Args &p, int rows, cudaStream_t st) {
+    const unsigned grid = (unsigned)((p.n_out + 15) / 16);
+    switch (rows * 100 + warps_for<WK>(p.n_out, p.cols)) {
+#define TSR_MMA_CASE(R, KW)                                                                                 \
+    case R * 100 + KW: gemv_mma<WK, R, KW, 1, 64, false><<<grid, 32 * KW, 0, st>>>(p); break;
+#define TSR_MMA_ROWS(R) TSR_MMA_CASE(R, 16) TSR_MMA_CASE(R, 8)
+        TSR_MMA_ROWS(1) TSR_MMA_ROWS(2) TSR_MMA_ROWS(3) TSR_MMA_ROWS(4)
+        TSR_MMA_ROWS(5) TSR_MMA_ROWS(6) TSR_MMA_ROWS(7) TSR_MMA_ROWS(8)
+#undef TSR_MMA_ROWS
+#undef TSR_MMA_CASE
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+// Whether x can be read by the kernels as it is.
+inline bool reads_x(const float *x, int cols, int ldx) {
+    return cols % 4 == 0 && ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+}
+
+} // namespace tsr_mma
+
+#endif // TSR_GEMV_MMA_CUH

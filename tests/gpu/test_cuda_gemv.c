@@ -1,0 +1,192 @@
+/*
+ * The decode kernels of cuda_gemv (one row: a warp per output row; 2..8
+ * rows: the tensor-core GEMV of kernels/cuda/gemv_mma.cuh) and of
+ * cuda_gemv_fp8 (the tensor-core GEMV for 1..8 rows) through the plugins'
+ * run(), eagerly and replayed from a CUDA graph (ctest label "gpu"; skipped
+ * cleanly where no CUDA device is present).
+ *
+ * Weights are chosen so that both plugins hold them exactly: each is
+ * s * (an E4M3 value) with s = 2^-6 and every row holds +-448 s, so that
+ * cuda_gemv_fp8's scale max|w| / 448 is s and its codes are the values, and
+ * bf16 represents every one. The reference is an f64 product. Bound, against
+ * S = sum_c |w_c x_c|:
+ *   |y - ref| <= REL * S + ABS * sum_c |w_c|
+ * REL covers the rounding of the activations to the kernel's operand type
+ * (bf16: 2^-9 relative; f16 after the 2^-4 scaling: 2^-11) and f32 sums; ABS
+ * the f16 subnormal range (2^-21 absolute per element).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <math.h>
+
+#include <cmocka.h>
+
+#include "core/host/engine.h"
+#include "core/host/slot_calls.h"
+#ifdef TESSERA_CUDA
+#include "core/cuda/device.h"
+#endif
+
+static int have_gpu(void) {
+#ifdef TESSERA_CUDA
+    return tsr_cuda_device_count() > 0;
+#else
+    return 0;
+#endif
+}
+
+#ifdef TESSERA_CUDA
+
+static uint32_t rng = 2463534242u;
+static double urand(void) { /* [0, 1) */
+    rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
+    return (rng >> 8) / 16777216.0;
+}
+
+static double e4m3_value(int code) { /* float8_e4m3fn by definition */
+    int s = code >> 7, e = (code >> 3) & 15, m = code & 7;
+    double v = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+    return s ? -v : v;
+}
+
+typedef struct env {
+    tsr_engine *e;
+    const tsr_slot_ref *gemv;
+    tsr_exec ex;
+    tsr_step *dev_step;
+    double rel, abs;
+} env;
+
+static void env_open(env *v, const char *plugin) {
+    char path[] = "/tmp/test_cuda_gemv_XXXXXX.yaml";
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    fprintf(f, "name: gemv\ndevice: cuda\nslots:\n  gemv: %s\n  attention: cuda_attention\n"
+               "  kv_cache: cuda_kv_cache\n  drafter: drafter_none\n  expert_cache: expert_resident\n", plugin);
+    fclose(f);
+    /* its sizes bound the graph scratch: columns and outputs <= 1000 */
+    tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = 1000, .n_heads = 4, .n_kv_heads = 2,
+                         .head_dim = 16, .ffn = 1000, .vocab = 1000, .max_ctx = 128,
+                         .weight_dtype = TSR_DTYPE_F32};
+    tsr_engine_opts o = {.n_threads = 1};
+    tsr_error err;
+    tsr_error_clear(&err);
+    int rc = tsr_engine_open(path, NULL, &md, &o, &v->e, &err);
+    unlink(path);
+    if (rc != TSR_OK) fail_msg("engine: %s", err.msg);
+    v->gemv = tsr_engine_slot(v->e, TSR_SLOT_GEMV);
+    v->ex = (tsr_exec){.device = TSR_DEVICE_CUDA, .stream = tsr_cuda_stream(), .n_threads = 1};
+    v->dev_step = tsr_cuda_malloc(sizeof(tsr_step), &err);
+    assert_non_null(v->dev_step);
+    const int fp8 = strstr(plugin, "fp8") != NULL;
+    v->rel = fp8 ? 0x1p-10 : 0x1p-8;
+    v->abs = fp8 ? 0x1p-21 : 0;
+}
+
+static void check(const env *v, const char *what, const float *w, const float *x, const float *y, int n_out,
+                  int cols, int rows) {
+    double worst = 0;
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < n_out; o++) {
+            double sum = 0, mag = 0, wabs = 0;
+            for (int c = 0; c < cols; c++) {
+                const double wv = w[(int64_t)o * cols + c], xv = x[(int64_t)r * cols + c];
+                sum += wv * xv, mag += fabs(wv * xv), wabs += fabs(wv);
+            }
+            const double bound = v->rel * mag + v->abs * wabs + 1e-30, d = fabs(y[(int64_t)r * n_out + o] - sum);
+            if (!(d <= bound))
+                fail_msg("%s %s: rows %d, [%d x %d]: y[%d, %d] = %.9g, reference %.9g (|diff| %.3g > bound %.3g)",
+                         v->gemv->plugin, what, rows, n_out, cols, r, o, y[(int64_t)r * n_out + o], sum, d, bound);
+            if (d / bound > worst) worst = d / bound;
+        }
+    printf("# %s %s rows %d [%d x %d]: worst %.1f%% of the bound\n", v->gemv->plugin, what, rows, n_out, cols,
+           100 * worst);
+}
+
+/* rows of x through an [n_out, cols] matrix, eagerly, then captured with
+ * ex->step set and replayed on new x. */
+static void gemv_case(env *v, int n_out, int cols, int rows) {
+    float *w = malloc(sizeof(float) * (size_t)n_out * cols), *x = malloc(sizeof(float) * (size_t)rows * cols);
+    float *y = malloc(sizeof(float) * (size_t)rows * n_out);
+    assert_true(w && x && y);
+    const double s = 0x1p-6;
+    for (int o = 0; o < n_out; o++) {
+        for (int c = 0; c < cols; c++) {
+            int code = (int)(urand() * 255);
+            if ((code & 0x7f) == 0x7f) code &= 0xfe; /* no NaN */
+            w[(int64_t)o * cols + c] = (float)(s * e4m3_value(code));
+        }
+        w[(int64_t)o * cols + (int)(urand() * cols)] = (float)(s * (urand() < 0.5 ? -448 : 448));
+    }
+    tsr_weight tw = {"test.weight", TSR_DTYPE_F32, n_out, cols, w, sizeof(float) * (uint64_t)n_out * cols};
+    void *h = NULL;
+    int rc = tsr_gemv_prepare(v->gemv, &tw, &h);
+    if (rc != TSR_OK) fail_msg("prepare: %d %s", rc, tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
+    tsr_error err;
+    tsr_error_clear(&err);
+    float *dx = tsr_cuda_malloc(sizeof(float) * (size_t)rows * cols, &err);
+    float *dy = tsr_cuda_malloc(sizeof(float) * (size_t)rows * n_out, &err);
+    assert_true(dx && dy);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < rows * cols; i++) x[i] = (float)(urand() * 8 - 4);
+        assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * (size_t)rows * cols, &err), TSR_OK);
+        if (pass == 0) {
+            rc = tsr_gemv_run(v->gemv, h, rows, dx, dy, &v->ex);
+        } else { /* captured once, replayed */
+            tsr_exec ex = v->ex;
+            ex.step = v->dev_step;
+            void *graph = NULL;
+            assert_int_equal(tsr_cuda_capture_begin(&err), TSR_OK);
+            rc = tsr_gemv_run(v->gemv, h, rows, dx, dy, &ex);
+            assert_int_equal(tsr_cuda_capture_end(&graph, &err), TSR_OK);
+            if (rc == TSR_OK) assert_int_equal(tsr_cuda_graph_launch(graph, &err), TSR_OK);
+            tsr_cuda_graph_free(graph);
+        }
+        if (rc != TSR_OK) fail_msg("run of %d rows: %d %s", rows, rc, tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
+        assert_int_equal(tsr_cuda_download(y, dy, sizeof(float) * (size_t)rows * n_out, &err), TSR_OK);
+        check(v, pass ? "graph replay" : "eager", w, x, y, n_out, cols, rows);
+    }
+    tsr_gemv_release(v->gemv, h);
+    tsr_cuda_free(dx), tsr_cuda_free(dy);
+    free(w), free(x), free(y);
+}
+
+static void plugin_cases(const char *plugin) {
+    env v;
+    env_open(&v, plugin);
+    for (int rows = 1; rows <= 8; rows++) {
+        gemv_case(&v, 37, 256, rows);  /* a partial row tile */
+        gemv_case(&v, 130, 1000, rows); /* rows not a multiple of the units */
+    }
+    gemv_case(&v, 1000, 1000, 1);
+    gemv_case(&v, 16, 4, 2);  /* one unit, mostly padding */
+    gemv_case(&v, 33, 12, 1); /* one row, width not a multiple of 64 */
+    tsr_cuda_free(v.dev_step);
+    tsr_engine_free(v.e);
+}
+#endif
+
+static void test_decode_kernels(void **state) {
+    (void)state;
+    if (!have_gpu()) {
+        printf("# no CUDA device: decode gemv checks skipped\n");
+        skip();
+    }
+#ifdef TESSERA_CUDA
+    plugin_cases("cuda_gemv");
+    plugin_cases("cuda_gemv_fp8");
+#endif
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_decode_kernels)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

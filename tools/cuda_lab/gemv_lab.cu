@@ -1,0 +1,543 @@
+// gemv_lab - measurements that decide the decode GEMV configuration
+// (kernels/cuda/gemv_mma.cuh) on the device. Not part of the engine; run by
+// hand or by tools/device_cuda.sh:
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o gemv_lab tools/cuda_lab/gemv_lab.cu && ./gemv_lab
+// (1) correctness of every configuration against an f64 product on the host
+//     (bf16 and E4M3 weights, 1..8 rows, ragged shapes);
+// (2) bandwidth of each configuration at the Llama-3-8B shapes, 1 and 8
+//     rows, weights rotated over copies so that L2 holds none of them;
+// (3) the GEMVs of a whole decode token (32 layers of q/k/v, o, gate/up,
+//     down + the LM head, each its own weights) replayed as one CUDA graph,
+//     with and without programmatic dependent launch, against the 15.0 GB /
+//     7.5 GB floors and the kernel cuda_gemv used before.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/gemv_mma.cuh"
+
+#define CK(x)                                                                                             \
+    do {                                                                                                  \
+        cudaError_t e_ = (x);                                                                             \
+        if (e_ != cudaSuccess) {                                                                          \
+            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                             \
+            exit(1);                                                                                      \
+        }                                                                                                 \
+    } while (0)
+
+using namespace tsr_mma;
+
+// ---- the kernel cuda_gemv ran for 1..8 rows before (commit 4f2caee: one
+// warp per output row, 16-byte loads, x read as f32 16 bytes at a time)
+__device__ __forceinline__ void old_load8(const __nv_bfloat16 *p, float *v) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p));
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 f = __bfloat1622float2(h[j]);
+        v[2 * j] = f.x, v[2 * j + 1] = f.y;
+    }
+}
+__device__ __forceinline__ void old_load8(const float *p, float *v) {
+    const float4 a = __ldg(reinterpret_cast<const float4 *>(p)), b = __ldg(reinterpret_cast<const float4 *>(p) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+template <int R>
+__global__ void __launch_bounds__(256) old_kernel(const __nv_bfloat16 *__restrict__ w, const float *__restrict__ x,
+                                                  float *__restrict__ y, int64_t n_out, int ld) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
+    if (o >= n_out) return;
+    const __nv_bfloat16 *wr = w + o * ld;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+#pragma unroll 4
+    for (int i = lane * 8; i < ld; i += 32 * 8) {
+        float wf[8];
+        old_load8(wr + i, wf);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float xf[8];
+            old_load8(x + (int64_t)r * ld + i, xf);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[r] = fmaf(wf[j], xf[j], acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = acc[r];
+        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+        if (lane == 0) y[(int64_t)r * n_out + o] = v;
+    }
+}
+
+// ---- configurations
+struct Cfg {
+    int kw, ub, blk;
+};
+static const Cfg kCfgs[] = {{8, 64, 0},  {16, 64, 0}, {8, 128, 0}, {16, 128, 0},
+                            {8, 128, 1}, {16, 128, 1}, {8, 64, 1},  {16, 64, 1}};
+static const int kNumCfgs = sizeof kCfgs / sizeof kCfgs[0];
+
+template <int WK, int NR, bool PDL>
+static void launch_cfg(int ci, const uint8_t *w, const float *s, const float *x, float *y, int n_out, int cols,
+                       int64_t ldw, int ldx, cudaStream_t st) {
+    const Cfg c = kCfgs[ci];
+    const unsigned grid = (unsigned)((n_out + 15) / 16);
+    void (*k)(const Args) = nullptr;
+    switch (ci) {
+#define C(I, KW, UB, BLK)                                                                                 \
+    case I: k = gemv_mma<WK, NR, KW, 1, UB, BLK, PDL>; break;
+        C(0, 8, 64, false) C(1, 16, 64, false) C(2, 8, 128, false) C(3, 16, 128, false) C(4, 8, 128, true)
+        C(5, 16, 128, true) C(6, 8, 64, true) C(7, 16, 64, true)
+#undef C
+    }
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(grid);
+    lc.blockDim = dim3(32 * c.kw);
+    lc.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = at;
+    lc.numAttrs = PDL ? 1 : 0;
+    Args a = {};
+    a.w = w, a.scale = s, a.x = x, a.y = y, a.n_out = n_out, a.cols = cols, a.ldw = ldw, a.ldx = ldx;
+    CK(cudaLaunchKernelEx(&lc, k, a));
+}
+
+static void launch(int wk, int nr, bool pdl, int ci, const uint8_t *w, const float *s, const float *x, float *y,
+                   int n_out, int cols, int64_t ldw, cudaStream_t st) {
+#define L(WK, NR, P) launch_cfg<WK, NR, P>(ci, w, s, x, y, n_out, cols, ldw, cols, st)
+    if (wk == kBf16) {
+        if (pdl) nr == 1 ? L(kBf16, 1, true) : nr == 2 ? L(kBf16, 2, true) : L(kBf16, 8, true);
+        else nr == 1 ? L(kBf16, 1, false) : nr == 2 ? L(kBf16, 2, false) : nr == 3 ? L(kBf16, 3, false) : L(kBf16, 8, false);
+    } else {
+        if (pdl) nr == 1 ? L(kFp8, 1, true) : nr == 2 ? L(kFp8, 2, true) : L(kFp8, 8, true);
+        else nr == 1 ? L(kFp8, 1, false) : nr == 2 ? L(kFp8, 2, false) : nr == 3 ? L(kFp8, 3, false) : L(kFp8, 8, false);
+    }
+#undef L
+}
+
+static void launch_old(int nr, const uint8_t *w, const float *x, float *y, int n_out, int cols, cudaStream_t st) {
+    const unsigned grid = (unsigned)((n_out + 7) / 8);
+    const __nv_bfloat16 *wb = reinterpret_cast<const __nv_bfloat16 *>(w);
+    if (nr == 1) old_kernel<1><<<grid, 256, 0, st>>>(wb, x, y, n_out, cols);
+    else old_kernel<8><<<grid, 256, 0, st>>>(wb, x, y, n_out, cols);
+}
+
+// ---- host reference
+static float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static double e4m3_to_f64(uint8_t b) {
+    const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    double v = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1.0 + m / 8.0, e - 7);
+    return s ? -v : v;
+}
+static double bf16_round(double v) { // as cvt.rn.bf16 rounds a float
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint32_t rng = 12345;
+static uint32_t rnd(void) {
+    rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
+    return rng;
+}
+
+static int check(int wk, int nr, int ci, int n_out, int cols, cudaStream_t st) {
+    const int64_t ldw = row_bytes(wk, cols);
+    uint8_t *hw = (uint8_t *)calloc((size_t)n_out, (size_t)ldw);
+    float *hs = (float *)malloc(sizeof(float) * n_out), *hx = (float *)malloc(sizeof(float) * 8 * cols);
+    float *hy = (float *)malloc(sizeof(float) * 8 * n_out);
+    for (int o = 0; o < n_out; o++) {
+        hs[o] = 0.01f * (1 + (int)(rnd() % 100));
+        for (int c = 0; c < cols; c++) {
+            if (wk == kBf16) {
+                uint16_t h = (uint16_t)(0x3c00 + (rnd() % 0x400) - 0x200) ^ (uint16_t)(rnd() & 0x8000);
+                memcpy(hw + (int64_t)o * ldw + 2 * c, &h, 2);
+            } else {
+                uint8_t b = (uint8_t)(rnd() & 0xff);
+                if ((b & 0x7f) == 0x7f) b &= 0xfe; // no NaN
+                hw[(int64_t)o * ldw + c] = b;
+            }
+        }
+    }
+    for (int i = 0; i < 8 * cols; i++) hx[i] = ((int)(rnd() % 2001) - 1000) / 250.0f;
+    uint8_t *dw;
+    float *ds, *dx, *dy;
+    CK(cudaMalloc(&dw, (size_t)n_out * ldw));
+    CK(cudaMalloc(&ds, sizeof(float) * n_out));
+    CK(cudaMalloc(&dx, sizeof(float) * 8 * cols));
+    CK(cudaMalloc(&dy, sizeof(float) * 8 * n_out));
+    CK(cudaMemcpy(dw, hw, (size_t)n_out * ldw, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds, hs, sizeof(float) * n_out, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dx, hx, sizeof(float) * 8 * cols, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dy, 0xff, sizeof(float) * 8 * n_out));
+    launch(wk, nr, false, ci, dw, wk == kFp8 ? ds : nullptr, dx, dy, n_out, cols, ldw, st);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemcpy(hy, dy, sizeof(float) * 8 * n_out, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (int r = 0; r < nr; r++)
+        for (int o = 0; o < n_out; o++) {
+            double sum = 0, mag = 0;
+            for (int c = 0; c < cols; c++) {
+                double wv = wk == kBf16 ? bf16_to_f32(*(uint16_t *)(hw + (int64_t)o * ldw + 2 * c))
+                                        : e4m3_to_f64(hw[(int64_t)o * ldw + c]) * hs[o];
+                // activations as the kernel rounds them: bf16, or f16 after * 2^-4
+                double xv = hx[(int64_t)r * cols + c];
+                xv = wk == kBf16 ? bf16_round(xv) : (double)__half2float(__float2half_rn((float)(xv * 0.0625))) * 16;
+                sum += wv * xv, mag += fabs(wv * xv);
+            }
+            const double err = fabs(hy[(int64_t)r * n_out + o] - sum) / (mag + 1e-30);
+            if (err > worst) worst = err;
+        }
+    cudaFree(dw), cudaFree(ds), cudaFree(dx), cudaFree(dy);
+    free(hw), free(hs), free(hx), free(hy);
+    const int ok = worst < 1e-5; // f32 accumulation of exactly rounded products
+    if (!ok) printf("FAIL %s rows %d cfg %d shape %dx%d: worst relative error %.3g\n", wk ? "fp8" : "bf16", nr, ci,
+                    n_out, cols, worst);
+    return ok;
+}
+
+// ---- bandwidth
+struct Shape {
+    const char *name;
+    int out, in;
+};
+static const Shape kShapes[] = {
+    {"qkv 6144x4096", 6144, 4096}, {"o 4096x4096", 4096, 4096}, {"gate/up 28672x4096", 28672, 4096},
+    {"down 4096x14336", 4096, 14336}, {"lm head 128256x4096", 128256, 4096},
+};
+static const int kNumShapes = 5;
+
+static uint8_t *g_pool; // weights of a whole model, 15 GB
+static size_t g_pool_bytes;
+
+static float time_ms(cudaStream_t st, int reps, void (*body)(cudaStream_t, int, void *), void *arg) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    body(st, 0, arg);
+    CK(cudaEventRecord(a, st));
+    for (int i = 0; i < reps; i++) body(st, i + 1, arg);
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return ms / reps;
+}
+
+struct One {
+    int wk, nr, ci, out, in; // ci < 0: the old kernel
+    float *x, *y, *s;
+};
+static void one_body(cudaStream_t st, int i, void *arg) {
+    One *p = (One *)arg;
+    const int64_t ldw = row_bytes(p->wk, p->in);
+    const size_t bytes = (size_t)p->out * ldw;
+    const size_t copies = g_pool_bytes / bytes;
+    const uint8_t *w = g_pool + (size_t)(i % (copies < 64 ? copies : 64)) * bytes;
+    if (p->ci < 0) launch_old(p->nr, w, p->x, p->y, p->out, p->in, st);
+    else launch(p->wk, p->nr, false, p->ci, w, p->s, p->x, p->y, p->out, p->in, ldw, st);
+}
+
+// ---- one token's GEMVs as a graph
+struct Chain {
+    int wk, pdl, nr;
+    int ci[kNumShapes]; // per shape, -1 = old kernel
+    float *x[2], *s;
+};
+static void chain_launches(cudaStream_t st, Chain *c) {
+    size_t off = 0;
+    int flip = 0;
+    for (int layer = 0; layer <= 32; layer++) {
+        for (int m = 0; m < 4; m++) {
+            const int sh = layer == 32 ? 4 : m;
+            if (layer == 32 && m > 0) break;
+            const Shape &S = kShapes[sh];
+            const int64_t ldw = row_bytes(c->wk, S.in);
+            const uint8_t *w = g_pool + off;
+            off += (size_t)S.out * ldw;
+            if (off > g_pool_bytes) { printf("pool too small\n"); exit(1); }
+            float *x = c->x[flip], *y = c->x[flip ^ 1];
+            flip ^= 1;
+            if (c->ci[sh] < 0) launch_old(c->nr, w, x, y, S.out, S.in, st);
+            else launch(c->wk, c->nr, c->pdl, c->ci[sh], w, c->s, x, y, S.out, S.in, ldw, st);
+        }
+    }
+}
+static double chain_bytes(int wk) {
+    double b = 0;
+    for (int layer = 0; layer <= 32; layer++)
+        for (int m = 0; m < 4; m++) {
+            const int sh = layer == 32 ? 4 : m;
+            if (layer == 32 && m > 0) break;
+            b += (double)kShapes[sh].out * row_bytes(wk, kShapes[sh].in);
+        }
+    return b;
+}
+static float chain_ms(cudaStream_t st, Chain *c) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    chain_launches(st, c);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    float best[7];
+    for (int rep = 0; rep < 7; rep++) {
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        CK(cudaEventRecord(a, st));
+        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        cudaEventElapsedTime(&best[rep], a, b);
+        best[rep] /= 5;
+        cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    for (int i = 0; i < 7; i++) // median
+        for (int j = i + 1; j < 7; j++)
+            if (best[j] < best[i]) { float t = best[i]; best[i] = best[j]; best[j] = t; }
+    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+    return best[3];
+}
+
+// ---- a decode layer with the latency-bound kernels between the GEMVs
+// stood in for by one-block waits, with or without bringing the next
+// matrix's first bytes into L2 during each wait (a side branch of the graph).
+__global__ void spin_kernel(long long ns) {
+    if (threadIdx.x) return;
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while ((long long)(t - t0) < ns);
+}
+__global__ void prefetch_l2(const uint8_t *p, size_t bytes) {
+    const size_t piece = 65536;
+    for (size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * piece; off < bytes;
+         off += (size_t)gridDim.x * blockDim.x * piece) {
+        const size_t n = bytes - off < piece ? bytes - off : piece;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"((unsigned)n) : "memory");
+    }
+}
+static float layers_ms(cudaStream_t st, cudaStream_t side, Chain *c, size_t prefetch, int gaps) {
+    const long long gap_ns[4] = {6000, 15000, 4000, 3000}; // norm; rope+kv+attention; norm; silu
+    cudaEvent_t ev[2 * 4 * 33];
+    for (auto &e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    size_t off = 0;
+    int flip = 0, ei = 0;
+    for (int layer = 0; layer <= 32; layer++)
+        for (int m = 0; m < 4; m++) {
+            const int sh = layer == 32 ? 4 : m;
+            if (layer == 32 && m > 0) break;
+            const Shape &S = kShapes[sh];
+            const int64_t ldw = row_bytes(c->wk, S.in);
+            const uint8_t *w = g_pool + off;
+            const size_t mb = (size_t)S.out * ldw;
+            off += mb;
+            cudaEvent_t done = nullptr;
+            if (prefetch) {
+                CK(cudaEventRecord(ev[ei], st));
+                CK(cudaStreamWaitEvent(side, ev[ei++], 0));
+                prefetch_l2<<<16, 32, 0, side>>>(w, prefetch < mb ? prefetch : mb);
+                done = ev[ei++];
+                CK(cudaEventRecord(done, side));
+            }
+            if (gaps) spin_kernel<<<1, 32, 0, st>>>(gap_ns[m]);
+            if (done) CK(cudaStreamWaitEvent(st, done, 0));
+            float *x = c->x[flip], *y = c->x[flip ^ 1];
+            flip ^= 1;
+            launch(c->wk, c->nr, false, c->ci[sh], w, c->s, x, y, S.out, S.in, ldw, st);
+        }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    float t[7];
+    for (int rep = 0; rep < 7; rep++) {
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        CK(cudaEventRecord(a, st));
+        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        cudaEventElapsedTime(&t[rep], a, b);
+        t[rep] /= 5;
+        cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    for (int i = 0; i < 7; i++)
+        for (int j = i + 1; j < 7; j++)
+            if (t[j] < t[i]) { float u = t[i]; t[i] = t[j]; t[j] = u; }
+    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+    for (auto &e : ev) cudaEventDestroy(e);
+    return t[3];
+}
+
+// ---- one token's GEMVs through the production launcher, plain or with the
+// norms, SiLU and residual adds fused (what cuda_gemv's run_fused does)
+static float fused_chain_ms(cudaStream_t st, int wk, int rows, int fused, float *xa, float *xb, float *gamma,
+                            float *s) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    size_t off = 0;
+    for (int layer = 0; layer <= 32; layer++)
+        for (int m = 0; m < 4; m++) {
+            const int sh = layer == 32 ? 4 : m;
+            if (layer == 32 && m > 0) break;
+            const Shape &S = kShapes[sh];
+            Args a = {};
+            a.w = g_pool + off;
+            a.ldw = row_bytes(wk, S.in);
+            off += (size_t)S.out * a.ldw;
+            a.scale = wk == kFp8 ? s : nullptr;
+            a.n_out = S.out, a.cols = S.in, a.ldx = S.in, a.gamma = gamma, a.eps = 1e-5f;
+            int in = kAsIs, acc = 0;
+            if (fused) {
+                if (sh == 0 || sh == 2 || sh == 4) in = kRmsNorm;
+                if (sh == 1 || sh == 3) acc = 1;
+                if (sh == 3) in = kSiluMul, a.ldx = 2 * S.in;
+            }
+            a.x = xa, a.y = xb; // values do not matter for time
+            CK(wk == kBf16 ? launch<kBf16>(a, rows, in, acc, st) : launch<kFp8>(a, rows, in, acc, st));
+        }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    float t[7];
+    for (int rep = 0; rep < 7; rep++) {
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        CK(cudaEventRecord(a, st));
+        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        cudaEventElapsedTime(&t[rep], a, b);
+        t[rep] /= 5;
+        cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    for (int i = 0; i < 7; i++)
+        for (int j = i + 1; j < 7; j++)
+            if (t[j] < t[i]) { float u = t[i]; t[i] = t[j]; t[j] = u; }
+    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+    return t[3];
+}
+
+__global__ void fill_kernel(uint8_t *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        // bf16 pairs and E4M3 quads of modest magnitude, no NaN
+        reinterpret_cast<uint32_t *>(p)[i] = (h & 0x3f3f3f3fu) | 0x38003800u;
+    }
+}
+
+int main(void) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    // (1) correctness
+    int ok = 1, n = 0;
+    const int shapes[][2] = {{100, 4096}, {16, 64}, {37, 4100}, {300, 1000}, {8, 8}};
+    for (int wk = 0; wk < 2; wk++)
+        for (int ci = 0; ci < kNumCfgs; ci++)
+            for (int nr : {1, 2, 3, 8})
+                for (auto &s : shapes) ok &= check(wk, nr, ci, s[0], s[1], st), n++;
+    printf("correctness: %d cases %s\n", n, ok ? "all within 1e-5 of f64 (relative to sum |w x|)" : "FAILED");
+    // (2) bandwidth
+    g_pool_bytes = (size_t)15400 << 20;
+    CK(cudaMalloc(&g_pool, g_pool_bytes));
+    fill_kernel<<<4096, 256, 0, st>>>(g_pool, g_pool_bytes, 7);
+    float *x, *y, *s;
+    CK(cudaMalloc(&x, 2 * 8 * 14336 * 4));
+    CK(cudaMalloc(&y, 8 * 128256 * 4));
+    CK(cudaMalloc(&s, 128256 * 4));
+    CK(cudaMemset(x, 0, 2 * 8 * 14336 * 4));
+    CK(cudaMemset(s, 0, 128256 * 4));
+    CK(cudaStreamSynchronize(st));
+    int best[2][kNumShapes];
+    for (int wk = 0; wk < 2; wk++) {
+        printf("\n%s weights: TB/s (time in us), rows 1 | rows 8\n%-22s", wk ? "E4M3" : "bf16", "config");
+        for (int i = 0; i < kNumShapes; i++) printf(" | %-22s", kShapes[i].name);
+        printf("\n");
+        float best_t[kNumShapes];
+        for (int i = 0; i < kNumShapes; i++) best_t[i] = 1e30f, best[wk][i] = 0;
+        for (int ci = wk ? 0 : -1; ci < kNumCfgs; ci++) {
+            if (ci < 0) printf("%-22s", "old warp/row u4");
+            else printf("kw %2d unit %3d %s  ", kCfgs[ci].kw, kCfgs[ci].ub, kCfgs[ci].blk ? "blocked" : "interlv");
+            for (int i = 0; i < kNumShapes; i++) {
+                const Shape &S = kShapes[i];
+                const double bytes = (double)S.out * row_bytes(wk, S.in);
+                float t[2];
+                for (int k = 0; k < 2; k++) {
+                    One o = {wk, k ? 8 : 1, ci, S.out, S.in, x, y, s};
+                    t[k] = time_ms(st, 40, one_body, &o);
+                }
+                if (ci >= 0 && t[0] < best_t[i]) best_t[i] = t[0], best[wk][i] = ci;
+                printf(" | %4.2f (%5.1f) %4.2f (%5.1f)", bytes / t[0] / 1e9, t[0] * 1e3, bytes / t[1] / 1e9, t[1] * 1e3);
+            }
+            printf("\n");
+        }
+    }
+    // (3) one token's GEMVs
+    printf("\none decode token's GEMVs (32 layers + LM head) as one graph, median of 7x5 replays:\n");
+    for (int wk = 0; wk < 2; wk++) {
+        const double bytes = chain_bytes(wk);
+        for (int variant = 0; variant < 4; variant++) {
+            Chain c = {};
+            c.wk = wk, c.nr = variant == 3 ? 8 : 1, c.pdl = variant >= 2, c.s = s;
+            c.x[0] = x, c.x[1] = x + 8 * 14336;
+            for (int i = 0; i < kNumShapes; i++) c.ci[i] = variant == 0 && wk == 0 ? -1 : best[wk][i];
+            if (variant == 0 && wk) continue;
+            const float ms = chain_ms(st, &c);
+            const char *what[] = {"old kernel", "mma, best config per shape", "mma + PDL", "mma + PDL, 8 rows"};
+            printf("%s %-28s %.3f ms  %.2f TB/s  (%.2f GB; floor at 4.29 TB/s %.3f ms)\n", wk ? "E4M3" : "bf16",
+                   what[variant], ms, bytes / ms / 1e9, bytes / 1e9, bytes / 4.29e12 * 1e3);
+        }
+    }
+    // (5) the production launcher, plain and fused
+    {
+        float *xa, *xb, *gm;
+        CK(cudaMalloc(&xa, 8 * 2 * 14336 * 4));
+        CK(cudaMalloc(&xb, 8 * 128256 * 4));
+        CK(cudaMalloc(&gm, 14336 * 4));
+        CK(cudaMemset(xa, 0, 8 * 2 * 14336 * 4));
+        CK(cudaMemset(gm, 0, 14336 * 4));
+        printf("\nproduction launcher (kernels/cuda/gemv_mma.cuh), one token's GEMVs as a graph:\n");
+        for (int wk = 0; wk < 2; wk++)
+            for (int rows : {1, 2, 8})
+                printf("%s rows %d: plain %.3f ms, fused (norm / SiLU in, residual add out) %.3f ms\n",
+                       wk ? "E4M3" : "bf16", rows, fused_chain_ms(st, wk, rows, 0, xa, xb, gm, s),
+                       fused_chain_ms(st, wk, rows, 1, xa, xb, gm, s));
+    }
+    // (4) the same with waits standing in for the small kernels, and L2 prefetch
+    printf("\nwith 28 us of one-block waits per layer (norm 6, attention 15, norm 4, silu 3):\n");
+    cudaStream_t side;
+    CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    for (int wk = 0; wk < 2; wk++) {
+        Chain c = {};
+        c.wk = wk, c.nr = 1, c.s = s, c.x[0] = x, c.x[1] = x + 8 * 14336;
+        for (int i = 0; i < kNumShapes; i++) c.ci[i] = best[wk][i];
+        printf("%s GEMVs alone %.3f ms; with waits: no prefetch %.3f ms", wk ? "E4M3" : "bf16",
+               layers_ms(st, side, &c, 0, 0), layers_ms(st, side, &c, 0, 1));
+        for (size_t mb : {4, 16, 32})
+            printf(", prefetch %zu MB %.3f ms", mb, layers_ms(st, side, &c, mb << 20, 1));
+        printf("; prefetch 16 MB without waits %.3f ms\n", layers_ms(st, side, &c, (size_t)16 << 20, 0));
+    }
+    return ok ? 0 : 1;
+}
