@@ -269,15 +269,20 @@ __global__ void split_kernel(const float *q, const typename Elem<FP8>::T *K, con
     float m = -INFINITY, l = 0.0f;
     for (int tb = t0; tb <= t1; tb += KB) {
         float sc[KB];
+        // paged: each key's row and slot looked up once (keys past t1, never
+        // loaded, look up t1's block: never past the table); contiguous: the
+        // row is (tb + j) * ts, computed where it is loaded as it always was
         int64_t off[KB], slot[KB];
+        if constexpr (PAGED || FP8) {
 #pragma unroll
-        for (int j = 0; j < KB; j++) key_at<PAGED>(tb + j <= t1 ? tb + j : t1, ts, pg, &off[j], &slot[j]);
+            for (int j = 0; j < KB; j++) key_at<PAGED>(tb + j > t1 ? t1 : tb + j, ts, pg, &off[j], &slot[j]);
+        }
 #pragma unroll
         for (int j = 0; j < KB; j++) {
             float s = 0.0f;
             if (tb + j <= t1) {
                 float kf[DPL];
-                load_dims<DPL>(K + off[j] + kvh * hs + d0, d0, hd, vec, kf);
+                load_dims<DPL>(K + (PAGED || FP8 ? off[j] : (int64_t)(tb + j) * ts) + kvh * hs + d0, d0, hd, vec, kf);
 #pragma unroll
                 for (int i = 0; i < DPL; i++) s = fmaf(qv[i], kf[i], s);
             }
@@ -301,7 +306,7 @@ __global__ void split_kernel(const float *q, const typename Elem<FP8>::T *K, con
 #pragma unroll
         for (int j = 0; j < KB; j++) {
             if (tb + j <= t1) {
-                load_dims<DPL>(V + off[j] + kvh * hs + d0, d0, hd, vec, vf[j]);
+                load_dims<DPL>(V + (PAGED || FP8 ? off[j] : (int64_t)(tb + j) * ts) + kvh * hs + d0, d0, hd, vec, vf[j]);
             } else {
 #pragma unroll
                 for (int i = 0; i < DPL; i++) vf[j][i] = 0.0f;

@@ -120,9 +120,11 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16 *ks, __nv_bfloat16 *vs, 
         const int r = idx / kPieces, c = (idx % kPieces) * 8, t = t0 + r;
         __nv_bfloat16 *kd = ks + r * S + c, *vd = vs + r * S + c;
         if (t <= last) {
-            int64_t off = (int64_t)kvh * hs + c;
-            if constexpr (PAGED) off += (int64_t)pg.table[t / pg.bs] * pg.bstride + (int64_t)(t % pg.bs) * ts;
-            else off += (int64_t)t * ts;
+            int64_t off;
+            if constexpr (PAGED)
+                off = (int64_t)pg.table[t / pg.bs] * pg.bstride + (int64_t)(t % pg.bs) * ts + (int64_t)kvh * hs + c;
+            else
+                off = (int64_t)t * ts + (int64_t)kvh * hs + c;
             cp_async16(kd, K + off);
             cp_async16(vd, V + off);
         } else {
