@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 ldd $B/bin/tessera | grep "not found"
 if [ "${TESTS:-1}" = 1 ]; then
   echo "== stories260K greedy text through each CUDA assembly"
-  for a in cuda-baseline cuda-fast-eager cuda-fast cuda-fast-fp8; do
+  for a in cuda-baseline cuda-fast-eager cuda-fast cuda-fast-fp8 cuda-fast-paged cuda-fast-paged-fp8; do
     $B/bin/tessera run assemblies/$a.yaml -p "Once upon a time" -n 48 --ignore-eos; echo " (exit $?)"
   done
   echo "== GPU tests against transformers"
@@ -23,12 +23,14 @@ if [ "${TESTS:-1}" = 1 ]; then
   $B/tests/bin/test_cuda_prefill
   echo "== FP8 gemv: kernels against an f64 product, cuda-fast-fp8 against transformers"
   $B/tests/bin/test_cuda_fp8
+  echo "== paged KV (bf16, fp8): against transformers and contiguous KV, rollback, pool exhaustion"
+  $B/tests/bin/test_cuda_paged
 fi
 SHAPE=${SHAPE:-llama3-8b}
 echo "== $SHAPE-shaped random bf16 checkpoint"
 CK=/tmp/$SHAPE
 [ -d $CK ] || python3 .device/mk_random_checkpoint.py $SHAPE $CK > /dev/null
-for a in ${ASSEMBLIES:-cuda-baseline cuda-fast-eager cuda-fast cuda-fast-fp8}; do
+for a in ${ASSEMBLIES:-cuda-baseline cuda-fast-eager cuda-fast cuda-fast-fp8 cuda-fast-paged cuda-fast-paged-fp8}; do
   for rep in $(seq ${REPS:-3}); do
     echo -n "$a: "
     $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 256 2>&1 | grep -E "tok/s|error" | tr '\n' ' '
