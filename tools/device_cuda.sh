@@ -25,6 +25,8 @@ if [ "${TESTS:-1}" = 1 ]; then
   $B/tests/bin/test_cuda_fp8
   echo "== paged KV (bf16, fp8): against transformers and contiguous KV, rollback, pool exhaustion"
   $B/tests/bin/test_cuda_paged
+  echo "== paged KV and attention called directly at model shapes against f64"
+  $B/tests/bin/test_cuda_paged_kernels
 fi
 SHAPE=${SHAPE:-llama3-8b}
 echo "== $SHAPE-shaped random bf16 checkpoint"

@@ -14,8 +14,10 @@
  *   sequence the mean KL divergence from the reference's distribution and
  *   the perplexity ratio on the sequence's own next tokens within the
  *   manifest's declared quality (max_mean_kl 0.01, max_ppl_ratio 1.02).
- * - Paged bf16 gives bit for bit the logits of contiguous bf16
- *   (cuda-fast.yaml): the same values, found through a table.
+ * - Paged bf16 (blocks of 3 and 16) gives bit for bit the logits of
+ *   contiguous bf16 (cuda_kv_cache in the same assembly): the same values,
+ *   found through a table; the fixtures also on 100 random tokens in passes
+ *   of 99 + 1 and 40 + 60 rows (the tensor-core prefill kernel, paged).
  * - Rollback: a sequence that runs every pass of 3 rows first with wrong
  *   tokens, truncates them away (blocks given back) and runs the right ones
  *   gives bit for bit the logits of a sequence never truncated.
@@ -216,7 +218,31 @@ static void test_paged_fp8(void **state) {
     unlink(path);
 }
 
-/* Paged bf16 (blocks of 3 and 16) against contiguous bf16: bit for bit. */
+/* Logits of every row of ids run as a pass of first rows, then one of the rest. */
+static float *run_two(tsr_model *m, const int32_t *ids, int n, int vocab, int first) {
+    float *got = malloc((size_t)n * vocab * sizeof *got);
+    assert_non_null(got);
+    tsr_error err;
+    tsr_error_clear(&err);
+    tsr_seq *s;
+    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
+    if (tsr_seq_forward(s, ids, first, got, 1, &err) != TSR_OK ||
+        tsr_seq_forward(s, ids + first, n - first, got + (size_t)first * vocab, 1, &err) != TSR_OK)
+        fail_msg("forward: %s", err.msg);
+    tsr_seq_free(s);
+    return got;
+}
+
+static size_t differing(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t j = 0; j < n; j++) d += memcmp(&a[j], &b[j], sizeof *a) != 0;
+    return d;
+}
+
+/* Paged bf16 (blocks of 3 and 16) against contiguous bf16: bit for bit. The
+ * fixtures also take 100 random tokens as one pass and as passes of 40 + 60
+ * rows: passes of more than 32 rows run the tensor-core prefill kernel,
+ * which reads the paged cache through its table. */
 static void test_paged_equals_contiguous(void **state) {
     (void)state;
     if (!have_gpu()) skip();
@@ -248,6 +274,29 @@ static void test_paged_equals_contiguous(void **state) {
             free(a);
             free(b);
             free(c);
+        }
+        if (i < 3) { /* head_dim 16: the prefill kernel's */
+            enum { N = 100 };
+            int32_t ids[N];
+            uint64_t x = 0x2545F4914F6CDD1Dull;
+            for (int j = 0; j < N; j++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                ids[j] = (int32_t)(x % (uint64_t)ref.vocab);
+            }
+            for (int first = N; first >= 40; first -= 60) {
+                float *a = run_two(mc, ids, N, ref.vocab, first == N ? N - 1 : first);
+                float *b = run_two(m3, ids, N, ref.vocab, first == N ? N - 1 : first);
+                float *c = run_two(m16, ids, N, ref.vocab, first == N ? N - 1 : first);
+                const size_t nn = (size_t)N * ref.vocab, d3 = differing(a, b, nn), d16 = differing(a, c, nn);
+                printf("# %s, 100 random tokens in passes of %d + %d rows: paged bf16 logits differing from "
+                       "contiguous: %zu (blocks of 3), %zu (blocks of 16) of %zu\n", cases[i].dir,
+                       first == N ? N - 1 : first, first == N ? 1 : N - first, d3, d16, nn);
+                assert_int_equal(d3, 0);
+                assert_int_equal(d16, 0);
+                free(a);
+                free(b);
+                free(c);
+            }
         }
         tsr_model_free(mc);
         tsr_model_free(m3);
