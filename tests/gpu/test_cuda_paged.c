@@ -9,11 +9,13 @@
  *   cuda-fast-paged.yaml, cuda-fast-paged-fp8.yaml and the same with blocks
  *   of 3 tokens (many blocks, boundaries inside every pass). Bound, stated:
  *       |logit - reference| <= TOL_ABS + TOL_REL * max|reference logit of the row|
- *   (test_cuda.c's bound for bf16 KV), the argmax equal to the reference's
- *   wherever its top-2 margin exceeds twice the bound, and over the whole
- *   sequence the mean KL divergence from the reference's distribution and
- *   the perplexity ratio on the sequence's own next tokens within the
- *   manifest's declared quality (max_mean_kl 0.01, max_ppl_ratio 1.02).
+ *   with TOL_ABS 0.02, TOL_REL 0.05 for bf16 KV (test_cuda.c's bound) and
+ *   0.1, 0.75 for fp8 KV (test_cuda_fp8.c's: a catcher of garbage, see
+ *   below), the argmax equal to the reference's wherever its top-2 margin
+ *   exceeds twice the bound, and over the whole sequence the mean KL
+ *   divergence from the reference's distribution and the perplexity ratio
+ *   on the sequence's own next tokens within the quality the manifest
+ *   declares (read from the catalog).
  * - Paged bf16 (blocks of 3 and 16) gives bit for bit the logits of
  *   contiguous bf16 (cuda_kv_cache in the same assembly): the same values,
  *   found through a table; the fixtures also on 100 random tokens in passes
@@ -39,16 +41,26 @@
 #include <cmocka.h>
 
 #include "core/format/safetensors.h"
+#include "core/host/catalog.h"
+#include "core/host/diag.h"
 #include "core/runtime/runtime.h"
 #include "tests/gpu/gpu_check.h"
 #ifdef TESSERA_CUDA
 #include "core/cuda/device.h"
 #endif
 
+/* bf16 KV: test_cuda.c's bound for bf16 weights, activations and KV. */
 #define TOL_ABS 0.02
 #define TOL_REL 0.05
-#define MAX_MEAN_KL 0.01  /* manifests/cuda_kv_paged.yaml */
-#define MAX_PPL_RATIO 1.02
+/* fp8 KV: loose on purpose, test_cuda_fp8.c's bound for FP8 weights and
+ * activations (e4m3 keeps 3 mantissa bits and the tiny random fixtures
+ * amplify rounding from layer to layer; a CPU simulation of FP8 weights and
+ * activations moved their logits by up to 2.1 where max|logit| is about 5).
+ * KV quantised per token and head perturbs less than that; this bound
+ * catches garbage (NaN, wrong scales, wrong blocks), and the mean KL and
+ * perplexity ratio against the manifest's bound are the quality check. */
+#define TOL_ABS_FP8 0.1
+#define TOL_REL_FP8 0.75
 
 static const char *src_dir(void) {
     const char *s = getenv("TESSERA_SOURCE_DIR");
@@ -116,8 +128,26 @@ static float *run(tsr_model *m, const int32_t *ids, int n, int vocab, int step, 
     return got;
 }
 
+/* The quality cuda_kv_paged's manifest declares (read from the catalog). */
+static double manifest_kl = -1, manifest_ppl = -1;
+
+static void manifest_bound(void) {
+    if (manifest_kl >= 0) return;
+    tsr_catalog *cat;
+    tsr_diag d;
+    tsr_diag_init(&d);
+    if (tsr_catalog_load(getenv("TESSERA_CATALOG"), &cat, &d) != TSR_OK) fail_msg("catalog does not load");
+    const tsr_manifest *m = tsr_catalog_find(cat, "cuda_kv_paged");
+    assert_non_null(m);
+    assert_true(m->has_quality);
+    manifest_kl = m->max_mean_kl;
+    manifest_ppl = m->max_ppl_ratio;
+    tsr_catalog_free(cat);
+    tsr_diag_free(&d);
+}
+
 /* got against the reference: per-row bound, argmax, mean KL and ppl ratio. */
-static void check_quality(const char *what, const gpu_ref *ref, const float *got) {
+static void check_quality(const char *what, const gpu_ref *ref, const float *got, double tol_abs, double tol_rel) {
     const int n = ref->n, vocab = ref->vocab;
     double *lw = malloc((size_t)vocab * sizeof *lw), *lg = malloc((size_t)vocab * sizeof *lg);
     assert_true(lw && lg);
@@ -125,7 +155,7 @@ static void check_quality(const char *what, const gpu_ref *ref, const float *got
     int argmax_checked = 0;
     for (int r = 0; r < n; r++) {
         const float *w = ref->want + (size_t)r * vocab, *g = got + (size_t)r * vocab;
-        const gpu_row c = gpu_check_row(w, g, vocab, TOL_ABS, TOL_REL);
+        const gpu_row c = gpu_check_row(w, g, vocab, tol_abs, tol_rel);
         if (!(c.worst <= c.bound)) fail_msg("%s row %d: |logit diff| %g > bound %g", what, r, c.worst, c.bound);
         if (c.worst > worst) worst = c.worst;
         if (c.worst / c.bound > worst_rel) worst_rel = c.worst / c.bound;
@@ -147,8 +177,10 @@ static void check_quality(const char *what, const gpu_ref *ref, const float *got
     const double ppl_ratio = n > 1 ? exp((nll_got - nll_want) / (n - 1)) : 1.0;
     printf("# %s: max |diff| %.4g (%.0f%% of the bound), argmax equal on %d/%d rows with a clear margin, "
            "mean KL %.3g, ppl ratio %.5f\n", what, worst, 100 * worst_rel, argmax_checked, n, kl, ppl_ratio);
-    if (!(kl <= MAX_MEAN_KL)) fail_msg("%s: mean KL %g > %g", what, kl, MAX_MEAN_KL);
-    if (!(ppl_ratio <= MAX_PPL_RATIO)) fail_msg("%s: perplexity ratio %g > %g", what, ppl_ratio, MAX_PPL_RATIO);
+    manifest_bound();
+    if (!(kl <= manifest_kl)) fail_msg("%s: mean KL %g > %g (the manifest's)", what, kl, manifest_kl);
+    if (!(ppl_ratio <= manifest_ppl))
+        fail_msg("%s: perplexity ratio %g > %g (the manifest's)", what, ppl_ratio, manifest_ppl);
     free(lw);
     free(lg);
 }
@@ -174,7 +206,7 @@ static int model_cases(model_case *c) {
 }
 
 /* Every model through the assembly, as one prefill and in passes of 1 and 3. */
-static void against_transformers(const char *asm_path, const char *label) {
+static void against_transformers(const char *asm_path, const char *label, int fp8) {
     model_case cases[4];
     const int n_cases = model_cases(cases);
     for (int i = 0; i < n_cases; i++) {
@@ -188,7 +220,7 @@ static void against_transformers(const char *asm_path, const char *label) {
             char what[4400];
             snprintf(what, sizeof what, "%.3000s via %.1000s, passes of %d rows (%llu replayed)", cases[i].dir, label,
                      step ? step : ref.n, (unsigned long long)replays);
-            check_quality(what, &ref, got);
+            check_quality(what, &ref, got, fp8 ? TOL_ABS_FP8 : TOL_ABS, fp8 ? TOL_REL_FP8 : TOL_REL);
             free(got);
         }
         tsr_model_free(m);
@@ -201,9 +233,9 @@ static void test_paged_bf16(void **state) {
     if (!have_gpu()) skip();
     char path[4096];
     snprintf(path, sizeof path, "%s/assemblies/cuda-fast-paged.yaml", src_dir());
-    against_transformers(path, "cuda-fast-paged");
+    against_transformers(path, "cuda-fast-paged", 0);
     write_assembly(path, sizeof path, "bf16", 3, 0);
-    against_transformers(path, "paged bf16, blocks of 3");
+    against_transformers(path, "paged bf16, blocks of 3", 0);
     unlink(path);
 }
 
@@ -212,9 +244,9 @@ static void test_paged_fp8(void **state) {
     if (!have_gpu()) skip();
     char path[4096];
     snprintf(path, sizeof path, "%s/assemblies/cuda-fast-paged-fp8.yaml", src_dir());
-    against_transformers(path, "cuda-fast-paged-fp8");
+    against_transformers(path, "cuda-fast-paged-fp8", 1);
     write_assembly(path, sizeof path, "f8_e4m3", 3, 0);
-    against_transformers(path, "paged fp8, blocks of 3");
+    against_transformers(path, "paged fp8, blocks of 3", 1);
     unlink(path);
 }
 
