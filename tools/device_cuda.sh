@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 ldd $B/bin/tessera | grep "not found"
 if [ "${TESTS:-1}" = 1 ]; then
   echo "== stories260K greedy text through each CUDA assembly"
-  for a in cuda-baseline cuda-fast-eager cuda-fast cuda-fast-fp8; do
+  for a in cuda-baseline cuda-fast-eager cuda-fast cuda-fast-fp8 cuda-fast-paged cuda-fast-paged-fp8; do
     $B/bin/tessera run assemblies/$a.yaml -p "Once upon a time" -n 48 --ignore-eos; echo " (exit $?)"
   done
   echo "== GPU tests against transformers"
@@ -25,12 +25,16 @@ if [ "${TESTS:-1}" = 1 ]; then
   $B/tests/bin/test_cuda_fp8
   echo "== decode GEMV kernels (cuda_gemv, cuda_gemv_fp8) against an f64 product"
   $B/tests/bin/test_cuda_gemv
+  echo "== paged KV (bf16, fp8): against transformers and contiguous KV, rollback, pool exhaustion"
+  $B/tests/bin/test_cuda_paged
+  echo "== paged KV and attention called directly at model shapes against f64"
+  $B/tests/bin/test_cuda_paged_kernels
 fi
 SHAPE=${SHAPE:-llama3-8b}
 echo "== $SHAPE-shaped random bf16 checkpoint"
 CK=/tmp/$SHAPE
 [ -d $CK ] || python3 .device/mk_random_checkpoint.py $SHAPE $CK > /dev/null
-for a in ${ASSEMBLIES:-cuda-baseline cuda-fast-eager cuda-fast cuda-fast-fp8}; do
+for a in ${ASSEMBLIES:-cuda-baseline cuda-fast-eager cuda-fast cuda-fast-fp8 cuda-fast-paged cuda-fast-paged-fp8}; do
   for rep in $(seq ${REPS:-3}); do
     echo -n "$a: "
     $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 256 2>&1 | grep -E "tok/s|error" | tr '\n' ' '

@@ -1,4 +1,6 @@
-// cuda_attention - attention on an NVIDIA GPU over bf16 contiguous KV.
+// cuda_attention - attention on an NVIDIA GPU over bf16 contiguous KV
+// (cuda_attention_ref), or bf16 / FP8 E4M3, contiguous / paged KV
+// (cuda_attention).
 //
 // Built twice from this file:
 // - cuda_attention_ref (the CUDA baseline): one thread block per (row, head);
@@ -7,8 +9,13 @@
 // - cuda_attention (CUDA_ATTN_SPLIT): split-K flash-decoding: the keys of
 //   each (row, KV head) are cut into chunks processed by separate blocks with
 //   an online softmax for every query head of the group (K/V read once per
-//   group), then one pass merges the chunks' partial results.
+//   group), then one pass merges the chunks' partial results. The kernel is
+//   a template on the layout (contiguous or paged: a key's row found through
+//   the block table) and the element type (bf16, or E4M3 times the token's
+//   per-head scale); bf16 contiguous compiles to the same code as before.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -181,6 +188,52 @@ __device__ __forceinline__ void load_dims(const __nv_bfloat16 *p, int d0, int hd
     for (int i = 0; i < DPL; i++) out[i] = d0 + i < hd ? __bfloat162float(p[i]) : 0.0f;
 }
 
+// DPL E4M3 bytes of a K or V row from p, widened (unscaled); like load_dims.
+template <int DPL>
+__device__ __forceinline__ void load_dims(const __nv_fp8_e4m3 *p, int d0, int hd, bool vec, float *out) {
+    const uint8_t *b = reinterpret_cast<const uint8_t *>(p);
+    if constexpr (DPL == 2 || DPL == 4 || DPL == 8) {
+        if (vec && d0 + DPL <= hd) {
+            uint8_t r[DPL];
+            if constexpr (DPL == 2) *reinterpret_cast<uint16_t *>(r) = *reinterpret_cast<const uint16_t *>(b);
+            if constexpr (DPL == 4) *reinterpret_cast<uint32_t *>(r) = *reinterpret_cast<const uint32_t *>(b);
+            if constexpr (DPL == 8) *reinterpret_cast<uint2 *>(r) = *reinterpret_cast<const uint2 *>(b);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) out[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(r[i], __NV_E4M3)));
+            return;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++)
+        out[i] = d0 + i < hd ? __half2float(__half(__nv_cvt_fp8_to_halfraw(b[i], __NV_E4M3))) : 0.0f;
+}
+
+// What a paged or quantised view adds to (K, V, token stride, head stride).
+struct Paging {
+    const int32_t *table; // PAGED: block ids
+    int bs;               // PAGED: tokens per block
+    int64_t bstride;      // PAGED: elements between blocks
+    const float *ks, *vs; // FP8: scale of (slot, KV head) at [slot * n_kv + h]
+};
+
+template <bool FP8> struct Elem { using T = __nv_bfloat16; };
+template <> struct Elem<true> { using T = __nv_fp8_e4m3; };
+
+// Where key t's row starts (elements, before the head offset) and its slot
+// (the scales' index): t * ts and t when contiguous; through the table when
+// paged (block b = table[t / bs]: b * bstride + (t % bs) * ts, b * bs + t % bs).
+template <bool PAGED>
+__device__ __forceinline__ void key_at(int t, int64_t ts, const Paging &pg, int64_t *off, int64_t *slot) {
+    if constexpr (PAGED) {
+        const int64_t b = pg.table[t / pg.bs], i = t % pg.bs;
+        *off = b * pg.bstride + i * ts;
+        *slot = b * pg.bs + i;
+    } else {
+        *off = (int64_t)t * ts;
+        *slot = t;
+    }
+}
+
 // Split-K: grid (rows * n_kv_heads, n_splits); block = one warp per query
 // head of the group (group <= 8 warps), each lane holding head_dim/32 dims.
 // Writes per split: max m, sum l and unnormalised o[hd] per query head.
@@ -188,11 +241,12 @@ __device__ __forceinline__ void load_dims(const __nv_bfloat16 *p, int d0, int hd
 // even, each row's keys are cut into n_splits equal chunks (chunk ignored):
 // decode and verification passes do that captured or not, so a replayed
 // graph computes exactly what the same pass issued eagerly does.
-template <int DPL> // dims per lane: ceil(hd / 32); lanes past hd hold nothing
-__global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bfloat16 *V,
+// PAGED / FP8: keys found through pg's table / E4M3 scaled by pg's scales.
+template <int DPL, bool PAGED, bool FP8> // DPL: dims per lane, ceil(hd / 32); lanes past hd hold nothing
+__global__ void split_kernel(const float *q, const typename Elem<FP8>::T *K, const typename Elem<FP8>::T *V,
                              float *part, int n_heads, int n_kv, int group, int hd, int64_t ts, int64_t hs,
                              bool vec, int pos0, const int32_t *dev_pos0, bool even, int window, float scale,
-                             int chunk, int n_splits) {
+                             int chunk, int n_splits, Paging pg) {
     const int row = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = kvh * group + warp;
@@ -215,12 +269,20 @@ __global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_
     float m = -INFINITY, l = 0.0f;
     for (int tb = t0; tb <= t1; tb += KB) {
         float sc[KB];
+        // paged: each key's row and slot looked up once (keys past t1, never
+        // loaded, look up t1's block: never past the table); contiguous: the
+        // row is (tb + j) * ts, computed where it is loaded as it always was
+        int64_t off[KB], slot[KB];
+        if constexpr (PAGED || FP8) {
+#pragma unroll
+            for (int j = 0; j < KB; j++) key_at<PAGED>(tb + j > t1 ? t1 : tb + j, ts, pg, &off[j], &slot[j]);
+        }
 #pragma unroll
         for (int j = 0; j < KB; j++) {
             float s = 0.0f;
             if (tb + j <= t1) {
                 float kf[DPL];
-                load_dims<DPL>(K + (int64_t)(tb + j) * ts + kvh * hs + d0, d0, hd, vec, kf);
+                load_dims<DPL>(K + (PAGED || FP8 ? off[j] : (int64_t)(tb + j) * ts) + kvh * hs + d0, d0, hd, vec, kf);
 #pragma unroll
                 for (int i = 0; i < DPL; i++) s = fmaf(qv[i], kf[i], s);
             }
@@ -229,13 +291,22 @@ __global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_
 #pragma unroll
         for (int j = 0; j < KB; j++)
             for (int o = 16; o > 0; o >>= 1) sc[j] += __shfl_xor_sync(0xffffffffu, sc[j], o);
+        float vsc[KB]; // FP8: each key's V scale, folded into its weight
+        if constexpr (FP8) {
+#pragma unroll
+            for (int j = 0; j < KB; j++) {
+                const bool in = tb + j <= t1;
+                sc[j] *= in ? pg.ks[slot[j] * n_kv + kvh] : 0.0f;
+                vsc[j] = in ? pg.vs[slot[j] * n_kv + kvh] : 0.0f;
+            }
+        }
         // the batch's values too, all in flight before any is used (keys past
         // t1 read as zeros and weigh nothing)
         float vf[KB][DPL];
 #pragma unroll
         for (int j = 0; j < KB; j++) {
             if (tb + j <= t1) {
-                load_dims<DPL>(V + (int64_t)(tb + j) * ts + kvh * hs + d0, d0, hd, vec, vf[j]);
+                load_dims<DPL>(V + (PAGED || FP8 ? off[j] : (int64_t)(tb + j) * ts) + kvh * hs + d0, d0, hd, vec, vf[j]);
             } else {
 #pragma unroll
                 for (int i = 0; i < DPL; i++) vf[j][i] = 0.0f;
@@ -253,8 +324,10 @@ __global__ void split_kernel(const float *q, const __nv_bfloat16 *K, const __nv_
         for (int j = 0; j < KB; j++) {
             const float p = tb + j <= t1 ? __expf(sc[j] - mn) : 0.0f;
             l += p;
+            float pv = p;
+            if constexpr (FP8) pv = p * vsc[j];
 #pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] = fmaf(p, vf[j][i], acc[i]);
+            for (int i = 0; i < DPL; i++) acc[i] = fmaf(pv, vf[j][i], acc[i]);
         }
         m = mn;
     }
@@ -298,6 +371,25 @@ __global__ void merge_kernel(const float *part, float *out, int hd, int n_splits
     }
 }
 
+// One split_kernel launch of the instance for head_dim's dims per lane.
+template <bool PAGED, bool FP8>
+void launch_split(dim3 grid, int threads, cudaStream_t st, const tsr_attn_args *x, const tsr_kv_view *kv,
+                  float *part, int group, bool vec, const int32_t *dev_pos0, bool even, int chunk, int n_splits) {
+    using T = typename Elem<FP8>::T;
+    const T *K = static_cast<const T *>(kv->k), *V = static_cast<const T *>(kv->v);
+    const Paging pg = {kv->block_table, kv->block_size, kv->block_stride, kv->k_scale, kv->v_scale};
+    switch ((x->head_dim + 31) / 32) {
+#define CASE(D)                                                                                          \
+    case D:                                                                                              \
+        split_kernel<D, PAGED, FP8><<<grid, threads, 0, st>>>(                                           \
+            x->q, K, V, part, x->n_heads, x->n_kv_heads, group, x->head_dim, kv->token_stride,             \
+            kv->head_stride, vec, x->pos0, dev_pos0, even, x->window, x->scale, chunk, n_splits, pg);     \
+        break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    }
+}
+
 #endif
 
 int a_init(void *inst, const tsr_plugin_ctx *ctx) {
@@ -334,10 +426,28 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
     Attn *a = static_cast<Attn *>(inst);
     const tsr_kv_view *kv = x->kv;
     cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
-    if (kv->dtype != TSR_DTYPE_BF16 || kv->layout != TSR_KV_CONTIGUOUS) {
+    const bool plain = kv->dtype == TSR_DTYPE_BF16 && kv->layout == TSR_KV_CONTIGUOUS;
+#ifdef CUDA_ATTN_SPLIT
+    if ((kv->dtype != TSR_DTYPE_BF16 && kv->dtype != TSR_DTYPE_F8_E4M3) ||
+        (kv->layout != TSR_KV_CONTIGUOUS && kv->layout != TSR_KV_PAGED)) {
+        a->ctx->host->set_error(a->ctx, "reads bf16 or f8_e4m3 KV, contiguous or paged (dtype %u layout %u)",
+                                kv->dtype, kv->layout);
+        return TSR_ERR_UNSUPPORTED;
+    }
+    if (kv->dtype == TSR_DTYPE_F8_E4M3 && (!kv->k_scale || !kv->v_scale)) {
+        a->ctx->host->set_error(a->ctx, "f8_e4m3 KV without its scales");
+        return TSR_ERR_INVALID;
+    }
+    if (kv->layout == TSR_KV_PAGED && (!kv->block_table || kv->block_size <= 0 || kv->block_stride < 0)) {
+        a->ctx->host->set_error(a->ctx, "paged KV without a block table (block_size %d)", kv->block_size);
+        return TSR_ERR_INVALID;
+    }
+#else
+    if (!plain) {
         a->ctx->host->set_error(a->ctx, "reads bf16 contiguous KV only (dtype %u layout %u)", kv->dtype, kv->layout);
         return TSR_ERR_UNSUPPORTED;
     }
+#endif
     if (x->n_kv_heads <= 0 || x->n_heads % x->n_kv_heads || x->head_dim > kMaxHeadDim ||
         kv->n_tokens < x->pos0 + x->rows) {
         a->ctx->host->set_error(a->ctx, "unsupported shape: %d heads, %d kv heads, head_dim %d", x->n_heads,
@@ -359,6 +469,10 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
     }
     const int32_t *dev_pos0 = ex->step ? &ex->step->pos0 : nullptr;
     const bool split_ok = group <= 32 && x->head_dim <= 256;
+    if (!split_ok && !plain) { /* the baseline kernels below read bf16 contiguous KV only */
+        a->ctx->host->set_error(a->ctx, "%d query heads per kv head over paged or fp8 KV: at most 32", group);
+        return TSR_ERR_UNSUPPORTED;
+    }
     if (dev_pos0 && (!split_ok || !a->graph_scratch || x->rows > TSR_GRAPH_MAX_ROWS ||
                      x->n_heads != a->ctx->model->n_heads || x->head_dim != a->ctx->model->head_dim)) {
         a->ctx->host->set_error(a->ctx, "a captured pass of %d rows, %d heads of %d, %d kv heads is not one "
@@ -387,19 +501,19 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
         }
         dim3 grid(x->rows * x->n_kv_heads, n_splits);
         const int threads = 32 * group, dpl = (x->head_dim + 31) / 32;
+        const bool paged = kv->layout == TSR_KV_PAGED, fp8 = kv->dtype == TSR_DTYPE_F8_E4M3;
+        const size_t esize = fp8 ? 1 : 2;
         const bool vec = kv->token_stride % dpl == 0 && kv->head_stride % dpl == 0 &&
-                         (reinterpret_cast<uintptr_t>(K) | reinterpret_cast<uintptr_t>(V)) % (2 * dpl) == 0;
-        switch ((x->head_dim + 31) / 32) {
-#define CASE(D)                                                                                   \
-    case D:                                                                                       \
-        split_kernel<D><<<grid, threads, 0, st>>>(x->q, K, V, part, x->n_heads, x->n_kv_heads,    \
-                                                  group, x->head_dim, kv->token_stride, kv->head_stride, vec, \
-                                                  x->pos0, dev_pos0, even, x->window, x->scale,   \
-                                                  chunk, n_splits);                               \
-        break;
-            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-#undef CASE
-        }
+                         (!paged || kv->block_stride % dpl == 0) &&
+                         (reinterpret_cast<uintptr_t>(kv->k) | reinterpret_cast<uintptr_t>(kv->v)) % (esize * dpl) == 0;
+        if (!paged && !fp8)
+            launch_split<false, false>(grid, threads, st, x, kv, part, group, vec, dev_pos0, even, chunk, n_splits);
+        else if (!paged)
+            launch_split<false, true>(grid, threads, st, x, kv, part, group, vec, dev_pos0, even, chunk, n_splits);
+        else if (!fp8)
+            launch_split<true, false>(grid, threads, st, x, kv, part, group, vec, dev_pos0, even, chunk, n_splits);
+        else
+            launch_split<true, true>(grid, threads, st, x, kv, part, group, vec, dev_pos0, even, chunk, n_splits);
         merge_kernel<<<x->rows * x->n_heads, 128, 0, st>>>(part, x->out, x->head_dim, n_splits, x->n_heads);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) {

@@ -1,4 +1,5 @@
-// prefill.cu - causal attention of many query rows over bf16 contiguous KV,
+// prefill.cu - causal attention of many query rows over bf16 KV (contiguous,
+// or paged: each key's row found through the block table),
 // flash-attention-2 style on tensor cores (mma.sync m16n8k16, bf16 in, f32
 // accumulate).
 //
@@ -99,19 +100,31 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t *hi, uint3
     *lo = pack_bf16(__float2bfloat16_rn(x - __bfloat162float(hx)), __float2bfloat16_rn(y - __bfloat162float(hy)));
 }
 
+// A paged view's block table (PAGED instances only): key t's row starts at
+// table[t / bs] * bstride + (t % bs) * ts elements.
+struct Pages {
+    const int32_t *table;
+    int bs;
+    int64_t bstride;
+};
+
 // Keys [t0, t0 + kBN) of KV head kvh into one buffer: cp.async for keys
 // <= last, zeros past it (never read from global memory).
-template <int HD>
+template <int HD, bool PAGED>
 __device__ __forceinline__ void load_tile(__nv_bfloat16 *ks, __nv_bfloat16 *vs, const __nv_bfloat16 *K,
                                           const __nv_bfloat16 *V, int t0, int last, int kvh, int64_t ts,
-                                          int64_t hs) {
+                                          int64_t hs, const Pages &pg) {
     constexpr int kPieces = HD / 8; // 16-byte pieces per key
     constexpr int S = Layout<HD>::kStride;
     for (int idx = threadIdx.x; idx < kBN * kPieces; idx += kThreads) {
         const int r = idx / kPieces, c = (idx % kPieces) * 8, t = t0 + r;
         __nv_bfloat16 *kd = ks + r * S + c, *vd = vs + r * S + c;
         if (t <= last) {
-            const int64_t off = (int64_t)t * ts + (int64_t)kvh * hs + c;
+            int64_t off;
+            if constexpr (PAGED)
+                off = (int64_t)pg.table[t / pg.bs] * pg.bstride + (int64_t)(t % pg.bs) * ts + (int64_t)kvh * hs + c;
+            else
+                off = (int64_t)t * ts + (int64_t)kvh * hs + c;
             cp_async16(kd, K + off);
             cp_async16(vd, V + off);
         } else {
@@ -122,11 +135,11 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16 *ks, __nv_bfloat16 *vs, 
     cp_async_commit();
 }
 
-template <int HD>
+template <int HD, bool PAGED>
 __global__ void __launch_bounds__(kThreads, 2)
 prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K, const __nv_bfloat16 *__restrict__ V,
                float *__restrict__ out, int rows, int pos0, int n_heads, int group, int rows_per_block, int64_t ts,
-               int64_t hs, int window, float scale_log2) {
+               int64_t hs, int window, float scale_log2, Pages pg) {
     using L = Layout<HD>;
     constexpr int S = L::kStride;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -146,7 +159,7 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
     const int kb0 = window > 0 ? max(0, pos0 + r0 - window + 1) : 0;
     const int n_tiles = (kb1 - kb0 + kBN) / kBN;
 
-    load_tile<HD>(k_s, v_s, K, V, kb0, kb1, kvh, ts, hs);
+    load_tile<HD, PAGED>(k_s, v_s, K, V, kb0, kb1, kvh, ts, hs, pg);
 
     // Q as hi and lo bf16 halves; virtual rows past the block's rows are 0.
     for (int idx = threadIdx.x; idx < kBM * HD; idx += kThreads) {
@@ -188,7 +201,7 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
     for (int j = 0; j < n_tiles; j++) {
         if (j + 1 < n_tiles) {
             const int b = (j + 1) & 1;
-            load_tile<HD>(k_s + b * L::kKV, v_s + b * L::kKV, K, V, kb0 + (j + 1) * kBN, kb1, kvh, ts, hs);
+            load_tile<HD, PAGED>(k_s + b * L::kKV, v_s + b * L::kKV, K, V, kb0 + (j + 1) * kBN, kb1, kvh, ts, hs, pg);
             cp_async_wait<1>(); // tile j has landed (this thread's copies)
         } else {
             cp_async_wait<0>();
@@ -297,26 +310,38 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
     }
 }
 
-template <int HD>
+template <int HD, bool PAGED>
 cudaError_t launch(const tsr_attn_args *a, cudaStream_t st) {
     const tsr_kv_view *kv = a->kv;
     const int group = a->n_heads / a->n_kv_heads, rows_per_block = kBM / group;
     const size_t smem = Layout<HD>::kBytes;
-    cudaError_t e = cudaFuncSetAttribute(prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e =
+        cudaFuncSetAttribute(prefill_kernel<HD, PAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((a->rows + rows_per_block - 1) / rows_per_block, a->n_kv_heads);
     const float scale_log2 = a->scale * 1.4426950408889634f; // exp(x) = exp2(x * log2(e))
-    prefill_kernel<HD><<<grid, kThreads, smem, st>>>(
+    const Pages pg = {kv->block_table, kv->block_size, kv->block_stride};
+    prefill_kernel<HD, PAGED><<<grid, kThreads, smem, st>>>(
         a->q, static_cast<const __nv_bfloat16 *>(kv->k), static_cast<const __nv_bfloat16 *>(kv->v), a->out, a->rows,
-        a->pos0, a->n_heads, group, rows_per_block, kv->token_stride, kv->head_stride, a->window, scale_log2);
+        a->pos0, a->n_heads, group, rows_per_block, kv->token_stride, kv->head_stride, a->window, scale_log2, pg);
     return cudaGetLastError();
+}
+
+template <int HD>
+cudaError_t launch(const tsr_attn_args *a, cudaStream_t st) {
+    return a->kv->layout == TSR_KV_PAGED ? launch<HD, true>(a, st) : launch<HD, false>(a, st);
 }
 
 } // namespace
 
 extern "C" int cuda_attn_prefill_supported(const tsr_attn_args *a) {
     const tsr_kv_view *kv = a ? a->kv : nullptr;
-    if (!kv || !a->q || !a->out || kv->dtype != TSR_DTYPE_BF16 || kv->layout != TSR_KV_CONTIGUOUS) return 0;
+    if (!kv || !a->q || !a->out || kv->dtype != TSR_DTYPE_BF16) return 0;
+    if (kv->layout == TSR_KV_PAGED) {
+        if (!kv->block_table || kv->block_size <= 0 || kv->block_stride % 8 || kv->block_stride < 0) return 0;
+    } else if (kv->layout != TSR_KV_CONTIGUOUS) {
+        return 0;
+    }
     if (a->rows < 1 || a->pos0 < 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads ||
         a->n_heads / a->n_kv_heads > kBM || a->n_kv_heads > 65535)
         return 0;

@@ -1,6 +1,6 @@
 /*
  * prefill.h - cuda_attention's prefill kernel: causal attention of many
- * query rows at once over bf16 contiguous KV, flash-attention-2 style on
+ * query rows at once over bf16 KV (contiguous or paged), flash-attention-2 style on
  * tensor cores (prefill.cu). C linkage so that the GPU tests can call it
  * directly as well as through the plugin.
  *
@@ -22,7 +22,8 @@ extern "C" {
  * kernel (fewer rows: decode and verification keep the split-K kernel). */
 #define CUDA_ATTN_PREFILL_MIN_ROWS 33
 
-/* 1 if cuda_attn_prefill can run a: bf16 contiguous KV whose k and v are
+/* 1 if cuda_attn_prefill can run a: bf16 KV, contiguous or paged (a block
+ * table, block_stride a multiple of 8 elements), whose k and v are
  * 16-byte aligned with token and head strides multiples of 8 elements,
  * head_dim 16, 32, 64 or 128, n_heads a multiple of n_kv_heads with at most
  * 64 query heads per KV head, rows >= 1, pos0 >= 0, and a view holding
