@@ -110,7 +110,7 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
     g->greedy = !(p->sampling.temperature > 0.0f && p->sampling.top_k != 1);
     g->want_raw = p->logprobs || p->top_logprobs;
     g->greedy_ids = tsr_sampler_plain_greedy(g->sampler) && !g->want_raw;
-    if (!g->greedy_ids && !g->want_raw && m->be->sample) {
+    if (!g->greedy_ids && !g->want_raw && m->be->sample && !m->host_sampling) {
         int rc2 = tsr_dev_sampler_new(m->be, g->sampler, vocab, &g->dev, err);
         if (rc2 != TSR_OK) {
             tsr_gen_free(g);

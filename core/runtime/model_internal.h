@@ -97,6 +97,7 @@ struct tsr_model {
     float *head_out;              /* where the pass in flight writes logits */
     const tsr_exec *cur_ex;       /* the exec of the pass in flight */
     int graphs_on;                /* the assembly's runtime.cuda_graphs (off while profiling) */
+    int host_sampling;            /* tsr_model_opts.host_sampling */
     tsr_prof *prof;               /* [2] with tsr_model_opts.profile, else NULL */
     int prof_phase;
     tsr_graph graphs[TSR_GRAPH_CACHE];
