@@ -218,14 +218,18 @@ __device__ bool select_first(const float *key, const float *wt, int V, bool mass
 }
 
 // Keep the candidates up to (tu, tid) in order; the rest are dropped.
-__device__ void keep_first(float *key, float *wt, int V, uint32_t tu, int tid) {
+// Returns this thread's share (its ids, strided) of the weights kept.
+__device__ double keep_first(float *key, float *wt, int V, uint32_t tu, int tid) {
+    double part = 0;
     for (int i = threadIdx.x; i < V; i += kT) {
         const float k = key[i];
         if (isnan(k)) continue;
         const uint32_t u = ordered(k);
         if (!(u > tu || (u == tu && i <= tid))) key[i] = NAN, wt[i] = 0.0f;
+        else part = __dadd_rn(part, (double)wt[i]);
     }
     __syncthreads();
+    return part;
 }
 
 __device__ bool weight_ok(float v) { return v > 0 && v <= FLT_MAX; }
@@ -259,16 +263,21 @@ __global__ void __launch_bounds__(kT) sample_k(const float *logits, const int32_
     }
 
     // Candidates: the +inf keys if any (uniform: key 0), else the finite
-    // ones; weights relative to the top.
+    // ones; weights relative to the top. part: this thread's share (its
+    // ids, strided) of the weights in wt, kept up to date by every filter
+    // so that no pass is spent on the sums alone.
     const bool inf_mode = best == INFINITY;
     const double mx = inf_mode ? 0.0 : (double)best;
     int nc = 0;
+    double part = 0;
     for (int i = t; i < V; i += kT) {
         const float l = key[i];
         const bool c = inf_mode ? l == INFINITY : isfinite(l);
         const float k = __fadd_rn(inf_mode ? 0.0f : l, 0.0f); // -0 as +0: equal keys, equal codes
+        const float w = c ? (float)exp(__dsub_rn((double)k, mx)) : 0.0f;
         key[i] = c ? k : NAN;
-        wt[i] = c ? (float)exp(__dsub_rn((double)k, mx)) : 0.0f;
+        wt[i] = w;
+        part = __dadd_rn(part, (double)w);
         nc += c;
     }
     nc = block_sum_int(nc, sh); // also orders the writes above before the reads below
@@ -277,30 +286,35 @@ __global__ void __launch_bounds__(kT) sample_k(const float *logits, const int32_
     uint32_t tu;
     int tid;
     if (a.top_k > 0 && a.top_k < nc && select_first(key, wt, V, false, (u64)a.top_k, &tu, &tid, sh))
-        keep_first(key, wt, V, tu, tid);
-    double z = 0;
-    for (int i = t; i < V; i += kT) z = __dadd_rn(z, (double)wt[i]);
-    z = block_sum(z, sh);
+        part = keep_first(key, wt, V, tu, tid);
+    const double z = block_sum(part, sh);
 
     // Rule 5: top-p (the shortest prefix whose mass reaches p), then min-p.
+    bool filtered = false;
     if (a.top_p < 1.0f) {
         const double need = __dmul_rn(__dsub_rn((double)a.top_p, kSlack), z);
         const u64 target = need <= 0 ? 0 : (u64)ceil(__dmul_rn(need, kFix));
-        if (select_first(key, wt, V, true, target, &tu, &tid, sh)) keep_first(key, wt, V, tu, tid);
+        if (select_first(key, wt, V, true, target, &tu, &tid, sh)) {
+            part = keep_first(key, wt, V, tu, tid);
+            filtered = true;
+        }
     }
     if (a.min_p > 0) {
         const double thr = __dmul_rn((double)a.min_p, 1.0 - kSlack);
-        for (int i = t; i < V; i += kT)
-            if (!((double)wt[i] >= thr)) wt[i] = 0.0f;
+        part = 0;
+        for (int i = t; i < V; i += kT) {
+            const float w = wt[i];
+            if (!((double)w >= thr)) wt[i] = 0.0f;
+            else part = __dadd_rn(part, (double)w);
+        }
         __syncthreads();
+        filtered = true;
     }
 
     // Rule 6: renormalise, then the draw in id order (tsr_sampler_draw):
     // thread t sums ids [lo, hi), a scan places the chunks, and the chunk
     // where u * total falls walks its ids.
-    double zk = 0;
-    for (int i = t; i < V; i += kT) zk = __dadd_rn(zk, (double)wt[i]);
-    zk = block_sum(zk, sh);
+    const double zk = filtered ? block_sum(part, sh) : z;
     const int chunk = (V + kT - 1) / kT, lo = t * chunk, hi = min(V, lo + chunk);
     double own = 0;
     int last = -1;
