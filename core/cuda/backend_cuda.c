@@ -62,7 +62,8 @@ static int cu_sample(const float *logits, const int32_t *state, const tsr_cu_sam
     int rc = tsr_cu_sample(logits, state, a, scratch, out, tsr_cuda_stream());
     if (rc == -1)
         return tsr_error_set(err, TSR_ERR_INVALID,
-                             "device sampling: vocab %d (1..%d), temperature %g, u %g or top_k %d out of range",
+                             "device sampling: vocab %d (1..%d), temperature %g, u %g or top_k %d out of range, "
+                             "or the buffers overlap",
                              a ? a->vocab : 0, TSR_CU_SAMPLE_MAX_VOCAB, a ? (double)a->temperature : 0.0,
                              a ? a->u : 0.0, a ? a->top_k : 0);
     return tsr_cuda_check(rc, "sampling", err);

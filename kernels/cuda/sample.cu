@@ -135,8 +135,8 @@ __device__ double excl_scan(double v, Shared &sh, double *total) {
 // from the top; then the ties on the whole key are walked in id order.
 // Writes the key's code and the id; false when the whole sum stays below
 // target.
-__device__ bool select_first(const float *key, const float *wt, int V, bool mass, u64 target, uint32_t *tu,
-                             int *tid, Shared &sh) {
+__device__ bool select_first(const float *__restrict__ key, const float *__restrict__ wt, int V, bool mass,
+                             u64 target, uint32_t *tu, int *tid, Shared &sh) {
     const int t = threadIdx.x;
     uint32_t prefix = 0, mask = 0;
     u64 above = 0; // sum over candidates whose key is above the bits found so far
@@ -219,7 +219,7 @@ __device__ bool select_first(const float *key, const float *wt, int V, bool mass
 
 // Keep the candidates up to (tu, tid) in order; the rest are dropped.
 // Returns this thread's share (its ids, strided) of the weights kept.
-__device__ double keep_first(float *key, float *wt, int V, uint32_t tu, int tid) {
+__device__ double keep_first(float *__restrict__ key, float *__restrict__ wt, int V, uint32_t tu, int tid) {
     double part = 0;
     for (int i = threadIdx.x; i < V; i += kT) {
         const float k = key[i];
@@ -234,8 +234,11 @@ __device__ double keep_first(float *key, float *wt, int V, uint32_t tu, int tid)
 
 __device__ bool weight_ok(float v) { return v > 0 && v <= FLT_MAX; }
 
-__global__ void __launch_bounds__(kT) sample_k(const float *logits, const int32_t *state, tsr_cu_sample_args a,
-                                               float *key, float *wt, int32_t *out) {
+// The buffers never overlap (logits, state: the caller's; key, wt: the two
+// halves of the scratch; out: its own): __restrict__ lets loads run ahead.
+__global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits, const int32_t *__restrict__ state,
+                                               tsr_cu_sample_args a, float *__restrict__ key, float *__restrict__ wt,
+                                               int32_t *__restrict__ out) {
     __shared__ Shared sh;
     const int V = a.vocab, t = threadIdx.x;
 
@@ -355,6 +358,12 @@ __global__ void history_k(int32_t *state, const int32_t *ids, int n, int gen_fro
 
 int launched() { return cudaGetLastError() == cudaSuccess ? 0 : -10; }
 
+// [a, a + na) and [b, b + nb) share a byte
+bool overlap(const void *a, uint64_t na, const void *b, uint64_t nb) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + nb && y < x + na;
+}
+
 } // namespace
 
 extern "C" uint64_t tsr_cu_sample_scratch_bytes(int vocab) {
@@ -366,6 +375,10 @@ extern "C" int tsr_cu_sample(const float *logits, const int32_t *state, const ts
     if (!a || !logits || !scratch || !out || a->vocab < 1 || a->vocab > TSR_CU_SAMPLE_MAX_VOCAB) return -1;
     if (!a->greedy && !(a->temperature > 0 && a->temperature <= FLT_MAX)) return -1;
     if (!(a->u >= 0 && a->u < 1) || a->top_k < 0) return -1;
+    const uint64_t row = (uint64_t)a->vocab * sizeof(float), scr = tsr_cu_sample_scratch_bytes(a->vocab);
+    if (overlap(logits, row, scratch, scr) || overlap(out, 4, scratch, scr) || overlap(out, 4, logits, row) ||
+        (state && (overlap(state, row, scratch, scr) || overlap(state, row, out, 4))))
+        return -1;
     float *key = (float *)scratch, *wt = key + a->vocab;
     sample_k<<<1, kT, 0, (cudaStream_t)stream>>>(logits, state, *a, key, wt, out);
     return launched();

@@ -57,8 +57,9 @@ int tsr_cu_sample_history(int32_t *state, const int32_t *ids, int n, int gen_fro
 
 /* out[0] = the token drawn from logits [vocab] (not modified) under a,
  * with the penalties of state (NULL: none); -1 when no token can be chosen.
- * scratch: device memory of tsr_cu_sample_scratch_bytes(vocab). Returns 0,
- * or a negative tsr_status when a is out of range. */
+ * scratch: device memory of tsr_cu_sample_scratch_bytes(vocab). logits,
+ * state, scratch and out must not overlap. Returns 0, or -1 (TSR_ERR_INVALID)
+ * when a is out of range or the buffers overlap. */
 int tsr_cu_sample(const float *logits, const int32_t *state, const tsr_cu_sample_args *a,
                   void *scratch, int32_t *out, void *stream);
 /* 2 * vocab * sizeof(float) */
