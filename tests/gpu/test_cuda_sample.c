@@ -33,6 +33,7 @@
 #include "core/runtime/dev_sampler.h"
 #include "core/runtime/model_internal.h" /* host_sampling switched on the same instance */
 #include "core/runtime/runtime.h"
+#include "core/util/clock.h"
 #ifdef TESSERA_CUDA
 #include "core/cuda/device.h"
 #endif
@@ -335,6 +336,70 @@ static void test_refusals(void **state) {
     tsr_sampler_free(s);
 }
 
+/* --- what a draw costs (printed, not asserted) ------------------------------ */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median time of one draw from a Llama-3-sized row: on the device (the
+ * history sent, the kernel, the id back), and the host path it replaces
+ * (the row brought back, then tsr_sampler_sample). */
+static void test_timing(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    enum { V = 128256, REPS = 31 };
+    const pset sets[] = {
+        {"t1 plain", 1.0f, 1.0f, 0, 1, 0, 0, 0},
+        {"t0.8 k40 p0.95", 0.8f, 0.95f, 0, 1, 0, 0, 40},
+        {"t0.8 p0.95 min_p0.05 rep1.1", 0.8f, 0.95f, 0.05f, 1.1f, 0, 0, 0},
+    };
+    side sd;
+    side_init(&sd, V);
+    float *row = malloc((size_t)V * sizeof *row), *host = malloc((size_t)V * sizeof *host);
+    int32_t *hist = malloc((size_t)(64 + REPS) * sizeof *hist);
+    assert_true(row && host && hist);
+    for (int i = 0; i < V; i++) row[i] = (float)(3 * rnd_normal());
+    for (int i = 0; i < 64; i++) hist[i] = (int32_t)(rnd() % V);
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (sd.be->upload(sd.dev_row, row, (size_t)V * sizeof(float), &err) != TSR_OK) fail_msg("%s", err.msg);
+    for (size_t si = 0; si < sizeof sets / sizeof *sets; si++) {
+        tsr_sampling sp = sampled(sets[si].t, sets[si].k, sets[si].p, sets[si].min_p);
+        sp.repetition_penalty = sets[si].rep;
+        sp.has_seed = 1;
+        tsr_sampler *ds = tsr_sampler_new(&sp, V), *hs = tsr_sampler_new(&sp, V);
+        tsr_dev_sampler *dev;
+        if (tsr_dev_sampler_new(sd.be, ds, V, &dev, &err) != TSR_OK) fail_msg("%s", err.msg);
+        double td[REPS], th[REPS];
+        for (int r = 0; r < REPS; r++) {
+            int32_t id;
+            double t0 = tsr_now_seconds();
+            if (tsr_dev_sampler_pick(dev, sd.dev_row, hist, 64 + r, 64, &id, &err) != TSR_OK) fail_msg("%s", err.msg);
+            double t1 = tsr_now_seconds();
+            if (sd.be->download(host, sd.dev_row, (size_t)V * sizeof(float), &err) != TSR_OK) fail_msg("%s", err.msg);
+            int32_t hid = tsr_sampler_sample(hs, host, hist, 64 + r, 64, 0, NULL);
+            double t2 = tsr_now_seconds();
+            if (hid != id) printf("# timing %s rep %d: device %d, host %d\n", sets[si].name, r, id, hid);
+            hist[64 + r] = hid;
+            td[r] = t1 - t0, th[r] = t2 - t1;
+        }
+        qsort(td, REPS, sizeof *td, cmp_double);
+        qsort(th, REPS, sizeof *th, cmp_double);
+        printf("# vocab %d, %s: a draw on the device %.1f us, the row to the host and tsr_sampler %.1f us "
+               "(medians of %d)\n",
+               V, sets[si].name, 1e6 * td[REPS / 2], 1e6 * th[REPS / 2], REPS);
+        tsr_dev_sampler_free(dev);
+        tsr_sampler_free(ds);
+        tsr_sampler_free(hs);
+    }
+    free(row);
+    free(host);
+    free(hist);
+    side_free(&sd);
+}
+
 /* --- end to end on stories260K ---------------------------------------------- */
 
 static int generate(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_gen_params *gp, int32_t *ids,
@@ -475,6 +540,7 @@ int main(void) {
         cmocka_unit_test(test_random_rows),
         cmocka_unit_test(test_edge_cases),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_timing),
         cmocka_unit_test(test_stories_end_to_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
