@@ -234,13 +234,23 @@ __device__ double keep_first(float *__restrict__ key, float *__restrict__ wt, in
 
 __device__ bool weight_ok(float v) { return v > 0 && v <= FLT_MAX; }
 
-// The buffers never overlap (logits, state: the caller's; key, wt: the two
-// halves of the scratch; out: its own): __restrict__ lets loads run ahead.
+// The coarse bucket of a candidate's key: 16 per unit below the maximum,
+// 255 for everything 15.94 or more below. Monotone: a higher key never
+// falls in a later bucket.
+__device__ int coarse(float k, double mx) {
+    const double d = __dmul_rn(__dsub_rn(mx, (double)k), 16.0);
+    return d < 255.0 ? (int)d : 255;
+}
+
+// The inputs never overlap anything else (checked by tsr_cu_sample):
+// __restrict__ lets their loads run ahead. scratch: key [V], wt [V], then
+// the compacted list's keys, weights and ids [V] each.
 __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits, const int32_t *__restrict__ state,
-                                               tsr_cu_sample_args a, float *__restrict__ key, float *__restrict__ wt,
-                                               int32_t *__restrict__ out) {
+                                               tsr_cu_sample_args a, float *scratch, int32_t *__restrict__ out) {
     __shared__ Shared sh;
     const int V = a.vocab, t = threadIdx.x;
+    float *key = scratch, *wt = scratch + V;
+    for (int d = t; d < 256; d += kT) sh.hcount[d] = 0; // the coarse histogram of pass 2
 
     // Rule 1, penalties (sampler.c apply_penalties), then rule 3, with the
     // maximum (the argmax for greedy requests).
@@ -266,11 +276,13 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
     }
 
     // Candidates: the +inf keys if any (uniform: key 0), else the finite
-    // ones; weights relative to the top. part: this thread's share (its
-    // ids, strided) of the weights in wt, kept up to date by every filter
-    // so that no pass is spent on the sums alone.
+    // ones; weights relative to the top. part: this thread's share of the
+    // weights of the current set, kept up to date by every filter so that
+    // no pass is spent on the sums alone. With top-k, candidates are also
+    // counted per coarse bucket.
     const bool inf_mode = best == INFINITY;
     const double mx = inf_mode ? 0.0 : (double)best;
+    const bool top_k = a.top_k > 0;
     int nc = 0;
     double part = 0;
     for (int i = t; i < V; i += kT) {
@@ -282,14 +294,63 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
         wt[i] = w;
         part = __dadd_rn(part, (double)w);
         nc += c;
+        if (top_k && c) {
+            const int b = coarse(k, mx);
+            if (b < 255) atomicAdd(&sh.hcount[b], 1u);
+        }
     }
     nc = block_sum_int(nc, sh); // also orders the writes above before the reads below
+
+    // The set the later rules work on: K, W [n], in id order (ids: NULL when
+    // position is id). With top-k on, the k first candidates lie in the
+    // coarse buckets up to the one where the count reaches k: those are
+    // compacted, in id order, into a list, and every later pass is over it
+    // instead of the vocabulary.
+    float *K = key, *W = wt;
+    const int32_t *ids = NULL;
+    int n = V;
+    const bool do_top_k = top_k && a.top_k < nc;
+    if (do_top_k) {
+        if (t == 0) {
+            unsigned int cum = 0;
+            int bk = -1;
+            for (int b = 0; b < 255; b++)
+                if ((cum += sh.hcount[b]) >= (unsigned int)a.top_k) {
+                    bk = b;
+                    break;
+                }
+            sh.found = bk;
+        }
+        __syncthreads();
+        const int bk = sh.found;
+        __syncthreads();
+        if (bk >= 0) {
+            float *lkey = scratch + 2 * (size_t)V, *lwt = scratch + 3 * (size_t)V;
+            int32_t *lid = (int32_t *)(scratch + 4 * (size_t)V);
+            const int chunk = (V + kT - 1) / kT, lo = t * chunk, hi = min(V, lo + chunk);
+            int cnt = 0;
+            for (int i = lo; i < hi; i++) {
+                const float k = key[i];
+                if (!isnan(k) && coarse(k, mx) <= bk) cnt++;
+            }
+            u64 m;
+            int o = (int)excl_scan((u64)cnt, sh, &m);
+            part = 0;
+            for (int i = lo; i < hi; i++) {
+                const float k = key[i];
+                if (isnan(k) || coarse(k, mx) > bk) continue;
+                lkey[o] = k, lwt[o] = wt[i], lid[o] = i, o++;
+                part = __dadd_rn(part, (double)wt[i]);
+            }
+            __syncthreads();
+            K = lkey, W = lwt, ids = lid, n = (int)m;
+        }
+    }
 
     // Rule 4: top-k, then the softmax's sum.
     uint32_t tu;
     int tid;
-    if (a.top_k > 0 && a.top_k < nc && select_first(key, wt, V, false, (u64)a.top_k, &tu, &tid, sh))
-        part = keep_first(key, wt, V, tu, tid);
+    if (do_top_k && select_first(K, W, n, false, (u64)a.top_k, &tu, &tid, sh)) part = keep_first(K, W, n, tu, tid);
     const double z = block_sum(part, sh);
 
     // Rule 5: top-p (the shortest prefix whose mass reaches p), then min-p.
@@ -297,17 +358,17 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
     if (a.top_p < 1.0f) {
         const double need = __dmul_rn(__dsub_rn((double)a.top_p, kSlack), z);
         const u64 target = need <= 0 ? 0 : (u64)ceil(__dmul_rn(need, kFix));
-        if (select_first(key, wt, V, true, target, &tu, &tid, sh)) {
-            part = keep_first(key, wt, V, tu, tid);
+        if (select_first(K, W, n, true, target, &tu, &tid, sh)) {
+            part = keep_first(K, W, n, tu, tid);
             filtered = true;
         }
     }
     if (a.min_p > 0) {
         const double thr = __dmul_rn((double)a.min_p, 1.0 - kSlack);
         part = 0;
-        for (int i = t; i < V; i += kT) {
-            const float w = wt[i];
-            if (!((double)w >= thr)) wt[i] = 0.0f;
+        for (int i = t; i < n; i += kT) {
+            const float w = W[i];
+            if (!((double)w >= thr)) W[i] = 0.0f;
             else part = __dadd_rn(part, (double)w);
         }
         __syncthreads();
@@ -315,14 +376,14 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
     }
 
     // Rule 6: renormalise, then the draw in id order (tsr_sampler_draw):
-    // thread t sums ids [lo, hi), a scan places the chunks, and the chunk
-    // where u * total falls walks its ids.
+    // thread t sums positions [lo, hi), a scan places the chunks, and the
+    // chunk where u * total falls walks its positions.
     const double zk = filtered ? block_sum(part, sh) : z;
-    const int chunk = (V + kT - 1) / kT, lo = t * chunk, hi = min(V, lo + chunk);
+    const int chunk = (n + kT - 1) / kT, lo = t * chunk, hi = min(n, lo + chunk);
     double own = 0;
     int last = -1;
     for (int i = lo; i < hi; i++) {
-        const float p = wt[i] > 0 ? (float)__ddiv_rn((double)wt[i], zk) : 0.0f;
+        const float p = W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
         if (weight_ok(p)) own = __dadd_rn(own, (double)p), last = i;
     }
     double total;
@@ -333,7 +394,7 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
     if (total > 0 && last >= 0 && target < __dadd_rn(ex, own)) {
         double cum = ex;
         for (int i = lo; i < hi; i++) {
-            const float p = wt[i] > 0 ? (float)__ddiv_rn((double)wt[i], zk) : 0.0f;
+            const float p = W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
             if (!weight_ok(p)) continue;
             cum = __dadd_rn(cum, (double)p);
             if (target < cum) {
@@ -344,7 +405,10 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
     }
     if (last >= 0) atomicMax(&sh.last, last);
     __syncthreads();
-    if (t == 0) out[0] = !(total > 0) ? -1 : sh.hit != INT_MAX ? sh.hit : sh.last;
+    if (t == 0) {
+        const int pos = !(total > 0) ? -1 : sh.hit != INT_MAX ? sh.hit : sh.last;
+        out[0] = pos < 0 || !ids ? pos : ids[pos];
+    }
 }
 
 __global__ void history_k(int32_t *state, const int32_t *ids, int n, int gen_from, int vocab) {
@@ -367,7 +431,7 @@ bool overlap(const void *a, uint64_t na, const void *b, uint64_t nb) {
 } // namespace
 
 extern "C" uint64_t tsr_cu_sample_scratch_bytes(int vocab) {
-    return vocab > 0 ? 2ull * (uint64_t)vocab * sizeof(float) : 0;
+    return vocab > 0 ? 5ull * (uint64_t)vocab * sizeof(float) : 0;
 }
 
 extern "C" int tsr_cu_sample(const float *logits, const int32_t *state, const tsr_cu_sample_args *a,
@@ -379,8 +443,7 @@ extern "C" int tsr_cu_sample(const float *logits, const int32_t *state, const ts
     if (overlap(logits, row, scratch, scr) || overlap(out, 4, scratch, scr) || overlap(out, 4, logits, row) ||
         (state && (overlap(state, row, scratch, scr) || overlap(state, row, out, 4))))
         return -1;
-    float *key = (float *)scratch, *wt = key + a->vocab;
-    sample_k<<<1, kT, 0, (cudaStream_t)stream>>>(logits, state, *a, key, wt, out);
+    sample_k<<<1, kT, 0, (cudaStream_t)stream>>>(logits, state, *a, (float *)scratch, out);
     return launched();
 }
 

@@ -12,7 +12,10 @@
  *     to float), min-p, the renormalisation and the draw use the same
  *     float and double operations (no contraction into FMA);
  *   - the candidate set is found by radix selection over the keys (no
- *     sort): top-k by counts, top-p by mass, ties to the lowest id;
+ *     sort): top-k by counts, top-p by mass, ties to the lowest id; with
+ *     top-k, a histogram of coarse buckets below the maximum first bounds
+ *     the k best, and those buckets are compacted (in id order) into a
+ *     list that every later step works on instead of the vocabulary;
  *   - sums run in another order than the CPU's (block reductions and a
  *     scan in id order in double); top-p's cumulative mass is summed in
  *     fixed point (units of 2^-40 of the top weight, deterministic): it
@@ -62,7 +65,8 @@ int tsr_cu_sample_history(int32_t *state, const int32_t *ids, int n, int gen_fro
  * when a is out of range or the buffers overlap. */
 int tsr_cu_sample(const float *logits, const int32_t *state, const tsr_cu_sample_args *a,
                   void *scratch, int32_t *out, void *stream);
-/* 2 * vocab * sizeof(float) */
+/* 5 * vocab * 4 bytes: keys, weights, and a compacted list (keys, weights,
+ * ids) */
 uint64_t tsr_cu_sample_scratch_bytes(int vocab);
 
 #ifdef __cplusplus

@@ -88,9 +88,18 @@ static void emu_keep_first(float *key, float *wt, int V, uint32_t tu, int tid) {
     }
 }
 
-static int32_t emu_sample(const float *logits, const int32_t *state, const tsr_cu_sample_args *a, float *key,
-                          float *wt) {
+static long emu_compactions; /* draws that went through the compacted list */
+
+static int emu_coarse(float k, double mx) {
+    double d = (mx - (double)k) * 16.0;
+    return d < 255.0 ? (int)d : 255;
+}
+
+/* scratch: key, wt, then the list's keys, weights and ids [V] each (as
+ * sample.cu). */
+static int32_t emu_sample(const float *logits, const int32_t *state, const tsr_cu_sample_args *a, float *scratch) {
     const int V = a->vocab;
+    float *key = scratch, *wt = scratch + V;
     const float rep = a->repetition_penalty;
     const double pres = a->presence_penalty, freq = a->frequency_penalty;
     const int pf = pres != 0 || freq != 0;
@@ -110,6 +119,7 @@ static int32_t emu_sample(const float *logits, const int32_t *state, const tsr_c
     const int inf_mode = best == INFINITY;
     const double mx = inf_mode ? 0.0 : (double)best;
     int nc = 0;
+    unsigned hc[256] = {0};
     for (int i = 0; i < V; i++) {
         float l = key[i];
         int c = inf_mode ? l == INFINITY : isfinite(l);
@@ -117,39 +127,65 @@ static int32_t emu_sample(const float *logits, const int32_t *state, const tsr_c
         key[i] = c ? k : NAN;
         wt[i] = c ? (float)exp((double)k - mx) : 0.0f;
         nc += c;
+        if (a->top_k > 0 && c && emu_coarse(k, mx) < 255) hc[emu_coarse(k, mx)]++;
+    }
+    float *K = key, *W = wt;
+    const int32_t *ids = NULL;
+    int n = V;
+    const int do_top_k = a->top_k > 0 && a->top_k < nc;
+    if (do_top_k) {
+        unsigned cum = 0;
+        int bk = -1;
+        for (int b = 0; b < 255; b++)
+            if ((cum += hc[b]) >= (unsigned)a->top_k) {
+                bk = b;
+                break;
+            }
+        if (bk >= 0) {
+            float *lkey = scratch + 2 * (size_t)V, *lwt = scratch + 3 * (size_t)V;
+            int32_t *lid = (int32_t *)(scratch + 4 * (size_t)V);
+            int m = 0;
+            for (int i = 0; i < V; i++)
+                if (!isnan(key[i]) && emu_coarse(key[i], mx) <= bk) lkey[m] = key[i], lwt[m] = wt[i], lid[m] = i, m++;
+            K = lkey, W = lwt, ids = lid, n = m;
+            emu_compactions++;
+        }
     }
     uint32_t tu;
     int tid;
-    if (a->top_k > 0 && a->top_k < nc && emu_select_first(key, wt, V, 0, (uint64_t)a->top_k, &tu, &tid))
-        emu_keep_first(key, wt, V, tu, tid);
+    if (do_top_k && emu_select_first(K, W, n, 0, (uint64_t)a->top_k, &tu, &tid)) emu_keep_first(K, W, n, tu, tid);
     double z = 0;
-    for (int i = 0; i < V; i++) z += (double)wt[i];
+    for (int i = 0; i < n; i++) z += (double)W[i];
     if (a->top_p < 1.0f) {
         double need = ((double)a->top_p - 1e-6) * z;
         uint64_t target = need <= 0 ? 0 : (uint64_t)ceil(need * 1099511627776.0);
-        if (emu_select_first(key, wt, V, 1, target, &tu, &tid)) emu_keep_first(key, wt, V, tu, tid);
+        if (emu_select_first(K, W, n, 1, target, &tu, &tid)) emu_keep_first(K, W, n, tu, tid);
     }
     if (a->min_p > 0) {
         double thr = (double)a->min_p * (1.0 - 1e-6);
-        for (int i = 0; i < V; i++)
-            if (!((double)wt[i] >= thr)) wt[i] = 0.0f;
+        for (int i = 0; i < n; i++)
+            if (!((double)W[i] >= thr)) W[i] = 0.0f;
     }
     double zk = 0, total = 0;
-    for (int i = 0; i < V; i++) zk += (double)wt[i];
+    for (int i = 0; i < n; i++) zk += (double)W[i];
     int last = -1;
-    for (int i = 0; i < V; i++) {
-        float p = wt[i] > 0 ? (float)((double)wt[i] / zk) : 0.0f;
+    for (int i = 0; i < n; i++) {
+        float p = W[i] > 0 ? (float)((double)W[i] / zk) : 0.0f;
         if (p > 0 && p <= FLT_MAX) total += (double)p, last = i;
     }
     if (!(total > 0)) return -1;
     double target = a->u * total, cum = 0;
-    for (int i = 0; i < V; i++) {
-        float p = wt[i] > 0 ? (float)((double)wt[i] / zk) : 0.0f;
+    int pos = last;
+    for (int i = 0; i < n; i++) {
+        float p = W[i] > 0 ? (float)((double)W[i] / zk) : 0.0f;
         if (!(p > 0 && p <= FLT_MAX)) continue;
         cum += (double)p;
-        if (target < cum) return i;
+        if (target < cum) {
+            pos = i;
+            break;
+        }
     }
-    return last;
+    return pos < 0 || !ids ? pos : ids[pos];
 }
 
 /* --- the mock backend ------------------------------------------------------- */
@@ -190,11 +226,10 @@ static int m_sample(const float *logits, const int32_t *state, const tsr_cu_samp
     mock.sample_calls++;
     mock.last_state = (int32_t *)state;
     mock.last = *a;
-    float *key = scratch, *wt = key + a->vocab;
-    out[0] = emu_sample(logits, state, a, key, wt);
+    out[0] = emu_sample(logits, state, a, scratch);
     return TSR_OK;
 }
-static uint64_t m_scratch(int vocab) { return 2ull * (uint64_t)vocab * sizeof(float); }
+static uint64_t m_scratch(int vocab) { return 5ull * (uint64_t)vocab * sizeof(float); } /* as sample.cu */
 
 static const tsr_backend mock_be = {
     .device = 1,
@@ -434,8 +469,10 @@ static void test_algorithm_against_sampler(void **state) {
         free(row);
         free(copy);
     }
-    printf("# %ld draws, %ld differ from tsr_sampler_sample (allowed: 1 in 1000)\n", cases, differ);
+    printf("# %ld draws (%ld through the compacted list), %ld differ from tsr_sampler_sample (allowed: 1 in 1000)\n",
+           cases, emu_compactions, differ);
     assert_true(differ * 1000 <= cases);
+    assert_true(emu_compactions > 100); /* the top-k list is exercised */
 }
 
 /* Logits left on the device are refused on the CPU. */
