@@ -24,6 +24,7 @@ struct Shared {
     u64 u[kT];
     u64 hmass[256];
     unsigned int hcount[256];
+    double hmd[256]; // pass 2's coarse masses (top-p alone)
     float f[32];
     int i[32];
     int found, hit, last;
@@ -234,6 +235,13 @@ __device__ double keep_first(float *__restrict__ key, float *__restrict__ wt, in
 
 __device__ bool weight_ok(float v) { return v > 0 && v <= FLT_MAX; }
 
+// Top-p's target in fixed point: the first in order whose running mass
+// reaches (p - slack) * z (sampler.c's need).
+__device__ u64 top_p_target(float p, double z) {
+    const double need = __dmul_rn(__dsub_rn((double)p, kSlack), z);
+    return need <= 0 ? 0 : (u64)ceil(__dmul_rn(need, kFix));
+}
+
 // The coarse bucket of a candidate's key: 16 per unit below the maximum,
 // 255 for everything 15.94 or more below. Monotone: a higher key never
 // falls in a later bucket.
@@ -250,7 +258,7 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
     __shared__ Shared sh;
     const int V = a.vocab, t = threadIdx.x;
     float *key = scratch, *wt = scratch + V;
-    for (int d = t; d < 256; d += kT) sh.hcount[d] = 0; // the coarse histogram of pass 2
+    for (int d = t; d < 256; d += kT) sh.hcount[d] = 0, sh.hmd[d] = 0; // pass 2's coarse histogram
 
     // Rule 1, penalties (sampler.c apply_penalties), then rule 3, with the
     // maximum (the argmax for greedy requests).
@@ -279,10 +287,10 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
     // ones; weights relative to the top. part: this thread's share of the
     // weights of the current set, kept up to date by every filter so that
     // no pass is spent on the sums alone. With top-k, candidates are also
-    // counted per coarse bucket.
+    // counted per coarse bucket; with top-p alone, counted and weighed.
     const bool inf_mode = best == INFINITY;
     const double mx = inf_mode ? 0.0 : (double)best;
-    const bool top_k = a.top_k > 0;
+    const bool top_k = a.top_k > 0, hist_p = !top_k && a.top_p < 1.0f;
     int nc = 0;
     double part = 0;
     for (int i = t; i < V; i += kT) {
@@ -294,70 +302,87 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
         wt[i] = w;
         part = __dadd_rn(part, (double)w);
         nc += c;
-        if (top_k && c) {
+        if ((top_k || hist_p) && c) {
             const int b = coarse(k, mx);
-            if (b < 255) atomicAdd(&sh.hcount[b], 1u);
+            if (b < 255) {
+                atomicAdd(&sh.hcount[b], 1u);
+                if (hist_p) atomicAdd(&sh.hmd[b], (double)w);
+            }
         }
     }
     nc = block_sum_int(nc, sh); // also orders the writes above before the reads below
 
     // The set the later rules work on: K, W [n], in id order (ids: NULL when
-    // position is id). With top-k on, the k first candidates lie in the
-    // coarse buckets up to the one where the count reaches k: those are
-    // compacted, in id order, into a list, and every later pass is over it
-    // instead of the vocabulary.
+    // position is id). The kept set is a prefix of the order, and so are the
+    // coarse buckets up to any one: with top-k, up to the bucket where the
+    // count reaches k; with top-p alone, up to the bucket where the mass
+    // surely reaches p's target (the double sums of pass 2, in no fixed
+    // order, with a margin for their rounding and for the fixed point's).
+    // Those buckets are compacted, in id order, into a list that every later
+    // step works on instead of the vocabulary; which bucket bounds the list
+    // never changes the result, only what is read.
     float *K = key, *W = wt;
     const int32_t *ids = NULL;
     int n = V;
-    const bool do_top_k = top_k && a.top_k < nc;
-    if (do_top_k) {
+    const bool do_top_k = top_k && a.top_k < nc, do_top_p = a.top_p < 1.0f;
+    double z = do_top_k ? 0.0 : block_sum(part, sh); // top-k: after its cut
+    const u64 target_p = do_top_k || !do_top_p ? 0 : top_p_target(a.top_p, z);
+    bool listed = false;
+    if (do_top_k || hist_p) {
         if (t == 0) {
             unsigned int cum = 0;
-            int bk = -1;
-            for (int b = 0; b < 255; b++)
-                if ((cum += sh.hcount[b]) >= (unsigned int)a.top_k) {
-                    bk = b;
-                    break;
-                }
-            sh.found = bk;
+            double cum_m = 0;
+            int bound = -1;
+            for (int b = 0; b < 255 && bound < 0; b++) {
+                cum += sh.hcount[b];
+                cum_m += sh.hmd[b];
+                if (do_top_k ? cum >= (unsigned int)a.top_k
+                             : cum > 0 && cum_m * (1.0 - 1e-9) >= ((double)target_p + 0.5 * cum + 1.0) / kFix)
+                    bound = b;
+            }
+            sh.found = bound;
         }
         __syncthreads();
-        const int bk = sh.found;
+        const int bound = sh.found;
         __syncthreads();
-        if (bk >= 0) {
+        if (bound >= 0) {
             float *lkey = scratch + 2 * (size_t)V, *lwt = scratch + 3 * (size_t)V;
             int32_t *lid = (int32_t *)(scratch + 4 * (size_t)V);
             const int chunk = (V + kT - 1) / kT, lo = t * chunk, hi = min(V, lo + chunk);
             int cnt = 0;
             for (int i = lo; i < hi; i++) {
                 const float k = key[i];
-                if (!isnan(k) && coarse(k, mx) <= bk) cnt++;
+                if (!isnan(k) && coarse(k, mx) <= bound) cnt++;
             }
             u64 m;
             int o = (int)excl_scan((u64)cnt, sh, &m);
             part = 0;
             for (int i = lo; i < hi; i++) {
                 const float k = key[i];
-                if (isnan(k) || coarse(k, mx) > bk) continue;
+                if (isnan(k) || coarse(k, mx) > bound) continue;
                 lkey[o] = k, lwt[o] = wt[i], lid[o] = i, o++;
                 part = __dadd_rn(part, (double)wt[i]);
             }
             __syncthreads();
             K = lkey, W = lwt, ids = lid, n = (int)m;
+            listed = true;
         }
     }
 
-    // Rule 4: top-k, then the softmax's sum.
+    // Rule 4: top-k, then the softmax's sum over what it keeps.
     uint32_t tu;
     int tid;
-    if (do_top_k && select_first(K, W, n, false, (u64)a.top_k, &tu, &tid, sh)) part = keep_first(K, W, n, tu, tid);
-    const double z = block_sum(part, sh);
+    if (do_top_k) {
+        if (select_first(K, W, n, false, (u64)a.top_k, &tu, &tid, sh)) part = keep_first(K, W, n, tu, tid);
+        z = block_sum(part, sh);
+    }
 
     // Rule 5: top-p (the shortest prefix whose mass reaches p), then min-p.
-    bool filtered = false;
-    if (a.top_p < 1.0f) {
-        const double need = __dmul_rn(__dsub_rn((double)a.top_p, kSlack), z);
-        const u64 target = need <= 0 ? 0 : (u64)ceil(__dmul_rn(need, kFix));
+    // filtered: the weights left differ from those z sums (a list cut by
+    // top-p alone holds less than every candidate).
+    bool filtered = listed && !do_top_k;
+    if (do_top_p) {
+        const u64 target = do_top_k ? top_p_target(a.top_p, z) : target_p;
         if (select_first(K, W, n, true, target, &tu, &tid, sh)) {
             part = keep_first(K, W, n, tu, tid);
             filtered = true;

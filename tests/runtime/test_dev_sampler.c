@@ -90,6 +90,11 @@ static void emu_keep_first(float *key, float *wt, int V, uint32_t tu, int tid) {
 
 static long emu_compactions; /* draws that went through the compacted list */
 
+static uint64_t emu_target(float p, double z) {
+    double need = ((double)p - 1e-6) * z;
+    return need <= 0 ? 0 : (uint64_t)ceil(need * 1099511627776.0);
+}
+
 static int emu_coarse(float k, double mx) {
     double d = (mx - (double)k) * 16.0;
     return d < 255.0 ? (int)d : 255;
@@ -120,6 +125,8 @@ static int32_t emu_sample(const float *logits, const int32_t *state, const tsr_c
     const double mx = inf_mode ? 0.0 : (double)best;
     int nc = 0;
     unsigned hc[256] = {0};
+    double hm[256] = {0};
+    const int hist_p = !(a->top_k > 0) && a->top_p < 1.0f;
     for (int i = 0; i < V; i++) {
         float l = key[i];
         int c = inf_mode ? l == INFINITY : isfinite(l);
@@ -127,38 +134,48 @@ static int32_t emu_sample(const float *logits, const int32_t *state, const tsr_c
         key[i] = c ? k : NAN;
         wt[i] = c ? (float)exp((double)k - mx) : 0.0f;
         nc += c;
-        if (a->top_k > 0 && c && emu_coarse(k, mx) < 255) hc[emu_coarse(k, mx)]++;
+        if ((a->top_k > 0 || hist_p) && c && emu_coarse(k, mx) < 255) {
+            hc[emu_coarse(k, mx)]++;
+            hm[emu_coarse(k, mx)] += (double)wt[i];
+        }
     }
     float *K = key, *W = wt;
     const int32_t *ids = NULL;
     int n = V;
-    const int do_top_k = a->top_k > 0 && a->top_k < nc;
-    if (do_top_k) {
+    const int do_top_k = a->top_k > 0 && a->top_k < nc, do_top_p = a->top_p < 1.0f;
+    double z = 0;
+    for (int i = 0; i < V; i++) z += (double)wt[i];
+    const uint64_t target_p = do_top_k || !do_top_p ? 0 : emu_target(a->top_p, z);
+    if (do_top_k || hist_p) {
         unsigned cum = 0;
-        int bk = -1;
-        for (int b = 0; b < 255; b++)
-            if ((cum += hc[b]) >= (unsigned)a->top_k) {
-                bk = b;
-                break;
-            }
-        if (bk >= 0) {
+        double cum_m = 0;
+        int bound = -1;
+        for (int b = 0; b < 255 && bound < 0; b++) {
+            cum += hc[b];
+            cum_m += hm[b];
+            if (do_top_k ? cum >= (unsigned)a->top_k
+                         : cum > 0 && cum_m * (1.0 - 1e-9) >= ((double)target_p + 0.5 * cum + 1.0) / 1099511627776.0)
+                bound = b;
+        }
+        if (bound >= 0) {
             float *lkey = scratch + 2 * (size_t)V, *lwt = scratch + 3 * (size_t)V;
             int32_t *lid = (int32_t *)(scratch + 4 * (size_t)V);
             int m = 0;
             for (int i = 0; i < V; i++)
-                if (!isnan(key[i]) && emu_coarse(key[i], mx) <= bk) lkey[m] = key[i], lwt[m] = wt[i], lid[m] = i, m++;
+                if (!isnan(key[i]) && emu_coarse(key[i], mx) <= bound) lkey[m] = key[i], lwt[m] = wt[i], lid[m] = i, m++;
             K = lkey, W = lwt, ids = lid, n = m;
             emu_compactions++;
         }
     }
     uint32_t tu;
     int tid;
-    if (do_top_k && emu_select_first(K, W, n, 0, (uint64_t)a->top_k, &tu, &tid)) emu_keep_first(K, W, n, tu, tid);
-    double z = 0;
-    for (int i = 0; i < n; i++) z += (double)W[i];
-    if (a->top_p < 1.0f) {
-        double need = ((double)a->top_p - 1e-6) * z;
-        uint64_t target = need <= 0 ? 0 : (uint64_t)ceil(need * 1099511627776.0);
+    if (do_top_k) {
+        if (emu_select_first(K, W, n, 0, (uint64_t)a->top_k, &tu, &tid)) emu_keep_first(K, W, n, tu, tid);
+        z = 0;
+        for (int i = 0; i < n; i++) z += (double)W[i];
+    }
+    if (do_top_p) {
+        uint64_t target = do_top_k ? emu_target(a->top_p, z) : target_p;
         if (emu_select_first(K, W, n, 1, target, &tu, &tid)) emu_keep_first(K, W, n, tu, tid);
     }
     if (a->min_p > 0) {
@@ -472,7 +489,7 @@ static void test_algorithm_against_sampler(void **state) {
     printf("# %ld draws (%ld through the compacted list), %ld differ from tsr_sampler_sample (allowed: 1 in 1000)\n",
            cases, emu_compactions, differ);
     assert_true(differ * 1000 <= cases);
-    assert_true(emu_compactions > 100); /* the top-k list is exercised */
+    assert_true(emu_compactions > 300); /* the top-k and top-p lists are exercised */
 }
 
 /* Logits left on the device are refused on the CPU. */
