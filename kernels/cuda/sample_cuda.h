@@ -10,12 +10,16 @@
  * What the kernel computes, against sampler.c:
  *   - penalties, temperature, the softmax weights (exp in double, rounded
  *     to float), min-p, the renormalisation and the draw use the same
- *     float and double operations (no contraction into FMA);
+ *     float and double operations (no contraction into FMA), except that
+ *     CUDA's exp and the C library's may differ in the double's last bit,
+ *     so a weight may rarely differ by one float ulp;
  *   - the candidate set is found by radix selection over the keys (no
  *     sort): top-k by counts, top-p by mass, ties to the lowest id; with
- *     top-k, a histogram of coarse buckets below the maximum first bounds
- *     the k best, and those buckets are compacted (in id order) into a
- *     list that every later step works on instead of the vocabulary;
+ *     top-k (or top-p alone), a histogram of coarse buckets below the
+ *     maximum first bounds the kept set, and those buckets are compacted
+ *     (in id order) into a list that every later step works on instead of
+ *     the vocabulary (one block of 1024 threads: four passes over the
+ *     vocabulary, then work on the list);
  *   - sums run in another order than the CPU's (block reductions and a
  *     scan in id order in double); top-p's cumulative mass is summed in
  *     fixed point (units of 2^-40 of the top weight, deterministic): it
