@@ -10,9 +10,9 @@
  * leaves the target distribution exactly as it is. Rejected rows are rolled
  * back in the KV cache. On a device backend, requests that sample without
  * asking for log-probabilities draw on the device (dev_sampler.h) and only
- * the id comes back; steps that verify drafts still bring their rows' logits
- * to the host (rejection sampling there). Text is released only in complete UTF-8 and never
- * while it could still turn into a stop string.
+ * the id comes back; steps that verify drafts still bring their rows'
+ * logits to the host (rejection sampling there). Text is released only in
+ * complete UTF-8 and never while it could still turn into a stop string.
  */
 #include <stdlib.h>
 #include <string.h>
