@@ -18,7 +18,8 @@ struct tsr_dev_sampler {
     int32_t *state;       /* [vocab] backend memory; NULL when no penalty is in effect */
     void *scratch;        /* backend memory */
     int32_t *dev_io;      /* backend memory: [1] out, then [BATCH] history ids */
-    int32_t *host_io;     /* host staging of the same (the backend's host memory) */
+    int32_t *host_io;     /* host staging of the same (pageable: no copy of it is replayed by a graph,
+                           * and an upload from it has read it when it returns) */
     int n_sent;
 };
 
@@ -29,14 +30,14 @@ void tsr_dev_sampler_free(tsr_dev_sampler *d) {
     if (d->state) d->be->free(d->state);
     if (d->scratch) d->be->free(d->scratch);
     if (d->dev_io) d->be->free(d->dev_io);
-    if (d->host_io) d->be->host_free(d->host_io);
+    free(d->host_io);
     free(d);
 }
 
 int tsr_dev_sampler_new(const tsr_backend *be, tsr_sampler *s, int vocab, tsr_dev_sampler **out,
                         tsr_error *err) {
     *out = NULL;
-    if (!be->sample || !be->sample_history || !be->sample_scratch_bytes || !be->host_alloc)
+    if (!be->sample || !be->sample_history || !be->sample_scratch_bytes)
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "the %s backend cannot sample on its device", be->name);
     if (vocab < 1 || vocab > TSR_CU_SAMPLE_MAX_VOCAB)
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED,
@@ -63,9 +64,13 @@ int tsr_dev_sampler_new(const tsr_backend *be, tsr_sampler *s, int vocab, tsr_de
     const size_t io_bytes = (size_t)(1 + TSR_DEV_SAMPLER_BATCH) * sizeof(int32_t);
     if ((penalties && !(d->state = be->alloc((size_t)vocab * sizeof(int32_t), err))) ||
         !(d->scratch = be->alloc((size_t)be->sample_scratch_bytes(vocab), err)) ||
-        !(d->dev_io = be->alloc(io_bytes, err)) || !(d->host_io = be->host_alloc(io_bytes, err))) {
+        !(d->dev_io = be->alloc(io_bytes, err))) {
         tsr_dev_sampler_free(d);
         return err->code;
+    }
+    if (!(d->host_io = malloc(io_bytes))) {
+        tsr_dev_sampler_free(d);
+        return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
     }
     *out = d;
     return TSR_OK;
@@ -81,8 +86,6 @@ static int send_history(tsr_dev_sampler *d, const int32_t *history, int n, int n
         memcpy(d->host_io + 1, history + from, (size_t)cnt * sizeof *history);
         int rc = be->upload_async(d->dev_io + 1, d->host_io + 1, (size_t)cnt * sizeof *history, err);
         if (rc == TSR_OK) rc = be->sample_history(d->state, d->dev_io + 1, cnt, gen_from, d->vocab, err);
-        /* the staging is rewritten by the next batch: let the copy pass first */
-        if (rc == TSR_OK && from + cnt < n) rc = be->sync(err);
         if (rc != TSR_OK) return rc;
         d->n_sent = from + cnt;
     }
