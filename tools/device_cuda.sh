@@ -3,7 +3,7 @@
 # then batch-1 speed on a Llama-3-8B-shaped random bf16 checkpoint.
 # Expects a build carried in .device/ (tools/device_pack.sh makes it).
 # Env: ASSEMBLIES (default: the CUDA assemblies), REPS (3), SHAPE (llama3-8b),
-# TESTS=0 to skip the GPU tests.
+# TESTS=0 to skip the GPU tests, SAMPLED=0 the sampled decode runs.
 set -u
 cd "$(dirname "$0")/.."
 B=.device/build
@@ -29,11 +29,24 @@ if [ "${TESTS:-1}" = 1 ]; then
   $B/tests/bin/test_cuda_paged
   echo "== paged KV and attention called directly at model shapes against f64"
   $B/tests/bin/test_cuda_paged_kernels
+  echo "== sampling on the device against the CPU sampler; seeded sampled stories260K end to end"
+  $B/tests/bin/test_cuda_sample
 fi
 SHAPE=${SHAPE:-llama3-8b}
 echo "== $SHAPE-shaped random bf16 checkpoint"
 CK=/tmp/$SHAPE
 [ -d $CK ] || python3 .device/mk_random_checkpoint.py $SHAPE $CK > /dev/null
+if [ "${SAMPLED:-1}" = 1 ]; then
+  echo "== sampled decode on cuda-fast (t 0.8, top-p 0.95): on the device, then with --host-sampling"
+  for mode in "" --host-sampling; do
+    for rep in $(seq ${REPS:-3}); do
+      echo -n "cuda-fast sampled ${mode:-device}: "
+      $B/bin/tessera run assemblies/cuda-fast.yaml --model $CK --random-prompt 512 -n 256 --temp 0.8 --top-p 0.95 \
+        --seed $rep $mode 2>&1 | grep -E "tok/s|error" | tr '\n' ' '
+      echo
+    done
+  done
+fi
 for a in ${ASSEMBLIES:-cuda-baseline cuda-fast-eager cuda-fast cuda-fast-fp8 cuda-fast-paged cuda-fast-paged-fp8}; do
   for rep in $(seq ${REPS:-3}); do
     echo -n "$a: "

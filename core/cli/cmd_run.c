@@ -11,6 +11,7 @@ static void run_usage(FILE *f) {
             "usage: tessera run [ASSEMBLY] [--model PATH] [-p PROMPT | --chat MESSAGE] [-n N]\n"
             "                   [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S]\n"
             "                   [--repeat-penalty R] [--stop STR]... [--ignore-eos] [--echo] [--profile]\n"
+            "                   [--host-sampling]\n"
             "                   [--chat-format chatml|llama3|llama2] [--system TEXT]\n\n"
             "Streams the generated text to stdout; prompt and decode speed go to stderr.\n"
             "Sampling is greedy unless --temp > 0 (see core/runtime/sampling.h for the order).\n\n"
@@ -22,7 +23,9 @@ static void run_usage(FILE *f) {
             "                     runs on checkpoints without one); prints no text\n"
             "  --profile          time every op, waiting for the device after each (no CUDA\n"
             "                     graphs): a table per prefill and decode on stderr; the\n"
-            "                     speeds printed are then not the engine's\n",
+            "                     speeds printed are then not the engine's\n"
+            "  --host-sampling    on a GPU, bring each sampled row's logits to the host and\n"
+            "                     sample there instead of on the device (to measure it)\n",
             TSR_MODEL_OPTS_HELP);
 }
 
@@ -51,6 +54,10 @@ int tsr_cmd_run(int argc, char **argv) {
         }
         if (!strcmp(a, "--profile")) {
             o.profile = 1;
+            continue;
+        }
+        if (!strcmp(a, "--host-sampling")) {
+            o.host_sampling = 1;
             continue;
         }
         if (i + 1 >= argc) {

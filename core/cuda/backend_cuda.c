@@ -1,6 +1,7 @@
 /* The CUDA backend: device memory (core/cuda/device.h) and kernels/cuda, all
  * on the engine stream. */
 #include "../../kernels/cuda/cuda_ops.h"
+#include "../../kernels/cuda/sample_cuda.h"
 #include "../runtime/backend.h"
 #include "device.h"
 
@@ -50,6 +51,24 @@ static int cu_argmax(const float *x, int rows, int n, int32_t *out, tsr_error *e
     return tsr_cuda_check(tsr_cu_argmax_rows(x, rows, n, out, tsr_cuda_stream()), "argmax", err);
 }
 
+static int cu_sample_history(int32_t *state, const int32_t *ids, int n, int gen_from, int vocab,
+                             tsr_error *err) {
+    return tsr_cuda_check(tsr_cu_sample_history(state, ids, n, gen_from, vocab, tsr_cuda_stream()),
+                          "sampling history", err);
+}
+
+static int cu_sample(const float *logits, const int32_t *state, const tsr_cu_sample_args *a, void *scratch,
+                     int32_t *out, tsr_error *err) {
+    int rc = tsr_cu_sample(logits, state, a, scratch, out, tsr_cuda_stream());
+    if (rc == -1)
+        return tsr_error_set(err, TSR_ERR_INVALID,
+                             "device sampling: vocab %d (1..%d), temperature %g, u %g or top_k %d out of range, "
+                             "or the buffers overlap",
+                             a ? a->vocab : 0, TSR_CU_SAMPLE_MAX_VOCAB, a ? (double)a->temperature : 0.0,
+                             a ? a->u : 0.0, a ? a->top_k : 0);
+    return tsr_cuda_check(rc, "sampling", err);
+}
+
 static int cu_add(float *y, const float *x, int64_t n, tsr_error *err) {
     return tsr_cuda_check(tsr_cu_add(y, x, n, tsr_cuda_stream()), "add", err);
 }
@@ -78,6 +97,9 @@ static const tsr_backend cuda_backend = {
     .silu_mul_cat = cu_silu_mul_cat,
     .copy_cols = cu_copy_cols,
     .argmax = cu_argmax,
+    .sample_history = cu_sample_history,
+    .sample = cu_sample,
+    .sample_scratch_bytes = tsr_cu_sample_scratch_bytes,
     .add = cu_add,
     .add_rows = cu_add_rows,
     .sync = tsr_cuda_sync,

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "../../kernels/cpu/ops.h"
+#include "../../kernels/cuda/sample_cuda.h" /* tsr_cu_sample_args (plain C) */
 #include "../util/error.h"
 
 typedef struct tsr_backend {
@@ -54,6 +55,13 @@ typedef struct tsr_backend {
     /* out[r] = argmax of x[r, :n] (ties to the lowest index, NaN and -inf
      * never chosen, -1 if nothing else), out in backend memory */
     int (*argmax)(const float *x, int rows, int n, int32_t *out, tsr_error *err);
+    /* Sampling where the logits are (NULL where the backend has none: the
+     * host samples). state [vocab] int32, scratch (sample_scratch_bytes),
+     * ids and out in backend memory; see kernels/cuda/sample_cuda.h. */
+    int (*sample_history)(int32_t *state, const int32_t *ids, int n, int gen_from, int vocab, tsr_error *err);
+    int (*sample)(const float *logits, const int32_t *state, const tsr_cu_sample_args *a, void *scratch,
+                  int32_t *out, tsr_error *err);
+    uint64_t (*sample_scratch_bytes)(int vocab);
     int (*add)(float *y, const float *x, int64_t n, tsr_error *err);
     int (*add_rows)(float *y, const float *b, int rows, int n, tsr_error *err);
     /* wait for queued work; surface asynchronous errors */

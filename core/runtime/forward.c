@@ -236,7 +236,7 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     const int first = tsr_fwd_all_rows(out) ? 0 : rows - 1, n = rows - first;
     OP(TSR_PROF_HEAD, BE(be->rmsnorm(m->xn, m->x + (int64_t)first * h, m->final_norm, n, h, c->norm_eps, err));
        if ((rc = gemv(m, m->lm_head, n, m->xn, m->head_out, err))) return rc);
-    if (!tsr_fwd_logits(out))
+    if (tsr_fwd_argmax(out))
         OP(TSR_PROF_ARGMAX, BE(be->argmax(m->head_out, n, c->vocab, m->argmax_dev, err)));
     return TSR_OK;
 }
@@ -261,6 +261,7 @@ int tsr_forward_chunk(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens,
     m->head_out = tsr_fwd_logits(out) && be->device == TSR_DEVICE_CPU ? (float *)dst : m->logits_dev;
     BE(be->upload_async(m->ids, tokens, (size_t)rows * sizeof *tokens, err));
     if ((rc = tsr_forward_pass(m, &m->ex, kv_seq, pos0, rows, out, err))) return rc;
+    if (out == TSR_FWD_DEVICE_LAST) return TSR_OK; /* the sampler's launches follow in stream order */
     if (out == TSR_FWD_NONE || m->head_out == dst) return be->sync(err);
     return be->download(dst, tsr_fwd_out_src(m, out), tsr_fwd_out_bytes(m, out, rows), err);
 }

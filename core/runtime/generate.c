@@ -8,13 +8,17 @@
  * requests accept draft x with probability min(1, p(x)/q(x)) and on
  * rejection draw from normalise(max(0, p - q)) (Leviathan et al.), which
  * leaves the target distribution exactly as it is. Rejected rows are rolled
- * back in the KV cache. Text is released only in complete UTF-8 and never
- * while it could still turn into a stop string.
+ * back in the KV cache. On a device backend, requests that sample without
+ * asking for log-probabilities draw on the device (dev_sampler.h) and only
+ * the id comes back; steps that verify drafts still bring their rows'
+ * logits to the host (rejection sampling there). Text is released only in
+ * complete UTF-8 and never while it could still turn into a stop string.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "dev_sampler.h"
 #include "model_internal.h"
 #include "../util/clock.h"
 
@@ -38,6 +42,7 @@ struct tsr_gen {
     float *qprobs;            /* [TSR_MAX_DRAFT, vocab] */
     int32_t draft[TSR_MAX_DRAFT];
     int greedy_ids;           /* ask the model for argmax ids alone (plain greedy, no logprobs) */
+    tsr_dev_sampler *dev;     /* sample where the logits are (device backends, no logprobs) or NULL */
     int32_t choices[TSR_MAX_DRAFT + 1];
     tsr_token_info toks[TSR_MAX_DRAFT + 1];
     tsr_detok detok;
@@ -105,6 +110,13 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
     g->greedy = !(p->sampling.temperature > 0.0f && p->sampling.top_k != 1);
     g->want_raw = p->logprobs || p->top_logprobs;
     g->greedy_ids = tsr_sampler_plain_greedy(g->sampler) && !g->want_raw;
+    if (!g->greedy_ids && !g->want_raw && m->be->sample && !m->host_sampling) {
+        int rc2 = tsr_dev_sampler_new(m->be, g->sampler, vocab, &g->dev, err);
+        if (rc2 != TSR_OK) {
+            tsr_gen_free(g);
+            return rc2;
+        }
+    }
     g->stats.n_prompt = n_prompt;
     g->t_start = tsr_now_seconds();
     *out = g;
@@ -115,6 +127,7 @@ void tsr_gen_free(tsr_gen *g) {
     if (!g) return;
     if (g->seq) tsr_drafter_seq_end(g->m->drafter, g->drafter_seq);
     tsr_seq_free(g->seq);
+    tsr_dev_sampler_free(g->dev);
     tsr_sampler_free(g->sampler);
     free(g->hist);
     free(g->logits);
@@ -250,6 +263,10 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         int32_t choice;
         if (g->greedy_ids) {
             rc = tsr_seq_forward_greedy(g->seq, g->hist, g->n_hist, &choice, 0, err);
+        } else if (g->dev) {
+            rc = tsr_seq_forward_device(g->seq, g->hist, g->n_hist, err);
+            if (rc == TSR_OK)
+                rc = tsr_dev_sampler_pick(g->dev, m->logits_dev, g->hist, g->n_hist, g->n_prompt, &choice, err);
         } else {
             rc = tsr_seq_forward(g->seq, g->hist, g->n_hist, g->logits, 0, err);
             if (rc == TSR_OK) {
@@ -296,17 +313,24 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         rows[0] = g->hist[g->n_hist - 1];
         memcpy(rows + 1, g->draft, (size_t)k * sizeof *rows);
         int kv_before = tsr_seq_len(g->seq);
-        if (g->greedy_ids)
+        /* the choices come back as ids: greedy ones, or one drawn on the device (no drafts) */
+        const int ids_only = g->greedy_ids || (g->dev && k == 0);
+        if (g->greedy_ids) {
             rc = tsr_seq_forward_greedy(g->seq, rows, k + 1, g->choices, 1, err);
-        else
+        } else if (ids_only) {
+            rc = tsr_seq_forward_device(g->seq, rows, 1, err);
+            if (rc == TSR_OK)
+                rc = tsr_dev_sampler_pick(g->dev, m->logits_dev, g->hist, g->n_hist, g->n_prompt, g->choices, err);
+        } else {
             rc = tsr_seq_forward(g->seq, rows, k + 1, g->logits, 1, err);
+        }
         if (rc != TSR_OK) goto out;
         g->stats.decode_passes++;
         int accepted = 0;
         for (int i = 0; i <= k && !done; i++) {
             int32_t choice = -1;
             int accept_draft = 0;
-            if (g->greedy_ids) { /* the model's argmax is the choice */
+            if (ids_only) { /* the model's argmax or the device's draw is the choice */
                 choice = g->choices[i];
                 accept_draft = i < k && choice == g->draft[i];
             } else {

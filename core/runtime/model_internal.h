@@ -54,7 +54,9 @@ typedef enum tsr_fwd_out {
     TSR_FWD_LOGITS_LAST = 1,      /* logits of the last row */
     TSR_FWD_LOGITS_ALL = 2,       /* logits of every row */
     TSR_FWD_ARGMAX_LAST = 3,      /* the greedy choice of the last row */
-    TSR_FWD_ARGMAX_ALL = 4        /* the greedy choice of every row */
+    TSR_FWD_ARGMAX_ALL = 4,       /* the greedy choice of every row */
+    TSR_FWD_DEVICE_LAST = 5       /* logits of the last row left in m->logits_dev, nothing comes
+                                   * back (device backends: sampled there, dev_sampler.h) */
 } tsr_fwd_out;
 
 struct tsr_model {
@@ -95,6 +97,7 @@ struct tsr_model {
     float *head_out;              /* where the pass in flight writes logits */
     const tsr_exec *cur_ex;       /* the exec of the pass in flight */
     int graphs_on;                /* the assembly's runtime.cuda_graphs (off while profiling) */
+    int host_sampling;            /* tsr_model_opts.host_sampling */
     tsr_prof *prof;               /* [2] with tsr_model_opts.profile, else NULL */
     int prof_phase;
     tsr_graph graphs[TSR_GRAPH_CACHE];
@@ -120,9 +123,10 @@ struct tsr_seq {
  * the bytes of a pass of rows and where they lie in backend memory. */
 static inline int tsr_fwd_all_rows(tsr_fwd_out o) { return o == TSR_FWD_LOGITS_ALL || o == TSR_FWD_ARGMAX_ALL; }
 static inline int tsr_fwd_logits(tsr_fwd_out o) { return o == TSR_FWD_LOGITS_LAST || o == TSR_FWD_LOGITS_ALL; }
+static inline int tsr_fwd_argmax(tsr_fwd_out o) { return o == TSR_FWD_ARGMAX_LAST || o == TSR_FWD_ARGMAX_ALL; }
 static inline size_t tsr_fwd_out_bytes(const tsr_model *m, tsr_fwd_out o, int rows) {
     const size_t n = tsr_fwd_all_rows(o) ? (size_t)rows : 1;
-    return o == TSR_FWD_NONE ? 0 : tsr_fwd_logits(o) ? n * (size_t)m->cfg.vocab * sizeof(float) : n * sizeof(int32_t);
+    return tsr_fwd_logits(o) ? n * (size_t)m->cfg.vocab * sizeof(float) : tsr_fwd_argmax(o) ? n * sizeof(int32_t) : 0;
 }
 static inline void *tsr_fwd_out_src(const tsr_model *m, tsr_fwd_out o) {
     return tsr_fwd_logits(o) ? (void *)m->logits_dev : (void *)m->argmax_dev;
@@ -152,6 +156,10 @@ int tsr_forward_chunk(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens,
  * m->argmax_dev. ex->step set while capturing (forward.c). */
 int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int rows, tsr_fwd_out out,
                      tsr_error *err);
+
+/* The last row's logits left in m->logits_dev for dev_sampler.h (device
+ * backends; TSR_ERR_UNSUPPORTED on the CPU). seq.c */
+int tsr_seq_forward_device(tsr_seq *s, const int32_t *tokens, int n, tsr_error *err);
 
 /* graph.c: the pass through a cached CUDA graph when it qualifies;
  * *done = 0 (and nothing run) when it does not. */

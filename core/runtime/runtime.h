@@ -30,6 +30,8 @@ typedef struct tsr_model_opts {
                                  * reports tokens without text */
     int profile;                /* time every op (synchronising after each, no CUDA
                                  * graphs): see tsr_model_profile_print */
+    int host_sampling;          /* bring sampled rows to the host even where the backend
+                                 * samples on its device (what that is worth; tests) */
 } tsr_model_opts;
 
 int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err);

@@ -80,6 +80,11 @@ uint64_t tsr_sampler_seed(const tsr_sampler *s) {
     return s->seed;
 }
 
+const tsr_sampling *tsr_sampler_params(const tsr_sampler *s) {
+    TSR_ASSERT(s);
+    return &s->p;
+}
+
 /* --- parameters ----------------------------------------------------------- */
 
 tsr_sampling tsr_sampling_greedy(void) {
@@ -346,6 +351,11 @@ static int heap_top_k(const float *logits, int V, int k, tsr_cand *h) {
 
 static int is_greedy(const tsr_sampler *s) {
     return s->p.temperature == 0 || s->p.top_k == 1;
+}
+
+int tsr_sampler_greedy_rule(const tsr_sampler *s) {
+    TSR_ASSERT(s);
+    return is_greedy(s);
 }
 
 int tsr_sampler_plain_greedy(const tsr_sampler *s) {

@@ -91,6 +91,13 @@ void tsr_sampler_free(tsr_sampler *s); /* NULL does nothing */
 /* The seed in use (the clock's when the request had none), to log or replay. */
 uint64_t tsr_sampler_seed(const tsr_sampler *s);
 
+/* The parameters as s reads them (out-of-range values already turned into
+ * their meaningful setting, see tsr_sampling_validate): what a sampler on
+ * another device must apply to sample as s does. */
+const tsr_sampling *tsr_sampler_params(const tsr_sampler *s);
+/* 1 when s takes the argmax (temperature 0 or top_k 1) and draws no number. */
+int tsr_sampler_greedy_rule(const tsr_sampler *s);
+
 /* Apply rules 1-5 to logits (modified in place) and write the final
  * distribution to probs [vocab] (zeros outside the kept set; one-hot when
  * greedy). history: prompt then generated ids; n_prompt of them are prompt. */

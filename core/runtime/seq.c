@@ -86,6 +86,12 @@ int tsr_seq_forward_greedy(tsr_seq *s, const int32_t *tokens, int n, int32_t *ch
                    sizeof *choices, err);
 }
 
+int tsr_seq_forward_device(tsr_seq *s, const int32_t *tokens, int n, tsr_error *err) {
+    if (s->m->be->device == TSR_DEVICE_CPU)
+        return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "logits kept on the device: the model runs on the CPU");
+    return seq_run(s, tokens, n, TSR_FWD_DEVICE_LAST, NULL, 0, err);
+}
+
 int tsr_seq_truncate(tsr_seq *s, int n, tsr_error *err) {
     if (n < 0 || n > s->n)
         return tsr_error_set(err, TSR_ERR_INVALID, "truncate to %d of %d tokens", n, s->n);

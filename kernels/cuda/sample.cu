@@ -1,0 +1,481 @@
+// Sampling on the device (sample_cuda.h): one block of 1024 threads draws
+// one token, step by step as sampler.c does. Rounding is explicit
+// (__fdiv_rn, __dmul_rn, ...) so that nothing is contracted into an FMA that
+// the CPU does not do. Keys are the penalised, temperature-divided logits
+// (NaN marks a token that is not, or no longer, a candidate); weights are
+// exp(key - max) rounded to float, 0 outside the kept set.
+#include <cuda_runtime.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+
+#include "sample_cuda.h"
+
+namespace {
+
+constexpr int kT = 1024;                  // threads of the one block
+constexpr double kSlack = 1e-6;           // sampler.c's TSR_SAMPLER_SLACK
+constexpr double kFix = 1099511627776.0;  // 2^40: fixed-point unit of top-p's mass
+
+typedef unsigned long long u64;
+
+struct Shared {
+    double d[kT];
+    u64 u[kT];
+    u64 hmass[256];
+    unsigned int hcount[256];
+    double hmd[256]; // pass 2's coarse masses (top-p alone)
+    float f[32];
+    int i[32];
+    int found, hit, last;
+    u64 above;
+};
+
+// Bigger float, bigger code (for keys that are not NaN; -0 comes in as +0).
+__device__ uint32_t ordered(float f) {
+    const uint32_t b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ u64 fixed(float w) { return __double2ull_rn(__dmul_rn((double)w, kFix)); }
+
+// Sum over the block in a fixed order (a fixed tree): deterministic.
+__device__ double block_sum(double v, Shared &sh) {
+    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sh.d[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = sh.d[lane];
+        for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) sh.d[0] = v;
+    }
+    __syncthreads();
+    const double total = sh.d[0];
+    __syncthreads();
+    return total;
+}
+
+__device__ int block_sum_int(int v, Shared &sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sh.i[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0;
+        for (int w = 0; w < kT / 32; w++) s += sh.i[w];
+        sh.i[0] = s;
+    }
+    __syncthreads();
+    const int total = sh.i[0];
+    __syncthreads();
+    return total;
+}
+
+// The highest value, ties to the lowest index; bi -1 and best -inf when no
+// thread holds one (NaN and -inf never win).
+__device__ void block_argmax(float &best, int &bi, Shared &sh) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float b = __shfl_xor_sync(0xffffffffu, best, o);
+        const int j = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (j >= 0 && (bi < 0 || b > best || (b == best && j < bi))) best = b, bi = j;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sh.f[warp] = best, sh.i[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kT / 32; w++)
+            if (sh.i[w] >= 0 && (bi < 0 || sh.f[w] > best || (sh.f[w] == best && sh.i[w] < bi)))
+                best = sh.f[w], bi = sh.i[w];
+        sh.f[0] = best, sh.i[0] = bi;
+    }
+    __syncthreads();
+    best = sh.f[0], bi = sh.i[0];
+    __syncthreads();
+}
+
+// Exclusive prefix over the threads in thread order (Hillis-Steele, a fixed
+// order of additions); *total gets the sum of all.
+__device__ u64 excl_scan(u64 v, Shared &sh, u64 *total) {
+    const int t = threadIdx.x;
+    sh.u[t] = v;
+    __syncthreads();
+    for (int off = 1; off < kT; off <<= 1) {
+        const u64 add = t >= off ? sh.u[t - off] : 0;
+        __syncthreads();
+        sh.u[t] += add;
+        __syncthreads();
+    }
+    const u64 ex = t > 0 ? sh.u[t - 1] : 0;
+    *total = sh.u[kT - 1];
+    __syncthreads();
+    return ex;
+}
+
+__device__ double excl_scan(double v, Shared &sh, double *total) {
+    const int t = threadIdx.x;
+    sh.d[t] = v;
+    __syncthreads();
+    for (int off = 1; off < kT; off <<= 1) {
+        const double add = t >= off ? sh.d[t - off] : 0.0;
+        __syncthreads();
+        sh.d[t] = __dadd_rn(sh.d[t], add);
+        __syncthreads();
+    }
+    const double ex = t > 0 ? sh.d[t - 1] : 0.0;
+    *total = sh.d[kT - 1];
+    __syncthreads();
+    return ex;
+}
+
+// The first candidate in order (key descending, ties to the lowest id) at
+// which the running sum of its values reaches target: 1 each when !mass
+// (top-k: the target-th), else fixed(weight) (top-p). Radix selection on the
+// key's 32 bits, 8 at a time: each pass sums the values of the candidates
+// that share the bits found so far, per next digit, and walks the digits
+// from the top; then the ties on the whole key are walked in id order.
+// Writes the key's code and the id; false when the whole sum stays below
+// target.
+__device__ bool select_first(const float *__restrict__ key, const float *__restrict__ wt, int V, bool mass,
+                             u64 target, uint32_t *tu, int *tid, Shared &sh) {
+    const int t = threadIdx.x;
+    uint32_t prefix = 0, mask = 0;
+    u64 above = 0; // sum over candidates whose key is above the bits found so far
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int d = t; d < 256; d += kT) sh.hmass[d] = 0, sh.hcount[d] = 0;
+        __syncthreads();
+        // runs of one digit summed in the thread first: the first passes see
+        // few digits, and one shared counter per element would serialise
+        int cd = -1;
+        unsigned int cc = 0;
+        u64 cm = 0;
+        for (int i = t; i < V; i += kT) {
+            const float k = key[i];
+            if (isnan(k)) continue;
+            const uint32_t u = ordered(k);
+            if ((u & mask) != prefix) continue;
+            const int d = (int)((u >> shift) & 255u);
+            if (d != cd) {
+                if (cd >= 0) atomicAdd(&sh.hcount[cd], cc), atomicAdd(&sh.hmass[cd], cm);
+                cd = d, cc = 0, cm = 0;
+            }
+            cc++;
+            if (mass) cm += fixed(wt[i]);
+        }
+        if (cd >= 0) atomicAdd(&sh.hcount[cd], cc), atomicAdd(&sh.hmass[cd], cm);
+        __syncthreads();
+        if (t == 0) {
+            int chosen = -1;
+            for (int d = 255; d >= 0; d--) {
+                if (!sh.hcount[d]) continue;
+                const u64 v = mass ? sh.hmass[d] : (u64)sh.hcount[d];
+                if (above + v >= target) {
+                    chosen = d;
+                    break;
+                }
+                above += v;
+            }
+            sh.found = chosen;
+            sh.above = above;
+        }
+        __syncthreads();
+        const int chosen = sh.found;
+        above = sh.above;
+        __syncthreads();
+        if (chosen < 0) return false;
+        prefix |= (uint32_t)chosen << shift;
+        mask |= 0xffu << shift;
+    }
+    // ties on the whole key, in id order: thread t holds ids [lo, hi)
+    const int chunk = (V + kT - 1) / kT, lo = t * chunk, hi = min(V, lo + chunk);
+    u64 own = 0;
+    for (int i = lo; i < hi; i++) {
+        const float k = key[i];
+        if (!isnan(k) && ordered(k) == prefix) own += mass ? fixed(wt[i]) : 1;
+    }
+    u64 total;
+    const u64 ex = excl_scan(own, sh, &total);
+    if (t == 0) sh.hit = INT_MAX;
+    __syncthreads();
+    if (above + ex + own >= target) {
+        u64 cum = above + ex;
+        for (int i = lo; i < hi; i++) {
+            const float k = key[i];
+            if (isnan(k) || ordered(k) != prefix) continue;
+            cum += mass ? fixed(wt[i]) : 1;
+            if (cum >= target) {
+                atomicMin(&sh.hit, i);
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    const int hit = sh.hit;
+    __syncthreads();
+    if (hit == INT_MAX) return false;
+    *tu = prefix;
+    *tid = hit;
+    return true;
+}
+
+// Keep the candidates up to (tu, tid) in order; the rest are dropped.
+// Returns this thread's share (its ids, strided) of the weights kept.
+__device__ double keep_first(float *__restrict__ key, float *__restrict__ wt, int V, uint32_t tu, int tid) {
+    double part = 0;
+    for (int i = threadIdx.x; i < V; i += kT) {
+        const float k = key[i];
+        if (isnan(k)) continue;
+        const uint32_t u = ordered(k);
+        if (!(u > tu || (u == tu && i <= tid))) key[i] = NAN, wt[i] = 0.0f;
+        else part = __dadd_rn(part, (double)wt[i]);
+    }
+    __syncthreads();
+    return part;
+}
+
+__device__ bool weight_ok(float v) { return v > 0 && v <= FLT_MAX; }
+
+// Top-p's target in fixed point: the first in order whose running mass
+// reaches (p - slack) * z (sampler.c's need).
+__device__ u64 top_p_target(float p, double z) {
+    const double need = __dmul_rn(__dsub_rn((double)p, kSlack), z);
+    return need <= 0 ? 0 : (u64)ceil(__dmul_rn(need, kFix));
+}
+
+// The coarse bucket of a candidate's key: 16 per unit below the maximum,
+// 255 for everything 15.94 or more below. Monotone: a higher key never
+// falls in a later bucket.
+__device__ int coarse(float k, double mx) {
+    const double d = __dmul_rn(__dsub_rn(mx, (double)k), 16.0);
+    return d < 255.0 ? (int)d : 255;
+}
+
+// The inputs never overlap anything else (checked by tsr_cu_sample):
+// __restrict__ lets their loads run ahead. scratch: key [V], wt [V], then
+// the compacted list's keys, weights and ids [V] each.
+__global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits, const int32_t *__restrict__ state,
+                                               tsr_cu_sample_args a, float *scratch, int32_t *__restrict__ out) {
+    __shared__ Shared sh;
+    const int V = a.vocab, t = threadIdx.x;
+    float *key = scratch, *wt = scratch + V;
+    for (int d = t; d < 256; d += kT) sh.hcount[d] = 0, sh.hmd[d] = 0; // pass 2's coarse histogram
+
+    // Rule 1, penalties (sampler.c apply_penalties), then rule 3, with the
+    // maximum (the argmax for greedy requests).
+    const float rep = a.repetition_penalty;
+    const double pres = a.presence_penalty, freq = a.frequency_penalty;
+    const bool pf = pres != 0 || freq != 0;
+    float best = -INFINITY;
+    int bi = -1;
+    for (int i = t; i < V; i += kT) {
+        float l = logits[i];
+        const int32_t s = state ? state[i] : 0;
+        if ((s & 1) && rep != 1.0f) l = l > 0 ? __fdiv_rn(l, rep) : __fmul_rn(l, rep);
+        const int c = s >> 1;
+        if (c && pf) l = (float)__dsub_rn((double)l, __dadd_rn(pres, __dmul_rn(freq, (double)c)));
+        if (!a.greedy && a.temperature != 1.0f && isfinite(l)) l = __fdiv_rn(l, a.temperature);
+        key[i] = l;
+        if (l > best) best = l, bi = i;
+    }
+    block_argmax(best, bi, sh);
+    if (a.greedy || best == -INFINITY) {
+        if (t == 0) out[0] = a.greedy ? bi : -1;
+        return;
+    }
+
+    // Candidates: the +inf keys if any (uniform: key 0), else the finite
+    // ones; weights relative to the top. part: this thread's share of the
+    // weights of the current set, kept up to date by every filter so that
+    // no pass is spent on the sums alone. With top-k, candidates are also
+    // counted per coarse bucket; with top-p alone, counted and weighed.
+    const bool inf_mode = best == INFINITY;
+    const double mx = inf_mode ? 0.0 : (double)best;
+    const bool top_k = a.top_k > 0, hist_p = !top_k && a.top_p < 1.0f;
+    int nc = 0;
+    double part = 0;
+    for (int i = t; i < V; i += kT) {
+        const float l = key[i];
+        const bool c = inf_mode ? l == INFINITY : isfinite(l);
+        const float k = __fadd_rn(inf_mode ? 0.0f : l, 0.0f); // -0 as +0: equal keys, equal codes
+        const float w = c ? (float)exp(__dsub_rn((double)k, mx)) : 0.0f;
+        key[i] = c ? k : NAN;
+        wt[i] = w;
+        part = __dadd_rn(part, (double)w);
+        nc += c;
+        if ((top_k || hist_p) && c) {
+            const int b = coarse(k, mx);
+            if (b < 255) {
+                atomicAdd(&sh.hcount[b], 1u);
+                if (hist_p) atomicAdd(&sh.hmd[b], (double)w);
+            }
+        }
+    }
+    nc = block_sum_int(nc, sh); // also orders the writes above before the reads below
+
+    // The set the later rules work on: K, W [n], in id order (ids: NULL when
+    // position is id). The kept set is a prefix of the order, and so are the
+    // coarse buckets up to any one: with top-k, up to the bucket where the
+    // count reaches k; with top-p alone, up to the bucket where the mass
+    // surely reaches p's target (the double sums of pass 2, in no fixed
+    // order, with a margin for their rounding and for the fixed point's).
+    // Those buckets are compacted, in id order, into a list that every later
+    // step works on instead of the vocabulary; which bucket bounds the list
+    // never changes the result, only what is read.
+    float *K = key, *W = wt;
+    const int32_t *ids = NULL;
+    int n = V;
+    const bool do_top_k = top_k && a.top_k < nc, do_top_p = a.top_p < 1.0f;
+    double z = do_top_k ? 0.0 : block_sum(part, sh); // top-k: after its cut
+    const u64 target_p = do_top_k || !do_top_p ? 0 : top_p_target(a.top_p, z);
+    bool listed = false;
+    if (do_top_k || hist_p) {
+        if (t == 0) {
+            unsigned int cum = 0;
+            double cum_m = 0;
+            int bound = -1;
+            for (int b = 0; b < 255 && bound < 0; b++) {
+                cum += sh.hcount[b];
+                cum_m += sh.hmd[b];
+                if (do_top_k ? cum >= (unsigned int)a.top_k
+                             : cum > 0 && cum_m * (1.0 - 1e-9) >= ((double)target_p + 0.5 * cum + 1.0) / kFix)
+                    bound = b;
+            }
+            sh.found = bound;
+        }
+        __syncthreads();
+        const int bound = sh.found;
+        __syncthreads();
+        if (bound >= 0) {
+            float *lkey = scratch + 2 * (size_t)V, *lwt = scratch + 3 * (size_t)V;
+            int32_t *lid = (int32_t *)(scratch + 4 * (size_t)V);
+            const int chunk = (V + kT - 1) / kT, lo = t * chunk, hi = min(V, lo + chunk);
+            int cnt = 0;
+            for (int i = lo; i < hi; i++) {
+                const float k = key[i];
+                if (!isnan(k) && coarse(k, mx) <= bound) cnt++;
+            }
+            u64 m;
+            int o = (int)excl_scan((u64)cnt, sh, &m);
+            part = 0;
+            for (int i = lo; i < hi; i++) {
+                const float k = key[i];
+                if (isnan(k) || coarse(k, mx) > bound) continue;
+                lkey[o] = k, lwt[o] = wt[i], lid[o] = i, o++;
+                part = __dadd_rn(part, (double)wt[i]);
+            }
+            __syncthreads();
+            K = lkey, W = lwt, ids = lid, n = (int)m;
+            listed = true;
+        }
+    }
+
+    // Rule 4: top-k, then the softmax's sum over what it keeps.
+    uint32_t tu;
+    int tid;
+    if (do_top_k) {
+        if (select_first(K, W, n, false, (u64)a.top_k, &tu, &tid, sh)) part = keep_first(K, W, n, tu, tid);
+        z = block_sum(part, sh);
+    }
+
+    // Rule 5: top-p (the shortest prefix whose mass reaches p), then min-p.
+    // filtered: the weights left differ from those z sums (a list cut by
+    // top-p alone holds less than every candidate).
+    bool filtered = listed && !do_top_k;
+    if (do_top_p) {
+        const u64 target = do_top_k ? top_p_target(a.top_p, z) : target_p;
+        if (select_first(K, W, n, true, target, &tu, &tid, sh)) {
+            part = keep_first(K, W, n, tu, tid);
+            filtered = true;
+        }
+    }
+    if (a.min_p > 0) {
+        const double thr = __dmul_rn((double)a.min_p, 1.0 - kSlack);
+        part = 0;
+        for (int i = t; i < n; i += kT) {
+            const float w = W[i];
+            if (!((double)w >= thr)) W[i] = 0.0f;
+            else part = __dadd_rn(part, (double)w);
+        }
+        __syncthreads();
+        filtered = true;
+    }
+
+    // Rule 6: renormalise, then the draw in id order (tsr_sampler_draw):
+    // thread t sums positions [lo, hi), a scan places the chunks, and the
+    // chunk where u * total falls walks its positions.
+    const double zk = filtered ? block_sum(part, sh) : z;
+    const int chunk = (n + kT - 1) / kT, lo = t * chunk, hi = min(n, lo + chunk);
+    double own = 0;
+    int last = -1;
+    for (int i = lo; i < hi; i++) {
+        const float p = W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
+        if (weight_ok(p)) own = __dadd_rn(own, (double)p), last = i;
+    }
+    double total;
+    const double ex = excl_scan(own, sh, &total);
+    if (t == 0) sh.hit = INT_MAX, sh.last = -1;
+    __syncthreads();
+    const double target = __dmul_rn(a.u, total);
+    if (total > 0 && last >= 0 && target < __dadd_rn(ex, own)) {
+        double cum = ex;
+        for (int i = lo; i < hi; i++) {
+            const float p = W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
+            if (!weight_ok(p)) continue;
+            cum = __dadd_rn(cum, (double)p);
+            if (target < cum) {
+                atomicMin(&sh.hit, i);
+                break;
+            }
+        }
+    }
+    if (last >= 0) atomicMax(&sh.last, last);
+    __syncthreads();
+    if (t == 0) {
+        const int pos = !(total > 0) ? -1 : sh.hit != INT_MAX ? sh.hit : sh.last;
+        out[0] = pos < 0 || !ids ? pos : ids[pos];
+    }
+}
+
+__global__ void history_k(int32_t *state, const int32_t *ids, int n, int gen_from, int vocab) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    const int32_t id = ids[j];
+    if (id < 0 || id >= vocab) return;
+    atomicOr(&state[id], 1);
+    if (j >= gen_from) atomicAdd(&state[id], 2);
+}
+
+int launched() { return cudaGetLastError() == cudaSuccess ? 0 : -10; }
+
+// [a, a + na) and [b, b + nb) share a byte
+bool overlap(const void *a, uint64_t na, const void *b, uint64_t nb) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + nb && y < x + na;
+}
+
+} // namespace
+
+extern "C" uint64_t tsr_cu_sample_scratch_bytes(int vocab) {
+    return vocab > 0 ? 5ull * (uint64_t)vocab * sizeof(float) : 0;
+}
+
+extern "C" int tsr_cu_sample(const float *logits, const int32_t *state, const tsr_cu_sample_args *a,
+                             void *scratch, int32_t *out, void *stream) {
+    if (!a || !logits || !scratch || !out || a->vocab < 1 || a->vocab > TSR_CU_SAMPLE_MAX_VOCAB) return -1;
+    if (!a->greedy && !(a->temperature > 0 && a->temperature <= FLT_MAX)) return -1;
+    if (!(a->u >= 0 && a->u < 1) || a->top_k < 0) return -1;
+    const uint64_t row = (uint64_t)a->vocab * sizeof(float), scr = tsr_cu_sample_scratch_bytes(a->vocab);
+    if (overlap(logits, row, scratch, scr) || overlap(out, 4, scratch, scr) || overlap(out, 4, logits, row) ||
+        (state && (overlap(state, row, scratch, scr) || overlap(state, row, out, 4))))
+        return -1;
+    sample_k<<<1, kT, 0, (cudaStream_t)stream>>>(logits, state, *a, (float *)scratch, out);
+    return launched();
+}
+
+extern "C" int tsr_cu_sample_history(int32_t *state, const int32_t *ids, int n, int gen_from, int vocab,
+                                     void *stream) {
+    if (!state || vocab < 1 || n < 0 || (n > 0 && !ids)) return -1;
+    if (n == 0) return 0;
+    history_k<<<(n + 255) / 256, 256, 0, (cudaStream_t)stream>>>(state, ids, n, gen_from, vocab);
+    return launched();
+}
