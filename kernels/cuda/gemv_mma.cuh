@@ -28,8 +28,8 @@
 //         (range to ~1e6, at least bf16's precision above 2^-10); both
 //         powers of two are undone exactly on the f32 result.
 // The block is MT tiles of 16 rows times KW warps that split each row's
-// chunks between them (see gemv_mma's work split), each with two units of
-// loads in flight; the KW partial sums are added in shared memory.
+// chunks between them (see gemv_mma's work split); the KW partial sums are
+// added in shared memory.
 //
 // Measured on the H200 (tools/cuda_lab/gemv_lab.cu, BENCHMARKS.md): 8 rows
 // cost 1.0-1.06x one row; at one row a plain warp-per-row kernel that
@@ -37,7 +37,7 @@
 // TB/s on the LM head), so cuda_gemv keeps that one for decode.
 //
 // Preconditions (the plugin checks them and uses its other kernels
-// otherwise): weight rows ldw bytes apart, ldw a multiple of 128, the
+// otherwise): weight rows ldw bytes apart, ldw a multiple of 64, the
 // padding zero; x f32, 16-byte aligned, rows ldx floats apart, ldx and cols
 // multiples of 4; y [rows, n_out] f32.
 #ifndef TSR_GEMV_MMA_CUH
@@ -54,7 +54,7 @@ enum WeightKind { kBf16 = 0, kFp8 = 1 };
 // 16 bytes of weights, not kept in L1 (each is read once per pass).
 __device__ __forceinline__ uint4 load_w(const uint8_t *p) {
     uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
@@ -79,7 +79,7 @@ __device__ __forceinline__ uint32_t e4m3x2_f16(uint32_t w, uint32_t sel) {
 
 __device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -87,7 +87,7 @@ __device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uin
 
 __device__ __forceinline__ void mma_f16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                         uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -145,60 +145,49 @@ __device__ __forceinline__ void chunk_mma(const Args &p, float *acc, const uint4
 // The result multiplier the bit tricks leave: 1 for bf16, 2^8 * 2^4 for fp8.
 template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == kBf16 ? 1.0f : 4096.0f; }
 
-// Work split: a row's bytes are cut in units of UB bytes (64 or 128: each
-// lane loads UB / 64 pieces of 16 bytes per row per unit, adjacent, so a
-// warp reads UB contiguous bytes of each of its 16 rows at a time); warp kw
-// of a tile takes units kw, kw + KW, ... (interleaved) or one contiguous run
-// of them (BLK).
+// Work split: each row's 64-byte chunks are dealt to the tile's KW warps in
+// turn (chunk c to warp c % KW), each warp issuing the loads of U chunks
+// before it multiplies them.
 // PDL: launched as a programmatic dependent of the kernel before it, the
 // kernel issues its first weight loads (which depend on nothing) before it
 // waits for that kernel's results (griddepcontrol.wait), and lets the next
 // kernel launch at once (its own wait keeps it correct).
-template <int WK, int NR, int KW, int MT, int UB, bool BLK, bool PDL = false>
+template <int WK, int NR, int KW, int MT, int U, bool PDL = false>
 __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
-    constexpr int kL = UB / 64; // 16-byte loads per lane per row per unit
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int mt = warp / KW, kw = warp % KW;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = (blockIdx.x * MT + mt) * 16;
     // rows past n_out read the last row (their results are not stored)
     const int ra = min(row0 + g, p.n_out - 1), rb = min(row0 + g + 8, p.n_out - 1);
-    const int lo = 16 * kL * t; // the lane's first byte in a unit
-    const uint8_t *pa = p.w + (int64_t)ra * p.ldw + lo, *pb = p.w + (int64_t)rb * p.ldw + lo;
+    const uint8_t *pa = p.w + (int64_t)ra * p.ldw + 16 * t, *pb = p.w + (int64_t)rb * p.ldw + 16 * t;
     const bool has_x = g < NR;
     const float *xr = p.x + (int64_t)(has_x ? g : 0) * p.ldx;
-    const int nu = (int)(p.ldw / UB);
-    const int u0 = BLK ? (int)((int64_t)kw * nu / KW) : kw, u1 = BLK ? (int)((int64_t)(kw + 1) * nu / KW) : nu;
-    constexpr int kStep = BLK ? 1 : KW;
+    const int nch = (int)(p.ldw / 64);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    // two units in flight: the next unit's weights are loaded while this
-    // unit's are multiplied, so a warp always has loads outstanding
-    uint4 a0[kL], b0[kL], a1[kL], b1[kL];
-    auto load_unit = [&](int u, uint4 *a, uint4 *b) {
-        if (u >= u1) return;
+    bool waited = !PDL;
+    if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    for (int c0 = kw; c0 < nch; c0 += KW * U) {
+        uint4 a[U], b[U];
 #pragma unroll
-        for (int h = 0; h < kL; h++) {
-            a[h] = load_w(pa + (int64_t)u * UB + 16 * h);
-            b[h] = load_w(pb + (int64_t)u * UB + 16 * h);
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * KW;
+            if (c < nch) {
+                a[u] = load_w(pa + (int64_t)c * 64);
+                b[u] = load_w(pb + (int64_t)c * 64);
+            }
         }
-    };
-    // the first weights are on their way before anything waits on x
-    load_unit(u0, a0, b0);
-    if (PDL) {
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-    }
-    auto mma_unit = [&](int u, const uint4 *a, const uint4 *b) {
-        if (u >= u1) return;
+        if (!waited) { // the first weights are on their way before anything waits on x
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            waited = true;
+        }
 #pragma unroll
-        for (int h = 0; h < kL; h++) chunk_mma<WK>(p, acc, a[h], b[h], xr, u * UB + lo + 16 * h, has_x);
-    };
-    for (int u = u0; u < u1; u += 2 * kStep) {
-        load_unit(u + kStep, a1, b1);
-        mma_unit(u, a0, b0);
-        load_unit(u + 2 * kStep, a0, b0);
-        mma_unit(u + kStep, a1, b1);
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * KW;
+            if (c < nch) chunk_mma<WK>(p, acc, a[u], b[u], xr, c * 64 + 16 * t, has_x);
+        }
     }
+    if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory"); // before y is written
     // acc: rows g (acc 0, 1) and g + 8 (acc 2, 3) for input rows 2t, 2t + 1
     if (KW > 1) {
         __shared__ float4 part[MT][KW][32];
@@ -224,15 +213,17 @@ __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
     }
 }
 
-// Bytes between weight rows the kernels need: a multiple of 128 (the widest unit).
-inline int64_t row_bytes(int WK, int64_t cols) { return (cols * (WK == kBf16 ? 2 : 1) + 127) / 128 * 128; }
+// Bytes between weight rows the kernels need: a multiple of 64.
+inline int64_t row_bytes(int WK, int64_t cols) { return (cols * (WK == kBf16 ? 2 : 1) + 63) / 64 * 64; }
 
 // Warps per row tile chosen by shape (tools/cuda_lab/gemv_lab.cu measured
 // the variants at the Llama-3-8B shapes on the H200, BENCHMARKS.md): more
-// warps splitting K where a matrix has few row tiles or long rows, so that
-// enough loads are in flight; 64-byte units dealt to the warps in turn.
+// warps splitting K where a matrix has few row tiles or long rows (E4M3:
+// always, its rows being half as long), so that enough loads are in flight;
+// one chunk per warp in flight at a time (U = 1) was as fast as more (and
+// faster than double-buffered loads) and keeps registers for occupancy.
 template <int WK> inline int warps_for(int n_out, int cols) {
-    return n_out <= 4096 || cols >= 8192 ? 16 : 8;
+    return WK == kFp8 || n_out <= 4096 || cols >= 8192 ? 16 : 8;
 }
 
 // y = scale * x W^T for 1..8 rows of x; the preconditions above hold
@@ -242,7 +233,7 @@ inline cudaError_t launch(const Args &p, int rows, cudaStream_t st) {
     const unsigned grid = (unsigned)((p.n_out + 15) / 16);
     switch (rows * 100 + warps_for<WK>(p.n_out, p.cols)) {
 #define TSR_MMA_CASE(R, KW)                                                                                 \
-    case R * 100 + KW: gemv_mma<WK, R, KW, 1, 64, false><<<grid, 32 * KW, 0, st>>>(p); break;
+    case R * 100 + KW: gemv_mma<WK, R, KW, 1, 1><<<grid, 32 * KW, 0, st>>>(p); break;
 #define TSR_MMA_ROWS(R) TSR_MMA_CASE(R, 16) TSR_MMA_CASE(R, 8)
         TSR_MMA_ROWS(1) TSR_MMA_ROWS(2) TSR_MMA_ROWS(3) TSR_MMA_ROWS(4)
         TSR_MMA_ROWS(5) TSR_MMA_ROWS(6) TSR_MMA_ROWS(7) TSR_MMA_ROWS(8)

@@ -58,7 +58,7 @@ struct Gemv {
 
 struct Weight {
     int64_t rows, cols;
-    int64_t ld;          // cols rounded up to 64 (128-byte rows, as gemv_mma reads them); the padding is zero
+    int64_t ld;          // cols rounded up to 32 (64-byte rows, as gemv_mma reads them); the padding is zero
     __nv_bfloat16 *w;    // [rows, cols] device
 };
 

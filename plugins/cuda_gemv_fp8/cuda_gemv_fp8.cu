@@ -88,14 +88,14 @@ struct Gemv {
 
 struct Weight {
     int64_t rows, cols;
-    int64_t ld;           // cols rounded up to 128 (as gemv_mma reads rows); the padding is zero
+    int64_t ld;           // cols rounded up to 64 (as gemv_mma reads rows); the padding is zero
     int64_t rows_pad;     // rows rounded up to 16 for cuBLASLt; extra rows zero, scale 0
     uint8_t *w;           // [rows_pad, ld] e4m3, device
     float *scale;         // [rows_pad] s_o, device
 };
 
 int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
-int64_t round128(int64_t n) { return (n + 127) / 128 * 128; } // rows as gemv_mma reads them
+int64_t round64(int64_t n) { return (n + 63) / 64 * 64; } // rows as gemv_mma reads them
 
 int cuda_err(Gemv *g, cudaError_t e, const char *what) {
     if (e == cudaSuccess) return TSR_OK;
@@ -451,7 +451,7 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
             h->set_error(ctx, "model description with no projection sizes (hidden %d)", md->hidden);
             return TSR_ERR_INVALID;
         }
-        g->graph_ld = round128(cols);
+        g->graph_ld = round64(cols);
         g->graph_out = round16(out);
         const size_t rows = TSR_GRAPH_MAX_ROWS, ld = (size_t)g->graph_ld;
         Scratch *s = &g->graph;
@@ -568,7 +568,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
         }
         rows += tw->rows;
     }
-    const int64_t cols = ws[0].cols, ld = round128(cols), rows_pad = round16(rows);
+    const int64_t cols = ws[0].cols, ld = round64(cols), rows_pad = round16(rows);
     uint64_t bytes;
     if (tsr_mul_u64((uint64_t)rows_pad, (uint64_t)ld, &bytes) || bytes > ((uint64_t)1 << 46)) {
         h->set_error(g->ctx, "%s: %lld x %lld fp8 weights are too large", ws[0].name, (long long)rows_pad,

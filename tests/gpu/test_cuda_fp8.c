@@ -268,7 +268,7 @@ static void kernel_case(kenv *k, uint32_t dtype, const int64_t *mrows, int n, in
     void *h = NULL;
     int rc = n == 1 ? tsr_gemv_prepare(k->gemv, &ws[0], &h) : tsr_gemv_prepare_group(k->gemv, ws, n, &h);
     if (rc != TSR_OK) fail_msg("prepare: %d %s", rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
-    uint64_t want_bytes = (uint64_t)n_out * (uint64_t)((cols + 127) / 128 * 128) + 4 * (uint64_t)n_out;
+    uint64_t want_bytes = (uint64_t)n_out * (uint64_t)((cols + 63) / 64 * 64) + 4 * (uint64_t)n_out;
     assert_int_equal(tsr_gemv_bytes(k->gemv, h, NULL), want_bytes);
 
     tsr_error err;

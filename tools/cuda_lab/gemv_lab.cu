@@ -76,28 +76,27 @@ __global__ void __launch_bounds__(256) old_kernel(const __nv_bfloat16 *__restric
 
 // ---- configurations
 struct Cfg {
-    int kw, ub, blk;
+    int kw, mt, u;
 };
-static const Cfg kCfgs[] = {{8, 64, 0},  {16, 64, 0}, {8, 128, 0}, {16, 128, 0},
-                            {8, 128, 1}, {16, 128, 1}, {8, 64, 1},  {16, 64, 1}};
+static const Cfg kCfgs[] = {{8, 1, 1}, {16, 1, 1}, {8, 1, 2}, {16, 1, 2}, {8, 2, 1}, {32, 1, 1}, {16, 1, 4}, {4, 1, 4}};
 static const int kNumCfgs = sizeof kCfgs / sizeof kCfgs[0];
 
 template <int WK, int NR, bool PDL>
 static void launch_cfg(int ci, const uint8_t *w, const float *s, const float *x, float *y, int n_out, int cols,
                        int64_t ldw, int ldx, cudaStream_t st) {
     const Cfg c = kCfgs[ci];
-    const unsigned grid = (unsigned)((n_out + 15) / 16);
+    const unsigned grid = (unsigned)((n_out + 16 * c.mt - 1) / (16 * c.mt));
     void (*k)(const Args) = nullptr;
     switch (ci) {
-#define C(I, KW, UB, BLK)                                                                                 \
-    case I: k = gemv_mma<WK, NR, KW, 1, UB, BLK, PDL>; break;
-        C(0, 8, 64, false) C(1, 16, 64, false) C(2, 8, 128, false) C(3, 16, 128, false) C(4, 8, 128, true)
-        C(5, 16, 128, true) C(6, 8, 64, true) C(7, 16, 64, true)
+#define C(I, KW, MT, U)                                                                                   \
+    case I: k = gemv_mma<WK, NR, KW, MT, U, PDL>; break;
+        C(0, 8, 1, 1) C(1, 16, 1, 1) C(2, 8, 1, 2) C(3, 16, 1, 2) C(4, 8, 2, 1) C(5, 32, 1, 1) C(6, 16, 1, 4)
+        C(7, 4, 1, 4)
 #undef C
     }
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3(grid);
-    lc.blockDim = dim3(32 * c.kw);
+    lc.blockDim = dim3(32 * c.kw * c.mt);
     lc.stream = st;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -388,10 +387,8 @@ static float layers_ms(cudaStream_t st, cudaStream_t side, Chain *c, size_t pref
     return t[3];
 }
 
-// ---- one token's GEMVs through the production launcher, plain or with the
-// norms, SiLU and residual adds fused (what cuda_gemv's run_fused does)
-static float fused_chain_ms(cudaStream_t st, int wk, int rows, int fused, float *xa, float *xb, float *gamma,
-                            float *s) {
+// ---- one token's GEMVs through the production launcher
+static float production_chain_ms(cudaStream_t st, int wk, int rows, float *xa, float *xb, float *s) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -406,15 +403,8 @@ static float fused_chain_ms(cudaStream_t st, int wk, int rows, int fused, float 
             a.ldw = row_bytes(wk, S.in);
             off += (size_t)S.out * a.ldw;
             a.scale = wk == kFp8 ? s : nullptr;
-            a.n_out = S.out, a.cols = S.in, a.ldx = S.in, a.gamma = gamma, a.eps = 1e-5f;
-            int in = kAsIs, acc = 0;
-            if (fused) {
-                if (sh == 0 || sh == 2 || sh == 4) in = kRmsNorm;
-                if (sh == 1 || sh == 3) acc = 1;
-                if (sh == 3) in = kSiluMul, a.ldx = 2 * S.in;
-            }
-            a.x = xa, a.y = xb; // values do not matter for time
-            CK(wk == kBf16 ? launch<kBf16>(a, rows, in, acc, st) : launch<kFp8>(a, rows, in, acc, st));
+            a.n_out = S.out, a.cols = S.in, a.ldx = S.in, a.x = xa, a.y = xb;
+            CK(wk == kBf16 ? launch<kBf16>(a, rows, st) : launch<kFp8>(a, rows, st));
         }
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
@@ -479,7 +469,7 @@ int main(void) {
         for (int i = 0; i < kNumShapes; i++) best_t[i] = 1e30f, best[wk][i] = 0;
         for (int ci = wk ? 0 : -1; ci < kNumCfgs; ci++) {
             if (ci < 0) printf("%-22s", "old warp/row u4");
-            else printf("kw %2d unit %3d %s  ", kCfgs[ci].kw, kCfgs[ci].ub, kCfgs[ci].blk ? "blocked" : "interlv");
+            else printf("kw %2d mt %d u %d        ", kCfgs[ci].kw, kCfgs[ci].mt, kCfgs[ci].u);
             for (int i = 0; i < kNumShapes; i++) {
                 const Shape &S = kShapes[i];
                 const double bytes = (double)S.out * row_bytes(wk, S.in);
@@ -510,20 +500,16 @@ int main(void) {
                    what[variant], ms, bytes / ms / 1e9, bytes / 1e9, bytes / 4.29e12 * 1e3);
         }
     }
-    // (5) the production launcher, plain and fused
+    // (5) the production launcher
     {
-        float *xa, *xb, *gm;
-        CK(cudaMalloc(&xa, 8 * 2 * 14336 * 4));
+        float *xa, *xb;
+        CK(cudaMalloc(&xa, 8 * 14336 * 4));
         CK(cudaMalloc(&xb, 8 * 128256 * 4));
-        CK(cudaMalloc(&gm, 14336 * 4));
-        CK(cudaMemset(xa, 0, 8 * 2 * 14336 * 4));
-        CK(cudaMemset(gm, 0, 14336 * 4));
+        CK(cudaMemset(xa, 0, 8 * 14336 * 4));
         printf("\nproduction launcher (kernels/cuda/gemv_mma.cuh), one token's GEMVs as a graph:\n");
         for (int wk = 0; wk < 2; wk++)
-            for (int rows : {1, 2, 8})
-                printf("%s rows %d: plain %.3f ms, fused (norm / SiLU in, residual add out) %.3f ms\n",
-                       wk ? "E4M3" : "bf16", rows, fused_chain_ms(st, wk, rows, 0, xa, xb, gm, s),
-                       fused_chain_ms(st, wk, rows, 1, xa, xb, gm, s));
+            for (int rows : {1, 2, 4, 8})
+                printf("%s rows %d: %.3f ms\n", wk ? "E4M3" : "bf16", rows, production_chain_ms(st, wk, rows, xa, xb, s));
     }
     // (4) the same with waits standing in for the small kernels, and L2 prefetch
     printf("\nwith 28 us of one-block waits per layer (norm 6, attention 15, norm 4, silu 3):\n");
