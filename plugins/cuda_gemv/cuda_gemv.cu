@@ -285,6 +285,11 @@ int readable(Gemv *g, const tsr_weight *tw, uint64_t *row_bytes) {
         g->ctx->host->set_error(g->ctx, "%s: %s is not a weight type it reads", tw->name, tsr_dtype_name(tw->dtype));
         return TSR_ERR_UNSUPPORTED;
     }
+    if (tsr_weight_scale_of(g->ctx, tw)) { // gemv interface 3: FP8 checkpoints go to cuda_gemv_fp8
+        g->ctx->host->set_error(g->ctx, "%s: %s weights with scales (FP8 checkpoints) are not read here; "
+                                "cuda_gemv_fp8 reads them", tw->name, tsr_dtype_name(tw->dtype));
+        return TSR_ERR_UNSUPPORTED;
+    }
     return TSR_OK;
 }
 
