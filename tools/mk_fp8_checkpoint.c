@@ -5,7 +5,7 @@
  * store them (docs/FORMATS.md), every other tensor is copied as it is.
  *
  *   mk_fp8_checkpoint SRC DST --style tensor|channel|block [--block R,C]
- *                     [--scale-dtype f32|bf16] [--static-input-scales] [--dequant DIR]
+ *                     [--scale-dtype f32|bf16] [--static-input-scales] [--lm-head] [--dequant DIR]
  *
  * SRC is a folder with config.json and model.safetensors (f32, f16 or bf16).
  *   tensor   X.weight_scale f32 [1], compressed-tensors "strategy": "tensor"
@@ -16,7 +16,9 @@
  * rounded to the scale dtype; codes are e4m3(w / scale), round to nearest
  * even, saturating at 448 (tsr_f32_to_f8e4m3). Activations are declared
  * dynamic, or with --static-input-scales static with an X.input_scale of 1
- * per projection (which tessera refuses). --dequant DIR also writes the
+ * per projection (which tessera refuses). --lm-head converts lm_head.weight
+ * too (real checkpoints keep it in bf16; a GPU test wants every gemv weight
+ * stored as FP8, none quantised at load). --dequant DIR also writes the
  * dequantised checkpoint: each projection as f32 fp8 * scale (one f32
  * product, as ref_gemv computes it) and the original config.json.
  */
@@ -37,8 +39,8 @@ static int ends_with(const char *s, const char *suffix) {
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-static int is_projection(const tsr_tensor *t) {
-    return t->n_dims == 2 && (ends_with(t->name, "_proj.weight") || ends_with(t->name, ".w1.weight") ||
+static int is_projection(const tsr_tensor *t, int lm_head) {
+    return t->n_dims == 2 && ((lm_head && !strcmp(t->name, "lm_head.weight")) || ends_with(t->name, "_proj.weight") || ends_with(t->name, ".w1.weight") ||
                               ends_with(t->name, ".w2.weight") || ends_with(t->name, ".w3.weight"));
 }
 
@@ -118,30 +120,31 @@ static void write_config(const char *dir, json_t *cfg) {
     free(p);
 }
 
-static json_t *quant_config(style_t style, int64_t br, int64_t bc, int static_act) {
+static json_t *quant_config(style_t style, int64_t br, int64_t bc, int static_act, int lm_head) {
     if (style == STYLE_BLOCK)
         return json_pack("{s:s, s:s, s:s, s:[I, I]}", "quant_method", "fp8", "fmt", "e4m3",
                          "activation_scheme", static_act ? "static" : "dynamic", "weight_block_size",
                          (json_int_t)br, (json_int_t)bc);
-    return json_pack("{s:s, s:s, s:{s:{s:[s], s:{s:i, s:s, s:s, s:b, s:b}, s:{s:i, s:s, s:s, s:b, s:b}}}, s:[s]}",
-                     "quant_method", "compressed-tensors", "format", "float-quantized", "config_groups",
-                     "group_0", "targets", "Linear", "weights", "num_bits", 8, "type", "float", "strategy",
-                     style == STYLE_TENSOR ? "tensor" : "channel", "dynamic", 0, "symmetric", 1,
-                     "input_activations", "num_bits", 8, "type", "float", "strategy",
-                     static_act ? "tensor" : "token", "dynamic", !static_act, "symmetric", 1, "ignore",
-                     "lm_head");
+    json_t *q = json_pack("{s:s, s:s, s:{s:{s:[s], s:{s:i, s:s, s:s, s:b, s:b}, s:{s:i, s:s, s:s, s:b, s:b}}}}",
+                          "quant_method", "compressed-tensors", "format", "float-quantized", "config_groups",
+                          "group_0", "targets", "Linear", "weights", "num_bits", 8, "type", "float", "strategy",
+                          style == STYLE_TENSOR ? "tensor" : "channel", "dynamic", 0, "symmetric", 1,
+                          "input_activations", "num_bits", 8, "type", "float", "strategy",
+                          static_act ? "tensor" : "token", "dynamic", !static_act, "symmetric", 1);
+    json_object_set_new(q, "ignore", lm_head ? json_array() : json_pack("[s]", "lm_head"));
+    return q;
 }
 
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: mk_fp8_checkpoint SRC DST --style tensor|channel|block [--block R,C] "
-                        "[--scale-dtype f32|bf16] [--static-input-scales] [--dequant DIR]\n");
+                        "[--scale-dtype f32|bf16] [--static-input-scales] [--lm-head] [--dequant DIR]\n");
         return 2;
     }
     const char *src = argv[1], *dst = argv[2], *deq_dir = NULL;
     style_t style = STYLE_TENSOR;
     long long br = 128, bc = 128;
-    int bf16 = 0, static_act = 0, have_style = 0;
+    int bf16 = 0, static_act = 0, have_style = 0, lm_head = 0;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--style") && v) {
@@ -157,6 +160,8 @@ int main(int argc, char **argv) {
             bf16 = !strcmp(v, "bf16"), i++;
         } else if (!strcmp(a, "--dequant") && v) {
             deq_dir = v, i++;
+        } else if (!strcmp(a, "--lm-head")) {
+            lm_head = 1;
         } else if (!strcmp(a, "--static-input-scales")) {
             static_act = 1;
         } else {
@@ -186,7 +191,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         const tsr_tensor *t = tsr_safetensors_tensor_at(st, i);
         deq[i] = *t;
-        if (!is_projection(t)) {
+        if (!is_projection(t, lm_head)) {
             out[n_out++] = *t;
             continue;
         }
@@ -238,7 +243,7 @@ int main(int argc, char **argv) {
         free(p);
         write_config(deq_dir, cfg);
     }
-    json_object_set_new(cfg, "quantization_config", quant_config(style, br, bc, static_act));
+    json_object_set_new(cfg, "quantization_config", quant_config(style, br, bc, static_act, lm_head));
     write_config(dst, cfg);
 
     free(out_st);

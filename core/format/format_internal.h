@@ -58,8 +58,8 @@ int tsr_config_check_tensors(tsr_model_config *cfg, const tsr_tensor_table *tab,
 
 /* FP8 checkpoints (fp8_scales.c): check the scale companions in the sorted
  * tab against their F8_E4M3 weights and cfg's quantization_config, widen
- * them to f32 into *owned (one buffer, freed by the caller; NULL when there
- * are none) and set each weight's scale and scale_block. Refuses, naming the
+ * them to f32 into *owned (one buffer, freed by the caller, also after a
+ * failure; NULL when there are none) and set each weight's scale and scale_block. Refuses, naming the
  * tensor, every F8_E4M3 tensor without exactly one valid scale and, in a
  * checkpoint with FP8 weights or a quantization_config, every tensor that is
  * not a weight, a bias or a known companion. */

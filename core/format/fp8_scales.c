@@ -106,7 +106,7 @@ static int scale_layout(const tsr_model_config *cfg, const tsr_tensor *s, const 
 }
 
 int tsr_fp8_scales_attach(tsr_tensor_table *tab, const tsr_model_config *cfg, const char *file,
-                          float **owned, tsr_error *err) {
+                          float **owned, tsr_error *err) { /* *owned is set even on failure */
     *owned = NULL;
     int fp8 = cfg->quant_method[0] != '\0';
     for (int i = 0; i < tab->n && !fp8; i++) fp8 = tab->t[i].dtype == TSR_DTYPE_F8_E4M3;
@@ -168,7 +168,7 @@ int tsr_fp8_scales_attach(tsr_tensor_table *tab, const tsr_model_config *cfg, co
             tsr_dequant_row(s->dtype, s->data, dst, (int64_t)cnt);
             for (uint64_t k = 0; k < cnt; k++)
                 if (!isfinite(dst[k]) || dst[k] < 0.0f) {
-                    free(buf);
+                    *owned = buf; /* the caller frees it with the file */
                     return tsr_error_set_at(err, TSR_ERR_FORMAT, file, 0, 0,
                                             "tensor \"%s\": scale %llu is %g (scales are finite "
                                             "and >= 0)", name, (unsigned long long)k, (double)dst[k]);

@@ -2,7 +2,8 @@
  * FP8 checkpoints on the GPU (ctest label "gpu"; skipped cleanly where no
  * CUDA device is present): the transformers fixtures converted at test time
  * by tools/mk_fp8_checkpoint (tests/runtime/fp8_fixture.h) with per-tensor
- * and per-channel scales, run through cuda-fast-fp8, which keeps the stored
+ * and per-channel scales (the output head converted too), run through
+ * cuda-fast-fp8, which keeps the stored
  * e4m3 bytes and scales, against the reference assembly (ref_gemv, f32) on
  * the same checkpoint. The weights are then the same numbers on both sides,
  * so what differs is bf16 arithmetic (bf16 activations in prefill tiles,
@@ -112,10 +113,15 @@ static void check(const char *family, const char *style, const char *args) {
     gpu_ref_close(&ref);
 }
 
-static void test_llama_tensor(void **s) { (void)s; check("llama", "tensor", "--style tensor"); }
-static void test_llama_channel(void **s) { (void)s; check("llama", "channel", "--style channel --scale-dtype bf16"); }
-static void test_qwen2_channel(void **s) { (void)s; check("qwen2", "channel", "--style channel"); }
-static void test_qwen3_tensor(void **s) { (void)s; check("qwen3", "tensor", "--style tensor"); }
+/* --lm-head: the output head stored as FP8 too, so that no weight is
+ * quantised at load (which would add e4m3 rounding on one side only). */
+static void test_llama_tensor(void **s) { (void)s; check("llama", "tensor", "--style tensor --lm-head"); }
+static void test_llama_channel(void **s) {
+    (void)s;
+    check("llama", "channel", "--style channel --scale-dtype bf16 --lm-head");
+}
+static void test_qwen2_channel(void **s) { (void)s; check("qwen2", "channel", "--style channel --lm-head"); }
+static void test_qwen3_tensor(void **s) { (void)s; check("qwen3", "tensor", "--style tensor --lm-head"); }
 
 static void test_blocks_refused(void **s) {
     (void)s;

@@ -139,6 +139,7 @@ static void test_llama_block128(void **s) { (void)s; check_style("llama", "block
 static void test_qwen3_channel(void **s) { (void)s; check_style("qwen3", "channel", "--style channel"); }
 static void test_qwen3_block(void **s) { (void)s; check_style("qwen3", "block", "--style block --block 32,16"); }
 static void test_qwen2_tensor(void **s) { (void)s; check_style("qwen2", "tensor", "--style tensor"); }
+static void test_qwen3_lm_head(void **s) { (void)s; check_style("qwen3", "lm_head", "--style tensor --lm-head"); }
 static void test_qwen3_moe_channel(void **s) { (void)s; check_style("qwen3_moe", "channel", "--style channel"); }
 
 /* --- refusals ------------------------------------------------------------------------- */
@@ -290,6 +291,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_channel),
         cmocka_unit_test(test_qwen3_block),
         cmocka_unit_test(test_qwen2_tensor),
+        cmocka_unit_test(test_qwen3_lm_head),
         cmocka_unit_test(test_qwen3_moe_channel),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_dynamic_input_scale_ignored),
