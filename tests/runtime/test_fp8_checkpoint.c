@@ -153,6 +153,7 @@ typedef struct edit {
     float fill;           /* with a new shape or dtype: every value (as f32, or i32) */
     const char *add;      /* a tensor to add: f32 [1] = 1 */
     const char *quant;    /* a quant_method to write into config.json */
+    const char *drop_key; /* a key to remove from quantization_config */
 } edit;
 
 /* src (an FP8 checkpoint) with one edit, into dst. */
@@ -208,6 +209,7 @@ static void rewrite(const char *src, const char *dst, const edit *e) {
     assert_non_null(cfg);
     if (e->quant)
         json_object_set_new(json_object_get(cfg, "quantization_config"), "quant_method", json_string(e->quant));
+    if (e->drop_key) json_object_del(json_object_get(cfg, "quantization_config"), e->drop_key);
     snprintf(q, sizeof q, "%s/config.json", dst);
     assert_int_equal(json_dump_file(cfg, q, 0), 0);
     json_decref(cfg);
@@ -244,26 +246,29 @@ static void test_refusals(void **s) {
     fp8_make_ckpt("llama", "r-block", "--style block --block 16,16", blk, NULL, sizeof blk);
     const int K = TSR_DTYPE_COUNT;
     /* per-group [rows, 2]: neither per tensor nor per channel */
-    refused(ch, "shape-group", &(edit){SQ, 0, K, 2, 64, 2, 0.5f, NULL, NULL}, TSR_ERR_UNSUPPORTED, SQ);
+    refused(ch, "shape-group", &(edit){SQ, 0, K, 2, 64, 2, 0.5f, NULL, NULL, NULL}, TSR_ERR_UNSUPPORTED, SQ);
     /* per channel of the wrong length */
-    refused(ch, "shape-rows", &(edit){SQ, 0, K, 2, 32, 1, 0.5f, NULL, NULL}, TSR_ERR_UNSUPPORTED, SQ);
+    refused(ch, "shape-rows", &(edit){SQ, 0, K, 2, 32, 1, 0.5f, NULL, NULL, NULL}, TSR_ERR_UNSUPPORTED, SQ);
     /* an integer scale */
-    refused(ch, "dtype", &(edit){SQ, 0, TSR_DTYPE_I32, 2, 64, 1, 1, NULL, NULL}, TSR_ERR_UNSUPPORTED, SQ);
+    refused(ch, "dtype", &(edit){SQ, 0, TSR_DTYPE_I32, 2, 64, 1, 1, NULL, NULL, NULL}, TSR_ERR_UNSUPPORTED, SQ);
     /* negative and NaN scales */
-    refused(ch, "negative", &(edit){SQ, 0, K, 2, 64, 1, -0.5f, NULL, NULL}, TSR_ERR_FORMAT, SQ);
-    refused(ch, "nan", &(edit){SQ, 0, K, 2, 64, 1, NAN, NULL, NULL}, TSR_ERR_FORMAT, SQ);
+    refused(ch, "negative", &(edit){SQ, 0, K, 2, 64, 1, -0.5f, NULL, NULL, NULL}, TSR_ERR_FORMAT, SQ);
+    refused(ch, "nan", &(edit){SQ, 0, K, 2, 64, 1, NAN, NULL, NULL, NULL}, TSR_ERR_FORMAT, SQ);
     /* no scale at all */
-    refused(ch, "missing", &(edit){SQ, 1, K, 0, -1, 0, 0, NULL, NULL}, TSR_ERR_UNSUPPORTED, WQ);
+    refused(ch, "missing", &(edit){SQ, 1, K, 0, -1, 0, 0, NULL, NULL, NULL}, TSR_ERR_UNSUPPORTED, WQ);
     /* a scale of a weight that is not F8 (the layer norm) */
-    refused(ch, "stray", &(edit){NULL, 0, K, 0, -1, 0, 0, "model.layers.0.input_layernorm.weight_scale", NULL},
+    refused(ch, "stray", &(edit){NULL, 0, K, 0, -1, 0, 0, "model.layers.0.input_layernorm.weight_scale", NULL, NULL},
             TSR_ERR_FORMAT, "model.layers.0.input_layernorm.weight_scale");
     /* a tensor nobody knows (a KV-cache scale) */
-    refused(ch, "unknown", &(edit){NULL, 0, K, 0, -1, 0, 0, "model.layers.0.self_attn.k_scale", NULL},
+    refused(ch, "unknown", &(edit){NULL, 0, K, 0, -1, 0, 0, "model.layers.0.self_attn.k_scale", NULL, NULL},
             TSR_ERR_UNSUPPORTED, "model.layers.0.self_attn.k_scale");
     /* a method that is not FP8 */
-    refused(ch, "gptq", &(edit){NULL, 0, K, 0, -1, 0, 0, NULL, "gptq"}, TSR_ERR_UNSUPPORTED, "gptq");
+    refused(ch, "gptq", &(edit){NULL, 0, K, 0, -1, 0, 0, NULL, "gptq", NULL}, TSR_ERR_UNSUPPORTED, "gptq");
     /* blocks: a grid of the wrong size ([4, 4] for 64 x 64 in 16 x 16 blocks) */
-    refused(blk, "grid", &(edit){SQ "_inv", 0, K, 2, 4, 3, 0.5f, NULL, NULL}, TSR_ERR_FORMAT, SQ "_inv");
+    refused(blk, "grid", &(edit){SQ "_inv", 0, K, 2, 4, 3, 0.5f, NULL, NULL, NULL}, TSR_ERR_FORMAT, SQ "_inv");
+    /* blocks without the config's weight_block_size */
+    refused(blk, "no-block-size", &(edit){NULL, 0, K, 0, -1, 0, 0, NULL, NULL, "weight_block_size"},
+            TSR_ERR_UNSUPPORTED, "weight_scale_inv");
     /* static activation scales */
     fp8_make_ckpt("llama", "r-static", "--style tensor --static-input-scales", st, NULL, sizeof st);
     expect_refused(st, "cpu-reference.yaml", TSR_ERR_UNSUPPORTED, ".input_scale");
@@ -272,13 +277,19 @@ static void test_refusals(void **s) {
     expect_refused(ch, "cpu-fast-gemv-int8.yaml", TSR_ERR_UNSUPPORTED, "with scales");
 }
 
-/* Dynamic activation scales are ignored where the config says so. */
+/* Dynamic activation scales are ignored where the config says so, and
+ * FBGEMM's bounds on them. */
 static void test_dynamic_input_scale_ignored(void **s) {
     (void)s;
     char ch[4096], dst[4096];
+    fp8_make_ckpt("llama", "f-channel", "--style channel", ch, NULL, sizeof ch);
+    snprintf(dst, sizeof dst, "%s/f-fbgemm", fp8_tmp_root);
+    rewrite(ch, dst, &(edit){NULL, 0, TSR_DTYPE_COUNT, 0, -1, 0, 0, "model.layers.0.mlp.up_proj.input_scale_ub",
+                             "fbgemm_fp8", NULL});
+    tsr_model_free(load(dst, "cpu-reference.yaml"));
     fp8_make_ckpt("llama", "d-channel", "--style channel", ch, NULL, sizeof ch);
     snprintf(dst, sizeof dst, "%s/d-with-input-scale", fp8_tmp_root);
-    rewrite(ch, dst, &(edit){NULL, 0, TSR_DTYPE_COUNT, 0, -1, 0, 0, "model.layers.0.mlp.up_proj.input_scale", NULL});
+    rewrite(ch, dst, &(edit){NULL, 0, TSR_DTYPE_COUNT, 0, -1, 0, 0, "model.layers.0.mlp.up_proj.input_scale", NULL, NULL});
     tsr_model_free(load(dst, "cpu-reference.yaml"));
 }
 
