@@ -13,7 +13,8 @@
  * that. Each checkpoint runs as one prefill and as passes of 1 and 3 rows
  * (replayed as CUDA graphs). Block scales across columns (DeepSeek-V3
  * style) are refused by cuda_gemv_fp8 with TSR_ERR_UNSUPPORTED naming the
- * weight.
+ * weight, and run through cuda-fast (cuda_gemv widens code x scale to bf16
+ * at load, one more bf16 rounding per weight) within the same bound.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -72,7 +73,7 @@ static float *logits_of(const char *model, const char *assembly, const int32_t *
     return got;
 }
 
-static void check(const char *family, const char *style, const char *args) {
+static void check(const char *family, const char *style, const char *args, const char *assembly) {
     if (!have_gpu()) {
         printf("# no CUDA device: FP8 checkpoint checks skipped\n");
         skip();
@@ -88,7 +89,7 @@ static void check(const char *family, const char *style, const char *args) {
     uint64_t replays = 0;
     float *want = logits_of(dir, "cpu-reference.yaml", ref.ids, n, vocab, 0, &replays);
     for (int step = 0; step <= 3; step += step ? 2 : 1) {
-        float *got = logits_of(dir, "cuda-fast-fp8.yaml", ref.ids, n, vocab, step, &replays);
+        float *got = logits_of(dir, assembly, ref.ids, n, vocab, step, &replays);
         if (step > 0 && n > 2 * step + 1 && replays == 0) fail_msg("%s: no pass was replayed as a graph", name);
         double worst = 0, worst_rel = 0;
         int argmax_checked = 0;
@@ -104,9 +105,9 @@ static void check(const char *family, const char *style, const char *args) {
                     fail_msg("%s row %d: argmax %d, reference %d", name, r, c.got_top, c.want_top);
             }
         }
-        printf("# %s via cuda-fast-fp8, passes of %d rows: max |diff| to ref_gemv on the same checkpoint %.4g "
+        printf("# %s via %s, passes of %d rows: max |diff| to ref_gemv on the same checkpoint %.4g "
                "(%.0f%% of the bound), argmax equal on %d/%d rows with a clear margin\n",
-               name, step ? step : n, worst, 100 * worst_rel, argmax_checked, n);
+               name, assembly, step ? step : n, worst, 100 * worst_rel, argmax_checked, n);
         free(got);
     }
     free(want);
@@ -115,13 +116,21 @@ static void check(const char *family, const char *style, const char *args) {
 
 /* --lm-head: the output head stored as FP8 too, so that no weight is
  * quantised at load (which would add e4m3 rounding on one side only). */
-static void test_llama_tensor(void **s) { (void)s; check("llama", "tensor", "--style tensor --lm-head"); }
+#define FP8 "cuda-fast-fp8.yaml"
+static void test_llama_tensor(void **s) { (void)s; check("llama", "tensor", "--style tensor --lm-head", FP8); }
 static void test_llama_channel(void **s) {
     (void)s;
-    check("llama", "channel", "--style channel --scale-dtype bf16 --lm-head");
+    check("llama", "channel", "--style channel --scale-dtype bf16 --lm-head", FP8);
 }
-static void test_qwen2_channel(void **s) { (void)s; check("qwen2", "channel", "--style channel --lm-head"); }
-static void test_qwen3_tensor(void **s) { (void)s; check("qwen3", "tensor", "--style tensor --lm-head"); }
+static void test_qwen2_channel(void **s) { (void)s; check("qwen2", "channel", "--style channel --lm-head", FP8); }
+static void test_qwen3_tensor(void **s) { (void)s; check("qwen3", "tensor", "--style tensor --lm-head", FP8); }
+/* Blocks through cuda-fast: cuda_gemv widens code x scale to bf16 at load
+ * (one bf16 rounding of each weight, within the same bf16 bound). */
+static void test_llama_blocks_bf16(void **s) {
+    (void)s;
+    check("llama", "block", "--style block --block 16,24", "cuda-fast.yaml");
+}
+static void test_qwen3_blocks_bf16(void **s) { (void)s; check("qwen3", "block128", "--style block", "cuda-fast.yaml"); }
 
 static void test_blocks_refused(void **s) {
     (void)s;
@@ -145,6 +154,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_tensor),  cmocka_unit_test(test_llama_channel),
         cmocka_unit_test(test_qwen2_channel), cmocka_unit_test(test_qwen3_tensor),
+        cmocka_unit_test(test_llama_blocks_bf16), cmocka_unit_test(test_qwen3_blocks_bf16),
         cmocka_unit_test(test_blocks_refused),
     };
     return cmocka_run_group_tests(tests, fp8_setup, fp8_teardown);
