@@ -7,7 +7,9 @@
  *   mk_fp8_checkpoint SRC DST --style tensor|channel|block [--block R,C]
  *                     [--scale-dtype f32|bf16] [--static-input-scales] [--lm-head] [--dequant DIR]
  *
- * SRC is a folder with config.json and model.safetensors (f32, f16 or bf16).
+ * SRC is a folder with config.json and model.safetensors, or shards listed by
+ * model.safetensors.index.json (f32, f16 or bf16); DST gets one
+ * model.safetensors, config.json and SRC's tokenizer files.
  *   tensor   X.weight_scale f32 [1], compressed-tensors "strategy": "tensor"
  *   channel  X.weight_scale [rows, 1], compressed-tensors "strategy": "channel"
  *   block    X.weight_scale_inv f32 [ceil(rows/R), ceil(cols/C)], quant_method
@@ -114,6 +116,23 @@ static quant quantise(const tsr_tensor *t, style_t style, int64_t br, int64_t bc
     return o;
 }
 
+/* dir/name copied into to, when it exists. */
+static void copy_file(const char *dir, const char *to, const char *name) {
+    char *a = join(dir, name), *b = join(to, name);
+    FILE *in = fopen(a, "rb");
+    if (in) {
+        FILE *o = fopen(b, "wb");
+        if (!o) die("cannot write %s", b);
+        char buf[65536];
+        size_t k;
+        while ((k = fread(buf, 1, sizeof buf, in)) > 0)
+            if (fwrite(buf, 1, k, o) != k) die("cannot write %s", b);
+        if (fclose(o) != 0) die("cannot write %s", b);
+        fclose(in);
+    }
+    free(a), free(b);
+}
+
 static void write_config(const char *dir, json_t *cfg) {
     char *p = join(dir, "config.json");
     if (json_dump_file(cfg, p, JSON_INDENT(2)) != 0) die("cannot write %s", p);
@@ -171,25 +190,56 @@ int main(int argc, char **argv) {
     if (!have_style) die("--style is required%s", "");
     if (style == STYLE_BLOCK && bf16) die("weight_scale_inv is f32 (DeepSeek-V3)%s", "");
 
-    char *cfg_path = join(src, "config.json"), *st_path = join(src, "model.safetensors");
+    char *cfg_path = join(src, "config.json");
     json_error_t je;
     json_t *cfg = json_load_file(cfg_path, 0, &je);
     if (!cfg) die("cannot read %s", cfg_path);
-    tsr_safetensors *st;
+    /* the shards: model.safetensors, or each file the index names */
+    tsr_safetensors *shards[64];
+    int n_shards = 0;
     tsr_error err;
     tsr_error_clear(&err);
-    if (tsr_safetensors_open(st_path, &st, &err) != TSR_OK) die("%s", err.msg);
+    char *idx_path = join(src, "model.safetensors.index.json");
+    json_t *idx = json_load_file(idx_path, 0, &je);
+    const char *files[64];
+    int n_files = 0;
+    if (idx) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(json_object_get(idx, "weight_map"), key, v) {
+            int k = 0;
+            while (k < n_files && strcmp(files[k], json_string_value(v))) k++;
+            if (k == n_files) {
+                if (n_files == 64 || !json_string_value(v)) die("%s: too many shards", idx_path);
+                files[n_files++] = json_string_value(v);
+            }
+        }
+    } else {
+        files[n_files++] = "model.safetensors";
+    }
+    int n = 0;
+    for (int k = 0; k < n_files; k++) {
+        char *p = join(src, files[k]);
+        if (tsr_safetensors_open(p, &shards[n_shards++], &err) != TSR_OK) die("%s", err.msg);
+        n += tsr_safetensors_n_tensors(shards[n_shards - 1]);
+        free(p);
+    }
     mkdir(dst, 0755);
     if (deq_dir) mkdir(deq_dir, 0755);
+    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json"};
+    for (size_t k = 0; k < sizeof extra / sizeof extra[0]; k++) {
+        copy_file(src, dst, extra[k]);
+        if (deq_dir) copy_file(src, deq_dir, extra[k]);
+    }
 
-    const int n = tsr_safetensors_n_tensors(st);
     tsr_tensor *out = xmalloc((size_t)(3 * n) * sizeof *out), *deq = xmalloc((size_t)n * sizeof *deq);
     char **names = xmalloc((size_t)(2 * n) * sizeof *names);
     void **owned = xmalloc((size_t)(4 * n) * sizeof *owned);
     int n_out = 0, n_names = 0, n_owned = 0;
     static const float one = 1.0f;
-    for (int i = 0; i < n; i++) {
-        const tsr_tensor *t = tsr_safetensors_tensor_at(st, i);
+    for (int i = 0, sh = 0, at = 0; i < n; i++, at++) {
+        while (at == tsr_safetensors_n_tensors(shards[sh])) sh++, at = 0;
+        const tsr_tensor *t = tsr_safetensors_tensor_at(shards[sh], at);
         deq[i] = *t;
         if (!is_projection(t, lm_head)) {
             out[n_out++] = *t;
@@ -250,8 +300,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_owned; i++) free(owned[i]);
     for (int i = 0; i < n_names; i++) free(names[i]);
     free(owned), free(names), free(out), free(deq);
-    tsr_safetensors_free(st);
+    for (int k = 0; k < n_shards; k++) tsr_safetensors_free(shards[k]);
     json_decref(cfg);
-    free(cfg_path), free(st_path);
+    json_decref(idx);
+    free(cfg_path), free(idx_path);
     return 0;
 }

@@ -54,8 +54,12 @@ static inline int fp8_teardown(void **state) {
     return 0;
 }
 
+/* A transformers fixture by family name, or a folder given by its path. */
 static inline void fp8_fixture_dir(const char *family, char *out, size_t n) {
-    snprintf(out, n, "%s/tests/data/fixtures/transformers/%s", fp8_src_dir(), family);
+    if (family[0] == '/')
+        snprintf(out, n, "%s", family);
+    else
+        snprintf(out, n, "%s/tests/data/fixtures/transformers/%s", fp8_src_dir(), family);
 }
 
 /* Run the tool on a fixture: the FP8 checkpoint into tmp/NAME (dir), and the

@@ -7,7 +7,9 @@
  *   it gives on the dequantised weights stored as f32 (ref_gemv multiplies
  *   each widened code by its scale in f32, the tool stored that same f32
  *   product), for every style: per tensor, per channel (bf16 scales),
- *   blocks of 16 x 24 (partial blocks at the edges) and of 128 x 128.
+ *   blocks of 16 x 24 (partial blocks at the edges) and of 128 x 128; on
+ *   the llama, qwen2, qwen3 and qwen3_moe fixtures, and on the trained pystd
+ *   target (bf16, sharded, tied embeddings) when ../shared holds it.
  * - Those logits stay within a mean KL of 0.1 (the bound cuda_gemv_fp8
  *   declares for the same e4m3 rounding of the weights) of transformers'
  *   logits of the original fixture, and the mean KL is printed.
@@ -28,6 +30,7 @@
 
 #include <cmocka.h>
 #include <jansson.h>
+#include <limits.h>
 
 #include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
@@ -94,7 +97,7 @@ static double mean_kl(const void *ref_raw, const float *got, int n, int vocab) {
 
 static void check_style(const char *family, const char *style, const char *args) {
     char dir[4096], deq[4096], fix[4096], ref_path[4200], name[128];
-    snprintf(name, sizeof name, "%s-%s", family, style);
+    snprintf(name, sizeof name, "%s-%s", family[0] == '/' ? strrchr(family, '/') + 1 : family, style);
     fp8_make_ckpt(family, name, args, dir, deq, sizeof dir);
     fp8_fixture_dir(family, fix, sizeof fix);
     snprintf(ref_path, sizeof ref_path, "%s/reference.safetensors", fix);
@@ -141,6 +144,24 @@ static void test_qwen3_block(void **s) { (void)s; check_style("qwen3", "block", 
 static void test_qwen2_tensor(void **s) { (void)s; check_style("qwen2", "tensor", "--style tensor"); }
 static void test_qwen3_lm_head(void **s) { (void)s; check_style("qwen3", "lm_head", "--style tensor --lm-head"); }
 static void test_qwen3_moe_channel(void **s) { (void)s; check_style("qwen3_moe", "channel", "--style channel"); }
+
+/* The trained pystd target (bf16, sharded, tied embeddings) in ../shared,
+ * when present. */
+static void check_pystd(const char *style, const char *args) {
+    const char *shared = getenv("TESSERA_SHARED_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/data/models/pystd/target", shared ? shared : "../shared");
+    if (access(dir, R_OK) != 0) {
+        printf("# %s absent: skipped (it needs the project's shared data)\n", dir);
+        skip();
+    }
+    char abs[PATH_MAX]; /* check_style takes a folder by its absolute path */
+    if (!realpath(dir, abs)) fail_msg("realpath %s", dir);
+    check_style(abs, style, args);
+}
+
+static void test_pystd_channel(void **s) { (void)s; check_pystd("channel", "--style channel"); }
+static void test_pystd_block128(void **s) { (void)s; check_pystd("block128", "--style block"); }
 
 /* --- refusals ------------------------------------------------------------------------- */
 
@@ -304,6 +325,8 @@ int main(void) {
         cmocka_unit_test(test_qwen2_tensor),
         cmocka_unit_test(test_qwen3_lm_head),
         cmocka_unit_test(test_qwen3_moe_channel),
+        cmocka_unit_test(test_pystd_channel),
+        cmocka_unit_test(test_pystd_block128),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_dynamic_input_scale_ignored),
     };
