@@ -93,9 +93,11 @@ static void run_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     }
     for (int64_t r = r0; r < r1; r++) {
         tsr_dequant_row(w->dtype, w->data + (uint64_t)r * w->row_bytes, row, w->cols);
-        if (w->scale.data) {
+        if (w->scale.data) { /* each block of columns by its scale */
             const float *s = w->scale.data + (r / w->scale.block_rows) * w->grid_cols;
-            for (int64_t c = 0; c < w->cols; c++) row[c] *= s[c / w->scale.block_cols];
+            const int64_t bc = w->scale.block_cols;
+            for (int64_t c0 = 0; c0 < w->cols; c0 += bc)
+                for (int64_t c = c0; c < w->cols && c < c0 + bc; c++) row[c] *= s[c0 / bc];
         }
         for (int i = 0; i < j->rows; i++) {
             const float *x = j->x + (int64_t)i * w->cols;
