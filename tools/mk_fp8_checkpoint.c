@@ -42,8 +42,10 @@ static int ends_with(const char *s, const char *suffix) {
 }
 
 static int is_projection(const tsr_tensor *t, int lm_head) {
-    return t->n_dims == 2 && ((lm_head && !strcmp(t->name, "lm_head.weight")) || ends_with(t->name, "_proj.weight") || ends_with(t->name, ".w1.weight") ||
-                              ends_with(t->name, ".w2.weight") || ends_with(t->name, ".w3.weight"));
+    if (t->n_dims != 2) return 0;
+    if (lm_head && !strcmp(t->name, "lm_head.weight")) return 1;
+    return ends_with(t->name, "_proj.weight") || ends_with(t->name, ".w1.weight") ||
+           ends_with(t->name, ".w2.weight") || ends_with(t->name, ".w3.weight");
 }
 
 static void die(const char *fmt, const char *arg) {

@@ -641,8 +641,8 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
         if (sc && (!sc->data || sc->block_rows < 1 || sc->block_cols < tw->cols)) {
             h->set_error(g->ctx, "%s: scales in blocks of %lld x %lld: the kernels apply one scale per "
                          "output row (per-tensor and per-channel FP8 checkpoints), not blocks across "
-                         "the %lld columns (cuda_gemv widens those to bf16)", tw->name, (long long)sc->block_rows, (long long)sc->block_cols,
-                         (long long)tw->cols);
+                         "the %lld columns (cuda_gemv widens those to bf16)", tw->name,
+                         (long long)sc->block_rows, (long long)sc->block_cols, (long long)tw->cols);
             return TSR_ERR_UNSUPPORTED;
         }
         if (tw->rows < 1 || tw->cols < 1 || tw->cols > ((int64_t)1 << 40) ||

@@ -310,7 +310,8 @@ static void test_dynamic_input_scale_ignored(void **s) {
     tsr_model_free(load(dst, "cpu-reference.yaml"));
     fp8_make_ckpt("llama", "d-channel", "--style channel", ch, NULL, sizeof ch);
     snprintf(dst, sizeof dst, "%s/d-with-input-scale", fp8_tmp_root);
-    rewrite(ch, dst, &(edit){NULL, 0, TSR_DTYPE_COUNT, 0, -1, 0, 0, "model.layers.0.mlp.up_proj.input_scale", NULL, NULL});
+    rewrite(ch, dst,
+            &(edit){NULL, 0, TSR_DTYPE_COUNT, 0, -1, 0, 0, "model.layers.0.mlp.up_proj.input_scale", NULL, NULL});
     tsr_model_free(load(dst, "cpu-reference.yaml"));
 }
 
