@@ -16,7 +16,8 @@
  * - Bad companions are refused naming the tensor: scale shapes and dtypes,
  *   a missing scale, negative scales, static activation scales, unknown
  *   tensors, an unknown quant_method; the CPU gemv plugins other than
- *   ref_gemv answer TSR_ERR_UNSUPPORTED naming the weight.
+ *   ref_gemv answer TSR_ERR_UNSUPPORTED naming the weight, and a plugin of
+ *   gemv interface version 2 is refused by the host.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -298,6 +299,45 @@ static void test_refusals(void **s) {
     expect_refused(ch, "cpu-fast-gemv-int8.yaml", TSR_ERR_UNSUPPORTED, "with scales");
 }
 
+/* A gemv plugin of interface version 2 (tests/plugins: test_gemv_v2, which
+ * would take f8_e4m3 as stored) is never handed a scaled weight: the host
+ * refuses the model naming the plugin. It is linked into a temporary catalog
+ * beside the engine's plugins. */
+static void test_old_plugin_refused(void **s) {
+    (void)s;
+    const char *b = getenv("TESSERA_BUILD_DIR"), *engine = getenv("TESSERA_CATALOG");
+    char tests[4096], catalog[4096], cmd[16384], asm_path[4200], ch[4096];
+    snprintf(tests, sizeof tests, "%s/tests/catalog", b ? b : "build");
+    snprintf(cmd, sizeof cmd, "%s/libtest_gemv_v2.so", tests);
+    if (!engine || access(cmd, R_OK) != 0) {
+        printf("# %s or $TESSERA_CATALOG absent: skipped (build tessera_test_plugins)\n", cmd);
+        skip();
+    }
+    snprintf(catalog, sizeof catalog, "%s/catalog", fp8_tmp_root);
+    if (snprintf(cmd, sizeof cmd, "mkdir -p '%s' && ln -sf '%s'/* '%s'/ && "
+                 "ln -sf '%s'/libtest_gemv_v2.so '%s'/test_gemv_v2.yaml '%s'/",
+                 catalog, engine, catalog, tests, tests, catalog) >= (int)sizeof cmd)
+        fail_msg("paths too long");
+    assert_int_equal(system(cmd), 0);
+    snprintf(asm_path, sizeof asm_path, "%s/v2.yaml", fp8_tmp_root);
+    FILE *f = fopen(asm_path, "w");
+    assert_non_null(f);
+    fputs("name: v2\ndevice: cpu\nslots:\n  gemv: test_gemv_v2\n", f);
+    fclose(f);
+    fp8_make_ckpt("llama", "v2-channel", "--style channel", ch, NULL, sizeof ch);
+    tsr_model_opts o = {.model_path = ch, .assembly_path = asm_path, .catalog_dir = catalog, .n_threads = 2,
+                        .no_tokenizer = 1};
+    tsr_error err;
+    tsr_error_clear(&err);
+    tsr_model *m = NULL;
+    int rc = tsr_model_load(&o, &m, &err);
+    printf("# %s\n", err.msg);
+    assert_int_equal(rc, TSR_ERR_UNSUPPORTED);
+    assert_null(m);
+    if (!strstr(err.msg, "test_gemv_v2") || !strstr(err.msg, "version 2") || !strstr(err.msg, "_proj.weight"))
+        fail_msg("the refusal names neither the plugin, its version nor the weight: %s", err.msg);
+}
+
 /* Dynamic activation scales are ignored where the config says so, and
  * FBGEMM's bounds on them. */
 static void test_dynamic_input_scale_ignored(void **s) {
@@ -330,6 +370,7 @@ int main(void) {
         cmocka_unit_test(test_pystd_block128),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_dynamic_input_scale_ignored),
+        cmocka_unit_test(test_old_plugin_refused),
     };
     return cmocka_run_group_tests(tests, fp8_setup, fp8_teardown);
 }
