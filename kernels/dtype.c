@@ -135,7 +135,7 @@ float tsr_f8e4m3_to_f32(uint8_t v) {
     else if (exp == 0)
         r = (float)man * 0x1p-9f; /* subnormal: man/8 * 2^-6 */
     else
-        r = ldexpf(1.0f + (float)man / 8.0f, exp - 7);
+        r = bits_to_f32((uint32_t)(exp + 120) << 23 | (uint32_t)man << 20); /* 1.man * 2^(exp-7), exactly */
     return sign ? -r : r;
 }
 

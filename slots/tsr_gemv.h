@@ -12,7 +12,28 @@
 
 #include "tsr_plugin.h"
 
-#define TSR_GEMV_IFACE_VERSION 2
+/* Version 3: tsr_weight.scale (the dequantisation scales of FP8
+ * checkpoints). A plugin of version >= 3 reads w->scale (through
+ * tsr_weight_scale_of) and applies it, or answers TSR_ERR_UNSUPPORTED with a
+ * message for a scaled weight it cannot apply; the host never hands a scaled
+ * weight to a plugin of version < 3 (it refuses the model, naming the plugin
+ * and the tensor). */
+#define TSR_GEMV_IFACE_VERSION 3
+
+/* The scales of a weight stored as F8_E4M3 with scale companions (per
+ * tensor, per output row, or per block; docs/FORMATS.md has the checkpoint
+ * conventions). The value of element (r, c) is
+ *     dequant(stored[r, c]) * data[(r / block_rows) * grid_cols + c / block_cols]
+ * with grid_cols = ceil(cols / block_cols): one f32 product, rounded once.
+ *   per tensor:           block_rows = rows, block_cols = cols   (1 value)
+ *   per output row:       block_rows = 1,    block_cols = cols   (rows values)
+ *   blocks (DeepSeek-V3): block_rows = block_cols = 128 typically
+ *                         ([ceil(rows/128), ceil(cols/128)] values) */
+typedef struct tsr_weight_scale {
+    const float *data;    /* host f32 [ceil(rows / block_rows), ceil(cols / block_cols)], finite, >= 0 */
+    int64_t block_rows;   /* >= 1 */
+    int64_t block_cols;   /* >= 1 */
+} tsr_weight_scale;
 
 /* A stored weight matrix: a borrowed view that outlives every prepared
  * handle made from it (it points into the model file's mmap). */
@@ -23,7 +44,16 @@ typedef struct tsr_weight {
     int64_t cols;         /* input features */
     const void *data;     /* host memory: rows * row_bytes(dtype, cols) bytes */
     uint64_t nbytes;
+    /* --- version 3 (hosts of tsr_host_api version >= 4 fill it) --- */
+    const tsr_weight_scale *scale; /* NULL: the stored values are the weights */
 } tsr_weight;
+
+/* w's scales, or NULL when it has none. Read the member only through this:
+ * a host older than tsr_host_api version 4 hands a shorter tsr_weight. */
+static inline const tsr_weight_scale *tsr_weight_scale_of(const tsr_plugin_ctx *ctx,
+                                                          const tsr_weight *w) {
+    return ctx && ctx->host && ctx->host->version >= 4 ? w->scale : NULL;
+}
 
 typedef struct tsr_gemv_i {
     uint32_t struct_size; /* sizeof(tsr_gemv_i) at the plugin's build */
@@ -31,7 +61,8 @@ typedef struct tsr_gemv_i {
 
     /* required: prepare w for run(). *out receives an opaque handle owned by
      * the plugin. TSR_ERR_UNSUPPORTED for a dtype the plugin does not read
-     * (the host reports it; it does not fall back). */
+     * (the host reports it; it does not fall back). Version 3: the same for
+     * a scaled weight (w->scale) the plugin cannot apply. */
     int (*prepare)(void *inst, const tsr_weight *w, void **out);
 
     /* optional (default: nothing): release a prepared handle. */
@@ -52,7 +83,8 @@ typedef struct tsr_gemv_i {
      * given order, so that run() writes y[r] = [W0 x[r], W1 x[r], ...]
      * (sum of ws[i].rows outputs per row) in one pass over the weights. The
      * host stacks q/k/v and gate/up. TSR_ERR_UNSUPPORTED where the plugin
-     * would rather have them alone (the host then prepares them one by one). */
+     * would rather have them alone (the host then prepares them one by one).
+     * Each ws[i] carries its own scale (version 3); they share one dtype. */
     int (*prepare_group)(void *inst, const tsr_weight *ws, int n, void **out);
 } tsr_gemv_i;
 

@@ -31,6 +31,8 @@ if [ "${TESTS:-1}" = 1 ]; then
   $B/tests/bin/test_cuda_paged_kernels
   echo "== sampling on the device against the CPU sampler; seeded sampled stories260K end to end"
   $B/tests/bin/test_cuda_sample
+  echo "== FP8 checkpoints read as stored: cuda-fast-fp8 against ref_gemv on the same checkpoint"
+  MK_FP8_CHECKPOINT=$PWD/$B/bin/mk_fp8_checkpoint $B/tests/bin/test_cuda_fp8_ckpt
 fi
 SHAPE=${SHAPE:-llama3-8b}
 echo "== $SHAPE-shaped random bf16 checkpoint"

@@ -129,8 +129,10 @@ int tsr_cmd_score(int argc, char **argv) {
     if (tsr_seq_new(m, n, &s, &err) != TSR_OK || tsr_seq_forward(s, ids, n, logits, 1, &err) != TSR_OK)
         goto fail;
     tsr_tensor t[2] = {
-        {"input_ids", TSR_DTYPE_I32, 1, {n}, ids, (uint64_t)n * sizeof *ids},
-        {"logits", TSR_DTYPE_F32, 2, {n, vocab}, logits, (uint64_t)n * vocab * sizeof *logits},
+        {.name = "input_ids", .dtype = TSR_DTYPE_I32, .n_dims = 1, .shape = {n}, .data = ids,
+         .nbytes = (uint64_t)n * sizeof *ids},
+        {.name = "logits", .dtype = TSR_DTYPE_F32, .n_dims = 2, .shape = {n, vocab}, .data = logits,
+         .nbytes = (uint64_t)n * vocab * sizeof *logits},
     };
     const char *meta[] = {"producer", "tessera score", NULL};
     if (tsr_safetensors_write(out_path, t, 2, meta, &err) != TSR_OK) goto fail;

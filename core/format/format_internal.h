@@ -56,6 +56,16 @@ int tsr_config_from_gguf(const tsr_gguf *g, const char *file, tsr_model_config *
 int tsr_config_check_tensors(tsr_model_config *cfg, const tsr_tensor_table *tab,
                              const char *file, tsr_error *err);
 
+/* FP8 checkpoints (fp8_scales.c): check the scale companions in the sorted
+ * tab against their F8_E4M3 weights and cfg's quantization_config, widen
+ * them to f32 into *owned (one buffer, freed by the caller, also after a
+ * failure; NULL when there are none) and set each weight's scale and scale_block. Refuses, naming the
+ * tensor, every F8_E4M3 tensor without exactly one valid scale and, in a
+ * checkpoint with FP8 weights or a quantization_config, every tensor that is
+ * not a weight, a bias or a known companion. */
+int tsr_fp8_scales_attach(tsr_tensor_table *tab, const tsr_model_config *cfg, const char *file,
+                          float **owned, tsr_error *err);
+
 /* Canonical tensor names from GGUF names: writes the HF name of a 2-D or 1-D
  * GGUF tensor into out (size bytes); returns 1 if mapped, 0 if the name is
  * not one we know. Merged expert tensors are handled by the caller. */

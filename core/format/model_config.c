@@ -181,6 +181,83 @@ static int read_tokens(jctx *c, tsr_model_config *cfg, int bos_def, int eos_def)
     return TSR_OK;
 }
 
+static int quant_refuse(jctx *c, const char *what) {
+    return tsr_error_set_at(c->err, TSR_ERR_UNSUPPORTED, c->file, 0, 0,
+                            "field \"quantization_config\": %s (FP8 E4M3 weights are read: "
+                            "quant_method \"fp8\", \"fbgemm_fp8\", or \"compressed-tensors\" "
+                            "with 8-bit float weights per tensor or per channel)", what);
+}
+
+/* compressed-tensors: every config group quantises weights to 8-bit floats
+ * per tensor or per channel; activations dynamic or not quantised. */
+static int read_compressed_tensors(jctx *c, const json_t *q, tsr_model_config *cfg) {
+    const json_t *fmt = json_object_get(q, "format");
+    if (fmt && !json_is_null(fmt) &&
+        (!json_is_string(fmt) || strcmp(json_string_value(fmt), "float-quantized") != 0))
+        return quant_refuse(c, "compressed-tensors \"format\" is not \"float-quantized\"");
+    const json_t *groups = json_object_get(q, "config_groups");
+    if (!json_is_object(groups) || json_object_size(groups) == 0)
+        return quant_refuse(c, "compressed-tensors without \"config_groups\"");
+    cfg->quant_act_dynamic = 1;
+    const char *key;
+    const json_t *g;
+    json_object_foreach((json_t *)groups, key, g) {
+        const json_t *w = json_object_get(g, "weights");
+        const json_t *bits = json_object_get(w, "num_bits"), *type = json_object_get(w, "type"),
+                     *strat = json_object_get(w, "strategy");
+        if (!json_is_object(w) || json_integer_value(bits) != 8 || !json_is_string(type) ||
+            strcmp(json_string_value(type), "float") != 0 || !json_is_string(strat) ||
+            (strcmp(json_string_value(strat), "tensor") != 0 &&
+             strcmp(json_string_value(strat), "channel") != 0))
+            return quant_refuse(c, "a config group's \"weights\" are not 8-bit floats per tensor "
+                                   "or per channel");
+        const json_t *a = json_object_get(g, "input_activations");
+        if (a && !json_is_null(a) && !json_is_true(json_object_get(a, "dynamic")))
+            cfg->quant_act_dynamic = 0; /* static input scales: refused where they are stored */
+    }
+    return TSR_OK;
+}
+
+/* quantization_config: what the loader needs to read FP8 E4M3 checkpoints
+ * (the scale tensors are checked against it in fp8_scales.c). Any other
+ * quantisation method is refused here, by name. */
+static int read_quant(jctx *c, tsr_model_config *cfg) {
+    const json_t *q = json_object_get(c->root, "quantization_config");
+    if (!q || json_is_null(q)) return TSR_OK;
+    const json_t *m = json_object_get(q, "quant_method");
+    if (!json_is_object(q) || !json_is_string(m))
+        return quant_refuse(c, "no \"quant_method\" string");
+    const char *method = json_string_value(m);
+    if (strcmp(method, "fp8") == 0) {
+        const json_t *fmt = json_object_get(q, "fmt"), *act = json_object_get(q, "activation_scheme");
+        if (fmt && !json_is_null(fmt) &&
+            (!json_is_string(fmt) || strcmp(json_string_value(fmt), "e4m3") != 0))
+            return quant_refuse(c, "\"fmt\" is not \"e4m3\"");
+        cfg->quant_act_dynamic = json_is_string(act) && strcmp(json_string_value(act), "dynamic") == 0;
+        const json_t *bs = json_object_get(q, "weight_block_size");
+        if (bs && !json_is_null(bs)) {
+            if (!json_is_array(bs) || json_array_size(bs) != 2 ||
+                json_integer_value(json_array_get(bs, 0)) < 1 ||
+                json_integer_value(json_array_get(bs, 1)) < 1 ||
+                json_integer_value(json_array_get(bs, 0)) > (1 << 20) ||
+                json_integer_value(json_array_get(bs, 1)) > (1 << 20))
+                return quant_refuse(c, "\"weight_block_size\" is not two integers in 1..2^20");
+            cfg->quant_block[0] = (int)json_integer_value(json_array_get(bs, 0));
+            cfg->quant_block[1] = (int)json_integer_value(json_array_get(bs, 1));
+        }
+    } else if (strcmp(method, "fbgemm_fp8") == 0) {
+        cfg->quant_act_dynamic = 1; /* per-token scales computed at run time (input_scale_ub bounds them) */
+    } else if (strcmp(method, "compressed-tensors") == 0) {
+        CK(read_compressed_tensors(c, q, cfg));
+    } else {
+        char what[96];
+        snprintf(what, sizeof what, "quant_method \"%.40s\" is not supported", method);
+        return quant_refuse(c, what);
+    }
+    snprintf(cfg->quant_method, sizeof cfg->quant_method, "%s", method);
+    return TSR_OK;
+}
+
 int tsr_config_from_json(const json_t *root, const char *file, tsr_model_config *cfg,
                          tsr_error *err) {
     jctx c = {root, file, err};
@@ -309,6 +386,7 @@ int tsr_config_from_json(const json_t *root, const char *file, tsr_model_config 
     if (!any_dense) cfg->ffn = 0; /* no dense MLP: tsr_model_desc.ffn is 0 */
 
     CK(read_tokens(&c, cfg, qwen ? -1 : 1, qwen ? -1 : 2));
+    CK(read_quant(&c, cfg));
     return TSR_OK;
 }
 

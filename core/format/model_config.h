@@ -64,6 +64,11 @@ typedef struct tsr_model_config {
     int eos[TSR_MAX_EOS];
     int n_eos;
     uint32_t dtype;          /* tsr_dtype most projection weights are stored in */
+    /* config.json quantization_config (FP8 checkpoints, docs/FORMATS.md) */
+    char quant_method[32];   /* "" (none), "fp8", "compressed-tensors", "fbgemm_fp8" */
+    int quant_act_dynamic;   /* 1: activations are not quantised with stored scales (dynamic
+                              * or none), so input_scale tensors may be ignored */
+    int quant_block[2];      /* weight_block_size [rows, cols] of "fp8"; 0 if none */
 } tsr_model_config;
 
 

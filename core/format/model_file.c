@@ -23,6 +23,7 @@ struct tsr_model_file {
     char *path;
     char *dir;
     uint64_t bytes;
+    float *scales; /* FP8 checkpoints: every scale widened to f32 */
 };
 
 static int ends_with(const char *s, const char *suffix) {
@@ -398,6 +399,7 @@ int tsr_model_file_open(const char *path, tsr_model_file **out, tsr_error *err) 
         }
         free(weights);
         if (!rc) rc = tsr_config_check_tensors(&f->cfg, &f->tab, cfg_path, err);
+        if (!rc) rc = tsr_fp8_scales_attach(&f->tab, &f->cfg, f->path, &f->scales, err);
         free(cfg_path);
         if (rc) goto fail;
     } else if ((rc = tsr_config_check_tensors(&f->cfg, &f->tab, f->path, err))) {
@@ -414,6 +416,7 @@ fail:
 void tsr_model_file_close(tsr_model_file *f) {
     if (!f) return;
     tsr_table_free(&f->tab);
+    free(f->scales);
     for (int i = 0; i < f->n_shards; i++) tsr_safetensors_free(f->shards[i]);
     free(f->shards);
     tsr_gguf_free(f->gguf);

@@ -11,6 +11,12 @@
  * mapped onto them, and GGUF's merged expert tensors are exposed as one
  * view per expert ("model.layers.0.mlp.experts.5.up_proj.weight").
  * Shapes are outermost first: a projection is [out_features, in_features].
+ *
+ * FP8 checkpoints (safetensors with F8_E4M3 projections and their scale
+ * companions, docs/FORMATS.md): each scale is checked against its weight and
+ * the config's quantization_config and attached to the weight's tsr_tensor;
+ * the companions themselves stay in the table. Anything not understood is
+ * refused, naming the tensor.
  */
 #ifndef TSR_MODEL_FILE_H
 #define TSR_MODEL_FILE_H
@@ -33,6 +39,13 @@ typedef struct tsr_tensor {
     int64_t shape[4];     /* outermost first */
     const void *data;     /* into the mmap; valid until tsr_model_file_close */
     uint64_t nbytes;
+    /* An F8_E4M3 matrix of an FP8 checkpoint: its scale companion
+     * (X.weight_scale or X.weight_scale_inv) widened to f32, owned by the
+     * model file; value (r, c) = stored(r, c) * scale[(r / scale_block[0]) *
+     * ceil(cols / scale_block[1]) + c / scale_block[1]] (tsr_weight_scale in
+     * slots/tsr_gemv.h). NULL for every other tensor. */
+    const float *scale;
+    int64_t scale_block[2];
 } tsr_tensor;
 
 typedef struct tsr_model_file tsr_model_file;

@@ -26,6 +26,11 @@ static inline int tsr_slot_has(const tsr_slot_ref *s, size_t off) {
     (tsr_slot_has((s), offsetof(type, member)) ? ((const type *)(s)->iface)->member : NULL)
 
 /* --- gemv --- */
+/* 1 if the plugin reads tsr_weight.scale (gemv interface version >= 3): the
+ * host hands scaled weights to no other. */
+static inline int tsr_gemv_reads_scales(const tsr_slot_ref *s) {
+    return s && s->iface && ((const uint32_t *)s->iface)[1] >= 3;
+}
 static inline int tsr_gemv_prepare(const tsr_slot_ref *s, const tsr_weight *w, void **out) {
     int (*f)(void *, const tsr_weight *, void **) = TSR_SLOT_MEMBER(s, tsr_gemv_i, prepare);
     return f ? f(s->inst, w, out) : TSR_ERR_UNSUPPORTED;

@@ -70,23 +70,45 @@ static void populate(const void *p, uint64_t n) {
 #endif
 }
 
+/* The tsr_weight of t; *sc receives its scales (w.scale points at it) when
+ * t is an F8_E4M3 matrix of an FP8 checkpoint. */
+static tsr_weight weight_of(const tsr_tensor *t, int64_t rows, int64_t cols, tsr_weight_scale *sc) {
+    tsr_weight w = {t->name, t->dtype, rows, cols, t->data, t->nbytes, NULL};
+    if (t->scale) {
+        *sc = (tsr_weight_scale){t->scale, t->scale_block[0], t->scale_block[1]};
+        w.scale = sc;
+    }
+    return w;
+}
+
+/* A scaled weight for a gemv plugin that predates tsr_weight.scale: refused
+ * here rather than read without its scales. */
+static int check_scaled(tsr_model *m, const tsr_weight *w, tsr_error *err) {
+    if (!w->scale || tsr_gemv_reads_scales(m->gemv)) return TSR_OK;
+    return tsr_error_set(err, TSR_ERR_UNSUPPORTED,
+                         "preparing %s (%s with scales): plugin %s implements gemv interface "
+                         "version %u, which predates scaled weights (version 3)", w->name,
+                         tsr_dtype_name(w->dtype), m->gemv->plugin,
+                         ((const uint32_t *)m->gemv->iface)[1]);
+}
+
 /* Prepare t through the gemv plugin; adds its prepared size to *bytes. */
 static int prepare(tsr_model *m, const tsr_tensor *t, void **out, uint64_t *bytes, tsr_error *err) {
-    tsr_weight w = {
-        .name = t->name,
-        .dtype = t->dtype,
-        .rows = t->shape[0],
-        .cols = t->n_dims > 1 ? t->shape[1] : t->shape[0],
-        .data = t->data,
-        .nbytes = t->nbytes,
-    };
-    if (t->n_dims == 1) w.rows = 1;
+    tsr_weight_scale sc;
+    tsr_weight w = weight_of(t, t->n_dims == 1 ? 1 : t->shape[0],
+                             t->n_dims > 1 ? t->shape[1] : t->shape[0], &sc);
+    int rc = check_scaled(m, &w, err);
+    if (rc != TSR_OK) {
+        *out = NULL;
+        return rc;
+    }
     if (m->be->device == TSR_DEVICE_CPU) populate(t->data, t->nbytes);
-    int rc = tsr_gemv_prepare(m->gemv, &w, out);
+    rc = tsr_gemv_prepare(m->gemv, &w, out);
     if (rc != TSR_OK) {
         *out = NULL;
         char what[300];
-        snprintf(what, sizeof what, "preparing %s (%s)", t->name, tsr_dtype_name(t->dtype));
+        snprintf(what, sizeof what, "preparing %s (%s%s)", t->name, tsr_dtype_name(t->dtype),
+                 t->scale ? " with scales" : "");
         return tsr_model_slot_error(m, m->gemv, rc, err, what);
     }
     *bytes += tsr_gemv_bytes(m->gemv, *out, &w);
@@ -109,6 +131,7 @@ static int load_matrix(tsr_model *m, const char *name, int64_t rows, int64_t col
 static int load_group(tsr_model *m, const char *const *names, const int64_t *rows, int n, int64_t cols,
                       void **out, uint64_t *bytes, tsr_error *err) {
     tsr_weight ws[4];
+    tsr_weight_scale sc[4];
     TSR_ASSERT(n <= 4);
     *out = NULL;
     for (int i = 0; i < n; i++) {
@@ -116,7 +139,8 @@ static int load_group(tsr_model *m, const char *const *names, const int64_t *row
         int rc = find_matrix(m, names[i], rows[i], cols, 0, &t, err);
         if (rc != TSR_OK) return rc;
         if (i > 0 && t->dtype != ws[0].dtype) return TSR_ERR_UNSUPPORTED;
-        ws[i] = (tsr_weight){t->name, t->dtype, rows[i], cols, t->data, t->nbytes};
+        ws[i] = weight_of(t, rows[i], cols, &sc[i]);
+        if ((rc = check_scaled(m, &ws[i], err))) return rc;
     }
     int rc = tsr_gemv_prepare_group(m->gemv, ws, n, out);
     if (rc == TSR_ERR_UNSUPPORTED) return rc;
@@ -480,6 +504,12 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
         rc = tsr_error_set_at(err, TSR_ERR_FORMAT, tsr_model_file_path(m->file), 0, 0,
                               "tensor model.embed_tokens.weight is missing or not [%d, %d]",
                               c->vocab, c->hidden);
+        goto fail;
+    }
+    if (m->embed->scale) { /* the lookup reads rows as stored */
+        rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED,
+                           "tensor model.embed_tokens.weight: F8_E4M3 embeddings with scales are not "
+                           "read (FP8 checkpoints keep them in bf16; only projections are read as FP8)");
         goto fail;
     }
     if ((rc = load_vector(m, "model.norm.weight", c->hidden, 0, &m->final_norm, err))) goto fail;

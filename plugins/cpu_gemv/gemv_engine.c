@@ -66,6 +66,11 @@ int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *
         ctx->host->set_error(ctx, "%s: dtype %s is not a weight type", name, tsr_dtype_name(w->dtype));
         return TSR_ERR_UNSUPPORTED;
     }
+    if (tsr_weight_scale_of(ctx, w)) { /* gemv interface 3: FP8 checkpoints */
+        ctx->host->set_error(ctx, "%s: %s weights with scales (FP8 checkpoints) are not read here; "
+                             "ref_gemv reads them", name, tsr_dtype_name(w->dtype));
+        return TSR_ERR_UNSUPPORTED;
+    }
     uint64_t total;
     if (w->rows <= 0 || w->cols <= 0 || !w->data || tsr_dtype_row_bytes(w->dtype, w->cols, row_bytes) != 0 ||
         tsr_mul_u64(*row_bytes, (uint64_t)w->rows, &total) != 0 || total > w->nbytes) {

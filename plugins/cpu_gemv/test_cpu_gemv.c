@@ -187,7 +187,7 @@ static double run_case(const gcase *gc, int nx, const char *isa, int mode) {
     for (size_t i = 0; i < ny + 2 * GUARD; i++) memcpy(ybuf + i, &guard_bits, 4);
     float *y = ybuf + GUARD;
 
-    tsr_weight tw = {"test.weight", gc->dtype, gc->rows, gc->cols, w, rb * (uint64_t)gc->rows};
+    tsr_weight tw = {"test.weight", gc->dtype, gc->rows, gc->cols, w, rb * (uint64_t)gc->rows, NULL};
     void *prep = NULL;
     assert_int_equal(b.g->prepare(b.inst, &tw, &prep), TSR_OK);
     assert_int_equal(b.g->bytes(b.inst, prep), rb * (uint64_t)gc->rows);
@@ -271,7 +271,7 @@ static void test_nan_parity(void **state) {
                 float x[3 * 256], y[3 * 21];
                 for (int i = 0; i < 3 * 256; i++) x[i] = rndf(-1, 1);
                 x[256 + 77] = NAN;
-                tsr_weight tw = {"nan.weight", dts[d], rows, cols, w, rb * (uint64_t)rows};
+                tsr_weight tw = {"nan.weight", dts[d], rows, cols, w, rb * (uint64_t)rows, NULL};
                 void *prep;
                 assert_int_equal(b.g->prepare(b.inst, &tw, &prep), TSR_OK);
                 assert_int_equal(b.g->run(b.inst, prep, 3, x, y, NULL), TSR_OK);
@@ -295,29 +295,29 @@ static void test_errors(void **state) {
     uint8_t buf[4096] = {0};
     void *prep = (void *)1;
     /* too few bytes for the shape */
-    tsr_weight w1 = {"blk.0.short", TSR_DTYPE_F16, 10, 100, buf, 1999};
+    tsr_weight w1 = {"blk.0.short", TSR_DTYPE_F16, 10, 100, buf, 1999, NULL};
     assert_int_equal(b.g->prepare(b.inst, &w1, &prep), TSR_ERR_INVALID);
     assert_non_null(strstr(th_err, "blk.0.short"));
     /* cols not a multiple of the block */
-    tsr_weight w2 = {"blk.0.q8", TSR_DTYPE_Q8_0, 2, 33, buf, sizeof buf};
+    tsr_weight w2 = {"blk.0.q8", TSR_DTYPE_Q8_0, 2, 33, buf, sizeof buf, NULL};
     assert_int_equal(b.g->prepare(b.inst, &w2, &prep), TSR_ERR_INVALID);
     assert_non_null(strstr(th_err, "blk.0.q8"));
     /* rows * row_bytes overflows */
-    tsr_weight w3 = {"huge", TSR_DTYPE_F32, INT64_MAX / 4, 1024, buf, UINT64_MAX};
+    tsr_weight w3 = {"huge", TSR_DTYPE_F32, INT64_MAX / 4, 1024, buf, UINT64_MAX, NULL};
     assert_int_equal(b.g->prepare(b.inst, &w3, &prep), TSR_ERR_INVALID);
     /* negative and zero shapes */
-    tsr_weight w4 = {"neg", TSR_DTYPE_F32, -1, 4, buf, sizeof buf};
+    tsr_weight w4 = {"neg", TSR_DTYPE_F32, -1, 4, buf, sizeof buf, NULL};
     assert_int_equal(b.g->prepare(b.inst, &w4, &prep), TSR_ERR_INVALID);
-    tsr_weight w5 = {"zero", TSR_DTYPE_F32, 4, 0, buf, sizeof buf};
+    tsr_weight w5 = {"zero", TSR_DTYPE_F32, 4, 0, buf, sizeof buf, NULL};
     assert_int_equal(b.g->prepare(b.inst, &w5, &prep), TSR_ERR_INVALID);
     /* not a weight type */
-    tsr_weight w6 = {"ids", TSR_DTYPE_I32, 4, 4, buf, sizeof buf};
+    tsr_weight w6 = {"ids", TSR_DTYPE_I32, 4, 4, buf, sizeof buf, NULL};
     assert_int_equal(b.g->prepare(b.inst, &w6, &prep), TSR_ERR_UNSUPPORTED);
     assert_non_null(strstr(th_err, "i32"));
-    tsr_weight w7 = {"bad", 99, 4, 4, buf, sizeof buf};
+    tsr_weight w7 = {"bad", 99, 4, 4, buf, sizeof buf, NULL};
     assert_int_equal(b.g->prepare(b.inst, &w7, &prep), TSR_ERR_UNSUPPORTED);
     /* run with no rows */
-    tsr_weight ok = {"ok", TSR_DTYPE_F32, 4, 4, buf, sizeof buf};
+    tsr_weight ok = {"ok", TSR_DTYPE_F32, 4, 4, buf, sizeof buf, NULL};
     assert_int_equal(b.g->prepare(b.inst, &ok, &prep), TSR_OK);
     float x[4] = {0}, y[4];
     assert_int_equal(b.g->run(b.inst, prep, 0, x, y, NULL), TSR_ERR_INVALID);
@@ -361,7 +361,7 @@ static void test_alloc_failure(void **state) {
         inst_box b;
         assert_int_equal(open_inst(&b), TSR_OK);
         atomic_store(&th_fail_at, atomic_load(&th_count) + n);
-        tsr_weight tw = {"f.weight", TSR_DTYPE_F16, rows, cols, w, rb * (uint64_t)rows};
+        tsr_weight tw = {"f.weight", TSR_DTYPE_F16, rows, cols, w, rb * (uint64_t)rows, NULL};
         void *prep = NULL;
         int rc = b.g->prepare(b.inst, &tw, &prep);
         if (rc == TSR_OK) {

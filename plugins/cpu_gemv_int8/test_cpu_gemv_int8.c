@@ -83,7 +83,7 @@ static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char
     int8_t *q = malloc((size_t)cols);
     for (int64_t i = 0; i < nx * cols; i++) x[i] = rndf(-1, 1);
     size_t esz = dtype == TSR_DTYPE_F32 ? 4 : 2;
-    tsr_weight tw = {"int8.weight", dtype, rows, cols, w, (uint64_t)(rows * cols) * esz};
+    tsr_weight tw = {"int8.weight", dtype, rows, cols, w, (uint64_t)(rows * cols) * esz, NULL};
     void *prep;
     assert_int_equal(g->prepare(inst, &tw, &prep), TSR_OK);
     assert_int_equal(g->bytes(inst, prep), (uint64_t)(rows * cols) + 4 * (uint64_t)rows);
@@ -163,7 +163,7 @@ static void test_from_q8_0(void **state) {
         memcpy(blk + 34 * b, &h, 2);
         for (int j = 0; j < 32; j++) blk[34 * b + 2 + j] = (uint8_t)(int8_t)(b ? -j : j);
     }
-    tsr_weight tw = {"q.weight", TSR_DTYPE_Q8_0, 2, 32, blk, sizeof blk};
+    tsr_weight tw = {"q.weight", TSR_DTYPE_Q8_0, 2, 32, blk, sizeof blk, NULL};
     void *prep;
     assert_int_equal(g->prepare(inst, &tw, &prep), TSR_OK);
     float x[32], y[2];
@@ -188,27 +188,27 @@ static void test_errors(void **state) {
     float w[4 * 8];
     for (int i = 0; i < 32; i++) w[i] = (float)i;
     w[2 * 8 + 5] = NAN;
-    tsr_weight tw = {"blk.1.nan", TSR_DTYPE_F32, 4, 8, w, sizeof w};
+    tsr_weight tw = {"blk.1.nan", TSR_DTYPE_F32, 4, 8, w, sizeof w, NULL};
     void *prep = NULL;
     assert_int_equal(g->prepare(inst, &tw, &prep), TSR_ERR_INVALID);
     assert_non_null(strstr(th_err, "blk.1.nan"));
     assert_non_null(strstr(th_err, "row 2"));
-    tsr_weight big = {"huge", TSR_DTYPE_I8, INT64_MAX / 2, 4, w, UINT64_MAX};
+    tsr_weight big = {"huge", TSR_DTYPE_I8, INT64_MAX / 2, 4, w, UINT64_MAX, NULL};
     assert_int_equal(g->prepare(inst, &big, &prep), TSR_ERR_NOMEM); /* its int8 copy cannot exist */
     assert_non_null(strstr(th_err, "huge"));
-    tsr_weight sh = {"short", TSR_DTYPE_F32, 4, 8, w, sizeof w - 1};
+    tsr_weight sh = {"short", TSR_DTYPE_F32, 4, 8, w, sizeof w - 1, NULL};
     assert_int_equal(g->prepare(inst, &sh, &prep), TSR_ERR_INVALID);
     assert_int_equal(atomic_load(&th_live), 0);
     /* an all-zero row has scale 0 and gives 0 */
     float z[8] = {0}, x[8] = {1, 1, 1, 1, 1, 1, 1, 1}, y[1] = {5};
-    tsr_weight zw = {"zero", TSR_DTYPE_F32, 1, 8, z, sizeof z};
+    tsr_weight zw = {"zero", TSR_DTYPE_F32, 1, 8, z, sizeof z, NULL};
     assert_int_equal(g->prepare(inst, &zw, &prep), TSR_OK);
     assert_int_equal(g->run(inst, prep, 1, x, y, NULL), TSR_OK);
     assert_true(y[0] == 0.0f);
     g->release(inst, prep);
     /* NaN in the activations propagates (the int16 path steps aside) */
     float wv[8] = {1, -2, 3, -4, 5, -6, 7, -8};
-    tsr_weight nw = {"w", TSR_DTYPE_F32, 1, 8, wv, sizeof wv};
+    tsr_weight nw = {"w", TSR_DTYPE_F32, 1, 8, wv, sizeof wv, NULL};
     assert_int_equal(g->prepare(inst, &nw, &prep), TSR_OK);
     x[3] = NAN;
     assert_int_equal(g->run(inst, prep, 1, x, y, NULL), TSR_OK);
@@ -238,7 +238,7 @@ static void test_alloc_failure(void **state) {
         void *inst = open_inst(&rc);
         assert_int_equal(rc, TSR_OK);
         atomic_store(&th_fail_at, atomic_load(&th_count) + n);
-        tsr_weight tw = {"f.weight", TSR_DTYPE_F32, 16, 64, wf, sizeof wf};
+        tsr_weight tw = {"f.weight", TSR_DTYPE_F32, 16, 64, wf, sizeof wf, NULL};
         void *prep = NULL;
         rc = g->prepare(inst, &tw, &prep);
         if (rc == TSR_OK) {
@@ -288,7 +288,7 @@ static void test_weight_done(void **state) {
     float *y1 = malloc((size_t)rows * sizeof *y1), *y3 = malloc((size_t)rows * sizeof *y3);
     uint8_t *w = make(TSR_DTYPE_F32, rows, cols, wf);
     for (int64_t c = 0; c < cols; c++) x[c] = rndf(-1, 1);
-    tsr_weight tw = {"int8.weight", TSR_DTYPE_F32, rows, cols, w, (uint64_t)(rows * cols) * 4};
+    tsr_weight tw = {"int8.weight", TSR_DTYPE_F32, rows, cols, w, (uint64_t)(rows * cols) * 4, NULL};
     wd_base = w;
     wd_n = tw.nbytes;
     wd_seen = calloc(1, wd_n);

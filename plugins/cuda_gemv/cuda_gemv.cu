@@ -9,7 +9,10 @@
 //   rows, 8 rows costing about what 1 does; cuBLASLt above 8 rows (prefill).
 // Weights are widened or narrowed to bf16 at prepare (exact for bf16
 // checkpoints; f32/f16 weights are rounded: lossy there), activations are
-// rounded to bf16 before the product. prepare_group stacks matrices (q/k/v,
+// rounded to bf16 before the product. Scaled weights (FP8 checkpoints, any
+// tsr_weight_scale layout: per tensor, row or block) are widened code by
+// code, multiplied by their scale in f32 as ref_gemv does, then rounded to
+// bf16. prepare_group stacks matrices (q/k/v,
 // gate/up) into one so a decode pass reads them in one launch.
 // Graph-capable: a captured pass (ex->step) uses activation scratch reserved
 // at init for TSR_GRAPH_MAX_ROWS rows, never the growing eager one.
@@ -272,6 +275,12 @@ int readable(Gemv *g, const tsr_weight *tw, uint64_t *row_bytes) {
         g->ctx->host->set_error(g->ctx, "%s: %s is not a weight type it reads", tw->name, tsr_dtype_name(tw->dtype));
         return TSR_ERR_UNSUPPORTED;
     }
+    const tsr_weight_scale *sc = tsr_weight_scale_of(g->ctx, tw); // gemv interface 3: FP8 checkpoints
+    if (sc && (!sc->data || sc->block_rows < 1 || sc->block_cols < 1)) {
+        g->ctx->host->set_error(g->ctx, "%s: scale blocks of %lld x %lld", tw->name, (long long)sc->block_rows,
+                                (long long)sc->block_cols);
+        return TSR_ERR_INVALID;
+    }
     return TSR_OK;
 }
 
@@ -309,10 +318,16 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
         for (int64_t r = 0; r < tw->rows; r++, at++) {
             const uint8_t *src = static_cast<const uint8_t *>(tw->data) + (uint64_t)r * row_bytes;
             uint16_t *dst = host + (size_t)at * w->ld;
-            if (tw->dtype == TSR_DTYPE_BF16) {
+            const tsr_weight_scale *sc = tsr_weight_scale_of(g->ctx, tw);
+            if (tw->dtype == TSR_DTYPE_BF16 && !sc) {
                 memcpy(dst, src, (size_t)tw->cols * 2);
             } else {
                 tsr_dequant_row(tw->dtype, src, row, tw->cols);
+                if (sc) { // FP8 checkpoints: each code times its scale in f32 (as ref_gemv), then to bf16
+                    const int64_t gc = (tw->cols + sc->block_cols - 1) / sc->block_cols;
+                    const float *s = sc->data + (r / sc->block_rows) * gc;
+                    for (int64_t c = 0; c < tw->cols; c++) row[c] *= s[c / sc->block_cols];
+                }
                 for (int64_t c = 0; c < tw->cols; c++) dst[c] = tsr_f32_to_bf16(row[c]);
             }
         }

@@ -498,7 +498,17 @@ struct Quant {
     int bad_mat;
     int64_t bad_row, bad_col;
     float bad_val;
+    const tsr_plugin_ctx *ctx; // for the scales of stored F8_E4M3 weights
 };
+
+// A stored F8_E4M3 row (an FP8 checkpoint) is kept as it is: its bytes, and
+// its scale (1 without one). make_weight admits only one scale per row.
+void copy_fp8_row(const Quant *j, const tsr_weight *tw, int64_t r, int64_t i) {
+    const tsr_weight_scale *sc = tsr_weight_scale_of(j->ctx, tw);
+    memcpy(j->q + (size_t)i * (size_t)j->ld, static_cast<const uint8_t *>(tw->data) + (size_t)r * (size_t)j->cols,
+           (size_t)j->cols);
+    j->scale[i] = sc ? sc->data[r / sc->block_rows] : 1.0f;
+}
 
 void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
     (void)tid;
@@ -513,6 +523,10 @@ void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
         int64_t r = i;
         while (r >= j->ws[m].rows) r -= j->ws[m++].rows;
         const tsr_weight *tw = &j->ws[m];
+        if (tw->dtype == TSR_DTYPE_F8_E4M3) {
+            copy_fp8_row(j, tw, r, i);
+            continue;
+        }
         uint64_t rb;
         tsr_dtype_row_bytes(tw->dtype, j->cols, &rb);
         tsr_dequant_row(tw->dtype, static_cast<const uint8_t *>(tw->data) + (uint64_t)r * rb, row, j->cols);
@@ -549,9 +563,18 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     for (int i = 0; i < n; i++) {
         const tsr_weight *tw = &ws[i];
         uint64_t rb;
-        if (tw->dtype != TSR_DTYPE_F32 && tw->dtype != TSR_DTYPE_F16 && tw->dtype != TSR_DTYPE_BF16) {
-            h->set_error(g->ctx, "%s: %s weights are not quantised to fp8 here (f32, f16 and bf16 are)", tw->name,
-                         tsr_dtype_name(tw->dtype));
+        if (tw->dtype != TSR_DTYPE_F32 && tw->dtype != TSR_DTYPE_F16 && tw->dtype != TSR_DTYPE_BF16 &&
+            tw->dtype != TSR_DTYPE_F8_E4M3) {
+            h->set_error(g->ctx, "%s: %s weights are not read here (f32, f16 and bf16 are quantised, "
+                         "f8_e4m3 kept as stored)", tw->name, tsr_dtype_name(tw->dtype));
+            return TSR_ERR_UNSUPPORTED;
+        }
+        const tsr_weight_scale *sc = tsr_weight_scale_of(g->ctx, tw);
+        if (sc && (!sc->data || sc->block_rows < 1 || sc->block_cols < tw->cols)) {
+            h->set_error(g->ctx, "%s: scales in blocks of %lld x %lld: the kernels apply one scale per "
+                         "output row (per-tensor and per-channel FP8 checkpoints), not blocks across "
+                         "the %lld columns (cuda_gemv widens those to bf16)", tw->name,
+                         (long long)sc->block_rows, (long long)sc->block_cols, (long long)tw->cols);
             return TSR_ERR_UNSUPPORTED;
         }
         if (tw->rows < 1 || tw->cols < 1 || tw->cols > ((int64_t)1 << 40) ||
@@ -584,7 +607,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     float *scale = static_cast<float *>(calloc((size_t)rows_pad, sizeof(float))); // padding rows: 0
     if (rc == TSR_OK && (!q || !scale)) rc = TSR_ERR_NOMEM;
     if (rc == TSR_OK) { // rows over the host's thread pool
-        Quant job = {ws, n, cols, ld, q, scale, 0, 0, 0, -1, -1, 0.0f};
+        Quant job = {ws, n, cols, ld, q, scale, 0, 0, 0, -1, -1, 0.0f, g->ctx};
         h->parallel_for(g->ctx, rows, quant_rows, &job);
         if (job.nomem) {
             rc = TSR_ERR_NOMEM;

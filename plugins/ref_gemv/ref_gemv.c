@@ -5,6 +5,10 @@
  * row's weights are widened to f32 with the kernels' dequantiser and dotted
  * with each input row in order. Clarity and exactness over speed: this is the
  * baseline every other gemv plugin is tested and ablated against.
+ *
+ * Scaled weights (FP8 checkpoints, tsr_weight_scale): each widened element
+ * is multiplied by its scale in f32 (one rounding) before the dot product,
+ * so a checkpoint of those products stored as f32 gives the same bits.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +25,8 @@ typedef struct ref_weight {
     int64_t rows, cols;
     uint64_t row_bytes;
     const uint8_t *data;
+    tsr_weight_scale scale; /* scale.data NULL: unscaled */
+    int64_t grid_cols;      /* scales per row of blocks: ceil(cols / scale.block_cols) */
 } ref_weight;
 
 static int ref_init(void *inst, const tsr_plugin_ctx *ctx) {
@@ -42,8 +48,18 @@ static int ref_prepare(void *inst, const tsr_weight *w, void **out) {
                                 (unsigned long long)w->nbytes);
         return TSR_ERR_INVALID;
     }
+    const tsr_weight_scale *sc = tsr_weight_scale_of(g->ctx, w);
+    if (sc && (!sc->data || sc->block_rows < 1 || sc->block_cols < 1)) {
+        g->ctx->host->set_error(g->ctx, "%s: scale blocks of %lld x %lld", w->name,
+                                (long long)sc->block_rows, (long long)sc->block_cols);
+        return TSR_ERR_INVALID;
+    }
     ref_weight *rw = g->ctx->host->alloc(g->ctx, sizeof *rw, 16);
     if (!rw) return TSR_ERR_NOMEM;
+    if (sc) {
+        rw->scale = *sc;
+        rw->grid_cols = (w->cols + sc->block_cols - 1) / sc->block_cols;
+    }
     rw->dtype = w->dtype;
     rw->rows = w->rows;
     rw->cols = w->cols;
@@ -77,6 +93,12 @@ static void run_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     }
     for (int64_t r = r0; r < r1; r++) {
         tsr_dequant_row(w->dtype, w->data + (uint64_t)r * w->row_bytes, row, w->cols);
+        if (w->scale.data) { /* each block of columns by its scale */
+            const float *s = w->scale.data + (r / w->scale.block_rows) * w->grid_cols;
+            const int64_t bc = w->scale.block_cols;
+            for (int64_t c0 = 0; c0 < w->cols; c0 += bc)
+                for (int64_t c = c0; c < w->cols && c < c0 + bc; c++) row[c] *= s[c0 / bc];
+        }
         for (int i = 0; i < j->rows; i++) {
             const float *x = j->x + (int64_t)i * w->cols;
             float acc = 0.0f;

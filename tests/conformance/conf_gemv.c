@@ -105,7 +105,7 @@ static void weight_cases(conf_env *env, gemv_pair *p, uint32_t dt, int out, int 
     }
     unsigned char *wcopy = malloc(nbytes);
     memcpy(wcopy, wb, nbytes);
-    tsr_weight w = {"conf.weight", dt, out, in, wb, nbytes};
+    tsr_weight w = {"conf.weight", dt, out, in, wb, nbytes, NULL};
     void *h = NULL, *rh = NULL;
     snprintf(what, sizeof what, "gemv prepare %dx%d %s", out, in, tsr_dtype_name(dt));
     int rc = CONF_MEMBER(p->ref, tsr_gemv_i, prepare)(CONF_INST(p->ref), &w, &rh);

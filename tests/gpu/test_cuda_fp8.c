@@ -263,7 +263,7 @@ static void kernel_case(kenv *k, uint32_t dtype, const int64_t *mrows, int n, in
     for (int i = 0, at = 0; i < n; at += (int)mrows[i], i++) {
         uint64_t nb;
         data[i] = make_matrix(dtype, mrows[i], cols, wf_all + (int64_t)at * cols, &nb);
-        ws[i] = (tsr_weight){"test.weight", dtype, mrows[i], cols, data[i], nb};
+        ws[i] = (tsr_weight){"test.weight", dtype, mrows[i], cols, data[i], nb, NULL};
     }
     void *h = NULL;
     int rc = n == 1 ? tsr_gemv_prepare(k->gemv, &ws[0], &h) : tsr_gemv_prepare_group(k->gemv, ws, n, &h);
@@ -355,13 +355,13 @@ static void test_kernels(void **state) {
     float bad[2 * 16];
     for (int i = 0; i < 32; i++) bad[i] = 0.5f;
     bad[16 + 3] = NAN;
-    tsr_weight w = {"nan.weight", TSR_DTYPE_F32, 2, 16, bad, sizeof bad};
+    tsr_weight w = {"nan.weight", TSR_DTYPE_F32, 2, 16, bad, sizeof bad, NULL};
     void *h = NULL;
     assert_int_equal(tsr_gemv_prepare(k.gemv, &w, &h), TSR_ERR_INVALID);
     assert_null(h);
     assert_non_null(strstr(tsr_engine_plugin_error(k.e, TSR_SLOT_GEMV), "row 1"));
     uint8_t q8[34] = {0};
-    tsr_weight wq = {"q8.weight", TSR_DTYPE_Q8_0, 1, 32, q8, sizeof q8};
+    tsr_weight wq = {"q8.weight", TSR_DTYPE_Q8_0, 1, 32, q8, sizeof q8, NULL};
     assert_int_equal(tsr_gemv_prepare(k.gemv, &wq, &h), TSR_ERR_UNSUPPORTED);
     kenv_close(&k);
 #endif

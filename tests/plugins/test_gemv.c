@@ -1,4 +1,7 @@
-/* test_gemv: y = x . W^T for f32 weights, plus exports for the libffi tests. */
+/* test_gemv: y = x . W^T for f32 weights, plus exports for the libffi tests.
+ * Built again as test_gemv_v2 (TEST_GEMV_V2): a plugin of gemv interface
+ * version 2, from before tsr_weight.scale, that takes f8_e4m3 weights as
+ * they are stored: the host must never hand it a scaled weight. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -20,7 +23,11 @@ static int g_init(void *p, const tsr_plugin_ctx *ctx) {
 
 static int g_prepare(void *p, const tsr_weight *w, void **out) {
     inst *g = p;
+#ifdef TEST_GEMV_V2
+    if (w->dtype != TSR_DTYPE_F32 && w->dtype != TSR_DTYPE_F8_E4M3) {
+#else
     if (w->dtype != TSR_DTYPE_F32) {
+#endif
         g->ctx->host->set_error(g->ctx, "test_gemv reads f32 weights only");
         return TSR_ERR_UNSUPPORTED;
     }
@@ -52,7 +59,11 @@ static int g_run(void *p, const void *prepared, int rows, const float *x, float 
 
 static const tsr_gemv_i iface = {
     .struct_size = sizeof(tsr_gemv_i),
+#ifdef TEST_GEMV_V2
+    .version = 2, /* before scaled weights */
+#else
     .version = TSR_GEMV_IFACE_VERSION,
+#endif
     .prepare = g_prepare,
     .release = g_release,
     .run = g_run,
@@ -61,7 +72,11 @@ static const tsr_gemv_i iface = {
 static const tsr_plugin_desc desc = {
     .abi_major = TSR_ABI_MAJOR,
     .abi_minor = TSR_ABI_MINOR,
+#ifdef TEST_GEMV_V2
+    .name = "test_gemv_v2",
+#else
     .name = "test_gemv",
+#endif
     .slot = TSR_SLOT_GEMV,
     .version = "1.2.3",
     .instance_size = sizeof(inst),
