@@ -126,7 +126,7 @@ static void gemv_case(env *v, int n_out, int cols, int rows) {
         }
         w[(int64_t)o * cols + (int)(urand() * cols)] = (float)(s * (urand() < 0.5 ? -448 : 448));
     }
-    tsr_weight tw = {"test.weight", TSR_DTYPE_F32, n_out, cols, w, sizeof(float) * (uint64_t)n_out * cols};
+    tsr_weight tw = {"test.weight", TSR_DTYPE_F32, n_out, cols, w, sizeof(float) * (uint64_t)n_out * cols, NULL};
     void *h = NULL;
     int rc = tsr_gemv_prepare(v->gemv, &tw, &h);
     if (rc != TSR_OK) fail_msg("prepare: %d %s", rc, tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
