@@ -20,6 +20,8 @@
 
 #include <cmocka.h>
 
+#include "tests/gpu/gpu_env.h"
+
 #include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
 #include "tests/gpu/gpu_check.h"
@@ -30,15 +32,10 @@
 #define TOL_ABS 0.02
 #define TOL_REL 0.05
 
-static const char *src_dir(void) {
-    const char *s = getenv("TESSERA_SOURCE_DIR");
-    return s ? s : ".";
-}
-
 static void check(const char *model, const char *ref_path, const char *ids_name,
                   const char *logits_name, const char *assembly, int step) {
     char asm_path[4096];
-    snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", src_dir(), assembly);
+    snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", gpu_src_dir(), assembly);
     gpu_ref ref;
     gpu_ref_open(&ref, ref_path, ids_name, logits_name);
     const int n = ref.n, vocab = ref.vocab;
@@ -83,28 +80,20 @@ static void check(const char *model, const char *ref_path, const char *ids_name,
     gpu_ref_close(&ref);
 }
 
-static int have_gpu(void) {
-#ifdef TESSERA_CUDA
-    return tsr_cuda_device_count() > 0;
-#else
-    return 0;
-#endif
-}
-
 static void run_all(const char *assembly) {
-    if (!have_gpu()) {
+    if (!gpu_have()) {
         printf("# no CUDA device: %s checks skipped\n", assembly);
         skip();
     }
     const char *families[] = {"llama", "qwen2", "qwen3"};
     char dir[4096], ref[4200];
     for (size_t i = 0; i < 3; i++) {
-        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), families[i]);
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), families[i]);
         snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
         for (int step = 0; step <= 3; step += step ? 2 : 1) check(dir, ref, "input_ids", "logits", assembly, step);
     }
-    snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", src_dir());
-    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", src_dir());
+    snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
+    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
     for (int step = 0; step <= 3; step += step ? 2 : 1) check(dir, ref, "input_ids_1", "logits_1", assembly, step);
 }
 

@@ -38,6 +38,8 @@
 
 #include <cmocka.h>
 
+#include "tests/gpu/gpu_env.h"
+
 #include "core/format/safetensors.h"
 #include "core/host/catalog.h"
 #include "core/host/diag.h"
@@ -60,19 +62,6 @@
 #define TOL_REL 0.75
 #define KERNEL_REL_DECODE 1e-5
 #define KERNEL_REL_LT 1e-3
-
-static const char *src_dir(void) {
-    const char *s = getenv("TESSERA_SOURCE_DIR");
-    return s ? s : ".";
-}
-
-static int have_gpu(void) {
-#ifdef TESSERA_CUDA
-    return tsr_cuda_device_count() > 0;
-#else
-    return 0;
-#endif
-}
 
 #ifdef TESSERA_CUDA /* the kernel checks' helpers */
 
@@ -166,7 +155,7 @@ typedef struct kenv {
 static void kenv_open(kenv *k, const char *params) {
     char path[4096];
     if (!params) {
-        snprintf(path, sizeof path, "%s/assemblies/cuda-fast-fp8.yaml", src_dir());
+        snprintf(path, sizeof path, "%s/assemblies/cuda-fast-fp8.yaml", gpu_src_dir());
     } else {
         snprintf(path, sizeof path, "/tmp/test_cuda_fp8_XXXXXX.yaml");
         int fd = mkstemps(path, 5);
@@ -325,7 +314,7 @@ static void kernel_case(kenv *k, uint32_t dtype, const int64_t *mrows, int n, in
 
 static void test_kernels(void **state) {
     (void)state;
-    if (!have_gpu()) {
+    if (!gpu_have()) {
         printf("# no CUDA device: fp8 kernel checks skipped\n");
         skip();
     }
@@ -371,7 +360,7 @@ static void test_kernels(void **state) {
  * every row count (decode_rows 0). */
 static void test_kernel_params(void **state) {
     (void)state;
-    if (!have_gpu()) {
+    if (!gpu_have()) {
         printf("# no CUDA device: fp8 kernel checks skipped\n");
         skip();
     }
@@ -425,7 +414,7 @@ static void log_softmax(const float *x, int n, double *out) {
 static void check_model(const char *model, const char *ref_path, const char *ids_name, const char *logits_name,
                         int step) {
     char asm_path[4096];
-    snprintf(asm_path, sizeof asm_path, "%s/assemblies/cuda-fast-fp8.yaml", src_dir());
+    snprintf(asm_path, sizeof asm_path, "%s/assemblies/cuda-fast-fp8.yaml", gpu_src_dir());
     gpu_ref ref;
     gpu_ref_open(&ref, ref_path, ids_name, logits_name);
     const int n = ref.n, vocab = ref.vocab;
@@ -482,19 +471,19 @@ static void check_model(const char *model, const char *ref_path, const char *ids
 
 static void test_models(void **state) {
     (void)state;
-    if (!have_gpu()) {
+    if (!gpu_have()) {
         printf("# no CUDA device: cuda-fast-fp8 checks skipped\n");
         skip();
     }
     const char *families[] = {"llama", "qwen2", "qwen3"};
     char dir[4096], ref[4200];
     for (size_t i = 0; i < 3; i++) {
-        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), families[i]);
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), families[i]);
         snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
         for (int step = 0; step <= 3; step += step ? 2 : 1) check_model(dir, ref, "input_ids", "logits", step);
     }
-    snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", src_dir());
-    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", src_dir());
+    snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
+    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
     for (int step = 0; step <= 3; step += step ? 2 : 1) check_model(dir, ref, "input_ids_1", "logits_1", step);
 }
 

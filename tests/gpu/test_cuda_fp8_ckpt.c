@@ -27,6 +27,8 @@
 
 #include <cmocka.h>
 
+#include "tests/gpu/gpu_env.h"
+
 #include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
 #include "tests/gpu/gpu_check.h"
@@ -37,14 +39,6 @@
 
 #define TOL_ABS 0.02
 #define TOL_REL 0.05
-
-static int have_gpu(void) {
-#ifdef TESSERA_CUDA
-    return tsr_cuda_device_count() > 0;
-#else
-    return 0;
-#endif
-}
 
 static int try_load(const char *model, const char *assembly, tsr_model **m, tsr_error *err) {
     char asm_path[4096];
@@ -74,7 +68,7 @@ static float *logits_of(const char *model, const char *assembly, const int32_t *
 }
 
 static void check(const char *family, const char *style, const char *args, const char *assembly) {
-    if (!have_gpu()) {
+    if (!gpu_have()) {
         printf("# no CUDA device: FP8 checkpoint checks skipped\n");
         skip();
     }
@@ -134,7 +128,7 @@ static void test_qwen3_blocks_bf16(void **s) { (void)s; check("qwen3", "block128
 
 static void test_blocks_refused(void **s) {
     (void)s;
-    if (!have_gpu()) {
+    if (!gpu_have()) {
         printf("# no CUDA device: FP8 checkpoint checks skipped\n");
         skip();
     }

@@ -27,19 +27,13 @@
 
 #include <cmocka.h>
 
+#include "tests/gpu/gpu_env.h"
+
 #include "core/host/engine.h"
 #include "core/host/slot_calls.h"
 #ifdef TESSERA_CUDA
 #include "core/cuda/device.h"
 #endif
-
-static int have_gpu(void) {
-#ifdef TESSERA_CUDA
-    return tsr_cuda_device_count() > 0;
-#else
-    return 0;
-#endif
-}
 
 #ifdef TESSERA_CUDA
 
@@ -176,7 +170,7 @@ static void plugin_cases(const char *plugin) {
 
 static void test_decode_kernels(void **state) {
     (void)state;
-    if (!have_gpu()) {
+    if (!gpu_have()) {
         printf("# no CUDA device: decode gemv checks skipped\n");
         skip();
     }

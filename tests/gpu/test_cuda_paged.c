@@ -40,6 +40,8 @@
 
 #include <cmocka.h>
 
+#include "tests/gpu/gpu_env.h"
+
 #include "core/format/safetensors.h"
 #include "core/host/catalog.h"
 #include "core/host/diag.h"
@@ -62,19 +64,6 @@
  * manifest's bound are the quality check. */
 #define TOL_ABS_FP8 0.1
 #define TOL_REL_FP8 0.75
-
-static const char *src_dir(void) {
-    const char *s = getenv("TESSERA_SOURCE_DIR");
-    return s ? s : ".";
-}
-
-static int have_gpu(void) {
-#ifdef TESSERA_CUDA
-    return tsr_cuda_device_count() > 0;
-#else
-    return 0;
-#endif
-}
 
 /* An assembly like cuda-fast-paged.yaml with the cache's params (kv NULL:
  * cuda_kv_cache, contiguous bf16), written to a temporary file. */
@@ -194,13 +183,13 @@ typedef struct model_case {
 static int model_cases(model_case *c) {
     const char *families[] = {"llama", "qwen2", "qwen3"};
     for (int i = 0; i < 3; i++) {
-        snprintf(c[i].dir, sizeof c[i].dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), families[i]);
+        snprintf(c[i].dir, sizeof c[i].dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), families[i]);
         snprintf(c[i].ref, sizeof c[i].ref, "%s/reference.safetensors", c[i].dir);
         c[i].ids_name = "input_ids";
         c[i].logits_name = "logits";
     }
-    snprintf(c[3].dir, sizeof c[3].dir, "%s/models/stories260K/stories260K.gguf", src_dir());
-    snprintf(c[3].ref, sizeof c[3].ref, "%s/models/stories260K/hf/reference.safetensors", src_dir());
+    snprintf(c[3].dir, sizeof c[3].dir, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
+    snprintf(c[3].ref, sizeof c[3].ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
     c[3].ids_name = "input_ids_1";
     c[3].logits_name = "logits_1";
     return 4;
@@ -231,9 +220,9 @@ static void against_transformers(const char *asm_path, const char *label, int fp
 
 static void test_paged_bf16(void **state) {
     (void)state;
-    if (!have_gpu()) skip();
+    if (!gpu_have()) skip();
     char path[4096];
-    snprintf(path, sizeof path, "%s/assemblies/cuda-fast-paged.yaml", src_dir());
+    snprintf(path, sizeof path, "%s/assemblies/cuda-fast-paged.yaml", gpu_src_dir());
     against_transformers(path, "cuda-fast-paged", 0);
     write_assembly(path, sizeof path, "bf16", 3, 0);
     against_transformers(path, "paged bf16, blocks of 3", 0);
@@ -242,9 +231,9 @@ static void test_paged_bf16(void **state) {
 
 static void test_paged_fp8(void **state) {
     (void)state;
-    if (!have_gpu()) skip();
+    if (!gpu_have()) skip();
     char path[4096];
-    snprintf(path, sizeof path, "%s/assemblies/cuda-fast-paged-fp8.yaml", src_dir());
+    snprintf(path, sizeof path, "%s/assemblies/cuda-fast-paged-fp8.yaml", gpu_src_dir());
     against_transformers(path, "cuda-fast-paged-fp8", 1);
     write_assembly(path, sizeof path, "f8_e4m3", 3, 0);
     against_transformers(path, "paged fp8, blocks of 3", 1);
@@ -278,7 +267,7 @@ static size_t differing(const float *a, const float *b, size_t n) {
  * which reads the paged cache through its table. */
 static void test_paged_equals_contiguous(void **state) {
     (void)state;
-    if (!have_gpu()) skip();
+    if (!gpu_have()) skip();
     char contig[4096], paged3[4096], paged16[4096];
     write_assembly(contig, sizeof contig, NULL, 0, 0);
     write_assembly(paged3, sizeof paged3, "bf16", 3, 0);
@@ -397,23 +386,23 @@ static void rollback(const char *dtype) {
 
 static void test_rollback_bf16(void **state) {
     (void)state;
-    if (!have_gpu()) skip();
+    if (!gpu_have()) skip();
     rollback("bf16");
 }
 
 static void test_rollback_fp8(void **state) {
     (void)state;
-    if (!have_gpu()) skip();
+    if (!gpu_have()) skip();
     rollback("f8_e4m3");
 }
 
 /* A pool of 32 tokens (2 blocks of 16): a third block is TSR_ERR_RANGE. */
 static void test_pool_exhausted(void **state) {
     (void)state;
-    if (!have_gpu()) skip();
+    if (!gpu_have()) skip();
     char path[4096], model[4096];
     write_assembly(path, sizeof path, "bf16", 16, 32);
-    snprintf(model, sizeof model, "%s/tests/data/fixtures/transformers/llama", src_dir());
+    snprintf(model, sizeof model, "%s/tests/data/fixtures/transformers/llama", gpu_src_dir());
     tsr_model *m = load(model, path, 32); /* context 32: the load's warm-up sequence fits the pool */
     int32_t ids[20];
     for (int i = 0; i < 20; i++) ids[i] = i + 1;

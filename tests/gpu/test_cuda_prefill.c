@@ -34,6 +34,8 @@
 
 #include <cmocka.h>
 
+#include "tests/gpu/gpu_env.h"
+
 #include "core/runtime/runtime.h"
 #include "kernels/dtype.h"
 #include "slots/tsr_attention.h"
@@ -72,11 +74,6 @@ static const pcase cases[] = {
     {90, 20, 6, 2, 32, 17, 0, 0},      /* head_dim 32, group 3, a window */
     {35, 0, 64, 1, 64, 0, 0, 2},       /* group 64: one query row per block */
 };
-
-static const char *src_dir(void) {
-    const char *s = getenv("TESSERA_SOURCE_DIR");
-    return s ? s : ".";
-}
 
 static uint64_t rng_next(uint64_t *s) {
     *s ^= *s >> 12;
@@ -131,102 +128,7 @@ static void reference(const pcase *c, int T, const float *q, const uint16_t *k, 
 
 /* --- a minimal host for one cuda_attention instance ------------------------ */
 
-static void h_log(const tsr_plugin_ctx *ctx, int level, const char *fmt, ...) {
-    (void)ctx;
-    (void)level;
-    va_list ap;
-    va_start(ap, fmt);
-    printf("# plugin: ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-}
-
-static char plugin_err[1024];
-
-static void h_set_error(const tsr_plugin_ctx *ctx, const char *fmt, ...) {
-    (void)ctx;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(plugin_err, sizeof plugin_err, fmt, ap);
-    va_end(ap);
-}
-
-static void *h_alloc(const tsr_plugin_ctx *ctx, size_t size, size_t align) {
-    (void)ctx;
-    void *p = NULL;
-    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size ? size : 1)) return NULL;
-    memset(p, 0, size);
-    return p;
-}
-
-static void h_free(const tsr_plugin_ctx *ctx, void *p) {
-    (void)ctx;
-    free(p);
-}
-
-static int h_dev_alloc(const tsr_plugin_ctx *ctx, size_t size, void **out) {
-    (void)ctx;
-    tsr_error err;
-    tsr_error_clear(&err);
-    *out = tsr_cuda_malloc(size, &err);
-    return *out ? TSR_OK : TSR_ERR_NOMEM;
-}
-
-static void h_dev_free(const tsr_plugin_ctx *ctx, void *p) {
-    (void)ctx;
-    tsr_cuda_free(p);
-}
-
-static int h_parallel_for(const tsr_plugin_ctx *ctx, int64_t n, tsr_work_fn fn, void *arg) {
-    (void)ctx;
-    if (n > 0) fn(arg, 0, n, 0);
-    return TSR_OK;
-}
-
-/* No params set: the plugin takes its documented defaults. */
-static const tsr_param *h_param(const tsr_plugin_ctx *ctx, const char *name) {
-    (void)ctx;
-    (void)name;
-    return NULL;
-}
-
-static int h_model_open(const tsr_plugin_ctx *ctx, const char *path, const char *assembly, int n_layers,
-                        tsr_aux_model **out) {
-    (void)ctx, (void)path, (void)assembly, (void)n_layers;
-    *out = NULL;
-    return TSR_ERR_UNSUPPORTED;
-}
-static void h_model_close(const tsr_plugin_ctx *ctx, tsr_aux_model *m) { (void)ctx, (void)m; }
-static int h_model_dims(const tsr_plugin_ctx *ctx, const tsr_aux_model *m, int *vocab, int *max_ctx) {
-    (void)ctx, (void)m, (void)vocab, (void)max_ctx;
-    return TSR_ERR_UNSUPPORTED;
-}
-static int h_seq_open(const tsr_plugin_ctx *ctx, tsr_aux_model *m, int max_tokens, tsr_aux_seq **out) {
-    (void)ctx, (void)m, (void)max_tokens;
-    *out = NULL;
-    return TSR_ERR_UNSUPPORTED;
-}
-static void h_seq_close(const tsr_plugin_ctx *ctx, tsr_aux_seq *s) { (void)ctx, (void)s; }
-static int h_seq_forward(const tsr_plugin_ctx *ctx, tsr_aux_seq *s, const int32_t *tokens, int n, float *logits) {
-    (void)ctx, (void)s, (void)tokens, (void)n, (void)logits;
-    return TSR_ERR_UNSUPPORTED;
-}
-static int h_seq_truncate(const tsr_plugin_ctx *ctx, tsr_aux_seq *s, int n_tokens) {
-    (void)ctx, (void)s, (void)n_tokens;
-    return TSR_ERR_UNSUPPORTED;
-}
-
-static uint64_t h_weight_done(const tsr_plugin_ctx *ctx, const void *data, uint64_t nbytes) {
-    (void)ctx, (void)data, (void)nbytes;
-    return 0; /* nothing mapped here to give back */
-}
-
-static const tsr_host_api host_api = {
-    sizeof(tsr_host_api), 3, h_log, h_set_error, h_alloc, h_free, h_dev_alloc, h_dev_free, h_parallel_for, h_param,
-    h_model_open, h_model_close, h_model_dims, h_seq_open, h_seq_close, h_seq_forward, h_seq_truncate,
-    h_weight_done,
-};
+#include "tests/gpu/gpu_host.h"
 
 typedef struct plugin {
     void *handle;
@@ -387,8 +289,6 @@ static void run_case(const plugin *p, const pcase *c, uint64_t *rng) {
     free(q), free(got), free(got_plugin), free(want), free(k), free(v);
 }
 
-static int have_gpu(void) { return tsr_cuda_device_count() > 0; }
-
 /* Microseconds per call of fn over c's shape (random data), for the log:
  * a figure, not a check. */
 typedef int (*attn_fn)(const void *ctx, const pcase *c, const tsr_attn_args *a);
@@ -443,7 +343,7 @@ static double time_shape(const pcase *c, attn_fn fn, const void *ctx) {
 
 static void test_prefill_kernel(void **state) {
     (void)state;
-    if (!have_gpu()) {
+    if (!gpu_have()) {
         printf("# no CUDA device: prefill kernel checks skipped\n");
         skip();
     }
@@ -507,7 +407,7 @@ static void test_prefill_declines(void **state) {
 static float *logits_of(const char *model, const char *assembly, const int32_t *ids, int n, int first_pass,
                         int *vocab) {
     char asm_path[4096];
-    snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", src_dir(), assembly);
+    snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", gpu_src_dir(), assembly);
     tsr_error err;
     tsr_error_clear(&err);
     tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .no_tokenizer = 1};
@@ -531,7 +431,7 @@ static float *logits_of(const char *model, const char *assembly, const int32_t *
 
 static void test_prefill_fixtures(void **state) {
     (void)state;
-    if (!have_gpu()) {
+    if (!gpu_have()) {
         printf("# no CUDA device: fixture checks skipped\n");
         skip();
     }
@@ -539,7 +439,7 @@ static void test_prefill_fixtures(void **state) {
     enum { N = 100 };
     for (size_t f = 0; f < 3; f++) {
         char dir[4096];
-        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), families[f]);
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), families[f]);
         int vocab = 0, vocab_gpu = 0;
         int32_t ids[N];
         uint64_t rng = 0x5eed0000ull + f;

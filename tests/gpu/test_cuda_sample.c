@@ -30,6 +30,8 @@
 
 #include <cmocka.h>
 
+#include "tests/gpu/gpu_env.h"
+
 #include "core/runtime/dev_sampler.h"
 #include "core/runtime/model_internal.h" /* host_sampling switched on the same instance */
 #include "core/runtime/runtime.h"
@@ -59,11 +61,6 @@ static int have_device(void) {
             skip();                                              \
         }                                                        \
     } while (0)
-
-static const char *src_dir(void) {
-    const char *s = getenv("TESSERA_SOURCE_DIR");
-    return s ? s : ".";
-}
 
 /* --- a row on the device and a draw from each side ----------------------- */
 
@@ -456,7 +453,7 @@ static int host_replay(tsr_model *m, const int32_t *prompt, int n_prompt, const 
 
 static tsr_model *load(const char *assembly, int host_sampling) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/assemblies/%s", src_dir(), assembly);
+    snprintf(path, sizeof path, "%s/assemblies/%s", gpu_src_dir(), assembly);
     tsr_model_opts o = {.assembly_path = path, .host_sampling = host_sampling, .n_threads = 2};
     tsr_model *m;
     tsr_error err;

@@ -251,6 +251,32 @@ static void one_body(cudaStream_t st, int i, void *arg) {
     else launch(p->wk, p->nr, false, p->ci, w, p->s, p->x, p->y, p->out, p->in, ldw, st);
 }
 
+// Milliseconds per replay of a captured graph: median of 7 timings of 5
+// replays each (the graph instantiated, run once to warm, then freed).
+static float replay_ms(cudaStream_t st, cudaGraph_t g) {
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    float t[7];
+    for (int rep = 0; rep < 7; rep++) {
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        CK(cudaEventRecord(a, st));
+        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        cudaEventElapsedTime(&t[rep], a, b);
+        t[rep] /= 5;
+        cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    for (int i = 0; i < 7; i++)
+        for (int j = i + 1; j < 7; j++)
+            if (t[j] < t[i]) { float u = t[i]; t[i] = t[j]; t[j] = u; }
+    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+    return t[3];
+}
+
 // ---- one token's GEMVs as a graph
 struct Chain {
     int wk, pdl, nr;
@@ -288,30 +314,10 @@ static double chain_bytes(int wk) {
 }
 static float chain_ms(cudaStream_t st, Chain *c) {
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     chain_launches(st, c);
     CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    float best[7];
-    for (int rep = 0; rep < 7; rep++) {
-        cudaEvent_t a, b;
-        cudaEventCreate(&a), cudaEventCreate(&b);
-        CK(cudaEventRecord(a, st));
-        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        cudaEventElapsedTime(&best[rep], a, b);
-        best[rep] /= 5;
-        cudaEventDestroy(a), cudaEventDestroy(b);
-    }
-    for (int i = 0; i < 7; i++) // median
-        for (int j = i + 1; j < 7; j++)
-            if (best[j] < best[i]) { float t = best[i]; best[i] = best[j]; best[j] = t; }
-    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
-    return best[3];
+    return replay_ms(st, g);
 }
 
 // ---- a decode layer with the latency-bound kernels between the GEMVs
@@ -336,7 +342,6 @@ static float layers_ms(cudaStream_t st, cudaStream_t side, Chain *c, size_t pref
     cudaEvent_t ev[2 * 4 * 33];
     for (auto &e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     size_t off = 0;
     int flip = 0, ei = 0;
@@ -364,33 +369,14 @@ static float layers_ms(cudaStream_t st, cudaStream_t side, Chain *c, size_t pref
             launch(c->wk, c->nr, false, c->ci[sh], w, c->s, x, y, S.out, S.in, ldw, st);
         }
     CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    float t[7];
-    for (int rep = 0; rep < 7; rep++) {
-        cudaEvent_t a, b;
-        cudaEventCreate(&a), cudaEventCreate(&b);
-        CK(cudaEventRecord(a, st));
-        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        cudaEventElapsedTime(&t[rep], a, b);
-        t[rep] /= 5;
-        cudaEventDestroy(a), cudaEventDestroy(b);
-    }
-    for (int i = 0; i < 7; i++)
-        for (int j = i + 1; j < 7; j++)
-            if (t[j] < t[i]) { float u = t[i]; t[i] = t[j]; t[j] = u; }
-    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+    const float ms = replay_ms(st, g);
     for (auto &e : ev) cudaEventDestroy(e);
-    return t[3];
+    return ms;
 }
 
 // ---- one token's GEMVs through the production launcher
 static float production_chain_ms(cudaStream_t st, int wk, int rows, float *xa, float *xb, float *s) {
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     size_t off = 0;
     for (int layer = 0; layer <= 32; layer++)
@@ -407,26 +393,8 @@ static float production_chain_ms(cudaStream_t st, int wk, int rows, float *xa, f
             CK(wk == kBf16 ? launch<kBf16>(a, rows, st) : launch<kFp8>(a, rows, st));
         }
     CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    float t[7];
-    for (int rep = 0; rep < 7; rep++) {
-        cudaEvent_t a, b;
-        cudaEventCreate(&a), cudaEventCreate(&b);
-        CK(cudaEventRecord(a, st));
-        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        cudaEventElapsedTime(&t[rep], a, b);
-        t[rep] /= 5;
-        cudaEventDestroy(a), cudaEventDestroy(b);
-    }
-    for (int i = 0; i < 7; i++)
-        for (int j = i + 1; j < 7; j++)
-            if (t[j] < t[i]) { float u = t[i]; t[i] = t[j]; t[j] = u; }
-    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
-    return t[3];
+    const float ms = replay_ms(st, g);
+    return ms;
 }
 
 __global__ void fill_kernel(uint8_t *p, size_t n, uint32_t seed) {

@@ -1,0 +1,28 @@
+/*
+ * gpu_env.h - where a GPU test runs: the source tree (TESSERA_SOURCE_DIR,
+ * "." when unset) and whether a CUDA device is there (0 in a build without
+ * CUDA). Every GPU test skips cleanly when gpu_have() is 0.
+ */
+#ifndef TSR_TESTS_GPU_ENV_H
+#define TSR_TESTS_GPU_ENV_H
+
+#include <stdlib.h>
+
+#ifdef TESSERA_CUDA
+#include "core/cuda/device.h"
+#endif
+
+static inline const char *gpu_src_dir(void) {
+    const char *s = getenv("TESSERA_SOURCE_DIR");
+    return s ? s : ".";
+}
+
+static inline int gpu_have(void) {
+#ifdef TESSERA_CUDA
+    return tsr_cuda_device_count() > 0;
+#else
+    return 0;
+#endif
+}
+
+#endif /* TSR_TESTS_GPU_ENV_H */
