@@ -19,13 +19,15 @@
 
 static void passes_usage(FILE *f) {
     fprintf(f,
-            "usage: tessera passes [ASSEMBLY] [--model PATH] [--context N] [--rows LIST] [--reps N]\n\n"
+            "usage: tessera passes [ASSEMBLY] [--model PATH] [--context N] [--rows LIST] [--reps N] [--profile]\n\n"
             "Times forward passes of each row count after a context of N tokens (pseudo-random\n"
             "ids): median and min over the repetitions, and the ratio to one row.\n\n"
             "%s"
             "  --context N        tokens before the timed passes (default 512)\n"
             "  --rows LIST        comma-separated row counts (default 1,2,4,8,9)\n"
-            "  --reps N           timed repetitions of each (default 50, after 5 warm-up)\n",
+            "  --reps N           timed repetitions of each (default 50, after 5 warm-up)\n"
+            "  --profile          after each row count, the time per kind of op of its passes,\n"
+            "                     waiting for the device after each op (no CUDA graphs)\n",
             TSR_MODEL_OPTS_HELP);
 }
 
@@ -42,6 +44,10 @@ int tsr_cmd_passes(int argc, char **argv) {
         int r = tsr_cli_model_opt(argc, argv, &i, &o, "passes");
         if (r < 0) return 2;
         if (r > 0) continue;
+        if (!strcmp(argv[i], "--profile")) {
+            o.profile = 1;
+            continue;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "tessera passes: unknown option or missing value: %s\n", argv[i]);
             return 2;
@@ -99,6 +105,7 @@ int tsr_cmd_passes(int argc, char **argv) {
            tsr_engine_name(tsr_model_get_engine(m)), context, reps);
     double one = 0;
     for (int k = 0; k < n_rows; k++) {
+        tsr_model_profile_reset(m);
         for (long r = -5; r < reps; r++) {
             double t0 = tsr_now_seconds();
             if (tsr_seq_forward_greedy(s, ids + context, rows[k], choices, 1, &err) ||
@@ -112,6 +119,7 @@ int tsr_cmd_passes(int argc, char **argv) {
         printf("rows %2d: %8.3f ms (min %8.3f)", rows[k], med * 1e3, st.min * 1e3);
         if (one > 0) printf("  x%.2f", med / one);
         printf("\n");
+        if (o.profile) tsr_model_profile_print(m, stdout);
     }
     status = 0;
     goto done;

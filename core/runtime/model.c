@@ -630,6 +630,10 @@ void tsr_model_profile_print(const tsr_model *m, FILE *f) {
     }
 }
 
+void tsr_model_profile_reset(tsr_model *m) {
+    if (m->prof) memset(m->prof, 0, 2 * sizeof *m->prof);
+}
+
 void tsr_model_graph_stats(const tsr_model *m, uint64_t *captures, uint64_t *replays) {
     *captures = m->graph_captures;
     *replays = m->graph_replays;

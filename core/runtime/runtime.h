@@ -68,6 +68,8 @@ int tsr_seq_forward_greedy(tsr_seq *s, const int32_t *tokens, int n, int32_t *ch
 /* With tsr_model_opts.profile: a table of time per kind of op, prefill
  * and decode passes apart. */
 void tsr_model_profile_print(const tsr_model *m, FILE *f);
+/* Forget the times gathered so far (profile mode; nothing otherwise). */
+void tsr_model_profile_reset(tsr_model *m);
 /* Passes captured as CUDA graphs and replays of them so far (both 0 unless
  * the assembly sets runtime.cuda_graphs). */
 void tsr_model_graph_stats(const tsr_model *m, uint64_t *captures, uint64_t *replays);
