@@ -41,10 +41,9 @@ static int cu_silu_mul_cat(float *y, const float *gu, int rows, int f, tsr_error
     return tsr_cuda_check(tsr_cu_silu_mul_cat(y, gu, rows, f, tsr_cuda_stream()), "silu", err);
 }
 
-static int cu_copy_cols(float *dst, int dst_ld, const float *src, int src_ld, int col0, int rows, int n,
-                        tsr_error *err) {
-    return tsr_cuda_check(tsr_cu_copy_cols(dst, dst_ld, src, src_ld, col0, rows, n, tsr_cuda_stream()),
-                          "column copy", err);
+static int cu_split3(float *da, float *db, float *dc, const float *src, int rows, int a, int b, int c,
+                     tsr_error *err) {
+    return tsr_cuda_check(tsr_cu_split3(da, db, dc, src, rows, a, b, c, tsr_cuda_stream()), "q/k/v split", err);
 }
 
 static int cu_argmax(const float *x, int rows, int n, int32_t *out, tsr_error *err) {
@@ -95,7 +94,7 @@ static const tsr_backend cuda_backend = {
     .rope = cu_rope,
     .silu_mul = cu_silu_mul,
     .silu_mul_cat = cu_silu_mul_cat,
-    .copy_cols = cu_copy_cols,
+    .split3 = cu_split3,
     .argmax = cu_argmax,
     .sample_history = cu_sample_history,
     .sample = cu_sample,

@@ -49,9 +49,10 @@ typedef struct tsr_backend {
     int (*silu_mul)(float *y, const float *g, const float *u, int64_t n, tsr_error *err);
     /* y[r, :f] = silu(gu[r, :f]) * gu[r, f:2f] */
     int (*silu_mul_cat)(float *y, const float *gu, int rows, int f, tsr_error *err);
-    /* dst[r, c] = src[r, col0 + c], c < n; rows dst_ld and src_ld apart */
-    int (*copy_cols)(float *dst, int dst_ld, const float *src, int src_ld, int col0, int rows, int n,
-                     tsr_error *err);
+    /* each row of src [rows, a + b + c] cut into da [rows, a], db [rows, b]
+     * and dc [rows, c] (q, k and v out of their stacked projection) */
+    int (*split3)(float *da, float *db, float *dc, const float *src, int rows, int a, int b, int c,
+                  tsr_error *err);
     /* out[r] = argmax of x[r, :n] (ties to the lowest index, NaN and -inf
      * never chosen, -1 if nothing else), out in backend memory */
     int (*argmax)(const float *x, int rows, int n, int32_t *out, tsr_error *err);

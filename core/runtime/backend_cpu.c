@@ -69,11 +69,15 @@ static int cpu_silu_mul_cat(float *y, const float *gu, int rows, int f, tsr_erro
     return TSR_OK;
 }
 
-static int cpu_copy_cols(float *dst, int dst_ld, const float *src, int src_ld, int col0, int rows, int n,
-                         tsr_error *err) {
+static int cpu_split3(float *da, float *db, float *dc, const float *src, int rows, int a, int b, int c,
+                      tsr_error *err) {
     (void)err;
-    for (int r = 0; r < rows; r++)
-        memcpy(dst + (int64_t)r * dst_ld, src + (int64_t)r * src_ld + col0, (size_t)n * sizeof(float));
+    for (int r = 0; r < rows; r++) {
+        const float *in = src + (int64_t)r * (a + b + c);
+        memcpy(da + (int64_t)r * a, in, (size_t)a * sizeof(float));
+        memcpy(db + (int64_t)r * b, in + a, (size_t)b * sizeof(float));
+        memcpy(dc + (int64_t)r * c, in + a + b, (size_t)c * sizeof(float));
+    }
     return TSR_OK;
 }
 
@@ -124,7 +128,7 @@ static const tsr_backend cpu_backend = {
     .rope = cpu_rope,
     .silu_mul = cpu_silu_mul,
     .silu_mul_cat = cpu_silu_mul_cat,
-    .copy_cols = cpu_copy_cols,
+    .split3 = cpu_split3,
     .argmax = cpu_argmax,
     .add = cpu_add,
     .add_rows = cpu_add_rows,

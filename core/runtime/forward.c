@@ -158,14 +158,11 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
     if (!normed) OP(TSR_PROF_NORM, BE(be->rmsnorm(m->xn, m->x, L->attn_norm, rows, h, c->norm_eps, err)));
     float *q = m->q, *k = m->k, *v = m->v;
     if (L->wqkv) { /* one pass over q, k, v stacked: [rows, qd + 2 kvd] */
-        const int ld = qd + 2 * kvd;
         OP(TSR_PROF_QKV, if ((rc = gemv(m, L->wqkv, rows, m->xn, m->qkv, err))) return rc);
         if (rows == 1) { /* a single row is already three contiguous vectors */
             q = m->qkv, k = m->qkv + qd, v = m->qkv + qd + kvd;
         } else {
-            OP(TSR_PROF_QKV, BE(be->copy_cols(q, qd, m->qkv, ld, 0, rows, qd, err));
-               BE(be->copy_cols(k, kvd, m->qkv, ld, qd, rows, kvd, err));
-               BE(be->copy_cols(v, kvd, m->qkv, ld, qd + kvd, rows, kvd, err)));
+            OP(TSR_PROF_QKV, BE(be->split3(q, k, v, m->qkv, rows, qd, kvd, kvd, err)));
         }
     } else {
         OP(TSR_PROF_QKV, if ((rc = gemv(m, L->wq, rows, m->xn, q, err))) return rc;

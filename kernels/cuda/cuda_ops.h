@@ -30,9 +30,9 @@ int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head
                 const int32_t *dev_pos0, float pos_scale, int interleaved, void *stream);
 /* y[r, :f] = silu(gu[r, :f]) * gu[r, f:2f] (gate and up side by side) */
 int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, void *stream);
-/* dst[r, c] = src[r, col0 + c] for c < n (rows dst_ld / src_ld apart) */
-int tsr_cu_copy_cols(float *dst, int dst_ld, const float *src, int src_ld, int col0, int rows, int n,
-                     void *stream);
+/* each row of src [rows, a + b + c] cut into da [rows, a], db [rows, b],
+ * dc [rows, c]: one launch */
+int tsr_cu_split3(float *da, float *db, float *dc, const float *src, int rows, int a, int b, int c, void *stream);
 /* out[r] = index of the largest of x[r, :n], ties to the lowest index, NaN
  * and -inf never chosen (-1 when nothing else is there). */
 int tsr_cu_argmax_rows(const float *x, int rows, int n, int32_t *out, void *stream);

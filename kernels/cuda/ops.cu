@@ -98,10 +98,15 @@ __global__ void silu_mul_cat_k(float *y, const float *gu, int f) {
     }
 }
 
-__global__ void copy_cols_k(float *dst, int dst_ld, const float *src, int src_ld, int col0, int n) {
-    const float *in = src + (int64_t)blockIdx.x * src_ld + col0;
-    float *out = dst + (int64_t)blockIdx.x * dst_ld;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i];
+__global__ void split3_k(float *da, float *db, float *dc, const float *src, int a, int b, int c) {
+    const int64_t r = blockIdx.y;
+    const float *in = src + r * (a + b + c);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < a + b + c; i += gridDim.x * blockDim.x) {
+        const float v = in[i];
+        if (i < a) da[r * a + i] = v;
+        else if (i < a + b) db[r * b + i - a] = v;
+        else dc[r * c + i - a - b] = v;
+    }
 }
 
 // Per row the highest value, ties to the lowest index, NaN never chosen; -1
@@ -254,9 +259,10 @@ extern "C" int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, v
     return launched();
 }
 
-extern "C" int tsr_cu_copy_cols(float *dst, int dst_ld, const float *src, int src_ld, int col0, int rows,
-                                int n, void *stream) {
-    copy_cols_k<<<rows, kThreads, 0, STREAM(stream)>>>(dst, dst_ld, src, src_ld, col0, n);
+extern "C" int tsr_cu_split3(float *da, float *db, float *dc, const float *src, int rows, int a, int b, int c,
+                             void *stream) {
+    dim3 grid((unsigned)((a + b + c + kThreads - 1) / kThreads), (unsigned)rows);
+    split3_k<<<grid, kThreads, 0, STREAM(stream)>>>(da, db, dc, src, a, b, c);
     return launched();
 }
 

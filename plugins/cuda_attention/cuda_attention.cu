@@ -46,6 +46,7 @@ struct Attn {
     size_t scratch_floats;
     int chunk;            // fewest keys per split (split-K, eager passes)
     int graph_splits;     // splits of a captured pass
+    int tile_rows;        // passes of at least this many rows: the tensor-core kernel (prefill.cu)
     int sms;              // multiprocessors of the device
     float *graph_scratch; // partial results of a captured pass (TSR_GRAPH_MAX_ROWS rows)
 };
@@ -403,6 +404,8 @@ int a_init(void *inst, const tsr_plugin_ctx *ctx) {
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&a->sms, cudaDevAttrMultiProcessorCount, dev);
     cudaGetLastError();
 #ifdef CUDA_ATTN_SPLIT
+    p = ctx->host->param(ctx, "tile_rows");
+    a->tile_rows = p ? (int)p->v.i : CUDA_ATTN_PREFILL_MIN_ROWS;
     p = ctx->host->param(ctx, "graph_splits");
     a->graph_splits = p ? (int)p->v.i : 32;
     if (a->graph_splits <= 0) a->graph_splits = 32;
@@ -459,15 +462,15 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
     const __nv_bfloat16 *V = static_cast<const __nv_bfloat16 *>(kv->v);
     int rc;
 #ifdef CUDA_ATTN_SPLIT
-    if (!ex->step && x->rows >= CUDA_ATTN_PREFILL_MIN_ROWS && cuda_attn_prefill_supported(x)) { // prefill.cu
-        const cudaError_t e = static_cast<cudaError_t>(cuda_attn_prefill(x, st));
+    const int32_t *dev_pos0 = ex->step ? &ex->step->pos0 : nullptr;
+    if (x->rows >= a->tile_rows && cuda_attn_prefill_supported(x)) { // prefill.cu, captured or not
+        const cudaError_t e = static_cast<cudaError_t>(cuda_attn_prefill_at(x, dev_pos0, st));
         if (e != cudaSuccess) {
             a->ctx->host->set_error(a->ctx, "prefill attention: %s", cudaGetErrorString(e));
             return TSR_ERR_DEVICE;
         }
         return TSR_OK;
     }
-    const int32_t *dev_pos0 = ex->step ? &ex->step->pos0 : nullptr;
     const bool split_ok = group <= 32 && x->head_dim <= 256;
     if (!split_ok && !plain) { /* the baseline kernels below read bf16 contiguous KV only */
         a->ctx->host->set_error(a->ctx, "%d query heads per kv head over paged or fp8 KV: at most 32", group);

@@ -138,8 +138,9 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16 *ks, __nv_bfloat16 *vs, 
 template <int HD, bool PAGED>
 __global__ void __launch_bounds__(kThreads, 2)
 prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K, const __nv_bfloat16 *__restrict__ V,
-               float *__restrict__ out, int rows, int pos0, int n_heads, int group, int rows_per_block, int64_t ts,
-               int64_t hs, int window, float scale_log2, Pages pg) {
+               float *__restrict__ out, int rows, int pos0, const int32_t *__restrict__ dev_pos0, int n_heads,
+               int group, int rows_per_block, int64_t ts, int64_t hs, int window, float scale_log2, Pages pg) {
+    if (dev_pos0) pos0 = *dev_pos0; // a captured pass: the position of this replay
     using L = Layout<HD>;
     constexpr int S = L::kStride;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -311,7 +312,7 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
 }
 
 template <int HD, bool PAGED>
-cudaError_t launch(const tsr_attn_args *a, cudaStream_t st) {
+cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, cudaStream_t st) {
     const tsr_kv_view *kv = a->kv;
     const int group = a->n_heads / a->n_kv_heads, rows_per_block = kBM / group;
     const size_t smem = Layout<HD>::kBytes;
@@ -323,13 +324,14 @@ cudaError_t launch(const tsr_attn_args *a, cudaStream_t st) {
     const Pages pg = {kv->block_table, kv->block_size, kv->block_stride};
     prefill_kernel<HD, PAGED><<<grid, kThreads, smem, st>>>(
         a->q, static_cast<const __nv_bfloat16 *>(kv->k), static_cast<const __nv_bfloat16 *>(kv->v), a->out, a->rows,
-        a->pos0, a->n_heads, group, rows_per_block, kv->token_stride, kv->head_stride, a->window, scale_log2, pg);
+        a->pos0, dev_pos0, a->n_heads, group, rows_per_block, kv->token_stride, kv->head_stride, a->window,
+        scale_log2, pg);
     return cudaGetLastError();
 }
 
 template <int HD>
-cudaError_t launch(const tsr_attn_args *a, cudaStream_t st) {
-    return a->kv->layout == TSR_KV_PAGED ? launch<HD, true>(a, st) : launch<HD, false>(a, st);
+cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, cudaStream_t st) {
+    return a->kv->layout == TSR_KV_PAGED ? launch<HD, true>(a, dev_pos0, st) : launch<HD, false>(a, dev_pos0, st);
 }
 
 } // namespace
@@ -353,13 +355,15 @@ extern "C" int cuda_attn_prefill_supported(const tsr_attn_args *a) {
     return 1;
 }
 
-extern "C" int cuda_attn_prefill(const tsr_attn_args *a, void *stream) {
+extern "C" int cuda_attn_prefill_at(const tsr_attn_args *a, const int32_t *dev_pos0, void *stream) {
     if (!cuda_attn_prefill_supported(a)) return (int)cudaErrorInvalidValue;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     switch (a->head_dim) {
-    case 16: return (int)launch<16>(a, st);
-    case 32: return (int)launch<32>(a, st);
-    case 64: return (int)launch<64>(a, st);
-    default: return (int)launch<128>(a, st);
+    case 16: return (int)launch<16>(a, dev_pos0, st);
+    case 32: return (int)launch<32>(a, dev_pos0, st);
+    case 64: return (int)launch<64>(a, dev_pos0, st);
+    default: return (int)launch<128>(a, dev_pos0, st);
     }
 }
+
+extern "C" int cuda_attn_prefill(const tsr_attn_args *a, void *stream) { return cuda_attn_prefill_at(a, nullptr, stream); }

@@ -18,9 +18,12 @@
 extern "C" {
 #endif
 
-/* cuda_attention runs passes of at least this many rows through the prefill
- * kernel (fewer rows: decode and verification keep the split-K kernel). */
-#define CUDA_ATTN_PREFILL_MIN_ROWS 33
+/* cuda_attention runs passes of at least this many rows through this kernel
+ * by default (param tile_rows): prefill, and verification of 2+ drafts,
+ * where one block per KV head reading each key once for every row beat
+ * split-K on the H200 (8 rows: 6.06 against 6.70 ms a pass, BENCHMARKS.md);
+ * fewer rows (decode) keep the split-K kernel. */
+#define CUDA_ATTN_PREFILL_MIN_ROWS 3
 
 /* 1 if cuda_attn_prefill can run a: bf16 KV, contiguous or paged (a block
  * table, block_stride a multiple of 8 elements), whose k and v are
@@ -37,6 +40,12 @@ int cuda_attn_prefill_supported(const tsr_attn_args *a);
  * (cudaSuccess) or the cudaError_t of the launch. Precondition:
  * cuda_attn_prefill_supported(a). */
 int cuda_attn_prefill(const tsr_attn_args *a, void *stream);
+
+/* The same for a pass captured into a CUDA graph: the kernel reads pos0
+ * from dev_pos0 (device memory) when it runs, so that each replay attends
+ * at its own position; a->pos0 is the capture's (supported() checks it).
+ * The grid depends on a->rows only. dev_pos0 NULL: a->pos0. */
+int cuda_attn_prefill_at(const tsr_attn_args *a, const int32_t *dev_pos0, void *stream);
 
 #ifdef __cplusplus
 }
