@@ -7,13 +7,11 @@
  * expert_cache slot.
  */
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "../../kernels/dtype.h"
 #include "model_internal.h"
 #include "../util/clock.h"
-#include "../util/threadpool.h"
 
 #define CALL(slot, expr, what)                                                                 \
     do {                                                                                       \
@@ -27,79 +25,8 @@
         if (rc_ != TSR_OK) return rc_;                                                         \
     } while (0)
 
-/* --- the core's per-row ops over the CPU pool --------------------------------
- * On the CPU backend a pass of many rows (prefill, verification) spreads the
- * core's per-row ops (norms, RoPE, SiLU, column copies, adds) over the
- * engine's pool: each thread calls the backend op on a contiguous share of
- * the rows, so every row is computed exactly as one call over all rows
- * computes it. One row (decode), another backend or one thread: one call. */
-typedef struct rows_op {
-    int kind;                     /* ROWS_* */
-    float *y, *x;                 /* output rows, in-place rows */
-    const float *src, *w;         /* input rows, weights */
-    int n, ld, ld2, col0;         /* row width, row strides, first column */
-    float eps;
-    int pos0;
-} rows_op;
-
-enum { ROWS_NORM, ROWS_ADD_NORM, ROWS_ROPE, ROWS_SILU_CAT, ROWS_SILU, ROWS_COPY_COLS, ROWS_ADD, ROWS_ADD_ROWS };
-
-/* Fewest values (rows x row width) worth a pool call: a call costs a few
- * microseconds, a norm of 16K values about as much. */
-#define ROWS_PAR_MIN_VALUES 16384
-
-static int rows_op_run(tsr_model *m, const rows_op *o, int r0, int r1, tsr_error *err) {
-    const tsr_backend *be = m->be;
-    const int64_t n = o->n, r = r0;
-    const int k = r1 - r0;
-    switch (o->kind) {
-    case ROWS_NORM: return be->rmsnorm(o->y + r * n, o->src + r * n, o->w, k, o->n, o->eps, err);
-    case ROWS_ADD_NORM: return be->add_rmsnorm(o->x + r * n, o->src + r * n, o->y + r * n, o->w, k, o->n, o->eps, err);
-    case ROWS_ROPE: /* n: heads; rows of n * head_dim */
-        return be->rope(&m->rope, m->inv_freq, o->x + r * n * m->rope.head_dim, k, o->n, o->pos0 + r0, NULL, err);
-    case ROWS_SILU_CAT: return be->silu_mul_cat(o->y + r * n, o->src + 2 * r * n, k, o->n, err);
-    case ROWS_SILU: return be->silu_mul(o->y + r * n, o->x + r * n, o->src + r * n, (int64_t)k * n, err);
-    case ROWS_COPY_COLS:
-        return be->copy_cols(o->y + r * o->ld, o->ld, o->src + r * o->ld2, o->ld2, o->col0, k, o->n, err);
-    case ROWS_ADD: return be->add(o->x + r * n, o->src + r * n, (int64_t)k * n, err);
-    case ROWS_ADD_ROWS: return be->add_rows(o->x + r * n, o->src, k, o->n, err);
-    default: return tsr_error_set(err, TSR_ERR_INVALID, "row op %d", o->kind);
-    }
-}
-
-typedef struct rows_job {
-    tsr_model *m;
-    const rows_op *op;
-    _Atomic int failed; /* the first worker to fail writes err */
-    tsr_error err;
-} rows_job;
-
-static void rows_work(void *arg, int64_t i0, int64_t i1, int tid) {
-    (void)tid;
-    rows_job *j = arg;
-    tsr_error e = {0};
-    if (rows_op_run(j->m, j->op, (int)i0, (int)i1, &e) != TSR_OK) {
-        int no = 0;
-        if (atomic_compare_exchange_strong(&j->failed, &no, 1)) j->err = e;
-    }
-}
-
-static int rows_par(tsr_model *m, int rows, const rows_op *o, tsr_error *err) {
-    tsr_threadpool *tp = m->be->device == TSR_DEVICE_CPU ? tsr_engine_pool(m->engine) : NULL;
-    int64_t values = (int64_t)rows * o->n * (o->kind == ROWS_ROPE ? m->rope.head_dim : 1);
-    if (rows < 2 || values < ROWS_PAR_MIN_VALUES || tsr_threadpool_size(tp) < 2) return rows_op_run(m, o, 0, rows, err);
-    rows_job j = {.m = m, .op = o};
-    atomic_init(&j.failed, 0);
-    tsr_threadpool_run(tp, rows, rows_work, &j);
-    if (atomic_load(&j.failed)) {
-        *err = j.err;
-        return err->code ? err->code : TSR_ERR_INVALID;
-    }
-    return TSR_OK;
-}
-
 static int add_bias(tsr_model *m, float *y, const float *b, int rows, int n, tsr_error *err) {
-    return b ? rows_par(m, rows, &(rows_op){.kind = ROWS_ADD_ROWS, .x = y, .src = b, .n = n}, err) : TSR_OK;
+    return b ? m->be->add_rows(y, b, rows, n, err) : TSR_OK;
 }
 
 /* The exec of the pass in flight (m->ex, or a copy with the step while
@@ -137,7 +64,7 @@ static int ffn(tsr_model *m, const void *wg, const void *wu, const void *wd, int
     int rc;
     OP(TSR_PROF_GATE_UP, if ((rc = gemv(m, wg, rows, x, g, err))) return rc;
        if ((rc = gemv(m, wu, rows, x, u, err))) return rc);
-    OP(TSR_PROF_SILU, BE(rows_par(m, rows, &(rows_op){.kind = ROWS_SILU, .y = g, .x = g, .src = u, .n = f}, err)));
+    OP(TSR_PROF_SILU, BE(m->be->silu_mul(g, g, u, (int64_t)rows * f, err)));
     OP(TSR_PROF_DOWN, if ((rc = gemv(m, wd, rows, g, y, err))) return rc);
     return TSR_OK;
 }
@@ -147,7 +74,7 @@ static int ffn_stacked(tsr_model *m, const void *wgu, const void *wd, int rows, 
                        float *g, float *y, tsr_error *err) {
     int rc;
     OP(TSR_PROF_GATE_UP, if ((rc = gemv(m, wgu, rows, x, m->gu, err))) return rc);
-    OP(TSR_PROF_SILU, BE(rows_par(m, rows, &(rows_op){.kind = ROWS_SILU_CAT, .y = g, .src = m->gu, .n = f}, err)));
+    OP(TSR_PROF_SILU, BE(m->be->silu_mul_cat(g, m->gu, rows, f, err)));
     OP(TSR_PROF_DOWN, if ((rc = gemv(m, wd, rows, g, y, err))) return rc);
     return TSR_OK;
 }
@@ -228,11 +155,7 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
     const tsr_layer_w *L = &m->layers[layer];
     const int h = c->hidden, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     int rc;
-    if (!normed)
-        OP(TSR_PROF_NORM, BE(rows_par(m, rows,
-                                      &(rows_op){.kind = ROWS_NORM, .y = m->xn, .src = m->x, .w = L->attn_norm,
-                                                 .n = h, .eps = c->norm_eps},
-                                      err)));
+    if (!normed) OP(TSR_PROF_NORM, BE(be->rmsnorm(m->xn, m->x, L->attn_norm, rows, h, c->norm_eps, err)));
     float *q = m->q, *k = m->k, *v = m->v;
     if (L->wqkv) { /* one pass over q, k, v stacked: [rows, qd + 2 kvd] */
         const int ld = qd + 2 * kvd;
@@ -240,11 +163,9 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
         if (rows == 1) { /* a single row is already three contiguous vectors */
             q = m->qkv, k = m->qkv + qd, v = m->qkv + qd + kvd;
         } else {
-#define COPY(DST, N, COL0) (&(rows_op){.kind = ROWS_COPY_COLS, .y = (DST), .ld = (N), .src = m->qkv, .ld2 = ld, \
-                                      .n = (N), .col0 = (COL0)})
-            OP(TSR_PROF_QKV, BE(rows_par(m, rows, COPY(q, qd, 0), err)); BE(rows_par(m, rows, COPY(k, kvd, qd), err));
-               BE(rows_par(m, rows, COPY(v, kvd, qd + kvd), err)));
-#undef COPY
+            OP(TSR_PROF_QKV, BE(be->copy_cols(q, qd, m->qkv, ld, 0, rows, qd, err));
+               BE(be->copy_cols(k, kvd, m->qkv, ld, qd, rows, kvd, err));
+               BE(be->copy_cols(v, kvd, m->qkv, ld, qd + kvd, rows, kvd, err)));
         }
     } else {
         OP(TSR_PROF_QKV, if ((rc = gemv(m, L->wq, rows, m->xn, q, err))) return rc;
@@ -255,24 +176,15 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
         OP(TSR_PROF_QKV, BE(add_bias(m, q, L->bq, rows, qd, err)); BE(add_bias(m, k, L->bk, rows, kvd, err));
            BE(add_bias(m, v, L->bv, rows, kvd, err)));
     if (L->q_norm) { /* per head, before RoPE */
-        OP(TSR_PROF_NORM,
-           BE(rows_par(m, rows * c->n_heads,
-                       &(rows_op){.kind = ROWS_NORM, .y = q, .src = q, .w = L->q_norm, .n = hd, .eps = c->norm_eps},
-                       err));
-           BE(rows_par(m, rows * c->n_kv_heads,
-                       &(rows_op){.kind = ROWS_NORM, .y = k, .src = k, .w = L->k_norm, .n = hd, .eps = c->norm_eps},
-                       err)));
+        OP(TSR_PROF_NORM, BE(be->rmsnorm(q, q, L->q_norm, rows * c->n_heads, hd, c->norm_eps, err));
+           BE(be->rmsnorm(k, k, L->k_norm, rows * c->n_kv_heads, hd, c->norm_eps, err)));
     }
     const int32_t *dev_pos0 = EX->step ? &EX->step->pos0 : NULL;
     if (rows == 1 && k == q + qd) /* one row of stacked q/k: one rotation over both */
         OP(TSR_PROF_ROPE, BE(be->rope(&m->rope, m->inv_freq, q, 1, c->n_heads + c->n_kv_heads, pos0, dev_pos0, err)));
-    else if (dev_pos0)
+    else
         OP(TSR_PROF_ROPE, BE(be->rope(&m->rope, m->inv_freq, q, rows, c->n_heads, pos0, dev_pos0, err));
            BE(be->rope(&m->rope, m->inv_freq, k, rows, c->n_kv_heads, pos0, dev_pos0, err)));
-    else
-        OP(TSR_PROF_ROPE,
-           BE(rows_par(m, rows, &(rows_op){.kind = ROWS_ROPE, .x = q, .n = c->n_heads, .pos0 = pos0}, err));
-           BE(rows_par(m, rows, &(rows_op){.kind = ROWS_ROPE, .x = k, .n = c->n_kv_heads, .pos0 = pos0}, err)));
     OP(TSR_PROF_KV, CALL(m->kv, tsr_kv_append(m->kv, kv_seq, layer, pos0, rows, k, v, EX), "kv append"));
     tsr_kv_view view;
     CALL(m->kv, tsr_kv_view_get(m->kv, kv_seq, layer, &view), "kv view");
@@ -306,10 +218,7 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     for (int l = 0; l < c->n_layers; l++) {
         const tsr_layer_w *L = &m->layers[l];
         if ((rc = attention_block(m, l, kv_seq, pos0, rows, l > 0 && !m->layers[l - 1].moe, err))) return rc;
-        OP(TSR_PROF_NORM, BE(rows_par(m, rows,
-                                      &(rows_op){.kind = ROWS_ADD_NORM, .x = m->x, .src = m->o, .y = m->xn,
-                                                 .w = L->ffn_norm, .n = h, .eps = c->norm_eps},
-                                      err)));
+        OP(TSR_PROF_NORM, BE(be->add_rmsnorm(m->x, m->o, m->xn, L->ffn_norm, rows, h, c->norm_eps, err)));
         if (L->moe) {
             if ((rc = moe(m, l, rows, err))) return rc;
         } else {
@@ -317,13 +226,10 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
                          : ffn(m, L->w_gate, L->w_up, L->w_down, rows, c->ffn, m->xn, m->g, m->u, m->o, err);
             if (rc) return rc;
             if (l + 1 < c->n_layers) /* the residual add and the next layer's input norm */
-                OP(TSR_PROF_NORM, BE(rows_par(m, rows,
-                                              &(rows_op){.kind = ROWS_ADD_NORM, .x = m->x, .src = m->o, .y = m->xn,
-                                                         .w = m->layers[l + 1].attn_norm, .n = h, .eps = c->norm_eps},
-                                              err)));
+                OP(TSR_PROF_NORM, BE(be->add_rmsnorm(m->x, m->o, m->xn, m->layers[l + 1].attn_norm, rows, h,
+                                                     c->norm_eps, err)));
             else
-                OP(TSR_PROF_ADD,
-                   BE(rows_par(m, rows, &(rows_op){.kind = ROWS_ADD, .x = m->x, .src = m->o, .n = h}, err)));
+                OP(TSR_PROF_ADD, BE(be->add(m->x, m->o, (int64_t)rows * h, err)));
         }
     }
     if (out == TSR_FWD_NONE) return TSR_OK;

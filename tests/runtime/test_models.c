@@ -240,9 +240,9 @@ static float *all_logits(const char *model, int no_tokenizer, int threads, int n
     return logits;
 }
 
-/* A pass of many rows spreads the core's per-row ops (norms, RoPE, SiLU,
- * copies, adds) over the threads (forward.c, rows_par): the logits of every
- * row must be bit for bit those of one thread. */
+/* However a pass of many rows is split over threads (the plugins' shares of
+ * rows, panels and attention tiles), the logits of every row must be bit for
+ * bit those of one thread. */
 static void check_threads_identical(const char *model, int no_tokenizer, int n) {
     int vocab, vocab2;
     float *one = all_logits(model, no_tokenizer, 1, n, &vocab);
@@ -260,7 +260,7 @@ static void test_threads_identical_stories(void **state) {
     (void)state;
     char model[4096];
     snprintf(model, sizeof model, "%s/models/stories260K/hf", src_dir());
-    check_threads_identical(model, 1, 300); /* 128-row chunks of 64 x 172 (SiLU) */
+    check_threads_identical(model, 1, 300); /* chunks of 128 rows and a tail */
 }
 
 static void test_threads_identical_pystd(void **state) {
@@ -269,7 +269,7 @@ static void test_threads_identical_pystd(void **state) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/data/models/pystd/target", shared ? shared : "../shared");
     if (access(dir, R_OK) != 0) skip();
-    check_threads_identical(dir, 1, 96); /* 96 x 384: norms, RoPE, q/k norms, SiLU in parallel */
+    check_threads_identical(dir, 1, 96);
 }
 
 /* The CLI prints exactly the greedy text. */
