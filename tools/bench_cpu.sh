@@ -24,4 +24,5 @@ for shape in qwen2.5-0.5b llama3.2-1b; do
   one "$shape cpu-fast-gemv 2t (128+64)" assemblies/cpu-fast-gemv.yaml --model "$CKPT/$shape" --threads 2 --random-prompt 128 -n 64
   one "$shape cpu-fast-gemv-int8 2t (128+64)" assemblies/cpu-fast-gemv-int8.yaml --model "$CKPT/$shape" --threads 2 --random-prompt 128 -n 64
   one "$shape cpu-fast 2t (128+64)" assemblies/cpu-fast.yaml --model "$CKPT/$shape" --threads 2 --random-prompt 128 -n 64
+  one "$shape cpu-fast-int8 2t (128+64)" assemblies/cpu-fast-int8.yaml --model "$CKPT/$shape" --threads 2 --random-prompt 128 -n 64
 done

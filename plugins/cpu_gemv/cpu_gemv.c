@@ -54,8 +54,7 @@ static void cg_release(void *inst, void *prepared) {
 
 static int cg_run(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
     cpu_gemv *g = inst;
-    (void)ex;
-    return gemv_engine_run(&g->cfg, g->ctx, prepared, rows, x, y);
+    return gemv_engine_run(&g->cfg, g->ctx, prepared, rows, x, y, ex);
 }
 
 static uint64_t cg_bytes(void *inst, const void *prepared) {

@@ -87,8 +87,9 @@ typedef struct run_job {
     const gemv_matrix *m;
     tsr_gemv_args args;
     volatile int failed;
-    atomic_int_fast64_t next; /* GEMM: the next group of panels to take */
-    int64_t group;            /* GEMM: panels per group */
+    atomic_int_fast64_t next; /* GEMM: the first panel not yet taken */
+    int64_t group;            /* GEMM: most panels per take */
+    int threads;              /* GEMM: workers sharing the panels */
 } run_job;
 
 static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
@@ -153,10 +154,27 @@ static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
     j->ctx->host->free(j->ctx, tile);
 }
 
+/* Panels [*p0, *p1) for the next take, 0 when none are left. Guided: a
+ * take is a share of what is left (1 / (2 x workers)), at most j->group
+ * panels, at least one, so that the takes shrink towards the end of the
+ * call and the workers finish within about a panel of each other. */
+static int take_panels(run_job *j, int64_t panels, int64_t *p0, int64_t *p1) {
+    int_fast64_t at = atomic_load(&j->next);
+    int64_t n;
+    do {
+        if (at >= panels) return 0;
+        n = (panels - at) / (2 * (int64_t)j->threads);
+        n = n < 1 ? 1 : n > j->group ? j->group : n;
+    } while (!atomic_compare_exchange_weak(&j->next, &at, at + n));
+    *p0 = at;
+    *p1 = at + n;
+    return 1;
+}
+
 /* Items are groups of NR-wide panels of weight rows (gemm_cpu.h). Each
- * worker takes the next group from a shared counter rather than a fixed
+ * worker takes its next panels from a shared counter rather than a fixed
  * share: a worker slowed down (its core shared, a slower memory path) does
- * fewer groups instead of making the other wait at the end of the call. */
+ * fewer panels instead of making the other wait at the end of the call. */
 static void run_gemm(void *arg, int64_t i0, int64_t i1, int tid) {
     (void)i0, (void)i1, (void)tid;
     run_job *j = arg;
@@ -165,16 +183,14 @@ static void run_gemm(void *arg, int64_t i0, int64_t i1, int tid) {
         j->failed = 1;
         return;
     }
-    int64_t panels = tsr_gemm_panel_count(j->m->rows), g;
-    while ((g = atomic_fetch_add(&j->next, 1)) * j->group < panels) {
-        int64_t p0 = g * j->group, p1 = p0 + j->group < panels ? p0 + j->group : panels;
+    int64_t panels = tsr_gemm_panel_count(j->m->rows), p0, p1;
+    while (take_panels(j, panels, &p0, &p1))
         tsr_gemm_panels(j->cfg->isa, j->m->dtype, &j->args, j->m->rows, p0, p1, wbuf);
-    }
     j->ctx->host->free(j->ctx, wbuf);
 }
 
 int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
-                    int rows, const float *x, float *y) {
+                    int rows, const float *x, float *y, const tsr_exec *ex) {
     if (rows < 1 || !x || !y) {
         ctx->host->set_error(ctx, "run: %d input rows (need >= 1) or a NULL buffer", rows);
         return TSR_ERR_INVALID;
@@ -182,14 +198,15 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
     run_job j = {cfg, ctx, m,
                  {.w = m->data, .row_bytes = m->row_bytes, .scale = m->scale, .cols = m->cols,
                   .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = m->rows},
-                 0, 0, 1};
+                 0, 0, 1, 1};
     int64_t min_rows = tsr_dtype_block_elems(m->dtype) > 1 ? cfg->blas_min_rows_q : cfg->blas_min_rows;
     if (!cfg->use_blas && min_rows > 0 && rows >= min_rows) {
-        /* groups of up to 8 panels (the GEMM's L2 block), at least 16 groups when the matrix has them */
+        /* takes of up to 8 panels (the GEMM's L2 block), shrinking at the end */
         int64_t panels = tsr_gemm_panel_count(m->rows);
-        j.group = panels / 16 < 1 ? 1 : panels / 16 > 8 ? 8 : panels / 16;
+        j.group = 8;
+        j.threads = ex && ex->n_threads > 0 ? ex->n_threads : 4; /* shapes the takes only */
         atomic_init(&j.next, 0);
-        ctx->host->parallel_for(ctx, (panels + j.group - 1) / j.group, run_gemm, &j);
+        ctx->host->parallel_for(ctx, panels, run_gemm, &j); /* one call per worker: ranges unused */
         if (j.failed) {
             ctx->host->set_error(ctx, "out of memory for a %d x %d GEMM panel", TSR_GEMM_NR, TSR_GEMM_KC);
             return TSR_ERR_NOMEM;

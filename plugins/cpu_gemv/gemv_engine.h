@@ -47,8 +47,9 @@ int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *
 
 /* y[rows, m->rows] = x[rows, m->cols] . W^T. With m->x_i16, the kernel path
  * quantises x to int16 per row first (tsr_gemv_i8_args); NaN or Inf in x
- * takes the f32 path so that they propagate. */
+ * takes the f32 path so that they propagate. ex (may be NULL) gives the
+ * pool's thread count, which sizes the GEMM's shares. */
 int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
-                    int rows, const float *x, float *y);
+                    int rows, const float *x, float *y, const tsr_exec *ex);
 
 #endif /* CPU_GEMV_ENGINE_H */

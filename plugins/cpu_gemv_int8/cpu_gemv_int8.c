@@ -151,8 +151,7 @@ static void gi_release(void *inst, void *prepared) {
 
 static int gi_run(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
     cpu_gemv_int8 *g = inst;
-    (void)ex;
-    return gemv_engine_run(&g->cfg, g->ctx, prepared, rows, x, y);
+    return gemv_engine_run(&g->cfg, g->ctx, prepared, rows, x, y, ex);
 }
 
 static uint64_t gi_bytes(void *inst, const void *prepared) {

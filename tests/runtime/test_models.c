@@ -25,15 +25,19 @@ static const char *src_dir(void) {
 
 static char asm_path[4096];
 
-static tsr_model *load(const char *model, const char *tokenizer, int no_tokenizer) {
+static tsr_model *load_threads(const char *model, const char *tokenizer, int no_tokenizer, int threads) {
     tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .tokenizer_path = tokenizer,
-                        .n_threads = 2, .no_tokenizer = no_tokenizer};
+                        .n_threads = threads, .no_tokenizer = no_tokenizer};
     tsr_error err;
     tsr_error_clear(&err);
     tsr_model *m = NULL;
     int rc = tsr_model_load(&o, &m, &err);
     if (rc != TSR_OK) fail_msg("loading %s: %s: %s", model, err.file, err.msg);
     return m;
+}
+
+static tsr_model *load(const char *model, const char *tokenizer, int no_tokenizer) {
+    return load_threads(model, tokenizer, no_tokenizer, 2);
 }
 
 static const tsr_tensor *ref_tensor(const tsr_safetensors *st, const char *name, uint32_t dtype) {
@@ -215,6 +219,59 @@ static void test_stories_llama2c(void **state) {
     check_stories("stories260K.bin", "tok512.bin", 1e-3);
 }
 
+/* Logits of every row of one forward pass of n fixed pseudo-random ids,
+ * with n_threads threads. */
+static float *all_logits(const char *model, int no_tokenizer, int threads, int n, int *vocab) {
+    tsr_model *m = load_threads(model, NULL, no_tokenizer, threads);
+    *vocab = tsr_model_get_config(m)->vocab;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    float *logits = malloc((size_t)n * (size_t)*vocab * sizeof *logits);
+    assert_non_null(ids);
+    assert_non_null(logits);
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919u + 13u) % (unsigned)*vocab);
+    tsr_seq *s;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
+    if (tsr_seq_forward(s, ids, n, logits, 1, &err) != TSR_OK) fail_msg("%s: forward: %s", model, err.msg);
+    tsr_seq_free(s);
+    tsr_model_free(m);
+    free(ids);
+    return logits;
+}
+
+/* However a pass of many rows is split over threads (the plugins' shares of
+ * rows, panels and attention tiles), the logits of every row must be bit for
+ * bit those of one thread. */
+static void check_threads_identical(const char *model, int no_tokenizer, int n) {
+    int vocab, vocab2;
+    float *one = all_logits(model, no_tokenizer, 1, n, &vocab);
+    float *two = all_logits(model, no_tokenizer, 2, n, &vocab2);
+    assert_int_equal(vocab, vocab2);
+    size_t bad = 0, total = (size_t)n * (size_t)vocab;
+    for (size_t i = 0; i < total; i++) bad += memcmp(&one[i], &two[i], sizeof one[i]) != 0;
+    printf("# %s: %d rows, %zu of %zu logits differ between 1 and 2 threads\n", model, n, bad, total);
+    assert_int_equal(bad, 0);
+    free(one);
+    free(two);
+}
+
+static void test_threads_identical_stories(void **state) {
+    (void)state;
+    char model[4096];
+    snprintf(model, sizeof model, "%s/models/stories260K/hf", src_dir());
+    check_threads_identical(model, 1, 300); /* chunks of 128 rows and a tail */
+}
+
+static void test_threads_identical_pystd(void **state) {
+    (void)state;
+    const char *shared = getenv("TESSERA_SHARED_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/data/models/pystd/target", shared ? shared : "../shared");
+    if (access(dir, R_OK) != 0) skip();
+    check_threads_identical(dir, 1, 96);
+}
+
 /* The CLI prints exactly the greedy text. */
 static void test_cli_run_prints_greedy_text(void **state) {
     (void)state;
@@ -256,6 +313,8 @@ int main(void) {
         cmocka_unit_test(test_stories_gguf),
         cmocka_unit_test(test_stories_llama2c),
         cmocka_unit_test(test_cli_run_prints_greedy_text),
+        cmocka_unit_test(test_threads_identical_stories),
+        cmocka_unit_test(test_threads_identical_pystd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
