@@ -34,12 +34,24 @@ struct tsr_server {
 };
 
 /* Per connection request. */
+/* Bytes of connection memory kept beside max_header for a response: the
+ * streaming block (4 KiB), chunk framing and response headers, with slack. */
+enum { kResponseRoom = 16 << 10 };
+
 typedef struct conn_ctx {
     int api;            /* a /v1 generation endpoint: counted in the metrics */
     int status;         /* status queued, 0 none */
     int too_large;
+    int headers_too_large; /* request line + headers above max_header: 431 */
     tsr_srv_buf body;
 } conn_ctx;
+
+/* Bytes of the request's headers as sent ("Name: value\r\n" each). */
+static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4;
+    return MHD_YES;
+}
 
 /* A streaming response's reader state. */
 typedef struct stream_ctx {
@@ -366,6 +378,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc->api = is_chat || is_cmpl;
         *con_cls = cc;
         atomic_fetch_add(&s->open_requests, 1);
+        size_t head = strlen(method) + strlen(url) + strlen(version) + 4;
+        MHD_get_connection_values(c, MHD_HEADER_KIND, add_header_bytes, &head);
+        cc->headers_too_large = head > s->o.max_header;
         if (cc->api && !strcmp(method, "POST")) {
             const char *cl =
                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -391,6 +406,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         *upload_size = 0;
         return MHD_YES;
+    }
+    if (cc->headers_too_large) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "request line and headers exceed %zu bytes", s->o.max_header);
+        return reply_errorf(s, c, cc, 431, msg);
     }
     if (is_chat || is_cmpl) {
         if (strcmp(method, "POST") != 0) return reply_errorf(s, c, cc, 405, "use POST");
@@ -438,14 +458,18 @@ int tsr_server_start(const tsr_server_opts *o, tsr_server **out, tsr_error *err)
     }
     tsr_srv_metrics_init(&s->metrics);
     pthread_mutex_init(&s->mu, NULL);
-    /* The connection memory limit bounds the request line and headers
-     * (libmicrohttpd answers 431 beyond it); bodies stream through it. */
+    /* A connection's memory holds its request line and headers (on_request
+     * answers 431 above max_header; libmicrohttpd itself when they do not fit
+     * at all), the body as it streams through, and a streaming response's
+     * buffers: max_header alone left a stream of 4 KiB blocks without room
+     * when a request's body was still buffered (libmicrohttpd then closed the
+     * stream mid-way), hence the room for the response beside it. */
     s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                                 MHD_USE_ITC | MHD_USE_ERROR_LOG,
                             (uint16_t)s->o.port, NULL, NULL, on_request, s,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
                             NULL, MHD_OPTION_SOCK_ADDR, &addr,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)s->o.max_header,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->o.max_header + kResponseRoom,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
