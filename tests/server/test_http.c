@@ -747,15 +747,28 @@ static void test_kv_budget(void **state) {
     stop_server();
 }
 
+/* After every test, passed or failed: a server a failed test left running
+ * is stopped and the fake engine's knobs put back, so that one failure does
+ * not become the next test's (its engine thread would still be calling the
+ * fake backend). */
+static int teardown(void **state) {
+    (void)state;
+    atomic_store(&fake_hold, 0);
+    if (srv) stop_server();
+    atomic_store(&fake_step_us, 2000);
+    atomic_store(&fake_kv_slots, 0);
+    return 0;
+}
+
 int main(void) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
+#define T(f) cmocka_unit_test_teardown(f, teardown)
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_health_and_basic), cmocka_unit_test(test_errors_over_http),
-        cmocka_unit_test(test_streaming),        cmocka_unit_test(test_queue_full),
-        cmocka_unit_test(test_client_aborts),    cmocka_unit_test(test_shutdown_with_streams),
-        cmocka_unit_test(test_abort_not_streamed), cmocka_unit_test(test_fatal_engine_error),
-        cmocka_unit_test(test_kv_budget),
+        T(test_health_and_basic),   T(test_errors_over_http),  T(test_streaming), T(test_queue_full),
+        T(test_client_aborts),      T(test_shutdown_with_streams), T(test_abort_not_streamed),
+        T(test_fatal_engine_error), T(test_kv_budget),
     };
+#undef T
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();
     return rc;
