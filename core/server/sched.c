@@ -18,6 +18,7 @@ struct tsr_srv_sched {
     int n_wait;
     tsr_srv_job **run;
     int n_run;
+    int n_admitting;            /* taken off the queue, being admitted (lock released) */
     int quit, accepting, fatal;
     uint64_t next_id;
     pthread_t thread;
@@ -206,11 +207,13 @@ static void *engine_main(void *arg) {
             if (!s->wait_head) s->wait_tail = NULL;
             j->next = NULL;
             s->n_wait--;
+            s->n_admitting++; /* still counted against the capacity while admit() runs unlocked */
             pthread_mutex_unlock(&s->mu);
             tsr_srv_error e;
             memset(&e, 0, sizeof e);
             int rc = admit(s, j, &e);
             pthread_mutex_lock(&s->mu);
+            s->n_admitting--;
             if (rc == 1 && s->n_run > 0) { /* back to the head until a running job ends */
                 j->next = s->wait_head;
                 s->wait_head = j;
@@ -411,8 +414,10 @@ tsr_srv_job *tsr_srv_submit(tsr_srv_sched *s, tsr_srv_request *rq, tsr_srv_error
         return NULL;
     }
     /* Capacity is parallel running + queue waiting, whatever the engine
-     * thread has admitted yet. */
-    if ((int64_t)s->n_run + s->n_wait >= (int64_t)s->parallel + s->queue) {
+     * thread has admitted yet; a job it is admitting (its prompt being
+     * processed, the lock released) still counts: without it a request
+     * arriving during a long prefill found room that was not there. */
+    if ((int64_t)s->n_run + s->n_admitting + s->n_wait >= (int64_t)s->parallel + s->queue) {
         int n = s->n_wait;
         pthread_mutex_unlock(&s->mu);
         tsr_srv_error_set(e, 429, "", "the queue is full (%d waiting); retry later", n);

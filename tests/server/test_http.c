@@ -84,10 +84,17 @@ static int fake_prompt(void *ctx, const tsr_srv_request *rq, int32_t **ids, int 
 
 static atomic_int fake_kv_slots; /* 0: no KV budget; >0: generations it holds; -1: none fits */
 static atomic_int fake_peak_live;
+static atomic_int fake_hold_start;   /* start() (the prompt's processing) waits while set */
+static atomic_int fake_in_start;     /* a start() is waiting on fake_hold_start */
 
 static int fake_start(void *ctx, const int32_t *ids, int n, const tsr_gen_params *p, void **gen,
                       tsr_error *err) {
     note_thread();
+    if (atomic_load(&fake_hold_start)) {
+        atomic_store(&fake_in_start, 1);
+        while (atomic_load(&fake_hold_start)) usleep(1000);
+        atomic_store(&fake_in_start, 0);
+    }
     if (n + p->max_tokens > FAKE_CTX) return tsr_error_set(err, TSR_ERR_RANGE, "too long");
     int slots = atomic_load(&fake_kv_slots);
     if (slots < 0 || (slots > 0 && atomic_load(&fake_live) >= slots))
@@ -541,6 +548,55 @@ static void test_queue_full(void **state) {
     stop_server();
 }
 
+/* A job whose prompt is being processed (taken off the queue, not running
+ * yet) still counts against the capacity: with one slot and a queue of one,
+ * while A is being started B queues and C is turned away at once. */
+static void test_queue_counts_admitting(void **state) {
+    (void)state;
+    assert_int_equal(start_server(1, 1), 0);
+    tsr_error err;
+    assert_int_equal(tsr_server_set_backend(srv, &fake_backend, &err), 0);
+    atomic_store(&fake_hold_start, 1);
+    CURLM *m = curl_multi_init();
+    resp rs[3];
+    CURL *cs[3];
+    const char *body = "{\"prompt\": \"x\", \"max_tokens\": 2}";
+    int running = 0, done = 0, added = 0;
+    for (int i = 0; i < 3; i++) memset(&rs[i], 0, sizeof rs[i]);
+    cs[0] = make(CMPL, body, &rs[0]);
+    curl_multi_add_handle(m, cs[0]);
+    added = 1;
+    for (int t = 0; done < 3 && t < 1000; t++) { /* at most ~10 s */
+        if (added == 1 && atomic_load(&fake_in_start)) { /* A is being admitted: now B and C */
+            for (int i = 1; i < 3; i++) {
+                cs[i] = make(CMPL, body, &rs[i]);
+                curl_multi_add_handle(m, cs[i]);
+            }
+            added = 3;
+        }
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 10, NULL);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left)))
+            if (msg->msg == CURLMSG_DONE) done++;
+        if (added == 3 && done >= 1) atomic_store(&fake_hold_start, 0); /* C answered: let A start */
+    }
+    atomic_store(&fake_hold_start, 0);
+    long st[3];
+    for (int i = 0; i < added; i++) {
+        curl_easy_getinfo(cs[i], CURLINFO_RESPONSE_CODE, &st[i]);
+        curl_multi_remove_handle(m, cs[i]);
+        curl_easy_cleanup(cs[i]);
+        tsr_srv_buf_free(&rs[i].body);
+    }
+    curl_multi_cleanup(m);
+    assert_int_equal(added, 3);
+    if (st[0] != 200 || st[1] + st[2] != 200 + 429)
+        fail_msg("statuses %ld %ld %ld (A 200; of B and C one 200, one 429)", st[0], st[1], st[2]);
+    stop_server();
+}
+
 /* Streams aborted by the client at varied points: every request is
  * accounted for and the KV goes back to idle. */
 static void test_client_aborts(void **state) {
@@ -754,6 +810,7 @@ static void test_kv_budget(void **state) {
 static int teardown(void **state) {
     (void)state;
     atomic_store(&fake_hold, 0);
+    atomic_store(&fake_hold_start, 0);
     if (srv) stop_server();
     atomic_store(&fake_step_us, 2000);
     atomic_store(&fake_kv_slots, 0);
@@ -765,6 +822,7 @@ int main(void) {
 #define T(f) cmocka_unit_test_teardown(f, teardown)
     const struct CMUnitTest tests[] = {
         T(test_health_and_basic),   T(test_errors_over_http),  T(test_streaming), T(test_queue_full),
+        T(test_queue_counts_admitting),
         T(test_client_aborts),      T(test_shutdown_with_streams), T(test_abort_not_streamed),
         T(test_fatal_engine_error), T(test_kv_budget),
     };
