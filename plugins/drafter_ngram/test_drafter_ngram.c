@@ -182,8 +182,50 @@ static void test_random_property(void **state) {
     conf_inst_free(ci);
 }
 
+/* adaptive: the draft length follows acceptance, drafting pauses after
+ * rejections (2 steps, then 4), sequences keep their own state, and
+ * seq_end forgets it. */
+static void test_adaptive(void **state) {
+    (void)state;
+    const char *set[] = {"max_draft=8", "adaptive=true"};
+    conf_inst *ci = make(set, 2);
+    void (*accept)(void *, int, int, int) = CONF_MEMBER(ci, tsr_drafter_i, accept);
+    void (*seq_end)(void *, int) = CONF_MEMBER(ci, tsr_drafter_i, seq_end);
+    assert_non_null(accept);
+    assert_non_null(seq_end);
+    int32_t t[40], out[8];
+    for (int i = 0; i < 40; i++) t[i] = i % 10; /* every suffix has a match: 8 tokens available */
+    int n = propose(ci, t, 40, 8, out, NULL);
+    assert_int_equal(n, 8);
+    accept(CONF_INST(ci), 0, 8, 3); /* some accepted: k = 3 + 1 */
+    assert_int_equal(propose(ci, t, 40, 8, out, NULL), 4);
+    accept(CONF_INST(ci), 0, 4, 4); /* all accepted: k + 2 */
+    assert_int_equal(propose(ci, t, 40, 8, out, NULL), 6);
+    accept(CONF_INST(ci), 0, 6, 0); /* none: halved */
+    assert_int_equal(propose(ci, t, 40, 8, out, NULL), 3);
+    accept(CONF_INST(ci), 0, 3, 0); /* none twice: halved, and 2 steps without drafts */
+    assert_int_equal(propose(ci, t, 40, 8, out, NULL), 0);
+    assert_int_equal(propose(ci, t, 40, 8, out, NULL), 0);
+    assert_int_equal(propose(ci, t, 40, 8, out, NULL), 1);
+    accept(CONF_INST(ci), 0, 1, 0);
+    assert_int_equal(propose(ci, t, 40, 8, out, NULL), 1);
+    accept(CONF_INST(ci), 0, 1, 0); /* again: 4 steps this time */
+    for (int i = 0; i < 4; i++) assert_int_equal(propose(ci, t, 40, 8, out, NULL), 0);
+    assert_int_equal(propose(ci, t, 40, 8, out, NULL), 1);
+    /* another sequence starts fresh */
+    tsr_draft_req r = {7, t, 40, 8};
+    tsr_draft_out o = {.tokens = out};
+    assert_int_equal(CONF_MEMBER(ci, tsr_drafter_i, propose)(CONF_INST(ci), &r, &o), TSR_OK);
+    assert_int_equal(o.n, 8);
+    /* seq 0 ended: its state goes, a new seq 0 starts at max_draft */
+    seq_end(CONF_INST(ci), 0);
+    assert_int_equal(propose(ci, t, 40, 8, out, NULL), 8);
+    conf_inst_free(ci);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_adaptive),
         cmocka_unit_test(test_basic_continuation),
         cmocka_unit_test(test_longest_match_first),
         cmocka_unit_test(test_newest_occurrence_and_param_cap),
