@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #include "core/format/safetensors.h"
+#include "core/host/catalog.h"
+#include "core/host/diag.h"
 #include "core/runtime/runtime.h"
 
 /* The token ids and the logits [n, vocab] a reference file holds (read in
@@ -77,6 +79,67 @@ static inline gpu_row gpu_check_row(const float *want, const float *got, int voc
         if (got[i] > got[r.got_top]) r.got_top = i;
     }
     return r;
+}
+
+/* A lossy plugin's logits got [n, vocab] against the reference's, all held
+ * in one place: every row within tol_abs + tol_rel * max|reference| (fails
+ * naming what and the row), argmax equal wherever the reference's top-2
+ * margin exceeds twice that, and the mean KL(reference || got) and the
+ * perplexity ratio over the reference's next tokens within the bound the
+ * plugin's manifest declares (read from $TESSERA_CATALOG). */
+typedef struct gpu_quality {
+    double worst, worst_rel; /* largest |diff|, and largest share of a row's bound */
+    int argmax_checked;      /* rows with a clear margin (all checked equal) */
+    double kl, ppl;          /* measured */
+    double max_kl, max_ppl;  /* the manifest's */
+} gpu_quality;
+
+static inline void gpu_log_softmax(const float *x, int n, double *out) {
+    double mx = x[0], s = 0;
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++) s += exp(x[i] - mx);
+    for (int i = 0; i < n; i++) out[i] = x[i] - mx - log(s);
+}
+
+static inline gpu_quality gpu_check_quality(const char *what, const gpu_ref *ref, const float *got, double tol_abs,
+                                            double tol_rel, const char *plugin) {
+    const int n = ref->n, vocab = ref->vocab;
+    double *lw = malloc((size_t)vocab * sizeof *lw), *lg = malloc((size_t)vocab * sizeof *lg);
+    assert_true(lw && lg);
+    gpu_quality q = {0};
+    double nll_want = 0, nll_got = 0;
+    for (int r = 0; r < n; r++) {
+        const float *w = ref->want + (size_t)r * vocab, *g = got + (size_t)r * vocab;
+        const gpu_row c = gpu_check_row(w, g, vocab, tol_abs, tol_rel);
+        if (!(c.worst <= c.bound)) fail_msg("%s row %d: |logit diff| %g > bound %g", what, r, c.worst, c.bound);
+        if (c.worst > q.worst) q.worst = c.worst;
+        if (c.worst / c.bound > q.worst_rel) q.worst_rel = c.worst / c.bound;
+        if (w[c.want_top] - w[c.want_second] > 2 * c.bound) {
+            q.argmax_checked++;
+            if (c.got_top != c.want_top) fail_msg("%s row %d: argmax %d, transformers %d", what, r, c.got_top, c.want_top);
+        }
+        gpu_log_softmax(w, vocab, lw);
+        gpu_log_softmax(g, vocab, lg);
+        for (int i = 0; i < vocab; i++) q.kl += exp(lw[i]) * (lw[i] - lg[i]);
+        if (r + 1 < n) nll_want -= lw[ref->ids[r + 1]], nll_got -= lg[ref->ids[r + 1]];
+    }
+    free(lw);
+    free(lg);
+    q.kl /= n;
+    q.ppl = n > 1 ? exp((nll_got - nll_want) / (n - 1)) : 1.0;
+    tsr_catalog *cat;
+    tsr_diag d;
+    tsr_diag_init(&d);
+    if (tsr_catalog_load(getenv("TESSERA_CATALOG"), &cat, &d) != TSR_OK) fail_msg("catalog does not load");
+    const tsr_manifest *m = tsr_catalog_find(cat, plugin);
+    if (!m || !m->has_quality) fail_msg("%s: no manifest with a quality bound in the catalog", plugin);
+    q.max_kl = m->max_mean_kl;
+    q.max_ppl = m->max_ppl_ratio;
+    tsr_catalog_free(cat);
+    tsr_diag_free(&d);
+    if (!(q.kl <= q.max_kl)) fail_msg("%s: mean KL %g > %g (%s's manifest)", what, q.kl, q.max_kl, plugin);
+    if (!(q.ppl <= q.max_ppl)) fail_msg("%s: perplexity ratio %g > %g (%s's manifest)", what, q.ppl, q.max_ppl, plugin);
+    return q;
 }
 
 #endif /* TSR_TESTS_GPU_CHECK_H */

@@ -43,8 +43,6 @@
 #include "tests/gpu/gpu_env.h"
 
 #include "core/format/safetensors.h"
-#include "core/host/catalog.h"
-#include "core/host/diag.h"
 #include "core/runtime/runtime.h"
 #include "tests/gpu/gpu_check.h"
 #ifdef TESSERA_CUDA
@@ -93,13 +91,6 @@ static tsr_model *load(const char *model, const char *asm_path, int max_ctx) {
 }
 
 /* log-softmax of a row into out */
-static void log_softmax(const float *x, int n, double *out) {
-    double mx = -INFINITY, sum = 0;
-    for (int i = 0; i < n; i++)
-        if (x[i] > mx) mx = x[i];
-    for (int i = 0; i < n; i++) sum += exp(x[i] - mx);
-    for (int i = 0; i < n; i++) out[i] = x[i] - mx - log(sum);
-}
 
 /* Logits of every row of ids run in passes of step rows (0: one prefill). */
 static float *run(tsr_model *m, const int32_t *ids, int n, int vocab, int step, uint64_t *replays) {
@@ -118,61 +109,12 @@ static float *run(tsr_model *m, const int32_t *ids, int n, int vocab, int step, 
     return got;
 }
 
-/* The quality cuda_kv_paged's manifest declares (read from the catalog). */
-static double manifest_kl = -1, manifest_ppl = -1;
-
-static void manifest_bound(void) {
-    if (manifest_kl >= 0) return;
-    tsr_catalog *cat;
-    tsr_diag d;
-    tsr_diag_init(&d);
-    if (tsr_catalog_load(getenv("TESSERA_CATALOG"), &cat, &d) != TSR_OK) fail_msg("catalog does not load");
-    const tsr_manifest *m = tsr_catalog_find(cat, "cuda_kv_paged");
-    assert_non_null(m);
-    assert_true(m->has_quality);
-    manifest_kl = m->max_mean_kl;
-    manifest_ppl = m->max_ppl_ratio;
-    tsr_catalog_free(cat);
-    tsr_diag_free(&d);
-}
-
-/* got against the reference: per-row bound, argmax, mean KL and ppl ratio. */
+/* got against the reference: per-row bound, argmax, mean KL and ppl ratio
+ * within cuda_kv_paged's manifest. */
 static void check_quality(const char *what, const gpu_ref *ref, const float *got, double tol_abs, double tol_rel) {
-    const int n = ref->n, vocab = ref->vocab;
-    double *lw = malloc((size_t)vocab * sizeof *lw), *lg = malloc((size_t)vocab * sizeof *lg);
-    assert_true(lw && lg);
-    double worst = 0, worst_rel = 0, kl = 0, nll_want = 0, nll_got = 0;
-    int argmax_checked = 0;
-    for (int r = 0; r < n; r++) {
-        const float *w = ref->want + (size_t)r * vocab, *g = got + (size_t)r * vocab;
-        const gpu_row c = gpu_check_row(w, g, vocab, tol_abs, tol_rel);
-        if (!(c.worst <= c.bound)) fail_msg("%s row %d: |logit diff| %g > bound %g", what, r, c.worst, c.bound);
-        if (c.worst > worst) worst = c.worst;
-        if (c.worst / c.bound > worst_rel) worst_rel = c.worst / c.bound;
-        if (w[c.want_top] - w[c.want_second] > 2 * c.bound) {
-            argmax_checked++;
-            if (c.got_top != c.want_top) fail_msg("%s row %d: argmax %d, transformers %d", what, r, c.got_top, c.want_top);
-        }
-        log_softmax(w, vocab, lw);
-        log_softmax(g, vocab, lg);
-        double k = 0;
-        for (int i = 0; i < vocab; i++) k += exp(lw[i]) * (lw[i] - lg[i]);
-        kl += k;
-        if (r + 1 < n) {
-            nll_want -= lw[ref->ids[r + 1]];
-            nll_got -= lg[ref->ids[r + 1]];
-        }
-    }
-    kl /= n;
-    const double ppl_ratio = n > 1 ? exp((nll_got - nll_want) / (n - 1)) : 1.0;
+    const gpu_quality q = gpu_check_quality(what, ref, got, tol_abs, tol_rel, "cuda_kv_paged");
     printf("# %s: max |diff| %.4g (%.0f%% of the bound), argmax equal on %d/%d rows with a clear margin, "
-           "mean KL %.3g, ppl ratio %.5f\n", what, worst, 100 * worst_rel, argmax_checked, n, kl, ppl_ratio);
-    manifest_bound();
-    if (!(kl <= manifest_kl)) fail_msg("%s: mean KL %g > %g (the manifest's)", what, kl, manifest_kl);
-    if (!(ppl_ratio <= manifest_ppl))
-        fail_msg("%s: perplexity ratio %g > %g (the manifest's)", what, ppl_ratio, manifest_ppl);
-    free(lw);
-    free(lg);
+           "mean KL %.3g, ppl ratio %.5f\n", what, q.worst, 100 * q.worst_rel, q.argmax_checked, ref->n, q.kl, q.ppl);
 }
 
 typedef struct model_case {
