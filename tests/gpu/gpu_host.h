@@ -3,12 +3,14 @@
  * (dlopen, init, its slot's functions) instead of through an engine: logs
  * to stdout, the last error in plugin_err, device memory through core/cuda,
  * work run inline, the params the test sets on ctx->params (none: the
- * plugin's defaults), no auxiliary models, nothing mapped to give back.
+ * plugin's defaults), no auxiliary models, nothing mapped to give back; and
+ * the instances themselves, and copies to and from the device.
  * Include once, after cmocka.h, in a TESSERA_CUDA build.
  */
 #ifndef TSR_TESTS_GPU_HOST_H
 #define TSR_TESTS_GPU_HOST_H
 
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,5 +113,64 @@ static const tsr_host_api host_api = {
     h_model_open, h_model_close, h_model_dims, h_seq_open, h_seq_close, h_seq_forward, h_seq_truncate,
     h_weight_done,
 };
+
+/* One instance of the catalog's plugin name (its slot checked) for md and
+ * params, initialised (ctx, md and params live as long as the instance, as
+ * the ABI asks of a host); gpu_instance_free finishes and unloads it. */
+typedef struct gpu_instance {
+    void *handle;
+    const tsr_plugin_desc *desc;
+    tsr_model_desc md;
+    tsr_param params[4];
+    tsr_plugin_ctx ctx;
+    void *inst;
+} gpu_instance;
+
+static gpu_instance *gpu_instance_new(const char *name, int slot, const tsr_model_desc *md,
+                                     const tsr_param *params, int n_params) {
+    gpu_instance *in = calloc(1, sizeof *in);
+    assert_non_null(in);
+    const char *cat = getenv("TESSERA_CATALOG");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/lib%s.so", cat ? cat : "build/catalog", name);
+    in->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!in->handle) fail_msg("dlopen %s: %s", path, dlerror());
+    tsr_plugin_entry_fn entry = (tsr_plugin_entry_fn)dlsym(in->handle, TSR_PLUGIN_ENTRY_NAME);
+    assert_non_null(entry);
+    in->desc = entry();
+    assert_non_null(in->desc);
+    assert_string_equal(in->desc->name, name);
+    assert_int_equal(in->desc->slot, slot);
+    in->md = *md;
+    assert_true(n_params <= 4);
+    if (n_params) memcpy(in->params, params, (size_t)n_params * sizeof *params);
+    in->ctx = (tsr_plugin_ctx){.host = &host_api, .name = in->desc->name, .device = TSR_DEVICE_CUDA,
+                               .model = &in->md, .params = in->params, .n_params = n_params};
+    if (posix_memalign(&in->inst, 64, in->desc->instance_size)) fail_msg("out of memory");
+    memset(in->inst, 0, in->desc->instance_size);
+    plugin_err[0] = 0;
+    if (in->desc->init(in->inst, &in->ctx) != TSR_OK) fail_msg("%s init: %s", name, plugin_err);
+    return in;
+}
+
+static void gpu_instance_free(gpu_instance *in) {
+    if (in->desc->fini) in->desc->fini(in->inst);
+    free(in->inst);
+    dlclose(in->handle);
+    free(in);
+}
+
+static void gpu_upload(void *dst, const void *src, size_t bytes) {
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (tsr_cuda_upload(dst, src, bytes, &err) != TSR_OK) fail_msg("upload: %s", err.msg);
+}
+
+static void gpu_download(void *dst, const void *src, size_t bytes) {
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (tsr_cuda_sync(&err) != TSR_OK || tsr_cuda_download(dst, src, bytes, &err) != TSR_OK)
+        fail_msg("download: %s", err.msg);
+}
 
 #endif /* TSR_TESTS_GPU_HOST_H */

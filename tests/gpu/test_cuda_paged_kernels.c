@@ -79,62 +79,6 @@ static float rng_f(uint64_t *s) { return (float)((double)(rng_next(s) >> 11) / 9
 
 #include "tests/gpu/gpu_host.h"
 
-typedef struct instance {
-    void *handle;
-    const tsr_plugin_desc *desc;
-    tsr_model_desc md;
-    tsr_param params[3];
-    tsr_plugin_ctx ctx;
-    void *inst;
-} instance;
-
-static instance *instance_new(const char *name, int slot, const tsr_model_desc *md, const tsr_param *params,
-                              int n_params) {
-    instance *in = calloc(1, sizeof *in);
-    assert_non_null(in);
-    const char *cat = getenv("TESSERA_CATALOG");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/lib%s.so", cat ? cat : "build/catalog", name);
-    in->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!in->handle) fail_msg("dlopen %s: %s", path, dlerror());
-    tsr_plugin_entry_fn entry = (tsr_plugin_entry_fn)dlsym(in->handle, TSR_PLUGIN_ENTRY_NAME);
-    assert_non_null(entry);
-    in->desc = entry();
-    assert_non_null(in->desc);
-    assert_string_equal(in->desc->name, name);
-    assert_int_equal(in->desc->slot, slot);
-    in->md = *md;
-    assert_true(n_params <= 3);
-    if (n_params) memcpy(in->params, params, (size_t)n_params * sizeof *params);
-    in->ctx = (tsr_plugin_ctx){.host = &host_api, .name = in->desc->name, .device = TSR_DEVICE_CUDA,
-                               .model = &in->md, .params = in->params, .n_params = n_params};
-    if (posix_memalign(&in->inst, 64, in->desc->instance_size)) fail_msg("out of memory");
-    memset(in->inst, 0, in->desc->instance_size);
-    plugin_err[0] = 0;
-    if (in->desc->init(in->inst, &in->ctx) != TSR_OK) fail_msg("%s init: %s", name, plugin_err);
-    return in;
-}
-
-static void instance_free(instance *in) {
-    if (in->desc->fini) in->desc->fini(in->inst);
-    free(in->inst);
-    dlclose(in->handle);
-    free(in);
-}
-
-static void upload(void *dst, const void *src, size_t bytes) {
-    tsr_error err;
-    tsr_error_clear(&err);
-    if (tsr_cuda_upload(dst, src, bytes, &err) != TSR_OK) fail_msg("upload: %s", err.msg);
-}
-
-static void download(void *dst, const void *src, size_t bytes) {
-    tsr_error err;
-    tsr_error_clear(&err);
-    if (tsr_cuda_sync(&err) != TSR_OK || tsr_cuda_download(dst, src, bytes, &err) != TSR_OK)
-        fail_msg("download: %s", err.msg);
-}
-
 static void *dev(size_t bytes) {
     tsr_error err;
     tsr_error_clear(&err);
@@ -158,12 +102,12 @@ static const tsr_exec *exec_eager(void) {
 }
 
 /* Append tokens [s->n, s->n + rows) of s (every layer) through the plugin. */
-static void append(instance *kv, seq_data *s, int rows, int te, float *stage_k, float *stage_v) {
+static void append(gpu_instance *kv, seq_data *s, int rows, int te, float *stage_k, float *stage_v) {
     const tsr_kv_cache_i *it = kv->desc->iface;
     for (int l = 0; l < N_LAYERS; l++) {
         const int64_t at = ((int64_t)l * s->room + s->n) * te;
-        upload(stage_k, s->k + at, (size_t)rows * te * sizeof(float));
-        upload(stage_v, s->v + at, (size_t)rows * te * sizeof(float));
+        gpu_upload(stage_k, s->k + at, (size_t)rows * te * sizeof(float));
+        gpu_upload(stage_v, s->v + at, (size_t)rows * te * sizeof(float));
         plugin_err[0] = 0;
         const int rc = it->append(kv->inst, s->id, l, s->n, rows, stage_k, stage_v, exec_eager());
         if (rc != TSR_OK) fail_msg("append layer %d at %d + %d: status %d: %s", l, s->n, rows, rc, plugin_err);
@@ -193,8 +137,8 @@ static void run_case(const kcase *c, uint64_t *rng) {
     tsr_param kp[3] = {{"dtype", TSR_PARAM_STRING, {.s = c->dtype}},
                        {"block_size", TSR_PARAM_INT, {.i = c->block_size}},
                        {"capacity_tokens", TSR_PARAM_INT, {.i = capacity}}};
-    instance *kv = instance_new("cuda_kv_paged", TSR_SLOT_KV_CACHE, &md, kp, 3);
-    instance *at = instance_new("cuda_attention", TSR_SLOT_ATTENTION, &md, NULL, 0);
+    gpu_instance *kv = gpu_instance_new("cuda_kv_paged", TSR_SLOT_KV_CACHE, &md, kp, 3);
+    gpu_instance *at = gpu_instance_new("cuda_attention", TSR_SLOT_ATTENTION, &md, NULL, 0);
     const tsr_kv_cache_i *it = kv->desc->iface;
 
     /* two sequences, random K/V with a per-head spread of magnitudes */
@@ -257,18 +201,18 @@ static void run_case(const kcase *c, uint64_t *rng) {
     assert_int_equal(view.layout, TSR_KV_PAGED);
     assert_int_equal(view.dtype, fp8 ? TSR_DTYPE_F8_E4M3 : TSR_DTYPE_BF16);
     assert_int_equal(view.block_size, c->block_size);
-    download(table, view.block_table, (size_t)nb * sizeof *table);
+    gpu_download(table, view.block_table, (size_t)nb * sizeof *table);
     int scattered = 0;
     for (int b = 0; b < nb; b++) {
         assert_true(table[b] >= 0 && table[b] < nb_pool);
         scattered += b > 0 && table[b] != table[b - 1] + 1;
     }
     /* the pool slice of this layer: block ids index it from view.k */
-    download(kb, view.k, (size_t)pool_elems * esize);
-    download(vb, view.v, (size_t)pool_elems * esize);
+    gpu_download(kb, view.k, (size_t)pool_elems * esize);
+    gpu_download(vb, view.v, (size_t)pool_elems * esize);
     if (fp8) {
-        download(ks, view.k_scale, (size_t)pool_slots * n_kv * sizeof(float));
-        download(vs, view.v_scale, (size_t)pool_slots * n_kv * sizeof(float));
+        gpu_download(ks, view.k_scale, (size_t)pool_slots * n_kv * sizeof(float));
+        gpu_download(vs, view.v_scale, (size_t)pool_slots * n_kv * sizeof(float));
     }
     double worst_q = 0;
     for (int kvsel = 0; kvsel < 2; kvsel++) {
@@ -344,14 +288,14 @@ static void run_case(const kcase *c, uint64_t *rng) {
                 for (int d = 0; d < hd; d++) o[d] /= sum;
             }
         float *q_d = dev((size_t)qn * sizeof *q), *out_d = dev((size_t)qn * sizeof *q);
-        upload(q_d, q, (size_t)qn * sizeof *q);
+        gpu_upload(q_d, q, (size_t)qn * sizeof *q);
         assert_int_equal(it->view(kv->inst, s[0].id, layer, &view), TSR_OK);
         tsr_attn_args a = {rows, pos0, c->n_heads, n_kv, hd, scale, 0, q_d, &view, out_d};
         const tsr_attention_i *ai = at->desc->iface;
         plugin_err[0] = 0;
         const int rc = ai->run(at->inst, &a, exec_eager());
         if (rc != TSR_OK) fail_msg("cuda_attention: status %d: %s", rc, plugin_err);
-        download(got, out_d, (size_t)qn * sizeof *got);
+        gpu_download(got, out_d, (size_t)qn * sizeof *got);
         double max_ref = 0, max_diff = 0, num = 0, den = 0;
         for (int64_t i = 0; i < qn; i++)
             if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
@@ -388,8 +332,8 @@ static void run_case(const kcase *c, uint64_t *rng) {
     tsr_cuda_free(stage_k);
     tsr_cuda_free(stage_v);
     free(kb), free(vb), free(ks), free(vs), free(table), free(kd), free(vd);
-    instance_free(at);
-    instance_free(kv);
+    gpu_instance_free(at);
+    gpu_instance_free(kv);
 }
 
 static void test_paged_kernels(void **state) {

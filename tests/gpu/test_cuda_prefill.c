@@ -130,78 +130,25 @@ static void reference(const pcase *c, int T, const float *q, const uint16_t *k, 
 
 #include "tests/gpu/gpu_host.h"
 
-typedef struct plugin {
-    void *handle;
-    const tsr_plugin_desc *desc;
-} plugin;
-
-static void plugin_open(plugin *p, const char *name) {
-    const char *cat = getenv("TESSERA_CATALOG");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/lib%s.so", cat ? cat : "build/catalog", name);
-    p->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!p->handle) fail_msg("dlopen %s: %s", path, dlerror());
-    tsr_plugin_entry_fn entry = (tsr_plugin_entry_fn)dlsym(p->handle, TSR_PLUGIN_ENTRY_NAME);
-    assert_non_null(entry);
-    p->desc = entry();
-    assert_non_null(p->desc);
-    assert_string_equal(p->desc->name, name);
-    assert_int_equal(p->desc->slot, TSR_SLOT_ATTENTION);
+/* A cuda_attention or cuda_attention_ref instance for c's model shape. */
+static gpu_instance *attn_new(const char *name, const pcase *c) {
+    const tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = c->n_heads * c->head_dim,
+                               .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                               .ffn = 64, .vocab = 256, .max_ctx = c->pos0 + c->rows + c->extra,
+                               .weight_dtype = TSR_DTYPE_BF16};
+    return gpu_instance_new(name, TSR_SLOT_ATTENTION, &md, NULL, 0);
 }
 
-/* One instance of a plugin for c's model shape (ctx and md live as long as
- * the instance, as the ABI asks of a host). */
-typedef struct instance {
-    const plugin *p;
-    tsr_model_desc md;
-    tsr_plugin_ctx ctx;
-    void *inst;
-} instance;
-
-static instance *instance_new(const plugin *p, const pcase *c) {
-    instance *in = calloc(1, sizeof *in);
-    assert_non_null(in);
-    in->p = p;
-    in->md = (tsr_model_desc){.arch = "llama", .n_layers = 1, .hidden = c->n_heads * c->head_dim,
-                              .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                              .ffn = 64, .vocab = 256, .max_ctx = c->pos0 + c->rows + c->extra,
-                              .weight_dtype = TSR_DTYPE_BF16};
-    in->ctx = (tsr_plugin_ctx){.host = &host_api, .name = p->desc->name, .device = TSR_DEVICE_CUDA,
-                               .model = &in->md};
-    if (posix_memalign(&in->inst, 64, p->desc->instance_size)) fail_msg("out of memory");
-    memset(in->inst, 0, p->desc->instance_size);
-    plugin_err[0] = 0;
-    if (p->desc->init(in->inst, &in->ctx) != TSR_OK) fail_msg("%s init: %s", p->desc->name, plugin_err);
-    return in;
-}
-
-static int instance_run(instance *in, const tsr_attn_args *a) {
-    const tsr_attention_i *it = in->p->desc->iface;
+static int instance_run(gpu_instance *in, const tsr_attn_args *a) {
+    const tsr_attention_i *it = in->desc->iface;
     tsr_exec ex = {.device = TSR_DEVICE_CUDA, .device_id = 0, .stream = tsr_cuda_stream(), .n_threads = 1};
     plugin_err[0] = 0;
     return it->run(in->inst, a, &ex);
 }
 
-static void instance_free(instance *in) {
-    if (in->p->desc->fini) in->p->desc->fini(in->inst);
-    free(in->inst);
-    free(in);
-}
-
 /* --- the cases --------------------------------------------------------------- */
 
-static void upload(void *dst, const void *src, size_t bytes) {
-    tsr_error err;
-    tsr_error_clear(&err);
-    if (tsr_cuda_upload(dst, src, bytes, &err) != TSR_OK) fail_msg("upload: %s", err.msg);
-}
 
-static void download(void *dst, const void *src, size_t bytes) {
-    tsr_error err;
-    tsr_error_clear(&err);
-    if (tsr_cuda_sync(&err) != TSR_OK || tsr_cuda_download(dst, src, bytes, &err) != TSR_OK)
-        fail_msg("download: %s", err.msg);
-}
 
 static void *dev(size_t bytes) {
     tsr_error err;
@@ -211,7 +158,7 @@ static void *dev(size_t bytes) {
     return p;
 }
 
-static void run_case(const plugin *p, const pcase *c, uint64_t *rng) {
+static void run_case(const pcase *c, uint64_t *rng) {
     const int hd = c->head_dim, T = c->pos0 + c->rows + c->extra;
     const int64_t qn = (int64_t)c->rows * c->n_heads * hd, kvn = (int64_t)T * c->n_kv_heads * hd;
     float *q = malloc((size_t)qn * sizeof *q), *got = malloc((size_t)(qn + GUARD) * sizeof *got);
@@ -233,9 +180,9 @@ static void run_case(const plugin *p, const pcase *c, uint64_t *rng) {
 
     float *q_d = dev((size_t)qn * sizeof *q), *out_d = dev((size_t)(qn + GUARD) * sizeof *got);
     uint16_t *k_d = dev((size_t)kvn * 2), *v_d = dev((size_t)kvn * 2);
-    upload(q_d, q, (size_t)qn * sizeof *q);
-    upload(k_d, k, (size_t)kvn * 2);
-    upload(v_d, v, (size_t)kvn * 2);
+    gpu_upload(q_d, q, (size_t)qn * sizeof *q);
+    gpu_upload(k_d, k, (size_t)kvn * 2);
+    gpu_upload(v_d, v, (size_t)kvn * 2);
     for (int64_t i = 0; i < qn + GUARD; i++) got[i] = i < qn ? NAN : GUARD_VALUE;
     tsr_kv_view view = {.dtype = TSR_DTYPE_BF16, .layout = TSR_KV_CONTIGUOUS, .n_tokens = T,
                         .n_kv_heads = c->n_kv_heads, .head_dim = hd, .k = k_d, .v = v_d,
@@ -244,11 +191,11 @@ static void run_case(const plugin *p, const pcase *c, uint64_t *rng) {
     tsr_attn_args a = {c->rows, c->pos0, c->n_heads, c->n_kv_heads, hd, scale, c->window, q_d, &view, out_d};
 
     /* 1. the kernel itself */
-    upload(out_d, got, (size_t)(qn + GUARD) * sizeof *got);
+    gpu_upload(out_d, got, (size_t)(qn + GUARD) * sizeof *got);
     assert_int_equal(cuda_attn_prefill_supported(&a), 1);
     int rc = cuda_attn_prefill(&a, tsr_cuda_stream());
     if (rc != 0) fail_msg("cuda_attn_prefill: CUDA error %d", rc);
-    download(got, out_d, (size_t)(qn + GUARD) * sizeof *got);
+    gpu_download(got, out_d, (size_t)(qn + GUARD) * sizeof *got);
     double max_ref = 0, max_diff = 0, num = 0, den = 0;
     for (int64_t i = 0; i < qn; i++)
         if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
@@ -269,12 +216,12 @@ static void run_case(const plugin *p, const pcase *c, uint64_t *rng) {
 
     /* 2. through the plugin: the same kernel, the same bits */
     for (int64_t i = 0; i < qn + GUARD; i++) got_plugin[i] = i < qn ? NAN : GUARD_VALUE;
-    upload(out_d, got_plugin, (size_t)(qn + GUARD) * sizeof *got);
-    instance *in = instance_new(p, c);
+    gpu_upload(out_d, got_plugin, (size_t)(qn + GUARD) * sizeof *got);
+    gpu_instance *in = attn_new("cuda_attention", c);
     rc = instance_run(in, &a);
     if (rc != TSR_OK) fail_msg("cuda_attention run: status %d: %s", rc, plugin_err);
-    download(got_plugin, out_d, (size_t)(qn + GUARD) * sizeof *got);
-    instance_free(in);
+    gpu_download(got_plugin, out_d, (size_t)(qn + GUARD) * sizeof *got);
+    gpu_instance_free(in);
     if (memcmp(got, got_plugin, (size_t)(qn + GUARD) * sizeof *got))
         fail_msg("rows %d heads %d/%d d %d: the plugin's output is not the prefill kernel's", c->rows, c->n_heads,
                  c->n_kv_heads, hd);
@@ -300,7 +247,7 @@ static int call_kernel(const void *ctx, const pcase *c, const tsr_attn_args *a) 
 
 static int call_plugin(const void *ctx, const pcase *c, const tsr_attn_args *a) {
     (void)c;
-    return instance_run((instance *)ctx, a);
+    return instance_run((gpu_instance *)ctx, a);
 }
 
 static double time_shape(const pcase *c, attn_fn fn, const void *ctx) {
@@ -314,9 +261,9 @@ static double time_shape(const pcase *c, attn_fn fn, const void *ctx) {
     uint64_t rng = 7;
     for (int64_t i = 0; i < qn; i++) q[i] = rng_f(&rng);
     for (int64_t i = 0; i < kvn; i++) kv[i] = tsr_f32_to_bf16(rng_f(&rng));
-    upload(q_d, q, (size_t)qn * 4);
-    upload(k_d, kv, (size_t)kvn * 2);
-    upload(v_d, kv, (size_t)kvn * 2);
+    gpu_upload(q_d, q, (size_t)qn * 4);
+    gpu_upload(k_d, kv, (size_t)kvn * 2);
+    gpu_upload(v_d, kv, (size_t)kvn * 2);
     tsr_kv_view view = {.dtype = TSR_DTYPE_BF16, .layout = TSR_KV_CONTIGUOUS, .n_tokens = T,
                         .n_kv_heads = c->n_kv_heads, .head_dim = hd, .k = k_d, .v = v_d,
                         .token_stride = (int64_t)c->n_kv_heads * hd, .head_stride = hd};
@@ -350,24 +297,19 @@ static void test_prefill_kernel(void **state) {
     tsr_error err;
     tsr_error_clear(&err);
     if (tsr_cuda_init(0, &err) != TSR_OK) fail_msg("CUDA init: %s", err.msg);
-    plugin p, base;
-    plugin_open(&p, "cuda_attention");
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     printf("# seed 0x9e3779b97f4a7c15\n");
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&p, &cases[i], &rng);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &rng);
     /* figures for the log: the Llama-3-8B shape, one layer of a 512-token prefill */
     const pcase llama = {512, 0, 32, 8, 128, 0, 0, 0};
-    plugin_open(&base, "cuda_attention_ref");
-    instance *in = instance_new(&p, &llama), *in_base = instance_new(&base, &llama);
+    gpu_instance *in = attn_new("cuda_attention", &llama), *in_base = attn_new("cuda_attention_ref", &llama);
     const double t_kernel = time_shape(&llama, call_kernel, NULL);
     const double t_plugin = time_shape(&llama, call_plugin, in);
     const double t_base = time_shape(&llama, call_plugin, in_base);
     printf("# 512 rows, 32/8 heads, head_dim 128: prefill kernel %.1f us, through cuda_attention %.1f us, "
            "cuda_attention_ref %.1f us\n", t_kernel, t_plugin, t_base);
-    instance_free(in);
-    instance_free(in_base);
-    dlclose(base.handle);
-    dlclose(p.handle);
+    gpu_instance_free(in);
+    gpu_instance_free(in_base);
 }
 
 /* Shapes the kernel must decline (the plugin keeps its other paths); host
