@@ -4,11 +4,46 @@
  * Each sequence owns one block of [n_layers][max_tokens][n_kv_heads][head_dim]
  * floats for K and one for V, allocated at seq_alloc. Appends copy rows in,
  * truncate just lowers the length (rollback), views point into the block.
+ *
+ * Built a second time with KV_FP8_SIM as kv_fp8_sim: a CPU simulation of
+ * cuda_kv_paged's f8_e4m3 storage for measuring its quality bound on the CPU
+ * (plugins/cuda_kv_paged/test_kv_fp8_quality.c, a catalog of its own, never
+ * the engine's): each appended token's head is rounded through E4M3 at
+ * scale amax / 448 and kept widened to f32 (the values cuda_attention reads).
  */
 #include <string.h>
 
 #include "plugins/common/kv_seqs.h"
 #include "slots/tsr_kv_cache.h"
+
+#ifdef KV_FP8_SIM
+#include <math.h>
+
+#include "kernels/dtype.h"
+
+/* dst = each of n heads of hd values rounded through E4M3 as cuda_kv_paged's
+ * store kernel does: scale amax / 448, q = e4m3(x * (448 / amax)) (saturating,
+ * nearest even), read back as q * scale; an all-zero head stays zero; NaN
+ * or Inf in a head makes it NaN. */
+static void quantise(float *dst, const float *src, int64_t n, int hd) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *x = src + i * hd;
+        float amax = 0.0f;
+        for (int d = 0; d < hd; d++) {
+            const float a = fabsf(x[d]);
+            if (a > amax || a != a) amax = a;
+            if (amax != amax) break;
+        }
+        const float inv = amax > 0.0f ? 448.0f / amax : 0.0f, scale = amax / 448.0f;
+        for (int d = 0; d < hd; d++) dst[i * hd + d] = tsr_f8e4m3_to_f32(tsr_f32_to_f8e4m3(x[d] * inv)) * scale;
+    }
+}
+#define KV_NAME "kv_fp8_sim"
+#define KV_CAPS TSR_CAP_DEVICE_CPU
+#else
+#define KV_NAME "ref_kv_cache"
+#define KV_CAPS (TSR_CAP_DEVICE_CPU | TSR_CAP_EXACT)
+#endif
 
 typedef struct kv_seq {
     tsr_kv_seq_hdr hdr;  /* used, max_tokens, lens */
@@ -82,8 +117,13 @@ static int kv_append(void *inst, int seq, int layer, int pos0, int rows, const f
     if (rc != TSR_OK) return rc;
     int64_t tf = token_floats(kv);
     size_t off = ((size_t)layer * s->hdr.max_tokens + pos0) * tf;
+#ifdef KV_FP8_SIM
+    quantise(s->k + off, k, (int64_t)rows * kv->n_kv_heads, kv->head_dim);
+    quantise(s->v + off, v, (int64_t)rows * kv->n_kv_heads, kv->head_dim);
+#else
     memcpy(s->k + off, k, (size_t)rows * tf * sizeof(float));
     memcpy(s->v + off, v, (size_t)rows * tf * sizeof(float));
+#endif
     s->hdr.lens[layer] += rows;
     return TSR_OK;
 }
@@ -121,12 +161,14 @@ static void kv_usage(void *inst, uint64_t *used, uint64_t *capacity) {
     *capacity = (uint64_t)kv->seqs.reserved_tokens * per_token;
 }
 
+#ifndef KV_FP8_SIM
 /* Exported through the manifest (libffi): bytes of K and V per token. */
 TSR_PLUGIN_EXPORT int64_t ref_kv_cache_bytes_per_token(int32_t n_layers, int32_t n_kv_heads,
                                                        int32_t head_dim) {
     if (n_layers < 0 || n_kv_heads < 0 || head_dim < 0) return -1;
     return (int64_t)n_layers * n_kv_heads * head_dim * 2 * (int64_t)sizeof(float);
 }
+#endif
 
 static const tsr_kv_cache_i ref_kv_iface = {
     .struct_size = sizeof(tsr_kv_cache_i),
@@ -142,11 +184,11 @@ static const tsr_kv_cache_i ref_kv_iface = {
 static const tsr_plugin_desc ref_kv_desc = {
     .abi_major = TSR_ABI_MAJOR,
     .abi_minor = TSR_ABI_MINOR,
-    .name = "ref_kv_cache",
+    .name = KV_NAME,
     .slot = TSR_SLOT_KV_CACHE,
     .version = "1.0.0",
     .instance_size = sizeof(ref_kv),
-    .caps = TSR_CAP_DEVICE_CPU | TSR_CAP_EXACT,
+    .caps = KV_CAPS,
     .init = kv_init,
     .fini = kv_fini,
     .iface = &ref_kv_iface,
