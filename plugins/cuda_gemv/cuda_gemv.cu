@@ -3,8 +3,9 @@
 // Built twice from this file:
 // - cuda_gemv_cublaslt (the CUDA baseline): every call is one cuBLASLt
 //   matmul, bf16 x bf16 -> f32 with f32 accumulation;
-// - cuda_gemv (CUDA_GEMV_DECODE): for one row (decode) a warp-per-row
-//   kernel; for 2..8 rows (verification of drafts) a tensor-core GEMV
+// - cuda_gemv (CUDA_GEMV_DECODE): for one row (decode) a kernel streaming
+//   whole weight rows, one or two per warp (kernels/cuda/gemv_row.cuh); for
+//   2..8 rows (verification of drafts) a tensor-core GEMV
 //   (kernels/cuda/gemv_mma.cuh) that streams each weight once for all input
 //   rows, 8 rows costing about what 1 does; cuBLASLt above 8 rows (prefill).
 // Weights are widened or narrowed to bf16 at prepare (exact for bf16
@@ -23,7 +24,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/gemv_mma.cuh"
+#include "kernels/cuda/gemv_row.cuh"
 #include "kernels/dtype.h"
 #include "slots/tsr_gemv.h"
 
@@ -80,51 +81,14 @@ int lt_err(Gemv *g, cublasStatus_t s, const char *what) {
 #ifdef CUDA_GEMV_DECODE
 constexpr int kMaxDecodeRows = 8;
 
-// One row (decode): one warp per output row, each lane reading 8 bf16 (16
-// bytes) of the weight row and 8 f32 activations at a time, several loads
-// in flight. A warp streams its row from start to end, which the H200 serves
-// faster than the tensor-core kernel's 64-byte pieces of 16 rows
-// (BENCHMARKS.md: 4.47 against 3.87 TB/s on the LM head); at 2..8 rows
-// this kernel would read the activations again per row, so those go to
-// gemv_mma. x: [cols] f32, 16-byte aligned; ld == cols.
-__global__ void __launch_bounds__(256) row_kernel(const __nv_bfloat16 *__restrict__ w, const float *__restrict__ x,
-                                                  float *__restrict__ y, int64_t n_out, int ld) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
-    if (o >= n_out) return;
-    const __nv_bfloat16 *wr = w + o * ld;
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int i = lane * 8; i < ld; i += 32 * 8) {
-        const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(wr + i));
-        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw);
-        const float4 xa = __ldg(reinterpret_cast<const float4 *>(x + i)), xb = __ldg(reinterpret_cast<const float4 *>(x + i) + 1);
-        const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float2 f = __bfloat1622float2(h[j]);
-            acc = fmaf(f.x, xv[2 * j], acc);
-            acc = fmaf(f.y, xv[2 * j + 1], acc);
-        }
-    }
-    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-    if (lane == 0) y[o] = acc;
-}
-
-// 1..8 rows: row_kernel for one row where x can be read as it is, else the
-// tensor-core GEMV (kernels/cuda/gemv_mma.cuh: the weights read once for all
-// rows, x rounded to bf16 in registers).
+// 1..8 rows: kernels/cuda/gemv_row.cuh's launch_decode (whole rows streamed
+// for one row, the tensor-core GEMV of gemv_mma.cuh for 2..8).
 int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st) {
-    if (rows == 1 && w->ld == w->cols) {
-        const unsigned blocks = (unsigned)((w->rows + 7) / 8);
-        row_kernel<<<blocks, 256, 0, st>>>(w->w, x, y, w->rows, (int)w->ld);
-        return cuda_err(g, cudaGetLastError(), "decode gemv launch");
-    }
     tsr_mma::Args a = {};
     a.w = reinterpret_cast<const uint8_t *>(w->w);
     a.x = x, a.y = y;
     a.n_out = (int)w->rows, a.cols = (int)w->cols, a.ldw = w->ld * 2, a.ldx = a.cols;
-    return cuda_err(g, tsr_mma::launch<tsr_mma::kBf16>(a, rows, st), "decode gemv launch");
+    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, rows, st), "decode gemv launch");
 }
 
 // Whether run_decode takes these rows (x read as it is).

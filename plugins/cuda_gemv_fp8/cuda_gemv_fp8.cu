@@ -5,7 +5,9 @@
 // - 1..decode_rows rows (decode, verification of drafts): the tensor-core
 //   GEMV of kernels/cuda/gemv_mma.cuh: E4M3 bytes moved into f16 (exact),
 //   activations rounded to f16 after a 2^-4 scaling, f16 mma with f32 sums,
-//   times s_o; each weight read once for all rows.
+//   times s_o; each weight read once for all rows. One row of most shapes
+//   goes to kernels/cuda/gemv_row.cuh instead (whole rows streamed, the same
+//   rounding, products summed in f32 on CUDA cores).
 // - more rows (prefill): by default 2,048 weight rows at a time widened to
 //   bf16 (exact) for cuBLASLt's bf16 GEMM; with `prefill: fp8` a cuBLASLt FP8
 //   matmul (activations quantised per tensor on the device, s_x = max|x| /
@@ -25,7 +27,7 @@
 #include <string.h>
 
 #include "core/util/checked.h"
-#include "kernels/cuda/gemv_mma.cuh"
+#include "kernels/cuda/gemv_row.cuh"
 #include "kernels/dtype.h"
 #include "slots/tsr_gemv.h"
 
@@ -228,13 +230,15 @@ void scratch_free(Gemv *g, Scratch *s) {
 
 // ---- decode ---------------------------------------------------------------
 
-// 1..8 rows through the tensor-core GEMV (kernels/cuda/gemv_mma.cuh; x rows
-// ldx floats apart, read as they are, zero past cols or cols % 4 == 0).
+// 1..8 rows through kernels/cuda/gemv_row.cuh's launch_decode (the
+// tensor-core GEMV of gemv_mma.cuh, or for one row of most shapes a kernel
+// streaming whole rows; x rows ldx floats apart, read as they are, zero past
+// cols or cols % 4 == 0).
 int run_decode(Gemv *g, const Weight *w, int rows, const float *x, int ldx, int cols, float *y, cudaStream_t st) {
     tsr_mma::Args a = {};
     a.w = w->w, a.scale = w->scale, a.x = x, a.y = y;
     a.n_out = (int)w->rows, a.cols = cols, a.ldw = w->ld, a.ldx = ldx;
-    return cuda_err(g, tsr_mma::launch<tsr_mma::kFp8>(a, rows, st), "fp8 decode gemv launch");
+    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kFp8>(a, rows, st), "fp8 decode gemv launch");
 }
 
 // ---- prefill: cuBLASLt FP8 ---------------------------------------------

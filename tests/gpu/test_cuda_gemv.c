@@ -1,9 +1,10 @@
 /*
- * The decode kernels of cuda_gemv (one row: a warp per output row; 2..8
- * rows: the tensor-core GEMV of kernels/cuda/gemv_mma.cuh) and of
- * cuda_gemv_fp8 (the tensor-core GEMV for 1..8 rows) through the plugins'
- * run(), eagerly and replayed from a CUDA graph (ctest label "gpu"; skipped
- * cleanly where no CUDA device is present).
+ * The decode kernels of cuda_gemv and cuda_gemv_fp8 (one row: whole rows
+ * streamed by kernels/cuda/gemv_row.cuh, 1, 2 or 4 rows per warp by shape,
+ * or the tensor-core GEMV; 2..8 rows: the tensor-core GEMV of
+ * kernels/cuda/gemv_mma.cuh) through the plugins' run(), eagerly and
+ * replayed from a CUDA graph (ctest label "gpu"; skipped cleanly where no
+ * CUDA device is present).
  *
  * Weights are chosen so that both plugins hold them exactly: each is
  * s * (an E4M3 value) with s = 2^-6 and every row holds +-448 s, so that
@@ -163,6 +164,11 @@ static void plugin_cases(const char *plugin) {
     gemv_case(&v, 1000, 1000, 1);
     gemv_case(&v, 16, 4, 2);  /* one unit, mostly padding */
     gemv_case(&v, 33, 12, 1); /* one row, width not a multiple of 64 */
+    /* one row at each of gemv_row.cuh's choices by height, partial warps and
+     * blocks, widths a multiple of 16 but not of 64 (padded rows) */
+    gemv_case(&v, 16390, 80, 1);
+    gemv_case(&v, 5001, 48, 1);
+    gemv_case(&v, 4093, 208, 1);
     tsr_cuda_free(v.dev_step);
     tsr_engine_free(v.e);
 }

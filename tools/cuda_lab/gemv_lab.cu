@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels/cuda/gemv_mma.cuh"
+#include "kernels/cuda/gemv_row.cuh"
 
 #define CK(x)                                                                                             \
     do {                                                                                                  \
@@ -108,8 +109,33 @@ static void launch_cfg(int ci, const uint8_t *w, const float *s, const float *x,
     CK(cudaLaunchKernelEx(&lc, k, a));
 }
 
+// ---- one-row kernels (kernels/cuda/gemv_row.cuh): configuration kRowBase + i
+constexpr int kRowBase = 100;
+struct RowCfg {
+    int rpw, u;
+};
+static const RowCfg kRowCfgs[] = {{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}, {4, 1}, {4, 2}, {8, 1}};
+static const int kNumRowCfgs = sizeof kRowCfgs / sizeof kRowCfgs[0];
+
+template <int WK>
+static void launch_row(int i, const Args &a, cudaStream_t st) {
+    switch (i) {
+#define C(I, R, U)                                                                                        \
+    case I: { cudaError_t e_ = tsr_row::launch_cfg<WK, R, U>(a, st); CK(e_); } break;
+        C(0, 1, 1) C(1, 1, 2) C(2, 1, 4) C(3, 2, 1) C(4, 2, 2) C(5, 4, 1) C(6, 4, 2) C(7, 8, 1)
+#undef C
+    }
+}
+
 static void launch(int wk, int nr, bool pdl, int ci, const uint8_t *w, const float *s, const float *x, float *y,
                    int n_out, int cols, int64_t ldw, cudaStream_t st) {
+    if (ci >= kRowBase) {
+        Args a = {};
+        a.w = w, a.scale = s, a.x = x, a.y = y, a.n_out = n_out, a.cols = cols, a.ldw = ldw, a.ldx = cols;
+        if (nr != 1 || pdl || !tsr_row::row_reads(wk, a)) { printf("row kernel: one row, aligned only\n"); exit(1); }
+        wk == kBf16 ? launch_row<kBf16>(ci - kRowBase, a, st) : launch_row<kFp8>(ci - kRowBase, a, st);
+        return;
+    }
 #define L(WK, NR, P) launch_cfg<WK, NR, P>(ci, w, s, x, y, n_out, cols, ldw, cols, st)
     if (wk == kBf16) {
         if (pdl) nr == 1 ? L(kBf16, 1, true) : nr == 2 ? L(kBf16, 2, true) : L(kBf16, 8, true);
@@ -195,7 +221,8 @@ static int check(int wk, int nr, int ci, int n_out, int cols, cudaStream_t st) {
                                         : e4m3_to_f64(hw[(int64_t)o * ldw + c]) * hs[o];
                 // activations as the kernel rounds them: bf16, or f16 after * 2^-4
                 double xv = hx[(int64_t)r * cols + c];
-                xv = wk == kBf16 ? bf16_round(xv) : (double)__half2float(__float2half_rn((float)(xv * 0.0625))) * 16;
+                if (wk == kFp8) xv = (double)__half2float(__float2half_rn((float)(xv * 0.0625))) * 16;
+                else if (ci < kRowBase) xv = bf16_round(xv); // the row kernel multiplies f32 activations
                 sum += wv * xv, mag += fabs(wv * xv);
             }
             const double err = fabs(hy[(int64_t)r * n_out + o] - sum) / (mag + 1e-30);
@@ -416,6 +443,10 @@ int main(void) {
         for (int ci = 0; ci < kNumCfgs; ci++)
             for (int nr : {1, 2, 3, 8})
                 for (auto &s : shapes) ok &= check(wk, nr, ci, s[0], s[1], st), n++;
+    const int row_shapes[][2] = {{100, 4096}, {16, 64}, {37, 4112}, {301, 1024}, {9, 16}, {5, 14336}};
+    for (int wk = 0; wk < 2; wk++)
+        for (int i = 0; i < kNumRowCfgs; i++)
+            for (auto &s : row_shapes) ok &= check(wk, 1, kRowBase + i, s[0], s[1], st), n++;
     printf("correctness: %d cases %s\n", n, ok ? "all within 1e-5 of f64 (relative to sum |w x|)" : "FAILED");
     // (2) bandwidth
     g_pool_bytes = (size_t)15400 << 20;
@@ -428,26 +459,30 @@ int main(void) {
     CK(cudaMemset(x, 0, 2 * 8 * 14336 * 4));
     CK(cudaMemset(s, 0, 128256 * 4));
     CK(cudaStreamSynchronize(st));
-    int best[2][kNumShapes];
+    int best[2][kNumShapes], best_any[2][kNumShapes]; // fastest mma config; fastest of all at one row
     for (int wk = 0; wk < 2; wk++) {
         printf("\n%s weights: TB/s (time in us), rows 1 | rows 8\n%-22s", wk ? "E4M3" : "bf16", "config");
         for (int i = 0; i < kNumShapes; i++) printf(" | %-22s", kShapes[i].name);
         printf("\n");
-        float best_t[kNumShapes];
-        for (int i = 0; i < kNumShapes; i++) best_t[i] = 1e30f, best[wk][i] = 0;
-        for (int ci = wk ? 0 : -1; ci < kNumCfgs; ci++) {
+        float best_t[kNumShapes], best_any_t[kNumShapes];
+        for (int i = 0; i < kNumShapes; i++) best_t[i] = best_any_t[i] = 1e30f, best[wk][i] = best_any[wk][i] = 0;
+        for (int ci = wk ? 0 : -1; ci < kRowBase + kNumRowCfgs; ci++) {
+            if (ci == kNumCfgs) ci = kRowBase;
             if (ci < 0) printf("%-22s", "old warp/row u4");
+            else if (ci >= kRowBase) printf("row rpw %d u %d        ", kRowCfgs[ci - kRowBase].rpw, kRowCfgs[ci - kRowBase].u);
             else printf("kw %2d mt %d u %d        ", kCfgs[ci].kw, kCfgs[ci].mt, kCfgs[ci].u);
             for (int i = 0; i < kNumShapes; i++) {
                 const Shape &S = kShapes[i];
                 const double bytes = (double)S.out * row_bytes(wk, S.in);
-                float t[2];
-                for (int k = 0; k < 2; k++) {
+                float t[2] = {1e30f, 1e30f};
+                for (int k = 0; k < (ci >= kRowBase ? 1 : 2); k++) {
                     One o = {wk, k ? 8 : 1, ci, S.out, S.in, x, y, s};
                     t[k] = time_ms(st, 40, one_body, &o);
                 }
-                if (ci >= 0 && t[0] < best_t[i]) best_t[i] = t[0], best[wk][i] = ci;
-                printf(" | %4.2f (%5.1f) %4.2f (%5.1f)", bytes / t[0] / 1e9, t[0] * 1e3, bytes / t[1] / 1e9, t[1] * 1e3);
+                if (ci >= 0 && ci < kRowBase && t[0] < best_t[i]) best_t[i] = t[0], best[wk][i] = ci;
+                if (ci >= 0 && t[0] < best_any_t[i]) best_any_t[i] = t[0], best_any[wk][i] = ci;
+                if (ci >= kRowBase) printf(" | %4.2f (%5.1f) %-12s", bytes / t[0] / 1e9, t[0] * 1e3, "-");
+                else printf(" | %4.2f (%5.1f) %4.2f (%5.1f)", bytes / t[0] / 1e9, t[0] * 1e3, bytes / t[1] / 1e9, t[1] * 1e3);
             }
             printf("\n");
         }
@@ -456,14 +491,16 @@ int main(void) {
     printf("\none decode token's GEMVs (32 layers + LM head) as one graph, median of 7x5 replays:\n");
     for (int wk = 0; wk < 2; wk++) {
         const double bytes = chain_bytes(wk);
-        for (int variant = 0; variant < 4; variant++) {
+        for (int variant = 0; variant < 5; variant++) {
             Chain c = {};
-            c.wk = wk, c.nr = variant == 3 ? 8 : 1, c.pdl = variant >= 2, c.s = s;
+            c.wk = wk, c.nr = variant == 3 ? 8 : 1, c.pdl = variant == 2 || variant == 3, c.s = s;
             c.x[0] = x, c.x[1] = x + 8 * 14336;
-            for (int i = 0; i < kNumShapes; i++) c.ci[i] = variant == 0 && wk == 0 ? -1 : best[wk][i];
+            for (int i = 0; i < kNumShapes; i++)
+                c.ci[i] = variant == 0 && wk == 0 ? -1 : variant == 4 ? best_any[wk][i] : best[wk][i];
             if (variant == 0 && wk) continue;
             const float ms = chain_ms(st, &c);
-            const char *what[] = {"old kernel", "mma, best config per shape", "mma + PDL", "mma + PDL, 8 rows"};
+            const char *what[] = {"old kernel", "mma, best config per shape", "mma + PDL", "mma + PDL, 8 rows",
+                                  "row or mma, best per shape"};
             printf("%s %-28s %.3f ms  %.2f TB/s  (%.2f GB; floor at 4.29 TB/s %.3f ms)\n", wk ? "E4M3" : "bf16",
                    what[variant], ms, bytes / ms / 1e9, bytes / 1e9, bytes / 4.29e12 * 1e3);
         }
@@ -486,7 +523,7 @@ int main(void) {
     for (int wk = 0; wk < 2; wk++) {
         Chain c = {};
         c.wk = wk, c.nr = 1, c.s = s, c.x[0] = x, c.x[1] = x + 8 * 14336;
-        for (int i = 0; i < kNumShapes; i++) c.ci[i] = best[wk][i];
+        for (int i = 0; i < kNumShapes; i++) c.ci[i] = best_any[wk][i];
         printf("%s GEMVs alone %.3f ms; with waits: no prefetch %.3f ms", wk ? "E4M3" : "bf16",
                layers_ms(st, side, &c, 0, 0), layers_ms(st, side, &c, 0, 1));
         for (size_t mb : {4, 16, 32})

@@ -1,0 +1,141 @@
+// gemv_row.cuh - one-row decode GEMV that streams whole weight rows, shared
+// by the CUDA gemv plugins (cuda_gemv: bf16; cuda_gemv_fp8: E4M3) for passes
+// of a single input row.
+//
+// y[o] = scale(o) * sum_k w[o, k] x[k].
+//
+// A warp owns RPW consecutive output rows and walks them from start to end:
+// each step every lane loads 16 bytes of each of its rows at the same
+// columns (8 bf16 or 16 E4M3 weights), the activations of those columns once
+// for all RPW rows, with U steps' loads issued before any is used. Whole
+// rows read front to back by 32 lanes make 512-byte runs per load, which the
+// H200 serves faster than the tensor-core kernel's 64-byte pieces of 16 rows
+// (gemv_mma.cuh); several rows per warp put more bytes in flight per warp and
+// read the activations once per RPW weight rows (E4M3 rows are half as long,
+// so one row per warp leaves too little in flight).
+//
+// Numbers: bf16 weights times f32 activations; E4M3 weights times the
+// activations multiplied by 2^-4 and rounded to f16, as gemv_mma rounds them
+// (so one row and 2..8 rows agree for E4M3); products exact in f32, summed in
+// f32. E4M3 is moved into f16 by the same bit trick as gemv_mma (the value
+// times 2^-8); the result is multiplied back by kind_mul.
+//
+// Preconditions (row_reads): cols a multiple of 8 (bf16) or 16 (E4M3); w, ldw
+// and x 16-byte aligned.
+#ifndef TSR_GEMV_ROW_CUH
+#define TSR_GEMV_ROW_CUH
+
+#include "gemv_mma.cuh"
+
+namespace tsr_row {
+
+using tsr_mma::Args;
+using tsr_mma::kBf16;
+using tsr_mma::kFp8;
+
+// Lane-load of 16 bytes against its activations: 8 bf16 or 16 E4M3 weights.
+template <int WK> struct Piece {
+    static constexpr int k = WK == kBf16 ? 8 : 16;
+};
+
+template <int WK>
+__device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, float acc) {
+    const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+    if (WK == kBf16) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&wv[j]));
+            acc = fmaf(f.x, xv[2 * j], acc);
+            acc = fmaf(f.y, xv[2 * j + 1], acc);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t lo = tsr_mma::e4m3x2_f16(wv[j], 0x1404), hi = tsr_mma::e4m3x2_f16(wv[j], 0x3424);
+            const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
+            const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
+            acc = fmaf(a.x, xv[4 * j], acc);
+            acc = fmaf(a.y, xv[4 * j + 1], acc);
+            acc = fmaf(b.x, xv[4 * j + 2], acc);
+            acc = fmaf(b.y, xv[4 * j + 3], acc);
+        }
+    }
+    return acc;
+}
+
+template <int WK, int RPW, int U>
+__global__ void __launch_bounds__(256) gemv_row(const Args p) {
+    constexpr int K = Piece<WK>::k, ES = WK == kBf16 ? 2 : 1, STEP = 32 * K;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * RPW;
+    if (o0 >= p.n_out) return;
+    const uint8_t *row[RPW]; // rows past n_out read the last row (not stored)
+#pragma unroll
+    for (int r = 0; r < RPW; r++) row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
+    float acc[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
+    for (int k0 = lane * K; k0 < p.cols; k0 += STEP * U) {
+        uint4 w[U][RPW];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (k0 + u * STEP < p.cols)
+#pragma unroll
+                for (int r = 0; r < RPW; r++) w[u][r] = tsr_mma::load_w(row[r] + (int64_t)(k0 + u * STEP) * ES);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + u * STEP;
+            if (k >= p.cols) break;
+            float xv[K];
+            tsr_mma::load_x<K>(p.x, k, p.cols, xv);
+            if (WK == kFp8)
+#pragma unroll
+                for (int i = 0; i < K; i++) xv[i] = __half2float(__float2half_rn(xv[i] * 0.0625f));
+#pragma unroll
+            for (int r = 0; r < RPW; r++) acc[r] = dot_piece<WK>(w[u][r], xv, acc[r]);
+        }
+    }
+    const float mul = tsr_mma::kind_mul<WK>();
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        float v = acc[r];
+        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+        const int o = o0 + r;
+        if (lane == 0 && o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
+    }
+}
+
+// Whether gemv_row can read these weights and activations.
+inline bool row_reads(int WK, const Args &p) {
+    return p.cols % (WK == kBf16 ? 8 : 16) == 0 && p.ldw % 16 == 0 &&
+           ((reinterpret_cast<uintptr_t>(p.w) | reinterpret_cast<uintptr_t>(p.x)) & 15) == 0;
+}
+
+template <int WK, int RPW, int U> inline cudaError_t launch_cfg(const Args &p, cudaStream_t st) {
+    const unsigned grid = (unsigned)((p.n_out + 8 * RPW - 1) / (8 * RPW));
+    gemv_row<WK, RPW, U><<<grid, 256, 0, st>>>(p);
+    return cudaGetLastError();
+}
+
+// The decode GEMV of 1..8 rows: one row through gemv_row where it reads the
+// operands and is the faster kernel at the shape, else gemv_mma. Measured at
+// the Llama-3-8B shapes on the H200 (tools/cuda_lab/gemv_lab.cu,
+// BENCHMARKS.md, TB/s at one row): bf16 gemv_row beats every gemv_mma
+// configuration on every shape (q/k/v 3.36 vs 3.02, o 2.88 vs 2.69, gate/up
+// 4.14 vs 3.85, down 3.86 vs 3.60, LM head 4.56 vs 3.99), two rows per warp
+// where there are many rows; E4M3 gemv_row with 4 rows per warp on tall
+// matrices (gate/up 3.24 vs 3.20, LM head 4.22 vs 3.67) and 2 on q/k/v (2.18
+// vs 2.17), gemv_mma's 16 warps per tile on the 4,096-row ones (o 1.91 vs
+// 1.67, down 2.73 vs 2.26).
+template <int WK> inline cudaError_t launch_decode(const Args &p, int rows, cudaStream_t st) {
+    if (rows == 1 && row_reads(WK, p)) {
+        if (WK == kBf16) return p.n_out >= 16384 ? launch_cfg<WK, 2, 2>(p, st) : launch_cfg<WK, 1, 2>(p, st);
+        if (p.n_out >= 16384) return launch_cfg<WK, 4, 1>(p, st);
+        if (p.n_out > 4096) return launch_cfg<WK, 2, 1>(p, st);
+    }
+    return tsr_mma::launch<WK>(p, rows, st);
+}
+
+} // namespace tsr_row
+
+#endif // TSR_GEMV_ROW_CUH
