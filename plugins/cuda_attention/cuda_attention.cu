@@ -9,7 +9,8 @@
 // - cuda_attention (CUDA_ATTN_SPLIT): split-K flash-decoding: the keys of
 //   each (row, KV head) are cut into chunks processed by separate blocks with
 //   an online softmax for every query head of the group (K/V read once per
-//   group), then one pass merges the chunks' partial results. The kernel is
+//   group); the last block of each (row, KV head) to finish merges the
+//   chunks' partial results (one launch). The kernel is
 //   a template on the layout (contiguous or paged: a key's row found through
 //   the block table) and the element type (bf16, or E4M3 times the token's
 //   per-head scale); bf16 contiguous compiles to the same code as before.
@@ -21,6 +22,7 @@
 
 #include "slots/tsr_attention.h"
 #ifdef CUDA_ATTN_SPLIT
+#include "plugins/cuda_attention/merge.cuh"
 #include "plugins/cuda_attention/prefill.h"
 #endif
 
@@ -47,8 +49,14 @@ struct Attn {
     int chunk;            // fewest keys per split (split-K, eager passes)
     int graph_splits;     // splits of a captured pass
     int tile_rows;        // passes of at least this many rows: the tensor-core kernel (prefill.cu)
+    int fused_merge;      // the last block of a split merges (1) or merge_kernel does (0)
+    int tile_splits;      // key splits of the tensor-core kernel for passes of <= TSR_GRAPH_MAX_ROWS rows
+    int graph_heads;      // query heads the captured-pass scratch was sized for
     int sms;              // multiprocessors of the device
     float *graph_scratch; // partial results of a captured pass (TSR_GRAPH_MAX_ROWS rows)
+    unsigned *counts;     // finished splits per (row, KV head), zero between passes (eager)
+    size_t n_counts;
+    unsigned *graph_counts; // the same for captured passes (TSR_GRAPH_MAX_ROWS rows)
 };
 
 // Grows geometrically so that decoding (one more key per step) does not
@@ -63,6 +71,45 @@ int ensure(Attn *a, size_t floats) {
     if (rc == TSR_OK) a->scratch_floats = floats;
     return rc;
 }
+
+#ifdef CUDA_ATTN_SPLIT
+// Zeroed counters for n (row, KV head) pairs; each pass leaves them zero.
+int counters(Attn *a, unsigned **c, size_t n) {
+    int rc = a->ctx->host->dev_alloc(a->ctx, n * sizeof(unsigned), reinterpret_cast<void **>(c));
+    if (rc != TSR_OK) return rc;
+    if (cudaMemset(*c, 0, n * sizeof(unsigned)) != cudaSuccess) {
+        cudaGetLastError();
+        a->ctx->host->dev_free(a->ctx, *c);
+        *c = nullptr;
+        a->ctx->host->set_error(a->ctx, "clearing split counters failed");
+        return TSR_ERR_DEVICE;
+    }
+    return TSR_OK;
+}
+
+// Partial results and merge counters for a pass of rows rows cut into
+// n_splits: a captured pass uses those reserved at init (sized for
+// TSR_GRAPH_MAX_ROWS rows and graph_splits), an eager one its own, grown as
+// needed (geometrically: decoding must not reallocate at every step).
+int split_scratch(Attn *a, bool captured, const tsr_attn_args *x, int n_splits, float **part, unsigned **count) {
+    if (captured) {
+        *part = a->graph_scratch, *count = a->graph_counts;
+        return TSR_OK;
+    }
+    int rc = ensure(a, (size_t)x->rows * x->n_heads * n_splits * (2 + x->head_dim));
+    if (rc != TSR_OK) return rc;
+    const size_t pairs = (size_t)x->rows * x->n_kv_heads; // (row or row block, KV head)
+    if (pairs > a->n_counts) {
+        const size_t n = pairs < 2 * a->n_counts ? 2 * a->n_counts : pairs;
+        if (a->counts) a->ctx->host->dev_free(a->ctx, a->counts);
+        a->counts = nullptr, a->n_counts = 0;
+        if ((rc = counters(a, &a->counts, n))) return rc;
+        a->n_counts = n;
+    }
+    *part = a->scratch, *count = a->counts;
+    return TSR_OK;
+}
+#endif
 
 __device__ float block_reduce(float v, bool is_max, float *sh) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -167,46 +214,57 @@ __global__ void ref_step_kernel(const float *q, const __nv_bfloat16 *K, const __
 }
 
 #ifdef CUDA_ATTN_SPLIT
-// DPL bf16 of a K or V row from p (this lane's dims d0..), widened; one
-// vector load where the dims are whole and aligned (vec), else one by one.
-template <int DPL>
-__device__ __forceinline__ void load_dims(const __nv_bfloat16 *p, int d0, int hd, bool vec, float *out) {
-    if constexpr (DPL == 2 || DPL == 4 || DPL == 8) {
+// Most query heads per KV head the split kernel takes (a warp each): its
+// launch bounds (256 threads) let it hold a batch of 16 keys' K and V in
+// registers; larger groups go to the baseline kernels (bf16 contiguous KV).
+constexpr int kMaxGroup = 8;
+
+// DPL elements of a K or V row as stored (bf16 or E4M3 bits), packed into
+// 32-bit words (registers are what limits the split kernel's occupancy).
+template <typename T, int DPL> struct Raw {
+    static constexpr int ES = sizeof(T), PER = 4 / ES, N = DPL * ES, W = (N + 3) / 4;
+    uint32_t w[W];
+    // element i's bits (i known at compile time: constant shifts)
+    __device__ __forceinline__ uint32_t bits(int i) const {
+        return (w[i / PER] >> (8 * ES * (i % PER))) & (ES == 2 ? 0xffffu : 0xffu);
+    }
+};
+
+// The lane's DPL elements of a K or V row from p (its dims d0..): one vector
+// load where the dims are whole and aligned (vec), else one by one (dims
+// past hd read the row's first element; widen zeroes them). Only loads, no
+// use: a batch's loads all go out before any result is waited for (widening
+// each right after its load, behind the vec branch, made the warp wait on
+// memory once per key: tools/cuda_lab/attn_lab.cu).
+template <int DPL, typename T>
+__device__ __forceinline__ void load_raw(const T *p, int d0, int hd, bool vec, Raw<T, DPL> &r) {
+    using R = Raw<T, DPL>;
+    if constexpr (R::N == 4 || R::N == 8 || R::N == 16) {
         if (vec && d0 + DPL <= hd) {
-            __nv_bfloat162 h[DPL / 2];
-            if constexpr (DPL == 2) *reinterpret_cast<uint32_t *>(h) = *reinterpret_cast<const uint32_t *>(p);
-            if constexpr (DPL == 4) *reinterpret_cast<uint2 *>(h) = *reinterpret_cast<const uint2 *>(p);
-            if constexpr (DPL == 8) *reinterpret_cast<uint4 *>(h) = *reinterpret_cast<const uint4 *>(p);
-#pragma unroll
-            for (int i = 0; i < DPL / 2; i++) {
-                const float2 f = __bfloat1622float2(h[i]);
-                out[2 * i] = f.x, out[2 * i + 1] = f.y;
-            }
+            if constexpr (R::N == 4) r.w[0] = *reinterpret_cast<const uint32_t *>(p);
+            if constexpr (R::N == 8) *reinterpret_cast<uint2 *>(r.w) = *reinterpret_cast<const uint2 *>(p);
+            if constexpr (R::N == 16) *reinterpret_cast<uint4 *>(r.w) = *reinterpret_cast<const uint4 *>(p);
             return;
         }
     }
+    const uint8_t *b = reinterpret_cast<const uint8_t *>(p);
 #pragma unroll
-    for (int i = 0; i < DPL; i++) out[i] = d0 + i < hd ? __bfloat162float(p[i]) : 0.0f;
+    for (int k = 0; k < R::W; k++) r.w[k] = 0;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        const int at = (d0 + i < hd ? i : -d0) * R::ES;
+        const uint32_t e = R::ES == 2 ? *reinterpret_cast<const uint16_t *>(b + at) : b[at];
+        r.w[i / R::PER] |= e << (8 * R::ES * (i % R::PER));
+    }
 }
 
-// DPL E4M3 bytes of a K or V row from p, widened (unscaled); like load_dims.
-template <int DPL>
-__device__ __forceinline__ void load_dims(const __nv_fp8_e4m3 *p, int d0, int hd, bool vec, float *out) {
-    const uint8_t *b = reinterpret_cast<const uint8_t *>(p);
-    if constexpr (DPL == 2 || DPL == 4 || DPL == 8) {
-        if (vec && d0 + DPL <= hd) {
-            uint8_t r[DPL];
-            if constexpr (DPL == 2) *reinterpret_cast<uint16_t *>(r) = *reinterpret_cast<const uint16_t *>(b);
-            if constexpr (DPL == 4) *reinterpret_cast<uint32_t *>(r) = *reinterpret_cast<const uint32_t *>(b);
-            if constexpr (DPL == 8) *reinterpret_cast<uint2 *>(r) = *reinterpret_cast<const uint2 *>(b);
-#pragma unroll
-            for (int i = 0; i < DPL; i++) out[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(r[i], __NV_E4M3)));
-            return;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < DPL; i++)
-        out[i] = d0 + i < hd ? __half2float(__half(__nv_cvt_fp8_to_halfraw(b[i], __NV_E4M3))) : 0.0f;
+// Element i widened to f32 (E4M3 unscaled), zero past hd.
+template <typename T, int DPL>
+__device__ __forceinline__ float widen(const Raw<T, DPL> &r, int i, int d0, int hd) {
+    float f;
+    if constexpr (sizeof(T) == 2) f = __uint_as_float(r.bits(i) << 16);
+    else f = __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)r.bits(i), __NV_E4M3)));
+    return d0 + i < hd ? f : 0.0f;
 }
 
 // What a paged or quantised view adds to (K, V, token stride, head stride).
@@ -244,10 +302,11 @@ __device__ __forceinline__ void key_at(int t, int64_t ts, const Paging &pg, int6
 // graph computes exactly what the same pass issued eagerly does.
 // PAGED / FP8: keys found through pg's table / E4M3 scaled by pg's scales.
 template <int DPL, bool PAGED, bool FP8> // DPL: dims per lane, ceil(hd / 32); lanes past hd hold nothing
-__global__ void split_kernel(const float *q, const typename Elem<FP8>::T *K, const typename Elem<FP8>::T *V,
+__global__ void __launch_bounds__(kMaxGroup * 32, 1)
+    split_kernel(const float *q, const typename Elem<FP8>::T *K, const typename Elem<FP8>::T *V,
                              float *part, int n_heads, int n_kv, int group, int hd, int64_t ts, int64_t hs,
                              bool vec, int pos0, const int32_t *dev_pos0, bool even, int window, float scale,
-                             int chunk, int n_splits, Paging pg) {
+                             int chunk, int n_splits, Paging pg, unsigned *count, float *out) {
     const int row = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = kvh * group + warp;
@@ -264,54 +323,45 @@ __global__ void split_kernel(const float *q, const typename Elem<FP8>::T *K, con
         qv[i] = d0 + i < hd ? qr[d0 + i] * scale : 0.0f;
         acc[i] = 0.0f;
     }
-    // KB keys at a time: their loads are all in flight before any is used
-    // (one key at a time leaves the loop waiting on memory for every key).
-    constexpr int KB = 8;
+    // KB keys at a time: the keys' and the values' loads are all issued
+    // before any is used. (Loading and using each key in turn, inside its
+    // bounds check, left the warp waiting on memory for every key: ~0.9 us a
+    // key. tools/cuda_lab/attn_lab.cu measured batches of 4, 8 and 16 keys
+    // at 128 and 255 registers: 16 at 255 was the fastest.)
+    constexpr int KB = 16;
     float m = -INFINITY, l = 0.0f;
     for (int tb = t0; tb <= t1; tb += KB) {
-        float sc[KB];
-        // paged: each key's row and slot looked up once (keys past t1, never
-        // loaded, look up t1's block: never past the table); contiguous: the
-        // row is (tb + j) * ts, computed where it is loaded as it always was
+        // paged: each key's row and slot looked up once; keys past t1 read
+        // key t1 again (never past the table or the cache) and weigh nothing
         int64_t off[KB], slot[KB];
-        if constexpr (PAGED || FP8) {
 #pragma unroll
-            for (int j = 0; j < KB; j++) key_at<PAGED>(tb + j > t1 ? t1 : tb + j, ts, pg, &off[j], &slot[j]);
+        for (int j = 0; j < KB; j++) {
+            const int t = tb + j > t1 ? t1 : tb + j;
+            if constexpr (PAGED || FP8) key_at<PAGED>(t, ts, pg, &off[j], &slot[j]);
+            else off[j] = (int64_t)t * ts;
         }
+        Raw<typename Elem<FP8>::T, DPL> kr[KB], vr[KB];
+        float ksc[KB], vsc[KB]; // FP8: each key's scales (K's folded into its score, V's into its weight)
+#pragma unroll
+        for (int j = 0; j < KB; j++) {
+            load_raw<DPL>(K + off[j] + kvh * hs + d0, d0, hd, vec, kr[j]);
+            load_raw<DPL>(V + off[j] + kvh * hs + d0, d0, hd, vec, vr[j]);
+            if constexpr (FP8) ksc[j] = pg.ks[slot[j] * n_kv + kvh], vsc[j] = pg.vs[slot[j] * n_kv + kvh];
+        }
+        float sc[KB];
 #pragma unroll
         for (int j = 0; j < KB; j++) {
             float s = 0.0f;
-            if (tb + j <= t1) {
-                float kf[DPL];
-                load_dims<DPL>(K + (PAGED || FP8 ? off[j] : (int64_t)(tb + j) * ts) + kvh * hs + d0, d0, hd, vec, kf);
 #pragma unroll
-                for (int i = 0; i < DPL; i++) s = fmaf(qv[i], kf[i], s);
-            }
+            for (int i = 0; i < DPL; i++) s = fmaf(qv[i], widen(kr[j], i, d0, hd), s);
             sc[j] = s;
         }
 #pragma unroll
         for (int j = 0; j < KB; j++)
             for (int o = 16; o > 0; o >>= 1) sc[j] += __shfl_xor_sync(0xffffffffu, sc[j], o);
-        float vsc[KB]; // FP8: each key's V scale, folded into its weight
         if constexpr (FP8) {
 #pragma unroll
-            for (int j = 0; j < KB; j++) {
-                const bool in = tb + j <= t1;
-                sc[j] *= in ? pg.ks[slot[j] * n_kv + kvh] : 0.0f;
-                vsc[j] = in ? pg.vs[slot[j] * n_kv + kvh] : 0.0f;
-            }
-        }
-        // the batch's values too, all in flight before any is used (keys past
-        // t1 read as zeros and weigh nothing)
-        float vf[KB][DPL];
-#pragma unroll
-        for (int j = 0; j < KB; j++) {
-            if (tb + j <= t1) {
-                load_dims<DPL>(V + (PAGED || FP8 ? off[j] : (int64_t)(tb + j) * ts) + kvh * hs + d0, d0, hd, vec, vf[j]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < DPL; i++) vf[j][i] = 0.0f;
-            }
+            for (int j = 0; j < KB; j++) sc[j] *= ksc[j];
         }
         float mn = m;
 #pragma unroll
@@ -328,7 +378,7 @@ __global__ void split_kernel(const float *q, const typename Elem<FP8>::T *K, con
             float pv = p;
             if constexpr (FP8) pv = p * vsc[j];
 #pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] = fmaf(pv, vf[j][i], acc[i]);
+            for (int i = 0; i < DPL; i++) acc[i] = fmaf(pv, widen(vr[j], i, d0, hd), acc[i]);
         }
         m = mn;
     }
@@ -341,41 +391,22 @@ __global__ void split_kernel(const float *q, const typename Elem<FP8>::T *K, con
 #pragma unroll
     for (int i = 0; i < DPL; i++)
         if (d0 + i < hd) pp[2 + d0 + i] = acc[i];
+    // With count: the last of the n_splits blocks of this (row, KV head) to
+    // finish merges them all (its counter back to zero for the next pass),
+    // no second launch; without: merge_kernel follows.
+    if (!count) return;
+    if (!cuda_attn::last_of_splits(&count[blockIdx.x], n_splits)) return;
+    cuda_attn::merge_head<DPL>(part + ((int64_t)row * n_heads + h) * n_splits * (2 + hd), n_splits, hd, lane,
+                               out + ((int64_t)row * n_heads + h) * hd);
 }
 
-// One block per (row, head): the splits' maxima and sums through shared
-// memory (read in parallel, not one after another), then each thread a dim.
 constexpr int kMaxSplits = 1024;
-
-__global__ void merge_kernel(const float *part, float *out, int hd, int n_splits, int n_heads) {
-    __shared__ float w[kMaxSplits]; // each split's weight exp(m - M) / L
-    __shared__ float red[33];
-    const int rh = blockIdx.x; // row * n_heads + h
-    const float *pp = part + (int64_t)rh * n_splits * (2 + hd);
-    float M = -INFINITY;
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) M = fmaxf(M, pp[(int64_t)s * (2 + hd)]);
-    M = block_reduce(M, true, red);
-    float L = 0.0f;
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
-        const float m = pp[(int64_t)s * (2 + hd)];
-        const float e = m > -INFINITY ? __expf(m - M) : 0.0f;
-        w[s] = e;
-        L += pp[(int64_t)s * (2 + hd) + 1] * e;
-    }
-    L = block_reduce(L, false, red);
-    float *o = out + (int64_t)rh * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < n_splits; s++) acc = fmaf(pp[(int64_t)s * (2 + hd) + 2 + d], w[s], acc);
-        o[d] = acc / L;
-    }
-}
 
 // One split_kernel launch of the instance for head_dim's dims per lane.
 template <bool PAGED, bool FP8>
 void launch_split(dim3 grid, int threads, cudaStream_t st, const tsr_attn_args *x, const tsr_kv_view *kv,
-                  float *part, int group, bool vec, const int32_t *dev_pos0, bool even, int chunk, int n_splits) {
+                  float *part, unsigned *count, int group, bool vec, const int32_t *dev_pos0, bool even, int chunk,
+                  int n_splits) {
     using T = typename Elem<FP8>::T;
     const T *K = static_cast<const T *>(kv->k), *V = static_cast<const T *>(kv->v);
     const Paging pg = {kv->block_table, kv->block_size, kv->block_stride, kv->k_scale, kv->v_scale};
@@ -384,7 +415,8 @@ void launch_split(dim3 grid, int threads, cudaStream_t st, const tsr_attn_args *
     case D:                                                                                              \
         split_kernel<D, PAGED, FP8><<<grid, threads, 0, st>>>(                                           \
             x->q, K, V, part, x->n_heads, x->n_kv_heads, group, x->head_dim, kv->token_stride,             \
-            kv->head_stride, vec, x->pos0, dev_pos0, even, x->window, x->scale, chunk, n_splits, pg);     \
+            kv->head_stride, vec, x->pos0, dev_pos0, even, x->window, x->scale, chunk, n_splits, pg,      \
+            count, x->out);                                                                              \
         break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
@@ -406,13 +438,21 @@ int a_init(void *inst, const tsr_plugin_ctx *ctx) {
 #ifdef CUDA_ATTN_SPLIT
     p = ctx->host->param(ctx, "tile_rows");
     a->tile_rows = p ? (int)p->v.i : CUDA_ATTN_PREFILL_MIN_ROWS;
+    p = ctx->host->param(ctx, "tile_splits");
+    a->tile_splits = p ? (int)p->v.i : 8;
+    if (a->tile_splits < 1) a->tile_splits = 1;
+    p = ctx->host->param(ctx, "fused_merge");
+    a->fused_merge = p ? (int)p->v.i : 1;
     p = ctx->host->param(ctx, "graph_splits");
-    a->graph_splits = p ? (int)p->v.i : 32;
-    if (a->graph_splits <= 0) a->graph_splits = 32;
+    a->graph_splits = p ? (int)p->v.i : 16;
+    if (a->graph_splits <= 0) a->graph_splits = 16;
     const tsr_model_desc *md = ctx->model;
     if (md && md->n_heads > 0 && md->head_dim > 0) { // scratch for captured passes, reserved now
-        const size_t floats = (size_t)TSR_GRAPH_MAX_ROWS * md->n_heads * a->graph_splits * (2 + md->head_dim);
+        const int most = a->graph_splits > a->tile_splits ? a->graph_splits : a->tile_splits;
+        const size_t floats = (size_t)TSR_GRAPH_MAX_ROWS * md->n_heads * most * (2 + md->head_dim);
+        a->graph_heads = md->n_heads;
         int rc = ctx->host->dev_alloc(ctx, floats * sizeof(float), reinterpret_cast<void **>(&a->graph_scratch));
+        if (rc == TSR_OK) rc = counters(a, &a->graph_counts, (size_t)TSR_GRAPH_MAX_ROWS * md->n_heads);
         if (rc != TSR_OK) return rc;
     }
 #endif
@@ -423,6 +463,8 @@ void a_fini(void *inst) {
     Attn *a = static_cast<Attn *>(inst);
     if (a->ctx && a->scratch) a->ctx->host->dev_free(a->ctx, a->scratch);
     if (a->ctx && a->graph_scratch) a->ctx->host->dev_free(a->ctx, a->graph_scratch);
+    if (a->ctx && a->counts) a->ctx->host->dev_free(a->ctx, a->counts);
+    if (a->ctx && a->graph_counts) a->ctx->host->dev_free(a->ctx, a->graph_counts);
 }
 
 int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
@@ -464,20 +506,27 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
 #ifdef CUDA_ATTN_SPLIT
     const int32_t *dev_pos0 = ex->step ? &ex->step->pos0 : nullptr;
     if (x->rows >= a->tile_rows && cuda_attn_prefill_supported(x)) { // prefill.cu, captured or not
-        const cudaError_t e = static_cast<cudaError_t>(cuda_attn_prefill_at(x, dev_pos0, st));
+        /* passes of few rows (verification of drafts) cut each KV head's keys
+         * into tile_splits blocks; prefill has row blocks enough */
+        int splits = x->rows <= TSR_GRAPH_MAX_ROWS && x->n_heads <= a->graph_heads ? a->tile_splits : 1;
+        float *part = nullptr;
+        unsigned *count = nullptr; /* unused: the tensor-core kernel's splits are merged by a pass of their own */
+        if (splits > 1 && (rc = split_scratch(a, dev_pos0 != nullptr, x, splits, &part, &count))) return rc;
+        const cudaError_t e = static_cast<cudaError_t>(cuda_attn_prefill_split(x, dev_pos0, part, splits, st));
         if (e != cudaSuccess) {
             a->ctx->host->set_error(a->ctx, "prefill attention: %s", cudaGetErrorString(e));
             return TSR_ERR_DEVICE;
         }
         return TSR_OK;
     }
-    const bool split_ok = group <= 32 && x->head_dim <= 256;
+    const bool split_ok = group <= kMaxGroup && x->head_dim <= 256;
     if (!split_ok && !plain) { /* the baseline kernels below read bf16 contiguous KV only */
-        a->ctx->host->set_error(a->ctx, "%d query heads per kv head over paged or fp8 KV: at most 32", group);
+        a->ctx->host->set_error(a->ctx, "%d query heads per kv head over paged or fp8 KV: at most %d", group,
+                                kMaxGroup);
         return TSR_ERR_UNSUPPORTED;
     }
-    if (dev_pos0 && (!split_ok || !a->graph_scratch || x->rows > TSR_GRAPH_MAX_ROWS ||
-                     x->n_heads != a->ctx->model->n_heads || x->head_dim != a->ctx->model->head_dim)) {
+    if (dev_pos0 && split_ok && (!a->graph_scratch || x->rows > TSR_GRAPH_MAX_ROWS ||
+                                 x->n_heads != a->ctx->model->n_heads || x->head_dim != a->ctx->model->head_dim)) {
         a->ctx->host->set_error(a->ctx, "a captured pass of %d rows, %d heads of %d, %d kv heads is not one "
                                 "it can replay", x->rows, x->n_heads, x->head_dim, x->n_kv_heads);
         return TSR_ERR_UNSUPPORTED;
@@ -496,12 +545,10 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
             if (n_splits > kMaxSplits) n_splits = kMaxSplits;
         }
         const int chunk = (keys + n_splits - 1) / n_splits;
-        float *part = dev_pos0 ? a->graph_scratch : nullptr; /* eager: its own scratch (graphs keep theirs) */
-        if (!part) {
-            const size_t floats = (size_t)x->rows * x->n_heads * n_splits * (2 + x->head_dim);
-            if ((rc = ensure(a, floats))) return rc;
-            part = a->scratch;
-        }
+        float *part;
+        unsigned *count;
+        if ((rc = split_scratch(a, dev_pos0 != nullptr, x, n_splits, &part, &count))) return rc;
+        if (!a->fused_merge) count = nullptr;
         dim3 grid(x->rows * x->n_kv_heads, n_splits);
         const int threads = 32 * group, dpl = (x->head_dim + 31) / 32;
         const bool paged = kv->layout == TSR_KV_PAGED, fp8 = kv->dtype == TSR_DTYPE_F8_E4M3;
@@ -510,14 +557,14 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
                          (!paged || kv->block_stride % dpl == 0) &&
                          (reinterpret_cast<uintptr_t>(kv->k) | reinterpret_cast<uintptr_t>(kv->v)) % (esize * dpl) == 0;
         if (!paged && !fp8)
-            launch_split<false, false>(grid, threads, st, x, kv, part, group, vec, dev_pos0, even, chunk, n_splits);
+            launch_split<false, false>(grid, threads, st, x, kv, part, count, group, vec, dev_pos0, even, chunk, n_splits);
         else if (!paged)
-            launch_split<false, true>(grid, threads, st, x, kv, part, group, vec, dev_pos0, even, chunk, n_splits);
+            launch_split<false, true>(grid, threads, st, x, kv, part, count, group, vec, dev_pos0, even, chunk, n_splits);
         else if (!fp8)
-            launch_split<true, false>(grid, threads, st, x, kv, part, group, vec, dev_pos0, even, chunk, n_splits);
+            launch_split<true, false>(grid, threads, st, x, kv, part, count, group, vec, dev_pos0, even, chunk, n_splits);
         else
-            launch_split<true, true>(grid, threads, st, x, kv, part, group, vec, dev_pos0, even, chunk, n_splits);
-        merge_kernel<<<x->rows * x->n_heads, 128, 0, st>>>(part, x->out, x->head_dim, n_splits, x->n_heads);
+            launch_split<true, true>(grid, threads, st, x, kv, part, count, group, vec, dev_pos0, even, chunk, n_splits);
+        if (!count) cuda_attn::launch_merge(part, x->out, x->rows * x->n_heads, x->head_dim, n_splits, st);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) {
             a->ctx->host->set_error(a->ctx, "split attention: %s", cudaGetErrorString(e));

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "plugins/cuda_attention/merge.cuh"
 #include "plugins/cuda_attention/prefill.h"
 
 namespace {
@@ -139,7 +140,8 @@ template <int HD, bool PAGED>
 __global__ void __launch_bounds__(kThreads, 2)
 prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K, const __nv_bfloat16 *__restrict__ V,
                float *__restrict__ out, int rows, int pos0, const int32_t *__restrict__ dev_pos0, int n_heads,
-               int group, int rows_per_block, int64_t ts, int64_t hs, int window, float scale_log2, Pages pg) {
+               int group, int rows_per_block, int64_t ts, int64_t hs, int window, float scale_log2, Pages pg,
+               float *__restrict__ part, int n_splits) {
     if (dev_pos0) pos0 = *dev_pos0; // a captured pass: the position of this replay
     using L = Layout<HD>;
     constexpr int S = L::kStride;
@@ -159,8 +161,11 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
     const int kb1 = pos0 + r_end - 1;
     const int kb0 = window > 0 ? max(0, pos0 + r0 - window + 1) : 0;
     const int n_tiles = (kb1 - kb0 + kBN) / kBN;
+    // Key splits (blockIdx.z, n_splits > 1 with part): this block's tiles [j0, j1).
+    const int per = (n_tiles + n_splits - 1) / n_splits;
+    const int j0 = min(n_tiles, (int)blockIdx.z * per), j1 = min(n_tiles, j0 + per);
 
-    load_tile<HD, PAGED>(k_s, v_s, K, V, kb0, kb1, kvh, ts, hs, pg);
+    if (j0 < j1) load_tile<HD, PAGED>(k_s, v_s, K, V, kb0 + j0 * kBN, kb1, kvh, ts, hs, pg);
 
     // Q as hi and lo bf16 halves; virtual rows past the block's rows are 0.
     for (int idx = threadIdx.x; idx < kBM * HD; idx += kThreads) {
@@ -199,9 +204,9 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
     for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}; // row_sum: this thread's columns
 
-    for (int j = 0; j < n_tiles; j++) {
-        if (j + 1 < n_tiles) {
-            const int b = (j + 1) & 1;
+    for (int j = j0; j < j1; j++) {
+        if (j + 1 < j1) {
+            const int b = (j + 1 - j0) & 1;
             load_tile<HD, PAGED>(k_s + b * L::kKV, v_s + b * L::kKV, K, V, kb0 + (j + 1) * kBN, kb1, kvh, ts, hs, pg);
             cp_async_wait<1>(); // tile j has landed (this thread's copies)
         } else {
@@ -210,7 +215,7 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
         __syncthreads(); // everyone's copies of tile j (and Q) visible
         const int t0 = kb0 + j * kBN;
         if (t0 <= warp_hi && t0 + kBN - 1 >= warp_lo) { // warp-uniform: some key of the tile is seen
-            const __nv_bfloat16 *ks = k_s + (j & 1) * L::kKV, *vs = v_s + (j & 1) * L::kKV;
+            const __nv_bfloat16 *ks = k_s + ((j - j0) & 1) * L::kKV, *vs = v_s + ((j - j0) & 1) * L::kKV;
             float s[kBN / 8][4];
 #pragma unroll
             for (int n = 0; n < kBN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -298,6 +303,24 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
         row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
         row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
     }
+    if (part) { // this split's max (natural-log units), sum and unnormalised output (merge.cuh)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int v = vb + (lane >> 2) + 8 * h, i = v / group, hg = v % group;
+            if (v >= n_virt || r0 + i >= rows) continue;
+            float *pp = part + (((int64_t)(r0 + i) * n_heads + kvh * group + hg) * n_splits + blockIdx.z) * (2 + HD);
+            if ((lane & 3) == 0) {
+                pp[0] = row_max[h] == -INFINITY ? -INFINITY : row_max[h] * 0.6931471805599453f;
+                pp[1] = row_sum[h];
+            }
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) {
+                pp[2 + n * 8 + 2 * (lane & 3)] = acc[n][2 * h];
+                pp[2 + n * 8 + 2 * (lane & 3) + 1] = acc[n][2 * h + 1];
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int v = vb + (lane >> 2) + 8 * h, i = v / group, hg = v % group;
@@ -312,26 +335,29 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
 }
 
 template <int HD, bool PAGED>
-cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, cudaStream_t st) {
+cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits, cudaStream_t st) {
     const tsr_kv_view *kv = a->kv;
     const int group = a->n_heads / a->n_kv_heads, rows_per_block = kBM / group;
     const size_t smem = Layout<HD>::kBytes;
     cudaError_t e =
         cudaFuncSetAttribute(prefill_kernel<HD, PAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    const dim3 grid((a->rows + rows_per_block - 1) / rows_per_block, a->n_kv_heads);
+    const dim3 grid((a->rows + rows_per_block - 1) / rows_per_block, a->n_kv_heads, part ? n_splits : 1);
     const float scale_log2 = a->scale * 1.4426950408889634f; // exp(x) = exp2(x * log2(e))
     const Pages pg = {kv->block_table, kv->block_size, kv->block_stride};
     prefill_kernel<HD, PAGED><<<grid, kThreads, smem, st>>>(
         a->q, static_cast<const __nv_bfloat16 *>(kv->k), static_cast<const __nv_bfloat16 *>(kv->v), a->out, a->rows,
         a->pos0, dev_pos0, a->n_heads, group, rows_per_block, kv->token_stride, kv->head_stride, a->window,
-        scale_log2, pg);
-    return cudaGetLastError();
+        scale_log2, pg, part, part ? n_splits : 1);
+    e = cudaGetLastError();
+    if (e != cudaSuccess || !part) return e;
+    return cuda_attn::launch_merge(part, a->out, a->rows * a->n_heads, HD, n_splits, st);
 }
 
 template <int HD>
-cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, cudaStream_t st) {
-    return a->kv->layout == TSR_KV_PAGED ? launch<HD, true>(a, dev_pos0, st) : launch<HD, false>(a, dev_pos0, st);
+cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits, cudaStream_t st) {
+    return a->kv->layout == TSR_KV_PAGED ? launch<HD, true>(a, dev_pos0, part, n_splits, st)
+                                         : launch<HD, false>(a, dev_pos0, part, n_splits, st);
 }
 
 } // namespace
@@ -355,15 +381,21 @@ extern "C" int cuda_attn_prefill_supported(const tsr_attn_args *a) {
     return 1;
 }
 
-extern "C" int cuda_attn_prefill_at(const tsr_attn_args *a, const int32_t *dev_pos0, void *stream) {
-    if (!cuda_attn_prefill_supported(a)) return (int)cudaErrorInvalidValue;
+extern "C" int cuda_attn_prefill_split(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits,
+                                       void *stream) {
+    if (!cuda_attn_prefill_supported(a) || n_splits < 1 || (n_splits > 1 && !part)) return (int)cudaErrorInvalidValue;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
+    if (n_splits == 1) part = nullptr;
     switch (a->head_dim) {
-    case 16: return (int)launch<16>(a, dev_pos0, st);
-    case 32: return (int)launch<32>(a, dev_pos0, st);
-    case 64: return (int)launch<64>(a, dev_pos0, st);
-    default: return (int)launch<128>(a, dev_pos0, st);
+    case 16: return (int)launch<16>(a, dev_pos0, part, n_splits, st);
+    case 32: return (int)launch<32>(a, dev_pos0, part, n_splits, st);
+    case 64: return (int)launch<64>(a, dev_pos0, part, n_splits, st);
+    default: return (int)launch<128>(a, dev_pos0, part, n_splits, st);
     }
+}
+
+extern "C" int cuda_attn_prefill_at(const tsr_attn_args *a, const int32_t *dev_pos0, void *stream) {
+    return cuda_attn_prefill_split(a, dev_pos0, nullptr, 1, stream);
 }
 
 extern "C" int cuda_attn_prefill(const tsr_attn_args *a, void *stream) { return cuda_attn_prefill_at(a, nullptr, stream); }

@@ -47,6 +47,14 @@ int cuda_attn_prefill(const tsr_attn_args *a, void *stream);
  * The grid depends on a->rows only. dev_pos0 NULL: a->pos0. */
 int cuda_attn_prefill_at(const tsr_attn_args *a, const int32_t *dev_pos0, void *stream);
 
+/* The same with each (row block, KV head)'s keys cut into n_splits groups
+ * of tiles run by separate blocks (passes of few rows, which otherwise keep
+ * one block per KV head walking every key), then merged by a second kernel
+ * (merge.cuh). part: device scratch of rows * n_heads * n_splits *
+ * (2 + head_dim) floats. n_splits 1: as cuda_attn_prefill_at (part unused). */
+int cuda_attn_prefill_split(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits,
+                            void *stream);
+
 #ifdef __cplusplus
 }
 #endif

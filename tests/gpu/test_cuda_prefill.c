@@ -15,8 +15,11 @@
  *        harness's bound for exact attention plugins);
  *    nothing written past out (guard values).
  * 2. The same cases through the cuda_attention plugin from the catalog:
- *    its output must be bit for bit the direct kernel's (the plugin sends
- *    passes of more than 32 rows to the prefill kernel).
+ *    its output must be bit for bit the direct kernel's for passes of more
+ *    than 32 rows; fewer rows (verification of drafts) have their keys cut
+ *    into tile_splits blocks: held to the bound of 1.
+ *    Then the kernel with the keys cut into 3 and 8 splits merged by a
+ *    second kernel (cuda_attn_prefill_split), held to the bound of 1.
  * 3. The transformers fixtures (head_dim 16) on cuda-fast, 100 random tokens
  *    as one pass and as passes of 40 + 60 rows, against the cpu-reference
  *    assembly's logits: |diff| <= 0.02 + 5% of the row's max |logit| (the
@@ -73,6 +76,8 @@ static const pcase cases[] = {
     {40, 10, 4, 2, 16, 0, 0, 0},       /* head_dim 16 */
     {90, 20, 6, 2, 32, 17, 0, 0},      /* head_dim 32, group 3, a window */
     {35, 0, 64, 1, 64, 0, 0, 2},       /* group 64: one query row per block */
+    {8, 700, 32, 8, 128, 0, 0, 3},     /* verification of 7 drafts at Llama-3-8B's shape */
+    {3, 40, 8, 2, 64, 16, 0, 0},       /* few rows, a window */
 };
 
 static uint64_t rng_next(uint64_t *s) {
@@ -158,6 +163,31 @@ static void *dev(size_t bytes) {
     return p;
 }
 
+/* got (qn values and GUARD guards) against the f64 reference: every element
+ * within the bound, NMSE within TOL_NMSE, the guards untouched. */
+static void check_out(const pcase *c, const char *what, const float *got, const double *want, int64_t qn,
+                      double *max_diff, double *bound, double *nmse) {
+    double max_ref = 0, num = 0, den = 0;
+    for (int64_t i = 0; i < qn; i++)
+        if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
+    *bound = TOL_REL * max_ref + TOL_ABS;
+    *max_diff = 0;
+    for (int64_t i = 0; i < qn; i++) {
+        const double d = fabs((double)got[i] - want[i]);
+        if (!(d <= *bound))
+            fail_msg("%s, rows %d pos0 %d heads %d/%d d %d window %d: out[%lld] = %.9g, reference %.9g "
+                     "(|diff| > %.3g)", what, c->rows, c->pos0, c->n_heads, c->n_kv_heads, c->head_dim, c->window,
+                     (long long)i, got[i], want[i], *bound);
+        if (d > *max_diff) *max_diff = d;
+        num += d * d;
+        den += want[i] * want[i];
+    }
+    for (int i = 0; i < GUARD; i++)
+        if (got[qn + i] != GUARD_VALUE) fail_msg("%s wrote past out (guard %d changed)", what, i);
+    *nmse = num / den;
+    if (!(*nmse <= TOL_NMSE)) fail_msg("%s: nmse %.3g > %.0e", what, *nmse, TOL_NMSE);
+}
+
 static void run_case(const pcase *c, uint64_t *rng) {
     const int hd = c->head_dim, T = c->pos0 + c->rows + c->extra;
     const int64_t qn = (int64_t)c->rows * c->n_heads * hd, kvn = (int64_t)T * c->n_kv_heads * hd;
@@ -196,23 +226,8 @@ static void run_case(const pcase *c, uint64_t *rng) {
     int rc = cuda_attn_prefill(&a, tsr_cuda_stream());
     if (rc != 0) fail_msg("cuda_attn_prefill: CUDA error %d", rc);
     gpu_download(got, out_d, (size_t)(qn + GUARD) * sizeof *got);
-    double max_ref = 0, max_diff = 0, num = 0, den = 0;
-    for (int64_t i = 0; i < qn; i++)
-        if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
-    const double bound = TOL_REL * max_ref + TOL_ABS;
-    for (int64_t i = 0; i < qn; i++) {
-        const double d = fabs((double)got[i] - want[i]);
-        if (!(d <= bound))
-            fail_msg("rows %d pos0 %d heads %d/%d d %d window %d: out[%lld] = %.9g, reference %.9g (|diff| > %.3g)",
-                     c->rows, c->pos0, c->n_heads, c->n_kv_heads, hd, c->window, (long long)i, got[i], want[i], bound);
-        if (d > max_diff) max_diff = d;
-        num += d * d;
-        den += want[i] * want[i];
-    }
-    for (int i = 0; i < GUARD; i++)
-        if (got[qn + i] != GUARD_VALUE) fail_msg("wrote past out (guard %d changed)", i);
-    const double nmse = num / den;
-    if (!(nmse <= TOL_NMSE)) fail_msg("nmse %.3g > %.0e", nmse, TOL_NMSE);
+    double max_diff, bound, nmse;
+    check_out(c, "the kernel", got, want, qn, &max_diff, &bound, &nmse);
 
     /* 2. through the plugin: the same kernel, the same bits */
     for (int64_t i = 0; i < qn + GUARD; i++) got_plugin[i] = i < qn ? NAN : GUARD_VALUE;
@@ -222,9 +237,27 @@ static void run_case(const pcase *c, uint64_t *rng) {
     if (rc != TSR_OK) fail_msg("cuda_attention run: status %d: %s", rc, plugin_err);
     gpu_download(got_plugin, out_d, (size_t)(qn + GUARD) * sizeof *got);
     gpu_instance_free(in);
-    if (memcmp(got, got_plugin, (size_t)(qn + GUARD) * sizeof *got))
-        fail_msg("rows %d heads %d/%d d %d: the plugin's output is not the prefill kernel's", c->rows, c->n_heads,
-                 c->n_kv_heads, hd);
+    if (c->rows > TSR_GRAPH_MAX_ROWS) { /* unsplit in the plugin too */
+        if (memcmp(got, got_plugin, (size_t)(qn + GUARD) * sizeof *got))
+            fail_msg("rows %d heads %d/%d d %d: the plugin's output is not the prefill kernel's", c->rows,
+                     c->n_heads, c->n_kv_heads, hd);
+    } else { /* passes of few rows: the plugin cuts the keys (tile_splits) */
+        double d2, b2, n2;
+        check_out(c, "the plugin", got_plugin, want, qn, &d2, &b2, &n2);
+    }
+
+    /* 3. the keys cut into splits merged by a second kernel (any row count) */
+    for (int splits = 3; splits <= 8; splits += 5) {
+        float *part_d = dev((size_t)c->rows * c->n_heads * splits * (2 + hd) * sizeof(float));
+        for (int64_t i = 0; i < qn + GUARD; i++) got_plugin[i] = i < qn ? NAN : GUARD_VALUE;
+        gpu_upload(out_d, got_plugin, (size_t)(qn + GUARD) * sizeof *got);
+        rc = cuda_attn_prefill_split(&a, NULL, part_d, splits, tsr_cuda_stream());
+        if (rc != 0) fail_msg("cuda_attn_prefill_split (%d splits): CUDA error %d", splits, rc);
+        gpu_download(got_plugin, out_d, (size_t)(qn + GUARD) * sizeof *got);
+        double d2, b2, n2;
+        check_out(c, splits == 3 ? "3 key splits" : "8 key splits", got_plugin, want, qn, &d2, &b2, &n2);
+        tsr_cuda_free(part_d);
+    }
 
     printf("# rows %3d pos0 %3d heads %2d/%d d %3d window %4d%s%s: max |diff| %.3g (bound %.3g), nmse %.3g\n",
            c->rows, c->pos0, c->n_heads, c->n_kv_heads, hd, c->window, c->head_major ? " head-major" : "",
