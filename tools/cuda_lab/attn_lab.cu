@@ -4,21 +4,16 @@
 // heads (32 query heads, 8 KV heads, head_dim 128). Not part of the engine:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -DCUDA_ATTN_SPLIT -o attn_lab \
 //     tools/cuda_lab/attn_lab.cu plugins/cuda_attention/prefill.cu && ./attn_lab
-// Prints microseconds per layer by rows, keys, splits, and merge (in the last
-// block, or a second kernel), against a graph of 32 empty kernels.
+// Prints the latency of a dependent load (L2, HBM), then microseconds per
+// layer of the split-K decode kernel by rows, keys, splits and merge (in the
+// last block, or a second kernel), and of the tensor-core kernel by rows,
+// keys and key splits, against a graph of 32 empty kernels.
 #include "plugins/cuda_attention/cuda_attention.cu"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CK(x)                                                                                             \
-    do {                                                                                                  \
-        cudaError_t e_ = (x);                                                                             \
-        if (e_ != cudaSuccess) {                                                                          \
-            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                             \
-            exit(1);                                                                                      \
-        }                                                                                                 \
-    } while (0)
+#include "tools/cuda_lab/lab_check.cuh"
 
 constexpr int kLayers = 32, kCtx = 1024, kKv = 8, kHeads = 32, kHd = 128;
 
@@ -30,6 +25,21 @@ __global__ void fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed) {
     }
 }
 __global__ void empty_kernel() {}
+
+// Layer l's view of the pool kv (K then V per layer, keys tokens held) and
+// the attention of rows query rows at its end.
+static void layer_args(const __nv_bfloat16 *kv, int l, int keys, int rows, const float *q, float *out, tsr_kv_view *v,
+                       tsr_attn_args *x) {
+    const size_t per = (size_t)kCtx * kKv * kHd;
+    *v = tsr_kv_view{};
+    v->dtype = TSR_DTYPE_BF16, v->layout = TSR_KV_CONTIGUOUS, v->n_tokens = keys;
+    v->n_kv_heads = kKv, v->head_dim = kHd;
+    v->k = kv + 2 * per * l, v->v = kv + 2 * per * l + per;
+    v->token_stride = kKv * kHd, v->head_stride = kHd;
+    *x = tsr_attn_args{};
+    x->rows = rows, x->pos0 = keys - rows, x->n_heads = kHeads, x->n_kv_heads = kKv, x->head_dim = kHd;
+    x->scale = 0.088f, x->q = q, x->kv = v, x->out = out;
+}
 
 // One thread following a chain of dependent loads: the latency of a load.
 __global__ void chase_kernel(const unsigned *next, unsigned start, int steps, unsigned *out, long long *ns) {
@@ -85,6 +95,25 @@ static float graph_us(cudaStream_t st, cudaGraph_t g) { // per replay, median of
     return t[3];
 }
 
+// Microseconds per layer of launch(x, v) issued for each of the 32 layers
+// (rows query rows at the end of keys keys), captured into one graph.
+template <typename F>
+static float layers_us(cudaStream_t st, const __nv_bfloat16 *kv, int keys, int rows, const float *q, float *out,
+                       int32_t *pos, F launch) {
+    const int p0 = keys - rows;
+    CK(cudaMemcpy(pos, &p0, 4, cudaMemcpyHostToDevice));
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int l = 0; l < kLayers; l++) {
+        tsr_kv_view v;
+        tsr_attn_args x;
+        layer_args(kv, l, keys, rows, q, out, &v, &x);
+        launch(&x, &v);
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    return graph_us(st, g) / kLayers;
+}
+
 int main(void) {
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -117,27 +146,13 @@ int main(void) {
         for (int keys : {512, 768})
             for (int splits : {8, 16, 32, 64}) {
                 if (rows > 2 && splits == 64) continue;
-                const int p0 = keys - rows;
-                CK(cudaMemcpy(pos, &p0, 4, cudaMemcpyHostToDevice));
                 printf("%d %4d %3d", rows, keys, splits);
-                for (int fused = 1; fused >= 0; fused--) {
-                    cudaGraph_t g;
-                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-                    for (int l = 0; l < kLayers; l++) {
-                        tsr_kv_view v = {};
-                        v.dtype = TSR_DTYPE_BF16, v.layout = TSR_KV_CONTIGUOUS, v.n_tokens = keys;
-                        v.n_kv_heads = kKv, v.head_dim = kHd;
-                        v.k = kv + 2 * per * l, v.v = kv + 2 * per * l + per;
-                        v.token_stride = kKv * kHd, v.head_stride = kHd;
-                        tsr_attn_args x = {};
-                        x.rows = rows, x.pos0 = p0, x.n_heads = kHeads, x.n_kv_heads = kKv, x.head_dim = kHd;
-                        x.scale = 0.088f, x.q = q, x.kv = &v, x.out = out;
-                        launch_split<false, false>(dim3(rows * kKv, splits), 32 * (kHeads / kKv), st, &x, &v, part,
-                                                   fused ? count : nullptr, kHeads / kKv, true, pos, true, 0, splits);
-                    }
-                    CK(cudaStreamEndCapture(st, &g));
-                    printf(" | %6.2f", graph_us(st, g) / kLayers);
-                }
+                for (int fused = 1; fused >= 0; fused--)
+                    printf(" | %6.2f", layers_us(st, kv, keys, rows, q, out, pos, [&](tsr_attn_args *x, tsr_kv_view *v) {
+                               launch_split<false, false>(dim3(rows * kKv, splits), 32 * (kHeads / kKv), st, x, v, part,
+                                                          fused ? count : nullptr, kHeads / kKv, true, pos, true, 0,
+                                                          splits);
+                           }));
                 printf("\n");
             }
     printf("tensor-core kernel (prefill.cu, captured with the position on the device): rows keys | us per layer "
@@ -146,23 +161,9 @@ int main(void) {
         for (int keys : {512, 768}) {
           printf("%2d %4d", rows, keys);
           for (int splits : {1, 2, 4, 8, 16}) {
-            const int p0 = keys - rows;
-            CK(cudaMemcpy(pos, &p0, 4, cudaMemcpyHostToDevice));
-            cudaGraph_t g;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-            for (int l = 0; l < kLayers; l++) {
-                tsr_kv_view v = {};
-                v.dtype = TSR_DTYPE_BF16, v.layout = TSR_KV_CONTIGUOUS, v.n_tokens = keys;
-                v.n_kv_heads = kKv, v.head_dim = kHd;
-                v.k = kv + 2 * per * l, v.v = kv + 2 * per * l + per;
-                v.token_stride = kKv * kHd, v.head_stride = kHd;
-                tsr_attn_args x = {};
-                x.rows = rows, x.pos0 = p0, x.n_heads = kHeads, x.n_kv_heads = kKv, x.head_dim = kHd;
-                x.scale = 0.088f, x.q = q, x.kv = &v, x.out = out;
-                CK(static_cast<cudaError_t>(cuda_attn_prefill_split(&x, pos, part, splits, st)));
-            }
-            CK(cudaStreamEndCapture(st, &g));
-            printf(" | %6.2f", graph_us(st, g) / kLayers);
+            printf(" | %6.2f", layers_us(st, kv, keys, rows, q, out, pos, [&](tsr_attn_args *x, tsr_kv_view *) {
+                       CK(static_cast<cudaError_t>(cuda_attn_prefill_split(x, pos, part, splits, st)));
+                   }));
           }
           printf("\n");
         }

@@ -19,14 +19,7 @@
 #include "kernels/cuda/gemv_mma.cuh"
 #include "kernels/cuda/gemv_row.cuh"
 
-#define CK(x)                                                                                             \
-    do {                                                                                                  \
-        cudaError_t e_ = (x);                                                                             \
-        if (e_ != cudaSuccess) {                                                                          \
-            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                             \
-            exit(1);                                                                                      \
-        }                                                                                                 \
-    } while (0)
+#include "tools/cuda_lab/lab_check.cuh"
 
 using namespace tsr_mma;
 
