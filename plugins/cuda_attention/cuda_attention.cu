@@ -507,8 +507,11 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
     const int32_t *dev_pos0 = ex->step ? &ex->step->pos0 : nullptr;
     if (x->rows >= a->tile_rows && cuda_attn_prefill_supported(x)) { // prefill.cu, captured or not
         /* passes of few rows (verification of drafts) cut each KV head's keys
-         * into tile_splits blocks; prefill has row blocks enough */
-        int splits = x->rows <= TSR_GRAPH_MAX_ROWS && x->n_heads <= a->graph_heads ? a->tile_splits : 1;
+         * into tile_splits blocks (prefill has row blocks enough); a captured
+         * pass only at the shape its scratch was reserved for */
+        const bool fits = !dev_pos0 || (a->graph_scratch && x->n_heads <= a->graph_heads &&
+                                        x->head_dim <= a->ctx->model->head_dim);
+        const int splits = x->rows <= TSR_GRAPH_MAX_ROWS && fits ? a->tile_splits : 1;
         float *part = nullptr;
         unsigned *count = nullptr; /* unused: the tensor-core kernel's splits are merged by a pass of their own */
         if (splits > 1 && (rc = split_scratch(a, dev_pos0 != nullptr, x, splits, &part, &count))) return rc;
