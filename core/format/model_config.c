@@ -412,15 +412,22 @@ typedef struct gctx {
     tsr_error *err;
 } gctx;
 
+/* key = "<arch>.<suffix>" and its index in the metadata (-1 when absent,
+ * an error when required). */
+static int g_key(gctx *c, const char *suffix, int required, char key[128], int *idx) {
+    snprintf(key, 128, "%s.%s", c->arch, suffix);
+    *idx = tsr_gguf_find(c->g, key);
+    if (*idx < 0 && required)
+        return tsr_error_set_at(c->err, TSR_ERR_FORMAT, c->file, 0, 0, "missing metadata key \"%s\"", key);
+    return TSR_OK;
+}
+
 static int g_int(gctx *c, const char *suffix, int required, long long def, long long lo,
                  long long hi, int *out) {
     char key[128];
-    snprintf(key, sizeof key, "%s.%s", c->arch, suffix);
-    int idx = tsr_gguf_find(c->g, key);
+    int idx, rc = g_key(c, suffix, required, key, &idx);
+    if (rc != TSR_OK) return rc;
     if (idx < 0) {
-        if (required)
-            return tsr_error_set_at(c->err, TSR_ERR_FORMAT, c->file, 0, 0,
-                                    "missing metadata key \"%s\"", key);
         *out = (int)def;
         return TSR_OK;
     }
@@ -435,12 +442,9 @@ static int g_int(gctx *c, const char *suffix, int required, long long def, long 
 
 static int g_num(gctx *c, const char *suffix, int required, double def, float *out) {
     char key[128];
-    snprintf(key, sizeof key, "%s.%s", c->arch, suffix);
-    int idx = tsr_gguf_find(c->g, key);
+    int idx, rc = g_key(c, suffix, required, key, &idx);
+    if (rc != TSR_OK) return rc;
     if (idx < 0) {
-        if (required)
-            return tsr_error_set_at(c->err, TSR_ERR_FORMAT, c->file, 0, 0,
-                                    "missing metadata key \"%s\"", key);
         *out = (float)def;
         return TSR_OK;
     }
