@@ -117,6 +117,23 @@ static inline int tsr_kv_seqs_check_layer(const tsr_kv_seqs *t, int layer) {
     return TSR_ERR_INVALID;
 }
 
+/* A captured pass of rows rows at pos0 replayed over layers [0, n_layers):
+ * the same checks as each layer's append (kv_cache slot's replayed()). */
+static inline int tsr_kv_seqs_check_replay(const tsr_kv_seqs *t, const tsr_kv_seq_hdr *s, int n_layers,
+                                           int pos0, int rows) {
+    if (n_layers <= 0 || n_layers > t->n_layers) return tsr_kv_seqs_check_layer(t, n_layers - 1);
+    for (int l = 0; l < n_layers; l++) {
+        int rc = tsr_kv_seqs_check_append(t, s, l, pos0, rows);
+        if (rc != TSR_OK) return rc;
+    }
+    return TSR_OK;
+}
+
+/* rows more tokens stored in each of layers [0, n_layers). */
+static inline void tsr_kv_seqs_advance(tsr_kv_seq_hdr *s, int n_layers, int rows) {
+    for (int l = 0; l < n_layers; l++) s->lens[l] += rows;
+}
+
 /* Cut every layer holding more than n_tokens; layers holding fewer keep
  * theirs; n_tokens above the longest layer is an error. */
 static inline int tsr_kv_seqs_truncate(const tsr_kv_seqs *t, tsr_kv_seq_hdr *s, int n_tokens) {

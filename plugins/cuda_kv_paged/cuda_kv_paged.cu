@@ -346,15 +346,11 @@ int kv_replayed(void *inst, int seq, int n_layers, int pos0, int rows) {
     Kv *kv = static_cast<Kv *>(inst);
     Seq *s = get(kv, seq);
     if (!s) return TSR_ERR_INVALID;
-    if (n_layers <= 0 || n_layers > kv->n_layers) return tsr_kv_seqs_check_layer(&kv->seqs, n_layers - 1);
-    for (int l = 0; l < n_layers; l++) {
-        int rc = tsr_kv_seqs_check_append(&kv->seqs, &s->hdr, l, pos0, rows);
-        if (rc != TSR_OK) return rc;
-    }
-    // the blocks the pass writes; the graph copies the mirror to the device first
-    int rc = grow(kv, s, (int64_t)pos0 + rows);
+    int rc = tsr_kv_seqs_check_replay(&kv->seqs, &s->hdr, n_layers, pos0, rows);
     if (rc != TSR_OK) return rc;
-    for (int l = 0; l < n_layers; l++) s->hdr.lens[l] += rows;
+    // the blocks the pass writes; the graph copies the mirror to the device first
+    if ((rc = grow(kv, s, (int64_t)pos0 + rows)) != TSR_OK) return rc;
+    tsr_kv_seqs_advance(&s->hdr, n_layers, rows);
     return TSR_OK;
 }
 
