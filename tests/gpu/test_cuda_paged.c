@@ -160,26 +160,27 @@ static void against_transformers(const char *asm_path, const char *label, int fp
     }
 }
 
+/* The committed assembly of one KV dtype, then the same with blocks of 3
+ * tokens (every pass crossing blocks), against transformers. */
+static void paged_dtype(const char *assembly, const char *dtype, int fp8) {
+    if (!gpu_have()) skip();
+    char path[4096], label[64];
+    snprintf(path, sizeof path, "%s/assemblies/%s.yaml", gpu_src_dir(), assembly);
+    against_transformers(path, assembly, fp8);
+    write_assembly(path, sizeof path, dtype, 3, 0);
+    snprintf(label, sizeof label, "paged %s, blocks of 3", fp8 ? "fp8" : "bf16");
+    against_transformers(path, label, fp8);
+    unlink(path);
+}
+
 static void test_paged_bf16(void **state) {
     (void)state;
-    if (!gpu_have()) skip();
-    char path[4096];
-    snprintf(path, sizeof path, "%s/assemblies/cuda-fast-paged.yaml", gpu_src_dir());
-    against_transformers(path, "cuda-fast-paged", 0);
-    write_assembly(path, sizeof path, "bf16", 3, 0);
-    against_transformers(path, "paged bf16, blocks of 3", 0);
-    unlink(path);
+    paged_dtype("cuda-fast-paged", "bf16", 0);
 }
 
 static void test_paged_fp8(void **state) {
     (void)state;
-    if (!gpu_have()) skip();
-    char path[4096];
-    snprintf(path, sizeof path, "%s/assemblies/cuda-fast-paged-fp8.yaml", gpu_src_dir());
-    against_transformers(path, "cuda-fast-paged-fp8", 1);
-    write_assembly(path, sizeof path, "f8_e4m3", 3, 0);
-    against_transformers(path, "paged fp8, blocks of 3", 1);
-    unlink(path);
+    paged_dtype("cuda-fast-paged-fp8", "f8_e4m3", 1);
 }
 
 /* Logits of every row of ids run as a pass of first rows, then one of the rest. */
