@@ -95,35 +95,20 @@ __device__ void block_argmax(float &best, int &bi, Shared &sh) {
 }
 
 // Exclusive prefix over the threads in thread order (Hillis-Steele, a fixed
-// order of additions); *total gets the sum of all.
-__device__ u64 excl_scan(u64 v, Shared &sh, u64 *total) {
+// order of additions, each rounded to nearest); *total gets the sum of all.
+// buf: kT elements of shared memory (sh.u for counts, sh.d for masses).
+template <typename T> __device__ T excl_scan(T v, T *buf, T *total) {
     const int t = threadIdx.x;
-    sh.u[t] = v;
+    buf[t] = v;
     __syncthreads();
     for (int off = 1; off < kT; off <<= 1) {
-        const u64 add = t >= off ? sh.u[t - off] : 0;
+        const T add = t >= off ? buf[t - off] : T(0);
         __syncthreads();
-        sh.u[t] += add;
-        __syncthreads();
-    }
-    const u64 ex = t > 0 ? sh.u[t - 1] : 0;
-    *total = sh.u[kT - 1];
-    __syncthreads();
-    return ex;
-}
-
-__device__ double excl_scan(double v, Shared &sh, double *total) {
-    const int t = threadIdx.x;
-    sh.d[t] = v;
-    __syncthreads();
-    for (int off = 1; off < kT; off <<= 1) {
-        const double add = t >= off ? sh.d[t - off] : 0.0;
-        __syncthreads();
-        sh.d[t] = __dadd_rn(sh.d[t], add);
+        buf[t] += add;
         __syncthreads();
     }
-    const double ex = t > 0 ? sh.d[t - 1] : 0.0;
-    *total = sh.d[kT - 1];
+    const T ex = t > 0 ? buf[t - 1] : T(0);
+    *total = buf[kT - 1];
     __syncthreads();
     return ex;
 }
@@ -194,7 +179,7 @@ __device__ bool select_first(const float *__restrict__ key, const float *__restr
         if (!isnan(k) && ordered(k) == prefix) own += mass ? fixed(wt[i]) : 1;
     }
     u64 total;
-    const u64 ex = excl_scan(own, sh, &total);
+    const u64 ex = excl_scan(own, sh.u, &total);
     if (t == 0) sh.hit = INT_MAX;
     __syncthreads();
     if (above + ex + own >= target) {
@@ -355,7 +340,7 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
                 if (!isnan(k) && coarse(k, mx) <= bound) cnt++;
             }
             u64 m;
-            int o = (int)excl_scan((u64)cnt, sh, &m);
+            int o = (int)excl_scan((u64)cnt, sh.u, &m);
             part = 0;
             for (int i = lo; i < hi; i++) {
                 const float k = key[i];
@@ -412,7 +397,7 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
         if (weight_ok(p)) own = __dadd_rn(own, (double)p), last = i;
     }
     double total;
-    const double ex = excl_scan(own, sh, &total);
+    const double ex = excl_scan(own, sh.d, &total);
     if (t == 0) sh.hit = INT_MAX, sh.last = -1;
     __syncthreads();
     const double target = __dmul_rn(a.u, total);
