@@ -95,6 +95,28 @@ static void side_init(side *s, int vocab) {
 
 static void side_free(side *s) { s->be->free(s->dev_row); }
 
+/* Samplers of the same parameters (and so the same random stream): cpu
+ * draws on the host, dev on the device through s's backend. */
+typedef struct pair {
+    tsr_sampler *cpu, *ds;
+    tsr_dev_sampler *dev;
+} pair;
+
+static void pair_new(pair *p, const side *s, const tsr_sampling *sp, int vocab) {
+    p->cpu = tsr_sampler_new(sp, vocab);
+    p->ds = tsr_sampler_new(sp, vocab);
+    assert_true(p->cpu && p->ds);
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (tsr_dev_sampler_new(s->be, p->ds, vocab, &p->dev, &err) != TSR_OK) fail_msg("%s", err.msg);
+}
+
+static void pair_free(pair *p) {
+    tsr_dev_sampler_free(p->dev);
+    tsr_sampler_free(p->cpu);
+    tsr_sampler_free(p->ds);
+}
+
 /* The device's choice for row under dev (history as given). */
 static int32_t dev_pick(side *s, tsr_dev_sampler *dev, const float *row, const int32_t *hist, int n_hist,
                         int n_prompt) {
@@ -181,20 +203,16 @@ static void test_random_rows(void **state) {
                 sp.repetition_penalty = ps->rep, sp.presence_penalty = ps->pres, sp.frequency_penalty = ps->freq;
                 sp.has_seed = 1;
                 sp.seed = rnd();
-                tsr_sampler *cpu = tsr_sampler_new(&sp, vocab), *ds = tsr_sampler_new(&sp, vocab);
-                assert_true(cpu && ds);
-                tsr_dev_sampler *dev;
-                tsr_error err;
-                tsr_error_clear(&err);
-                if (tsr_dev_sampler_new(sd.be, ds, vocab, &dev, &err) != TSR_OK) fail_msg("%s", err.msg);
+                pair pr;
+                pair_new(&pr, &sd, &sp, vocab);
                 /* a prompt with repeats and ids out of range (ignored) */
                 for (int i = 0; i < n_hist_prompt; i++)
                     hist[i] = i % 7 == 6 ? (i % 2 ? -3 : vocab + 5) : (int32_t)(rnd() % (uint64_t)(vocab < 64 ? vocab : 64));
                 int n_hist = n_hist_prompt;
                 for (int d = 0; d < draws; d++) {
                     fill_row(row, vocab, kind);
-                    int32_t want = cpu_pick(cpu, row, vocab, hist, n_hist, n_hist_prompt);
-                    int32_t got = dev_pick(&sd, dev, row, hist, n_hist, n_hist_prompt);
+                    int32_t want = cpu_pick(pr.cpu, row, vocab, hist, n_hist, n_hist_prompt);
+                    int32_t got = dev_pick(&sd, pr.dev, row, hist, n_hist, n_hist_prompt);
                     cases++;
                     if (got != want) {
                         differ++;
@@ -204,9 +222,7 @@ static void test_random_rows(void **state) {
                     if (want < 0) break;
                     hist[n_hist++] = want; /* both go on from the CPU's choice */
                 }
-                tsr_dev_sampler_free(dev);
-                tsr_sampler_free(cpu);
-                tsr_sampler_free(ds);
+                pair_free(&pr);
             }
         }
         free(row);
@@ -230,15 +246,11 @@ static uint64_t draw_over_seeds(const float *row, int vocab, tsr_sampling sp, co
     for (int s = 0; s < seeds; s++) {
         sp.has_seed = 1;
         sp.seed = 1000 + (uint64_t)s;
-        tsr_sampler *cpu = tsr_sampler_new(&sp, vocab), *ds = tsr_sampler_new(&sp, vocab);
-        assert_true(cpu && ds);
-        tsr_dev_sampler *dev;
-        tsr_error err;
-        tsr_error_clear(&err);
-        if (tsr_dev_sampler_new(sd.be, ds, vocab, &dev, &err) != TSR_OK) fail_msg("%s", err.msg);
+        pair p;
+        pair_new(&p, &sd, &sp, vocab);
         int32_t hist0 = 0;
-        int32_t want = cpu_pick(cpu, row, vocab, &hist0, 0, 0);
-        int32_t got = dev_pick(&sd, dev, row, &hist0, 0, 0);
+        int32_t want = cpu_pick(p.cpu, row, vocab, &hist0, 0, 0);
+        int32_t got = dev_pick(&sd, p.dev, row, &hist0, 0, 0);
         if (got != want) fail_msg("seed %d: device %d, CPU %d", s, got, want);
         if (!allowed) {
             if (got != -1) fail_msg("seed %d: chose %d where nothing can be chosen", s, got);
@@ -249,9 +261,7 @@ static uint64_t draw_over_seeds(const float *row, int vocab, tsr_sampling sp, co
             if (!ok) fail_msg("seed %d: chose %d, outside the allowed set", s, got);
             if (got < 64) seen |= 1ull << got;
         }
-        tsr_dev_sampler_free(dev);
-        tsr_sampler_free(cpu);
-        tsr_sampler_free(ds);
+        pair_free(&p);
     }
     side_free(&sd);
     return seen;
@@ -366,17 +376,17 @@ static void test_timing(void **state) {
         tsr_sampling sp = sampled(sets[si].t, sets[si].k, sets[si].p, sets[si].min_p);
         sp.repetition_penalty = sets[si].rep;
         sp.has_seed = 1;
-        tsr_sampler *ds = tsr_sampler_new(&sp, V), *hs = tsr_sampler_new(&sp, V);
-        tsr_dev_sampler *dev;
-        if (tsr_dev_sampler_new(sd.be, ds, V, &dev, &err) != TSR_OK) fail_msg("%s", err.msg);
+        pair pr;
+        pair_new(&pr, &sd, &sp, V);
         double td[REPS], th[REPS];
         for (int r = 0; r < REPS; r++) {
             int32_t id;
             double t0 = tsr_now_seconds();
-            if (tsr_dev_sampler_pick(dev, sd.dev_row, hist, 64 + r, 64, &id, &err) != TSR_OK) fail_msg("%s", err.msg);
+            if (tsr_dev_sampler_pick(pr.dev, sd.dev_row, hist, 64 + r, 64, &id, &err) != TSR_OK)
+                fail_msg("%s", err.msg);
             double t1 = tsr_now_seconds();
             if (sd.be->download(host, sd.dev_row, (size_t)V * sizeof(float), &err) != TSR_OK) fail_msg("%s", err.msg);
-            int32_t hid = tsr_sampler_sample(hs, host, hist, 64 + r, 64, 0, NULL);
+            int32_t hid = tsr_sampler_sample(pr.cpu, host, hist, 64 + r, 64, 0, NULL);
             double t2 = tsr_now_seconds();
             if (hid != id) printf("# timing %s rep %d: device %d, host %d\n", sets[si].name, r, id, hid);
             hist[64 + r] = hid;
@@ -387,9 +397,7 @@ static void test_timing(void **state) {
         printf("# vocab %d, %s: a draw on the device %.1f us, the row to the host and tsr_sampler %.1f us "
                "(medians of %d)\n",
                V, sets[si].name, 1e6 * td[REPS / 2], 1e6 * th[REPS / 2], REPS);
-        tsr_dev_sampler_free(dev);
-        tsr_sampler_free(ds);
-        tsr_sampler_free(hs);
+        pair_free(&pr);
     }
     free(row);
     free(host);
