@@ -114,7 +114,7 @@ template <int WK>
 static void launch_row(int i, const Args &a, cudaStream_t st) {
     switch (i) {
 #define C(I, R, U)                                                                                        \
-    case I: { cudaError_t e_ = tsr_row::launch_cfg<WK, R, U>(a, st); CK(e_); } break;
+    case I: CK((tsr_row::launch_cfg<WK, R, U>(a, st))); break;
         C(0, 1, 1) C(1, 1, 2) C(2, 1, 4) C(3, 2, 1) C(4, 2, 2) C(5, 4, 1) C(6, 4, 2) C(7, 8, 1)
 #undef C
     }
@@ -303,33 +303,32 @@ struct Chain {
     int ci[kNumShapes]; // per shape, -1 = old kernel
     float *x[2], *s;
 };
-static void chain_launches(cudaStream_t st, Chain *c) {
+// Each matrix of one decode token in order (32 layers of q/k/v, o, gate/up,
+// down, then the LM head), each its own weights in g_pool: f(shape, w, ldw).
+template <typename F> static void for_token(int wk, F f) {
     size_t off = 0;
-    int flip = 0;
-    for (int layer = 0; layer <= 32; layer++) {
-        for (int m = 0; m < 4; m++) {
-            const int sh = layer == 32 ? 4 : m;
-            if (layer == 32 && m > 0) break;
-            const Shape &S = kShapes[sh];
-            const int64_t ldw = row_bytes(c->wk, S.in);
-            const uint8_t *w = g_pool + off;
-            off += (size_t)S.out * ldw;
-            if (off > g_pool_bytes) { printf("pool too small\n"); exit(1); }
-            float *x = c->x[flip], *y = c->x[flip ^ 1];
-            flip ^= 1;
-            if (c->ci[sh] < 0) launch_old(c->nr, w, x, y, S.out, S.in, st);
-            else launch(c->wk, c->nr, c->pdl, c->ci[sh], w, c->s, x, y, S.out, S.in, ldw, st);
-        }
+    for (int i = 0; i < 32 * 4 + 1; i++) {
+        const int sh = i < 32 * 4 ? i % 4 : 4;
+        const int64_t ldw = row_bytes(wk, kShapes[sh].in);
+        const uint8_t *w = g_pool + off;
+        off += (size_t)kShapes[sh].out * ldw;
+        if (off > g_pool_bytes) { printf("pool too small\n"); exit(1); }
+        f(sh, w, ldw);
     }
+}
+static void chain_launches(cudaStream_t st, Chain *c) {
+    int flip = 0;
+    for_token(c->wk, [&](int sh, const uint8_t *w, int64_t ldw) {
+        const Shape &S = kShapes[sh];
+        float *x = c->x[flip], *y = c->x[flip ^ 1];
+        flip ^= 1;
+        if (c->ci[sh] < 0) launch_old(c->nr, w, x, y, S.out, S.in, st);
+        else launch(c->wk, c->nr, c->pdl, c->ci[sh], w, c->s, x, y, S.out, S.in, ldw, st);
+    });
 }
 static double chain_bytes(int wk) {
     double b = 0;
-    for (int layer = 0; layer <= 32; layer++)
-        for (int m = 0; m < 4; m++) {
-            const int sh = layer == 32 ? 4 : m;
-            if (layer == 32 && m > 0) break;
-            b += (double)kShapes[sh].out * row_bytes(wk, kShapes[sh].in);
-        }
+    for_token(wk, [&](int sh, const uint8_t *, int64_t ldw) { b += (double)kShapes[sh].out * ldw; });
     return b;
 }
 static float chain_ms(cudaStream_t st, Chain *c) {
@@ -363,58 +362,45 @@ static float layers_ms(cudaStream_t st, cudaStream_t side, Chain *c, size_t pref
     for (auto &e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    size_t off = 0;
     int flip = 0, ei = 0;
-    for (int layer = 0; layer <= 32; layer++)
-        for (int m = 0; m < 4; m++) {
-            const int sh = layer == 32 ? 4 : m;
-            if (layer == 32 && m > 0) break;
-            const Shape &S = kShapes[sh];
-            const int64_t ldw = row_bytes(c->wk, S.in);
-            const uint8_t *w = g_pool + off;
-            const size_t mb = (size_t)S.out * ldw;
-            off += mb;
-            cudaEvent_t done = nullptr;
-            if (prefetch) {
-                CK(cudaEventRecord(ev[ei], st));
-                CK(cudaStreamWaitEvent(side, ev[ei++], 0));
-                prefetch_l2<<<16, 32, 0, side>>>(w, prefetch < mb ? prefetch : mb);
-                done = ev[ei++];
-                CK(cudaEventRecord(done, side));
-            }
-            if (gaps) spin_kernel<<<1, 32, 0, st>>>(gap_ns[m]);
-            if (done) CK(cudaStreamWaitEvent(st, done, 0));
-            float *x = c->x[flip], *y = c->x[flip ^ 1];
-            flip ^= 1;
-            launch(c->wk, c->nr, false, c->ci[sh], w, c->s, x, y, S.out, S.in, ldw, st);
+    for_token(c->wk, [&](int sh, const uint8_t *w, int64_t ldw) {
+        const Shape &S = kShapes[sh];
+        const size_t mb = (size_t)S.out * ldw;
+        cudaEvent_t done = nullptr;
+        if (prefetch) {
+            CK(cudaEventRecord(ev[ei], st));
+            CK(cudaStreamWaitEvent(side, ev[ei++], 0));
+            prefetch_l2<<<16, 32, 0, side>>>(w, prefetch < mb ? prefetch : mb);
+            done = ev[ei++];
+            CK(cudaEventRecord(done, side));
         }
+        if (gaps) spin_kernel<<<1, 32, 0, st>>>(gap_ns[sh < 4 ? sh : 0]);
+        if (done) CK(cudaStreamWaitEvent(st, done, 0));
+        float *x = c->x[flip], *y = c->x[flip ^ 1];
+        flip ^= 1;
+        launch(c->wk, c->nr, false, c->ci[sh], w, c->s, x, y, S.out, S.in, ldw, st);
+    });
     CK(cudaStreamEndCapture(st, &g));
     const float ms = replay_ms(st, g);
     for (auto &e : ev) cudaEventDestroy(e);
     return ms;
 }
 
-// ---- one token's GEMVs through the production launcher
+// ---- one token's GEMVs through the production launcher (gemv_row.cuh's
+// launch_decode: the row kernel or gemv_mma by shape and row count)
 static float production_chain_ms(cudaStream_t st, int wk, int rows, float *xa, float *xb, float *s) {
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    size_t off = 0;
-    for (int layer = 0; layer <= 32; layer++)
-        for (int m = 0; m < 4; m++) {
-            const int sh = layer == 32 ? 4 : m;
-            if (layer == 32 && m > 0) break;
-            const Shape &S = kShapes[sh];
-            Args a = {};
-            a.w = g_pool + off;
-            a.ldw = row_bytes(wk, S.in);
-            off += (size_t)S.out * a.ldw;
-            a.scale = wk == kFp8 ? s : nullptr;
-            a.n_out = S.out, a.cols = S.in, a.ldx = S.in, a.x = xa, a.y = xb;
-            CK(wk == kBf16 ? launch<kBf16>(a, rows, st) : launch<kFp8>(a, rows, st));
-        }
+    for_token(wk, [&](int sh, const uint8_t *w, int64_t ldw) {
+        const Shape &S = kShapes[sh];
+        Args a = {};
+        a.w = w, a.ldw = ldw;
+        a.scale = wk == kFp8 ? s : nullptr;
+        a.n_out = S.out, a.cols = S.in, a.ldx = S.in, a.x = xa, a.y = xb;
+        CK(wk == kBf16 ? tsr_row::launch_decode<kBf16>(a, rows, st) : tsr_row::launch_decode<kFp8>(a, rows, st));
+    });
     CK(cudaStreamEndCapture(st, &g));
-    const float ms = replay_ms(st, g);
-    return ms;
+    return replay_ms(st, g);
 }
 
 __global__ void fill_kernel(uint8_t *p, size_t n, uint32_t seed) {
@@ -504,7 +490,7 @@ int main(void) {
         CK(cudaMalloc(&xa, 8 * 14336 * 4));
         CK(cudaMalloc(&xb, 8 * 128256 * 4));
         CK(cudaMemset(xa, 0, 8 * 14336 * 4));
-        printf("\nproduction launcher (kernels/cuda/gemv_mma.cuh), one token's GEMVs as a graph:\n");
+        printf("\nproduction launcher (kernels/cuda/gemv_row.cuh launch_decode), one token's GEMVs as a graph:\n");
         for (int wk = 0; wk < 2; wk++)
             for (int rows : {1, 2, 4, 8})
                 printf("%s rows %d: %.3f ms\n", wk ? "E4M3" : "bf16", rows, production_chain_ms(st, wk, rows, xa, xb, s));
