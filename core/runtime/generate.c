@@ -232,6 +232,14 @@ static int32_t choose(tsr_gen *g, float *row) {
     return tsr_sampler_draw(g->sampler, g->probs);
 }
 
+/* Run tokens through the model and draw the next token where its logits
+ * are (g->dev): only the id comes back. */
+static int device_draw(tsr_gen *g, const int32_t *tokens, int n, int32_t *out, tsr_error *err) {
+    int rc = tsr_seq_forward_device(g->seq, tokens, n, err);
+    if (rc != TSR_OK) return rc;
+    return tsr_dev_sampler_pick(g->dev, g->m->logits_dev, g->hist, g->n_hist, g->n_prompt, out, err);
+}
+
 /* Choose a token from logits row (raw copy kept for log-probabilities). */
 static void token_info(tsr_gen *g, const float *raw, int32_t id, tsr_token_info *info) {
     if (g->want_raw)
@@ -264,9 +272,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         if (g->greedy_ids) {
             rc = tsr_seq_forward_greedy(g->seq, g->hist, g->n_hist, &choice, 0, err);
         } else if (g->dev) {
-            rc = tsr_seq_forward_device(g->seq, g->hist, g->n_hist, err);
-            if (rc == TSR_OK)
-                rc = tsr_dev_sampler_pick(g->dev, m->logits_dev, g->hist, g->n_hist, g->n_prompt, &choice, err);
+            rc = device_draw(g, g->hist, g->n_hist, &choice, err);
         } else {
             rc = tsr_seq_forward(g->seq, g->hist, g->n_hist, g->logits, 0, err);
             if (rc == TSR_OK) {
@@ -318,9 +324,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         if (g->greedy_ids) {
             rc = tsr_seq_forward_greedy(g->seq, rows, k + 1, g->choices, 1, err);
         } else if (ids_only) {
-            rc = tsr_seq_forward_device(g->seq, rows, 1, err);
-            if (rc == TSR_OK)
-                rc = tsr_dev_sampler_pick(g->dev, m->logits_dev, g->hist, g->n_hist, g->n_prompt, g->choices, err);
+            rc = device_draw(g, rows, 1, g->choices, err);
         } else {
             rc = tsr_seq_forward(g->seq, rows, k + 1, g->logits, 1, err);
         }
