@@ -21,6 +21,8 @@
 
 #include "slots/tsr_drafter.h"
 
+enum { kSeqs = 64, kMaxBackoff = 32 }; /* sequences with adaptive state; longest pause */
+
 typedef struct ngram {
     const tsr_plugin_ctx *ctx;
     int n;          /* longest match tried */
@@ -36,10 +38,8 @@ typedef struct ngram {
         int misses;  /* proposals in a row with nothing accepted */
         int skip;    /* steps left without drafting */
         int backoff; /* the last skip given */
-    } seqs[64];
+    } seqs[kSeqs];
 } ngram;
-
-enum { kSeqs = 64, kMaxBackoff = 32 };
 
 /* The state of seq (made on first use when make), or NULL. */
 static struct seq_state *seq_state(ngram *g, int seq, int make) {
