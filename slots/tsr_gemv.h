@@ -55,6 +55,14 @@ static inline const tsr_weight_scale *tsr_weight_scale_of(const tsr_plugin_ctx *
     return ctx && ctx->host && ctx->host->version >= 4 ? w->scale : NULL;
 }
 
+/* row[c] *= the scale of element (r, c) for c < cols: row r of a scaled
+ * weight widened to f32, scaled as the formula above says (one product each). */
+static inline void tsr_weight_scale_row(const tsr_weight_scale *sc, int64_t r, int64_t cols, float *row) {
+    const int64_t grid_cols = (cols + sc->block_cols - 1) / sc->block_cols;
+    const float *s = sc->data + (r / sc->block_rows) * grid_cols;
+    for (int64_t c = 0; c < cols; c++) row[c] *= s[c / sc->block_cols];
+}
+
 typedef struct tsr_gemv_i {
     uint32_t struct_size; /* sizeof(tsr_gemv_i) at the plugin's build */
     uint32_t version;     /* TSR_GEMV_IFACE_VERSION */

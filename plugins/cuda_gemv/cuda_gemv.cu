@@ -287,11 +287,8 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
                 memcpy(dst, src, (size_t)tw->cols * 2);
             } else {
                 tsr_dequant_row(tw->dtype, src, row, tw->cols);
-                if (sc) { // FP8 checkpoints: each code times its scale in f32 (as ref_gemv), then to bf16
-                    const int64_t gc = (tw->cols + sc->block_cols - 1) / sc->block_cols;
-                    const float *s = sc->data + (r / sc->block_rows) * gc;
-                    for (int64_t c = 0; c < tw->cols; c++) row[c] *= s[c / sc->block_cols];
-                }
+                // FP8 checkpoints: each code times its scale in f32 (as ref_gemv), then to bf16
+                if (sc) tsr_weight_scale_row(sc, r, tw->cols, row);
                 for (int64_t c = 0; c < tw->cols; c++) dst[c] = tsr_f32_to_bf16(row[c]);
             }
         }

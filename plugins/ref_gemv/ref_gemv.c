@@ -26,7 +26,6 @@ typedef struct ref_weight {
     uint64_t row_bytes;
     const uint8_t *data;
     tsr_weight_scale scale; /* scale.data NULL: unscaled */
-    int64_t grid_cols;      /* scales per row of blocks: ceil(cols / scale.block_cols) */
 } ref_weight;
 
 static int ref_init(void *inst, const tsr_plugin_ctx *ctx) {
@@ -56,10 +55,7 @@ static int ref_prepare(void *inst, const tsr_weight *w, void **out) {
     }
     ref_weight *rw = g->ctx->host->alloc(g->ctx, sizeof *rw, 16);
     if (!rw) return TSR_ERR_NOMEM;
-    if (sc) {
-        rw->scale = *sc;
-        rw->grid_cols = (w->cols + sc->block_cols - 1) / sc->block_cols;
-    }
+    if (sc) rw->scale = *sc;
     rw->dtype = w->dtype;
     rw->rows = w->rows;
     rw->cols = w->cols;
@@ -93,12 +89,7 @@ static void run_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     }
     for (int64_t r = r0; r < r1; r++) {
         tsr_dequant_row(w->dtype, w->data + (uint64_t)r * w->row_bytes, row, w->cols);
-        if (w->scale.data) { /* each block of columns by its scale */
-            const float *s = w->scale.data + (r / w->scale.block_rows) * w->grid_cols;
-            const int64_t bc = w->scale.block_cols;
-            for (int64_t c0 = 0; c0 < w->cols; c0 += bc)
-                for (int64_t c = c0; c < w->cols && c < c0 + bc; c++) row[c] *= s[c0 / bc];
-        }
+        if (w->scale.data) tsr_weight_scale_row(&w->scale, r, w->cols, row);
         for (int i = 0; i < j->rows; i++) {
             const float *x = j->x + (int64_t)i * w->cols;
             float acc = 0.0f;

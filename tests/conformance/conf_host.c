@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,9 +38,16 @@ static void h_set_error(const tsr_plugin_ctx *ctx, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Plugins allocate from their workers too (cpu_gemv's GEMM takes a panel
+ * buffer per worker): the counters and the fault countdown under one lock. */
+static pthread_mutex_t alloc_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void *h_alloc(const tsr_plugin_ctx *ctx, size_t size, size_t align) {
     conf_inst *ci = inst_of(ctx);
-    if (ci->fail_at && --ci->fail_at == 0) return NULL;
+    pthread_mutex_lock(&alloc_mu);
+    const int fail = ci->fail_at && --ci->fail_at == 0;
+    pthread_mutex_unlock(&alloc_mu);
+    if (fail) return NULL;
     if (align < 16 || (align & (align - 1))) align = 16;
     size_t total;
     if (__builtin_add_overflow(size, sizeof(conf_hdr) + align, &total)) return NULL;
@@ -50,8 +58,10 @@ static void *h_alloc(const tsr_plugin_ctx *ctx, size_t size, size_t align) {
     h->base = base;
     h->size = size;
     h->owner = ci;
+    pthread_mutex_lock(&alloc_mu);
     ci->live_allocs++;
     ci->live_bytes += size;
+    pthread_mutex_unlock(&alloc_mu);
     return (void *)p;
 }
 
@@ -59,8 +69,10 @@ static void h_free(const tsr_plugin_ctx *ctx, void *p) {
     if (!p) return;
     conf_hdr *h = (conf_hdr *)p - 1;
     conf_inst *ci = inst_of(ctx);
+    pthread_mutex_lock(&alloc_mu);
     ci->live_allocs--;
     ci->live_bytes -= h->size;
+    pthread_mutex_unlock(&alloc_mu);
     free(h->base);
 }
 
