@@ -33,6 +33,13 @@ static int cu_rope(const tsr_rope *r, const float *inv_freq, float *x, int rows,
                           "rope", err);
 }
 
+static int cu_rope_split(const tsr_rope *r, const float *inv_freq, float *q, float *k, float *v, const float *src,
+                         int rows, int n_heads, int n_kv, int pos0, const int32_t *dev_pos0, tsr_error *err) {
+    return tsr_cuda_check(tsr_cu_rope_split(q, k, v, src, inv_freq, rows, n_heads, n_kv, r->head_dim, pos0, dev_pos0,
+                                            r->pos_scale, r->interleaved, tsr_cuda_stream()),
+                          "q/k/v split and rope", err);
+}
+
 static int cu_silu_mul(float *y, const float *g, const float *u, int64_t n, tsr_error *err) {
     return tsr_cuda_check(tsr_cu_silu_mul(y, g, u, n, tsr_cuda_stream()), "silu", err);
 }
@@ -92,6 +99,7 @@ static const tsr_backend cuda_backend = {
     .rmsnorm = cu_rmsnorm,
     .add_rmsnorm = cu_add_rmsnorm,
     .rope = cu_rope,
+    .rope_split = cu_rope_split,
     .silu_mul = cu_silu_mul,
     .silu_mul_cat = cu_silu_mul_cat,
     .split3 = cu_split3,

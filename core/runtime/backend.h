@@ -46,6 +46,10 @@ typedef struct tsr_backend {
      * capturing a graph) holds pos0 in backend memory instead */
     int (*rope)(const tsr_rope *r, const float *inv_freq, float *x, int rows, int n_heads, int pos0,
                 const int32_t *dev_pos0, tsr_error *err);
+    /* split3 of a stacked q/k/v projection src [rows, (n_heads + 2 n_kv) *
+     * head_dim] into q, k, v, then rope of q and k: one pass where it can */
+    int (*rope_split)(const tsr_rope *r, const float *inv_freq, float *q, float *k, float *v, const float *src,
+                      int rows, int n_heads, int n_kv, int pos0, const int32_t *dev_pos0, tsr_error *err);
     int (*silu_mul)(float *y, const float *g, const float *u, int64_t n, tsr_error *err);
     /* y[r, :f] = silu(gu[r, :f]) * gu[r, f:2f] */
     int (*silu_mul_cat)(float *y, const float *gu, int rows, int f, tsr_error *err);

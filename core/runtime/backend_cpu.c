@@ -81,6 +81,15 @@ static int cpu_split3(float *da, float *db, float *dc, const float *src, int row
     return TSR_OK;
 }
 
+static int cpu_rope_split(const tsr_rope *rp, const float *inv_freq, float *q, float *k, float *v, const float *src,
+                          int rows, int n_heads, int n_kv, int pos0, const int32_t *dev_pos0, tsr_error *err) {
+    const int hd = rp->head_dim;
+    int rc = cpu_split3(q, k, v, src, rows, n_heads * hd, n_kv * hd, n_kv * hd, err);
+    if (rc == TSR_OK) rc = cpu_rope(rp, inv_freq, q, rows, n_heads, pos0, dev_pos0, err);
+    if (rc == TSR_OK) rc = cpu_rope(rp, inv_freq, k, rows, n_kv, pos0, dev_pos0, err);
+    return rc;
+}
+
 static int cpu_argmax(const float *x, int rows, int n, int32_t *out, tsr_error *err) {
     (void)err;
     for (int r = 0; r < rows; r++) {
@@ -126,6 +135,7 @@ static const tsr_backend cpu_backend = {
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
     .rope = cpu_rope,
+    .rope_split = cpu_rope_split,
     .silu_mul = cpu_silu_mul,
     .silu_mul_cat = cpu_silu_mul_cat,
     .split3 = cpu_split3,

@@ -157,10 +157,17 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
     int rc;
     if (!normed) OP(TSR_PROF_NORM, BE(be->rmsnorm(m->xn, m->x, L->attn_norm, rows, h, c->norm_eps, err)));
     float *q = m->q, *k = m->k, *v = m->v;
+    const int32_t *dev_pos0 = EX->step ? &EX->step->pos0 : NULL;
+    /* rotated while split out of the stacked projection (nothing between) */
+    int rotated = 0;
     if (L->wqkv) { /* one pass over q, k, v stacked: [rows, qd + 2 kvd] */
         OP(TSR_PROF_QKV, if ((rc = gemv(m, L->wqkv, rows, m->xn, m->qkv, err))) return rc);
         if (rows == 1) { /* a single row is already three contiguous vectors */
             q = m->qkv, k = m->qkv + qd, v = m->qkv + qd + kvd;
+        } else if (!L->bq && !L->bk && !L->bv && !L->q_norm) {
+            OP(TSR_PROF_ROPE, BE(be->rope_split(&m->rope, m->inv_freq, q, k, v, m->qkv, rows, c->n_heads,
+                                                c->n_kv_heads, pos0, dev_pos0, err)));
+            rotated = 1;
         } else {
             OP(TSR_PROF_QKV, BE(be->split3(q, k, v, m->qkv, rows, qd, kvd, kvd, err)));
         }
@@ -176,12 +183,14 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
         OP(TSR_PROF_NORM, BE(be->rmsnorm(q, q, L->q_norm, rows * c->n_heads, hd, c->norm_eps, err));
            BE(be->rmsnorm(k, k, L->k_norm, rows * c->n_kv_heads, hd, c->norm_eps, err)));
     }
-    const int32_t *dev_pos0 = EX->step ? &EX->step->pos0 : NULL;
-    if (rows == 1 && k == q + qd) /* one row of stacked q/k: one rotation over both */
-        OP(TSR_PROF_ROPE, BE(be->rope(&m->rope, m->inv_freq, q, 1, c->n_heads + c->n_kv_heads, pos0, dev_pos0, err)));
-    else
-        OP(TSR_PROF_ROPE, BE(be->rope(&m->rope, m->inv_freq, q, rows, c->n_heads, pos0, dev_pos0, err));
-           BE(be->rope(&m->rope, m->inv_freq, k, rows, c->n_kv_heads, pos0, dev_pos0, err)));
+    if (!rotated) {
+        if (rows == 1 && k == q + qd) /* one row of stacked q/k: one rotation over both */
+            OP(TSR_PROF_ROPE,
+               BE(be->rope(&m->rope, m->inv_freq, q, 1, c->n_heads + c->n_kv_heads, pos0, dev_pos0, err)));
+        else
+            OP(TSR_PROF_ROPE, BE(be->rope(&m->rope, m->inv_freq, q, rows, c->n_heads, pos0, dev_pos0, err));
+               BE(be->rope(&m->rope, m->inv_freq, k, rows, c->n_kv_heads, pos0, dev_pos0, err)));
+    }
     OP(TSR_PROF_KV, CALL(m->kv, tsr_kv_append(m->kv, kv_seq, layer, pos0, rows, k, v, EX), "kv append"));
     tsr_kv_view view;
     CALL(m->kv, tsr_kv_view_get(m->kv, kv_seq, layer, &view), "kv view");

@@ -28,6 +28,12 @@ int tsr_cu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int r
  * [head_dim / 2]. */
 int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim, int pos0,
                 const int32_t *dev_pos0, float pos_scale, int interleaved, void *stream);
+/* q [rows, n_heads, head_dim], k [rows, n_kv, head_dim] and v [rows, n_kv *
+ * head_dim] out of their stacked projection src [rows, (n_heads + 2 n_kv) *
+ * head_dim], q and k rotated as tsr_cu_rope rotates: one launch. */
+int tsr_cu_rope_split(float *q, float *k, float *v, const float *src, const float *inv_freq, int rows, int n_heads,
+                      int n_kv, int head_dim, int pos0, const int32_t *dev_pos0, float pos_scale, int interleaved,
+                      void *stream);
 /* y[r, :f] = silu(gu[r, :f]) * gu[r, f:2f] (gate and up side by side) */
 int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, void *stream);
 /* each row of src [rows, a + b + c] cut into da [rows, a], db [rows, b],

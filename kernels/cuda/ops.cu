@@ -87,6 +87,33 @@ __global__ void rope_k(float *x, const float *inv_freq, int n_heads, int head_di
     }
 }
 
+// q/k/v out of their stacked projection (rows of src: nh query heads, nkv
+// key heads, nkv value heads of hd), q and k rotated on the way (rope_k's
+// arithmetic), v copied: split3 and two rope launches in one. grid
+// (column blocks, rows).
+__global__ void rope_split_k(float *q, float *k, float *v, const float *src, const float *inv_freq, int nh, int nkv,
+                             int hd, int pos0, const int32_t *dev_pos0, float pos_scale, int interleaved) {
+    const int r = blockIdx.y, half = hd / 2, pairs = (nh + nkv) * half, vd = nkv * hd;
+    if (dev_pos0) pos0 = *dev_pos0;
+    const float p = (float)(pos0 + r) * pos_scale;
+    const float *in = src + (int64_t)r * (nh + 2 * nkv) * hd;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < pairs + vd; j += gridDim.x * blockDim.x) {
+        if (j >= pairs) {
+            v[(int64_t)r * vd + j - pairs] = in[(nh + nkv) * hd + j - pairs];
+            continue;
+        }
+        const int h = j / half, i = j % half;
+        float s, c;
+        sincosf(p * inv_freq[i], &s, &c);
+        const float *a = in + h * hd;
+        float *o = h < nh ? q + ((int64_t)r * nh + h) * hd : k + ((int64_t)r * nkv + h - nh) * hd;
+        const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+        const float x0 = a[i0], x1 = a[i1];
+        o[i0] = x0 * c - x1 * s;
+        o[i1] = x1 * c + x0 * s;
+    }
+}
+
 // y[r, i] = silu(gu[r, i]) * gu[r, f + i]: gate and up side by side; grid
 // (column blocks, rows).
 __global__ void silu_mul_cat_k(float *y, const float *gu, int f) {
@@ -224,6 +251,16 @@ extern "C" int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_head
     dim3 grid((unsigned)((n_heads * (head_dim / 2) + kThreads - 1) / kThreads), (unsigned)rows);
     rope_k<<<grid, kThreads, 0, STREAM(stream)>>>(x, inv_freq, n_heads, head_dim, pos0, dev_pos0, pos_scale,
                                                   interleaved);
+    return launched();
+}
+
+extern "C" int tsr_cu_rope_split(float *q, float *k, float *v, const float *src, const float *inv_freq, int rows,
+                                 int n_heads, int n_kv, int head_dim, int pos0, const int32_t *dev_pos0,
+                                 float pos_scale, int interleaved, void *stream) {
+    const int n = (n_heads + n_kv) * (head_dim / 2) + n_kv * head_dim;
+    dim3 grid((unsigned)((n + kThreads - 1) / kThreads), (unsigned)rows);
+    rope_split_k<<<grid, kThreads, 0, STREAM(stream)>>>(q, k, v, src, inv_freq, n_heads, n_kv, head_dim, pos0,
+                                                        dev_pos0, pos_scale, interleaved);
     return launched();
 }
 
