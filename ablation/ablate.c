@@ -66,10 +66,25 @@ typedef struct abl_ctx {
     tsr_plan *plan;
     int np;
     int pslot[TSR_ABL_MAX_PLUGINS];           /* slot of plugin i; -1: a runtime switch */
-    int graphs;                               /* factor index of runtime.cuda_graphs, or -1 */
+    int graphs, pdl;                          /* factor index of runtime.cuda_graphs / .pdl, or -1 */
     const tsr_manifest *base[TSR_SLOT_COUNT]; /* each slot's baseline */
     int vi, nv;                               /* progress */
 } abl_ctx;
+
+/* A runtime switch the assembly turns on, as factor r->n_plugins: exact (the
+ * same kernels, replayed or launched early; attention's key splits reorder
+ * float sums, which the quality check would show). */
+static int add_switch(tsr_abl_result *r, abl_ctx *c, const char *name) {
+    tsr_abl_plugin *p = &r->plugins[r->n_plugins];
+    c->pslot[r->n_plugins] = -1;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->slot, sizeof p->slot, "runtime");
+    snprintf(p->baseline, sizeof p->baseline, "off");
+    p->exact = 1;
+    p->max_mean_kl = 0;
+    p->max_ppl_ratio = 1;
+    return r->n_plugins++;
+}
 
 static int write_variant(abl_ctx *c, tsr_abl_result *r, tsr_abl_variant *v, tsr_error *err) {
     snprintf(v->assembly_file, sizeof v->assembly_file, "%s/assemblies/%s.yaml", c->o->out_dir, v->name);
@@ -105,7 +120,10 @@ static int write_variant(abl_ctx *c, tsr_abl_result *r, tsr_abl_variant *v, tsr_
             fprintf(f, "  %s: %s\n", tsr_slot_name((tsr_slot)s), c->base[s]->name);
         }
     }
-    if (c->graphs >= 0 && (v->mask >> c->graphs & 1)) fputs("runtime:\n  cuda_graphs: true\n", f);
+    const int graphs = c->graphs >= 0 && (v->mask >> c->graphs & 1), pdl = c->pdl >= 0 && (v->mask >> c->pdl & 1);
+    if (graphs || pdl) fputs("runtime:\n", f);
+    if (graphs) fputs("  cuda_graphs: true\n", f);
+    if (pdl) fputs("  pdl: true\n", f);
     if (fclose(f)) return tsr_error_set(err, TSR_ERR_IO, "cannot write %s", v->assembly_file);
     return TSR_OK;
 }
@@ -562,18 +580,9 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
         p->max_mean_kl = m->has_quality ? m->max_mean_kl : 0;
         p->max_ppl_ratio = m->has_quality ? m->max_ppl_ratio : 1;
     }
-    c.graphs = -1;
-    if (c.as->cuda_graphs) { /* a runtime switch is a factor like a plugin: off is its baseline */
-        tsr_abl_plugin *p = &r->plugins[r->n_plugins];
-        c.graphs = r->n_plugins;
-        c.pslot[r->n_plugins++] = -1;
-        snprintf(p->name, sizeof p->name, "runtime.cuda_graphs");
-        snprintf(p->slot, sizeof p->slot, "runtime");
-        snprintf(p->baseline, sizeof p->baseline, "off");
-        p->exact = 1; /* the same kernels replayed (attention splits keys differently: float sums reorder) */
-        p->max_mean_kl = 0;
-        p->max_ppl_ratio = 1;
-    }
+    /* a runtime switch is a factor like a plugin: off is its baseline */
+    c.graphs = c.as->cuda_graphs ? add_switch(r, &c, "runtime.cuda_graphs") : -1;
+    c.pdl = c.as->pdl ? add_switch(r, &c, "runtime.pdl") : -1;
     c.np = r->n_plugins;
 
     if ((rc = load_device(o, &r->dev, err))) goto done;

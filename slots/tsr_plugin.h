@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define TSR_ABI_MAJOR 1
-#define TSR_ABI_MINOR 1
+#define TSR_ABI_MINOR 2
 
 #define TSR_PLUGIN_ENTRY_NAME "tsr_plugin_entry"
 #define TSR_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -156,6 +156,12 @@ typedef struct tsr_exec {
      * - keep nothing on the host that later steps need, except a kv_cache
      *   plugin's lengths, which replayed() brings up to date. */
     const tsr_step *step;
+    /* ABI 1.2. Nonzero when the assembly sets runtime.pdl (CUDA): the host
+     * launches its kernels as programmatic dependents of the kernel before
+     * them, and a plugin may do so too (kernels/cuda/pdl.cuh: each such
+     * kernel waits, griddepcontrol.wait, before it touches memory an earlier
+     * kernel wrote or reads). A plugin that ignores it stays correct. */
+    int pdl;
 } tsr_exec;
 
 struct tsr_plugin_ctx;

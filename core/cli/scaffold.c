@@ -2,6 +2,8 @@
  * interfaces written out; @N@ stands for the plugin's name. */
 #include "scaffold.h"
 
+#include "../../slots/tsr_plugin.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -357,7 +359,7 @@ int tsr_scaffold_plugin(const char *root, const char *slot, const char *name, ch
              "name: @N@\n"
              "slot: %s\n"
              "version: 0.1.0\n"
-             "abi: \"1.1\"\n"
+             "abi: \"%d.%d\"\n"
              "library: lib@N@.so\n"
              "sha256: \"@SHA256@\"\n"
              "devices: [cpu]\n"
@@ -368,7 +370,7 @@ int tsr_scaffold_plugin(const char *root, const char *slot, const char *name, ch
              "# provides:   capabilities other slots' plugins may require\n"
              "# requires:   e.g. kv_cache.kv_dtype: [f32]\n"
              "# params:     e.g. threads: {type: int, default: 0, min: 0, max: 256, description: \"...\"}\n",
-             t->slot);
+             t->slot, TSR_ABI_MAJOR, TSR_ABI_MINOR);
 
     char *texts[4] = {source_text(t, name), subst(cml_tpl, name), subst(readme_tpl, name), subst(man_tpl, name)};
     const char *files[4] = {src, cml, readme, man};

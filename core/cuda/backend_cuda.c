@@ -5,6 +5,12 @@
 #include "../runtime/backend.h"
 #include "device.h"
 
+/* runtime.pdl: the kernels go out as programmatic dependents of the kernel
+ * before them (kernels/cuda/pdl.cuh); set by the model before each pass. */
+static int g_pdl;
+
+static void cu_set_pdl(int on) { g_pdl = on; }
+
 static void *cu_alloc(size_t bytes, tsr_error *err) { return tsr_cuda_malloc(bytes ? bytes : 1, err); }
 
 static int cu_embed(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids, int rows,
@@ -12,49 +18,49 @@ static int cu_embed(float *x, const void *table, uint32_t dtype, int hidden, con
     if (dtype != TSR_DTYPE_F32 && dtype != TSR_DTYPE_F16 && dtype != TSR_DTYPE_BF16)
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED,
                              "the CUDA backend reads f32, f16 or bf16 embeddings (dtype %u)", dtype);
-    return tsr_cuda_check(tsr_cu_embed(x, table, dtype, hidden, ids, rows, tsr_cuda_stream()), "embedding",
+    return tsr_cuda_check(tsr_cu_embed(x, table, dtype, hidden, ids, rows, g_pdl, tsr_cuda_stream()), "embedding",
                           err);
 }
 
 static int cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
                       tsr_error *err) {
-    return tsr_cuda_check(tsr_cu_rmsnorm(y, x, w, rows, n, eps, tsr_cuda_stream()), "rmsnorm", err);
+    return tsr_cuda_check(tsr_cu_rmsnorm(y, x, w, rows, n, eps, g_pdl, tsr_cuda_stream()), "rmsnorm", err);
 }
 
 static int cu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
                           tsr_error *err) {
-    return tsr_cuda_check(tsr_cu_add_rmsnorm(x, o, y, w, rows, n, eps, tsr_cuda_stream()), "add and rmsnorm", err);
+    return tsr_cuda_check(tsr_cu_add_rmsnorm(x, o, y, w, rows, n, eps, g_pdl, tsr_cuda_stream()), "add and rmsnorm", err);
 }
 
 static int cu_rope(const tsr_rope *r, const float *inv_freq, float *x, int rows, int n_heads, int pos0,
                    const int32_t *dev_pos0, tsr_error *err) {
     return tsr_cuda_check(tsr_cu_rope(x, inv_freq, rows, n_heads, r->head_dim, pos0, dev_pos0, r->pos_scale,
-                                      r->interleaved, tsr_cuda_stream()),
+                                      r->interleaved, g_pdl, tsr_cuda_stream()),
                           "rope", err);
 }
 
 static int cu_rope_split(const tsr_rope *r, const float *inv_freq, float *q, float *k, float *v, const float *src,
                          int rows, int n_heads, int n_kv, int pos0, const int32_t *dev_pos0, tsr_error *err) {
     return tsr_cuda_check(tsr_cu_rope_split(q, k, v, src, inv_freq, rows, n_heads, n_kv, r->head_dim, pos0, dev_pos0,
-                                            r->pos_scale, r->interleaved, tsr_cuda_stream()),
+                                            r->pos_scale, r->interleaved, g_pdl, tsr_cuda_stream()),
                           "q/k/v split and rope", err);
 }
 
 static int cu_silu_mul(float *y, const float *g, const float *u, int64_t n, tsr_error *err) {
-    return tsr_cuda_check(tsr_cu_silu_mul(y, g, u, n, tsr_cuda_stream()), "silu", err);
+    return tsr_cuda_check(tsr_cu_silu_mul(y, g, u, n, g_pdl, tsr_cuda_stream()), "silu", err);
 }
 
 static int cu_silu_mul_cat(float *y, const float *gu, int rows, int f, tsr_error *err) {
-    return tsr_cuda_check(tsr_cu_silu_mul_cat(y, gu, rows, f, tsr_cuda_stream()), "silu", err);
+    return tsr_cuda_check(tsr_cu_silu_mul_cat(y, gu, rows, f, g_pdl, tsr_cuda_stream()), "silu", err);
 }
 
 static int cu_split3(float *da, float *db, float *dc, const float *src, int rows, int a, int b, int c,
                      tsr_error *err) {
-    return tsr_cuda_check(tsr_cu_split3(da, db, dc, src, rows, a, b, c, tsr_cuda_stream()), "q/k/v split", err);
+    return tsr_cuda_check(tsr_cu_split3(da, db, dc, src, rows, a, b, c, g_pdl, tsr_cuda_stream()), "q/k/v split", err);
 }
 
 static int cu_argmax(const float *x, int rows, int n, int32_t *out, tsr_error *err) {
-    return tsr_cuda_check(tsr_cu_argmax_rows(x, rows, n, out, tsr_cuda_stream()), "argmax", err);
+    return tsr_cuda_check(tsr_cu_argmax_rows(x, rows, n, out, g_pdl, tsr_cuda_stream()), "argmax", err);
 }
 
 static int cu_sample_history(int32_t *state, const int32_t *ids, int n, int gen_from, int vocab,
@@ -76,11 +82,11 @@ static int cu_sample(const float *logits, const int32_t *state, const tsr_cu_sam
 }
 
 static int cu_add(float *y, const float *x, int64_t n, tsr_error *err) {
-    return tsr_cuda_check(tsr_cu_add(y, x, n, tsr_cuda_stream()), "add", err);
+    return tsr_cuda_check(tsr_cu_add(y, x, n, g_pdl, tsr_cuda_stream()), "add", err);
 }
 
 static int cu_add_rows(float *y, const float *b, int rows, int n, tsr_error *err) {
-    return tsr_cuda_check(tsr_cu_add_rows(y, b, rows, n, tsr_cuda_stream()), "bias", err);
+    return tsr_cuda_check(tsr_cu_add_rows(y, b, rows, n, g_pdl, tsr_cuda_stream()), "bias", err);
 }
 
 static const tsr_backend cuda_backend = {
@@ -95,6 +101,7 @@ static const tsr_backend cuda_backend = {
     .host_alloc = tsr_cuda_host_alloc,
     .host_free = tsr_cuda_host_free,
     .stream = tsr_cuda_stream,
+    .set_pdl = cu_set_pdl,
     .embed = cu_embed,
     .rmsnorm = cu_rmsnorm,
     .add_rmsnorm = cu_add_rmsnorm,

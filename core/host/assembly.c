@@ -78,7 +78,7 @@ static void read_slot(tsr_assembly *a, const char *file, const tsr_ynode *k, con
     sl->plugin = dup_or(rc, name);
 }
 
-/* runtime: {cuda_graphs: bool} */
+/* runtime: {cuda_graphs: bool, pdl: bool} */
 static void read_runtime(tsr_assembly *a, const char *path, const tsr_ynode *v, tsr_diag *d, int *rc) {
     if (tsr_ynode_is_null(v)) return;
     if (v->kind != TSR_YNODE_MAP) {
@@ -87,19 +87,22 @@ static void read_runtime(tsr_assembly *a, const char *path, const tsr_ynode *v, 
     }
     for (int i = 0; i < tsr_ynode_pairs(v); i++) {
         const tsr_ynode *k = tsr_ynode_key(v, i), *x = tsr_ynode_val(v, i);
-        if (strcmp(k->str, "cuda_graphs")) {
-            add(d, rc, path, k, "runtime: unknown key '%s'%s (cuda_graphs)", k->str, "");
+        int *on, *line, *col;
+        if (!strcmp(k->str, "cuda_graphs")) {
+            on = &a->cuda_graphs, line = &a->graphs_line, col = &a->graphs_col;
+        } else if (!strcmp(k->str, "pdl")) {
+            on = &a->pdl, line = &a->pdl_line, col = &a->pdl_col;
+        } else {
+            add(d, rc, path, k, "runtime: unknown key '%s'%s (cuda_graphs, pdl)", k->str, "");
             continue;
         }
         int b;
         if (!tsr_ynode_as_bool(x, &b)) {
-            add(d, rc, path, x, "runtime.cuda_graphs must be true or false, not '%s'%s",
-                x->kind == TSR_YNODE_SCALAR ? x->str : tsr_ynode_kind_name(x), "");
+            add(d, rc, path, x, "runtime.%s must be true or false, not '%s'", k->str,
+                x->kind == TSR_YNODE_SCALAR ? x->str : tsr_ynode_kind_name(x));
             continue;
         }
-        a->cuda_graphs = b;
-        a->graphs_line = x->line;
-        a->graphs_col = x->col;
+        *on = b, *line = x->line, *col = x->col;
     }
 }
 

@@ -40,6 +40,8 @@ typedef struct tsr_assembly {
     /* runtime: switches of the model runtime itself (not plugins) */
     int cuda_graphs;           /* runtime.cuda_graphs: replay decode passes as CUDA graphs */
     int graphs_line, graphs_col;
+    int pdl;                   /* runtime.pdl: kernels launched as programmatic dependents (CUDA) */
+    int pdl_line, pdl_col;
     tsr_ynode *doc;
 } tsr_assembly;
 

@@ -284,6 +284,14 @@ static void check_graphs(cctx *c, const tsr_plan *p) {
     }
 }
 
+/* runtime.pdl: launch attributes of CUDA kernels, so a CUDA assembly. */
+static void check_pdl(cctx *c) {
+    const tsr_assembly *a = c->a;
+    if (a->device != TSR_DEVICE_CUDA)
+        tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, a->pdl_line, a->pdl_col,
+                     "runtime.pdl needs device cuda, the assembly's device is %s", tsr_device_name(a->device));
+}
+
 int tsr_check(const tsr_catalog *cat, const tsr_assembly *a, const tsr_check_opts *opts, tsr_plan **out,
               tsr_diag *d) {
     *out = NULL;
@@ -317,6 +325,7 @@ int tsr_check(const tsr_catalog *cat, const tsr_assembly *a, const tsr_check_opt
         check_params(&c, &p->slots[s], &a->slots[s], s);
     }
     if (a->cuda_graphs) check_graphs(&c, p);
+    if (a->pdl) check_pdl(&c);
     /* params first: provides may name them ($param) */
     for (int s = 0; s < TSR_SLOT_COUNT; s++)
         if (p->slots[s].m && (int)p->slots[s].m->slot == s) check_requires(&c, opts, p, s);

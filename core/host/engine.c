@@ -604,6 +604,7 @@ const tsr_slot_ref *tsr_engine_slot(const tsr_engine *e, tsr_slot slot) {
 tsr_threadpool *tsr_engine_pool(const tsr_engine *e) { return e->pool; }
 int tsr_engine_device(const tsr_engine *e) { return e->device; }
 int tsr_engine_cuda_graphs(const tsr_engine *e) { return e->asmb->cuda_graphs; }
+int tsr_engine_pdl(const tsr_engine *e) { return e->asmb->pdl; }
 const char *tsr_engine_name(const tsr_engine *e) { return e->asmb->name; }
 
 uint64_t tsr_engine_host_bytes(const tsr_engine *e) {
@@ -647,4 +648,5 @@ void tsr_engine_describe(const tsr_engine *e, FILE *f) {
         fprintf(f, "\n");
     }
     if (e->asmb->cuda_graphs) fprintf(f, "  runtime      cuda_graphs=true\n");
+    if (e->asmb->pdl) fprintf(f, "  runtime      pdl=true\n");
 }

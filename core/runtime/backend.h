@@ -33,6 +33,10 @@ typedef struct tsr_backend {
     void (*host_free)(void *p);
     /* the queue plugins launch on (tsr_exec.stream); NULL on the CPU */
     void *(*stream)(void);
+    /* runtime.pdl (NULL where the backend has none): launch the kernels of
+     * the passes that follow as programmatic dependents of the kernel before
+     * them (kernels/cuda/pdl.cuh) */
+    void (*set_pdl)(int on);
     /* x[r] = row ids[r] of table widened to f32; ids in backend memory. */
     int (*embed)(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids,
                  int rows, tsr_error *err);

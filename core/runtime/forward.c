@@ -219,6 +219,7 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     const int h = c->hidden;
     int rc;
     m->cur_ex = ex;
+    if (be->set_pdl) be->set_pdl(ex->pdl);
     m->prof_phase = pos0 == 0 || rows > TSR_GRAPH_MAX_ROWS ? 0 : 1;
     OP(TSR_PROF_EMBED, BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, m->ids, rows, err)));
     for (int l = 0; l < c->n_layers; l++) {

@@ -3,6 +3,9 @@
  * pointer is device memory unless named host_; stream is a cudaStream_t
  * (NULL: the legacy default stream). Launches are asynchronous; errors
  * surface at the next synchronising call (tsr_cuda_check in core/cuda).
+ * pdl: launched as a programmatic dependent of the kernel before it
+ * (runtime.pdl; kernels/cuda/pdl.cuh); every kernel here waits for that
+ * kernel before it touches memory, so the results are the same.
  */
 #ifndef TSR_KERNELS_CUDA_OPS_H
 #define TSR_KERNELS_CUDA_OPS_H
@@ -16,42 +19,42 @@ extern "C" {
 /* x[r, :] = table row ids[r] widened to f32; dtype F32, F16 or BF16
  * (tsr_dtype values 0, 1, 2). ids: device int32 [rows]. */
 int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids,
-                 int rows, void *stream);
+                 int rows, int pdl, void *stream);
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of n; y may equal x. */
 int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
-                   void *stream);
+                   int pdl, void *stream);
 /* x += o, then y = rmsnorm(x) * w, rows of n (add then rmsnorm in one pass) */
 int tsr_cu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
-                       void *stream);
+                       int pdl, void *stream);
 /* Rotate rows x [rows, n_heads, head_dim] to positions pos0 + r (pos0 read
  * from the device at dev_pos0 when that is not NULL). inv_freq: device
  * [head_dim / 2]. */
 int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim, int pos0,
-                const int32_t *dev_pos0, float pos_scale, int interleaved, void *stream);
+                const int32_t *dev_pos0, float pos_scale, int interleaved, int pdl, void *stream);
 /* q [rows, n_heads, head_dim], k [rows, n_kv, head_dim] and v [rows, n_kv *
  * head_dim] out of their stacked projection src [rows, (n_heads + 2 n_kv) *
  * head_dim], q and k rotated as tsr_cu_rope rotates: one launch. */
 int tsr_cu_rope_split(float *q, float *k, float *v, const float *src, const float *inv_freq, int rows, int n_heads,
                       int n_kv, int head_dim, int pos0, const int32_t *dev_pos0, float pos_scale, int interleaved,
-                      void *stream);
+                      int pdl, void *stream);
 /* y[r, :f] = silu(gu[r, :f]) * gu[r, f:2f] (gate and up side by side) */
-int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, void *stream);
+int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, int pdl, void *stream);
 /* each row of src [rows, a + b + c] cut into da [rows, a], db [rows, b],
  * dc [rows, c]: one launch */
-int tsr_cu_split3(float *da, float *db, float *dc, const float *src, int rows, int a, int b, int c, void *stream);
+int tsr_cu_split3(float *da, float *db, float *dc, const float *src, int rows, int a, int b, int c, int pdl, void *stream);
 /* out[r] = index of the largest of x[r, :n], ties to the lowest index, NaN
  * and -inf never chosen (-1 when nothing else is there). */
-int tsr_cu_argmax_rows(const float *x, int rows, int n, int32_t *out, void *stream);
+int tsr_cu_argmax_rows(const float *x, int rows, int n, int32_t *out, int pdl, void *stream);
 /* K/V (bf16, te elements per token) at token pos0 + r = k/v row r (f32);
  * pos0 read from the device at dev_pos0 when that is not NULL. */
 int tsr_cu_kv_store_bf16(uint16_t *K, uint16_t *V, const float *k, const float *v, int rows, int64_t te,
-                         int pos0, const int32_t *dev_pos0, void *stream);
+                         int pos0, const int32_t *dev_pos0, int pdl, void *stream);
 /* y = silu(g) * u */
-int tsr_cu_silu_mul(float *y, const float *g, const float *u, int64_t n, void *stream);
+int tsr_cu_silu_mul(float *y, const float *g, const float *u, int64_t n, int pdl, void *stream);
 /* y += x */
-int tsr_cu_add(float *y, const float *x, int64_t n, void *stream);
+int tsr_cu_add(float *y, const float *x, int64_t n, int pdl, void *stream);
 /* y[r, :] += b for rows of n */
-int tsr_cu_add_rows(float *y, const float *b, int rows, int n, void *stream);
+int tsr_cu_add_rows(float *y, const float *b, int rows, int n, int pdl, void *stream);
 /* dst[i] = (bf16) src[i] */
 int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream);
 /* dst[r, c] = (bf16) src[r, c] for c < cols, 0 for cols <= c < ld (rows of

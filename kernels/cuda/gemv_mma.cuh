@@ -47,6 +47,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "pdl.cuh"
+
 namespace tsr_mma {
 
 enum WeightKind { kBf16 = 0, kFp8 = 1 };
@@ -148,11 +150,11 @@ template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == 
 // Work split: each row's 64-byte chunks are dealt to the tile's KW warps in
 // turn (chunk c to warp c % KW), each warp issuing the loads of U chunks
 // before it multiplies them.
-// PDL: launched as a programmatic dependent of the kernel before it, the
-// kernel issues its first weight loads (which depend on nothing) before it
-// waits for that kernel's results (griddepcontrol.wait), and lets the next
-// kernel launch at once (its own wait keeps it correct).
-template <int WK, int NR, int KW, int MT, int U, bool PDL = false>
+// Launched as a programmatic dependent (pdl.cuh), the kernel issues its
+// first weight loads (which depend on nothing) before it waits for the
+// kernel before it, and lets the next kernel launch at once (its own wait
+// keeps it correct).
+template <int WK, int NR, int KW, int MT, int U>
 __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int mt = warp / KW, kw = warp % KW;
@@ -165,8 +167,8 @@ __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
     const float *xr = p.x + (int64_t)(has_x ? g : 0) * p.ldx;
     const int nch = (int)(p.ldw / 64);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    bool waited = !PDL;
-    if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    bool waited = false;
+    tsr_pdl::trigger();
     for (int c0 = kw; c0 < nch; c0 += KW * U) {
         uint4 a[U], b[U];
 #pragma unroll
@@ -178,7 +180,7 @@ __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
             }
         }
         if (!waited) { // the first weights are on their way before anything waits on x
-            asm volatile("griddepcontrol.wait;" ::: "memory");
+            tsr_pdl::wait();
             waited = true;
         }
 #pragma unroll
@@ -187,7 +189,7 @@ __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
             if (c < nch) chunk_mma<WK>(p, acc, a[u], b[u], xr, c * 64 + 16 * t, has_x);
         }
     }
-    if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory"); // before y is written
+    if (!waited) tsr_pdl::wait(); // before y is written
     // acc: rows g (acc 0, 1) and g + 8 (acc 2, 3) for input rows 2t, 2t + 1
     if (KW > 1) {
         __shared__ float4 part[MT][KW][32];
@@ -230,12 +232,13 @@ template <int WK> inline int warps_for(int n_out, int cols) {
 
 // y = scale * x W^T for 1..8 rows of x; the preconditions above hold
 // (reads_x) or the result is wrong, so the callers check them.
+// pdl: launched as a programmatic dependent of the kernel before it.
 template <int WK>
-inline cudaError_t launch(const Args &p, int rows, cudaStream_t st) {
+inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
     const unsigned grid = (unsigned)((p.n_out + 15) / 16);
     switch (rows * 100 + warps_for<WK>(p.n_out, p.cols)) {
 #define TSR_MMA_CASE(R, KW)                                                                                 \
-    case R * 100 + KW: gemv_mma<WK, R, KW, 1, 1><<<grid, 32 * KW, 0, st>>>(p); break;
+    case R * 100 + KW: return tsr_pdl::launch(gemv_mma<WK, R, KW, 1, 1>, grid, 32 * KW, 0, st, pdl, p);
 #define TSR_MMA_ROWS(R) TSR_MMA_CASE(R, 16) TSR_MMA_CASE(R, 8)
         TSR_MMA_ROWS(1) TSR_MMA_ROWS(2) TSR_MMA_ROWS(3) TSR_MMA_ROWS(4)
         TSR_MMA_ROWS(5) TSR_MMA_ROWS(6) TSR_MMA_ROWS(7) TSR_MMA_ROWS(8)

@@ -75,6 +75,8 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     float acc[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
+    bool waited = false; // launched as a programmatic dependent: see gemv_mma
+    tsr_pdl::trigger();
     for (int k0 = lane * K; k0 < p.cols; k0 += STEP * U) {
         uint4 w[U][RPW];
 #pragma unroll
@@ -82,6 +84,10 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             if (k0 + u * STEP < p.cols)
 #pragma unroll
                 for (int r = 0; r < RPW; r++) w[u][r] = tsr_mma::load_w(row[r] + (int64_t)(k0 + u * STEP) * ES);
+        if (!waited) { // the first weights are on their way before anything waits on x
+            tsr_pdl::wait();
+            waited = true;
+        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int k = k0 + u * STEP;
@@ -95,6 +101,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             for (int r = 0; r < RPW; r++) acc[r] = dot_piece<WK>(w[u][r], xv, acc[r]);
         }
     }
+    if (!waited) tsr_pdl::wait(); // before y is written
     const float mul = tsr_mma::kind_mul<WK>();
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
@@ -111,10 +118,9 @@ inline bool row_reads(int WK, const Args &p) {
            ((reinterpret_cast<uintptr_t>(p.w) | reinterpret_cast<uintptr_t>(p.x)) & 15) == 0;
 }
 
-template <int WK, int RPW, int U> inline cudaError_t launch_cfg(const Args &p, cudaStream_t st) {
+template <int WK, int RPW, int U> inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl) {
     const unsigned grid = (unsigned)((p.n_out + 8 * RPW - 1) / (8 * RPW));
-    gemv_row<WK, RPW, U><<<grid, 256, 0, st>>>(p);
-    return cudaGetLastError();
+    return tsr_pdl::launch(gemv_row<WK, RPW, U>, grid, 256, 0, st, pdl, p);
 }
 
 // The decode GEMV of 1..8 rows: one row through gemv_row where it reads the
@@ -127,13 +133,15 @@ template <int WK, int RPW, int U> inline cudaError_t launch_cfg(const Args &p, c
 // matrices (gate/up 3.24 vs 3.20, LM head 4.22 vs 3.67) and 2 on q/k/v (2.18
 // vs 2.17), gemv_mma's 16 warps per tile on the 4,096-row ones (o 1.91 vs
 // 1.67, down 2.73 vs 2.26).
-template <int WK> inline cudaError_t launch_decode(const Args &p, int rows, cudaStream_t st) {
+// pdl: launched as a programmatic dependent of the kernel before it.
+template <int WK> inline cudaError_t launch_decode(const Args &p, int rows, cudaStream_t st, bool pdl) {
     if (rows == 1 && row_reads(WK, p)) {
-        if (WK == kBf16) return p.n_out >= 16384 ? launch_cfg<WK, 2, 2>(p, st) : launch_cfg<WK, 1, 2>(p, st);
-        if (p.n_out >= 16384) return launch_cfg<WK, 4, 1>(p, st);
-        if (p.n_out > 4096) return launch_cfg<WK, 2, 1>(p, st);
+        if (WK == kBf16)
+            return p.n_out >= 16384 ? launch_cfg<WK, 2, 2>(p, st, pdl) : launch_cfg<WK, 1, 2>(p, st, pdl);
+        if (p.n_out >= 16384) return launch_cfg<WK, 4, 1>(p, st, pdl);
+        if (p.n_out > 4096) return launch_cfg<WK, 2, 1>(p, st, pdl);
     }
-    return tsr_mma::launch<WK>(p, rows, st);
+    return tsr_mma::launch<WK>(p, rows, st, pdl);
 }
 
 } // namespace tsr_row

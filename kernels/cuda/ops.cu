@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "cuda_ops.h"
+#include "pdl.cuh"
 
 namespace {
 
@@ -30,6 +31,8 @@ __device__ float block_sum(float v) {
 }
 
 __global__ void embed_k(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     const int r = blockIdx.x;
     const int64_t row = ids[r];
     float *out = x + (int64_t)r * hidden;
@@ -43,6 +46,8 @@ __global__ void embed_k(float *x, const void *table, uint32_t dtype, int hidden,
 }
 
 __global__ void rmsnorm_k(float *y, const float *x, const float *w, int n, float eps) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -55,6 +60,8 @@ __global__ void rmsnorm_k(float *y, const float *x, const float *w, int n, float
 // x[r] += o[r], then y[r] = rmsnorm(x[r]) * w (the residual add fused with
 // the next norm: the same arithmetic as add then rmsnorm).
 __global__ void add_rmsnorm_k(float *x, const float *o, float *y, const float *w, int n, float eps) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     float *xr = x + (int64_t)blockIdx.x * n;
     const float *orow = o + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
@@ -71,6 +78,8 @@ __global__ void add_rmsnorm_k(float *x, const float *o, float *y, const float *w
 
 __global__ void rope_k(float *x, const float *inv_freq, int n_heads, int head_dim, int pos0,
                        const int32_t *dev_pos0, float pos_scale, int interleaved) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     const int r = blockIdx.y, half = head_dim / 2;
     if (dev_pos0) pos0 = *dev_pos0;
     const float p = (float)(pos0 + r) * pos_scale;
@@ -93,6 +102,8 @@ __global__ void rope_k(float *x, const float *inv_freq, int n_heads, int head_di
 // (column blocks, rows).
 __global__ void rope_split_k(float *q, float *k, float *v, const float *src, const float *inv_freq, int nh, int nkv,
                              int hd, int pos0, const int32_t *dev_pos0, float pos_scale, int interleaved) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     const int r = blockIdx.y, half = hd / 2, pairs = (nh + nkv) * half, vd = nkv * hd;
     if (dev_pos0) pos0 = *dev_pos0;
     const float p = (float)(pos0 + r) * pos_scale;
@@ -117,6 +128,8 @@ __global__ void rope_split_k(float *q, float *k, float *v, const float *src, con
 // y[r, i] = silu(gu[r, i]) * gu[r, f + i]: gate and up side by side; grid
 // (column blocks, rows).
 __global__ void silu_mul_cat_k(float *y, const float *gu, int f) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     const float *g = gu + (int64_t)blockIdx.y * 2 * f;
     float *out = y + (int64_t)blockIdx.y * f;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < f; i += gridDim.x * blockDim.x) {
@@ -126,6 +139,8 @@ __global__ void silu_mul_cat_k(float *y, const float *gu, int f) {
 }
 
 __global__ void split3_k(float *da, float *db, float *dc, const float *src, int a, int b, int c) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     const int64_t r = blockIdx.y;
     const float *in = src + r * (a + b + c);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < a + b + c; i += gridDim.x * blockDim.x) {
@@ -139,6 +154,8 @@ __global__ void split3_k(float *da, float *db, float *dc, const float *src, int 
 // Per row the highest value, ties to the lowest index, NaN never chosen; -1
 // when no value is a number above -inf.
 __global__ void argmax_k(const float *x, int n, int32_t *out) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     const float *row = x + (int64_t)blockIdx.x * n;
     float best = -INFINITY;
     int idx = -1;
@@ -168,6 +185,8 @@ __global__ void argmax_k(const float *x, int n, int32_t *out) {
 // (pos0 read on the device when dev_pos0 is given); te elements per token.
 __global__ void kv_store_bf16_k(__nv_bfloat16 *K, __nv_bfloat16 *V, const float *k, const float *v,
                                 int64_t te, int pos0, const int32_t *dev_pos0) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     if (dev_pos0) pos0 = *dev_pos0;
     const int64_t r = blockIdx.y, base = ((int64_t)pos0 + r) * te;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < te;
@@ -178,6 +197,8 @@ __global__ void kv_store_bf16_k(__nv_bfloat16 *K, __nv_bfloat16 *V, const float 
 }
 
 __global__ void silu_mul_k(float *y, const float *g, const float *u, int64_t n) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float a = g[i];
@@ -186,12 +207,16 @@ __global__ void silu_mul_k(float *y, const float *g, const float *u, int64_t n) 
 }
 
 __global__ void add_k(float *y, const float *x, int64_t n) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] += x[i];
 }
 
 __global__ void add_rows_k(float *y, const float *b, int n) {
+    tsr_pdl::wait();
+    tsr_pdl::trigger();
     float *row = y + (int64_t)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] += b[i];
 }
@@ -215,16 +240,17 @@ int grid_for(int64_t n) {
 }
 
 int launched() { return cudaGetLastError() == cudaSuccess ? 0 : -10; }
+// a launch's own status (left as the last error for the caller's message)
+int launched(cudaError_t e) { return e == cudaSuccess ? launched() : -10; }
 
 } // namespace
 
 #define STREAM(s) ((cudaStream_t)(s))
 
 extern "C" int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden,
-                            const int32_t *ids, int rows, void *stream) {
+                            const int32_t *ids, int rows, int pdl, void *stream) {
     if (dtype > 2) return -5;
-    embed_k<<<rows, kThreads, 0, STREAM(stream)>>>(x, table, dtype, hidden, ids);
-    return launched();
+    return launched(tsr_pdl::launch(embed_k, rows, kThreads, 0, STREAM(stream), pdl != 0, x, table, dtype, hidden, ids));
 }
 
 /* a thread per 4 values up to 1024 threads: one wave of loads for a 4096-wide row */
@@ -234,49 +260,42 @@ static int norm_threads(int n) {
 }
 
 extern "C" int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
-                              void *stream) {
-    rmsnorm_k<<<rows, norm_threads(n), 0, STREAM(stream)>>>(y, x, w, n, eps);
-    return launched();
+                              int pdl, void *stream) {
+    return launched(tsr_pdl::launch(rmsnorm_k, rows, norm_threads(n), 0, STREAM(stream), pdl != 0, y, x, w, n, eps));
 }
 
 extern "C" int tsr_cu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
-                                  void *stream) {
-    add_rmsnorm_k<<<rows, norm_threads(n), 0, STREAM(stream)>>>(x, o, y, w, n, eps);
-    return launched();
+                                  int pdl, void *stream) {
+    return launched(tsr_pdl::launch(add_rmsnorm_k, rows, norm_threads(n), 0, STREAM(stream), pdl != 0, x, o, y, w, n, eps));
 }
 
 extern "C" int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim,
                            int pos0, const int32_t *dev_pos0, float pos_scale, int interleaved,
-                           void *stream) {
+                           int pdl, void *stream) {
     dim3 grid((unsigned)((n_heads * (head_dim / 2) + kThreads - 1) / kThreads), (unsigned)rows);
-    rope_k<<<grid, kThreads, 0, STREAM(stream)>>>(x, inv_freq, n_heads, head_dim, pos0, dev_pos0, pos_scale,
-                                                  interleaved);
-    return launched();
+    return launched(tsr_pdl::launch(rope_k, grid, kThreads, 0, STREAM(stream), pdl != 0, x, inv_freq, n_heads, head_dim, pos0, dev_pos0, pos_scale,
+                                                  interleaved));
 }
 
 extern "C" int tsr_cu_rope_split(float *q, float *k, float *v, const float *src, const float *inv_freq, int rows,
                                  int n_heads, int n_kv, int head_dim, int pos0, const int32_t *dev_pos0,
-                                 float pos_scale, int interleaved, void *stream) {
+                                 float pos_scale, int interleaved, int pdl, void *stream) {
     const int n = (n_heads + n_kv) * (head_dim / 2) + n_kv * head_dim;
     dim3 grid((unsigned)((n + kThreads - 1) / kThreads), (unsigned)rows);
-    rope_split_k<<<grid, kThreads, 0, STREAM(stream)>>>(q, k, v, src, inv_freq, n_heads, n_kv, head_dim, pos0,
-                                                        dev_pos0, pos_scale, interleaved);
-    return launched();
+    return launched(tsr_pdl::launch(rope_split_k, grid, kThreads, 0, STREAM(stream), pdl != 0, q, k, v, src, inv_freq, n_heads, n_kv, head_dim, pos0,
+                                                        dev_pos0, pos_scale, interleaved));
 }
 
-extern "C" int tsr_cu_silu_mul(float *y, const float *g, const float *u, int64_t n, void *stream) {
-    silu_mul_k<<<grid_for(n), kThreads, 0, STREAM(stream)>>>(y, g, u, n);
-    return launched();
+extern "C" int tsr_cu_silu_mul(float *y, const float *g, const float *u, int64_t n, int pdl, void *stream) {
+    return launched(tsr_pdl::launch(silu_mul_k, grid_for(n), kThreads, 0, STREAM(stream), pdl != 0, y, g, u, n));
 }
 
-extern "C" int tsr_cu_add(float *y, const float *x, int64_t n, void *stream) {
-    add_k<<<grid_for(n), kThreads, 0, STREAM(stream)>>>(y, x, n);
-    return launched();
+extern "C" int tsr_cu_add(float *y, const float *x, int64_t n, int pdl, void *stream) {
+    return launched(tsr_pdl::launch(add_k, grid_for(n), kThreads, 0, STREAM(stream), pdl != 0, y, x, n));
 }
 
-extern "C" int tsr_cu_add_rows(float *y, const float *b, int rows, int n, void *stream) {
-    add_rows_k<<<rows, kThreads, 0, STREAM(stream)>>>(y, b, n);
-    return launched();
+extern "C" int tsr_cu_add_rows(float *y, const float *b, int rows, int n, int pdl, void *stream) {
+    return launched(tsr_pdl::launch(add_rows_k, rows, kThreads, 0, STREAM(stream), pdl != 0, y, b, n));
 }
 
 extern "C" int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream) {
@@ -290,28 +309,24 @@ extern "C" int tsr_cu_f32_to_bf16_pad(uint16_t *dst, const float *src, int rows,
     return launched();
 }
 
-extern "C" int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, void *stream) {
+extern "C" int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, int pdl, void *stream) {
     dim3 grid((unsigned)((f + kThreads - 1) / kThreads), (unsigned)rows);
-    silu_mul_cat_k<<<grid, kThreads, 0, STREAM(stream)>>>(y, gu, f);
-    return launched();
+    return launched(tsr_pdl::launch(silu_mul_cat_k, grid, kThreads, 0, STREAM(stream), pdl != 0, y, gu, f));
 }
 
 extern "C" int tsr_cu_split3(float *da, float *db, float *dc, const float *src, int rows, int a, int b, int c,
-                             void *stream) {
+                             int pdl, void *stream) {
     dim3 grid((unsigned)((a + b + c + kThreads - 1) / kThreads), (unsigned)rows);
-    split3_k<<<grid, kThreads, 0, STREAM(stream)>>>(da, db, dc, src, a, b, c);
-    return launched();
+    return launched(tsr_pdl::launch(split3_k, grid, kThreads, 0, STREAM(stream), pdl != 0, da, db, dc, src, a, b, c));
 }
 
-extern "C" int tsr_cu_argmax_rows(const float *x, int rows, int n, int32_t *out, void *stream) {
-    argmax_k<<<rows, 1024, 0, STREAM(stream)>>>(x, n, out);
-    return launched();
+extern "C" int tsr_cu_argmax_rows(const float *x, int rows, int n, int32_t *out, int pdl, void *stream) {
+    return launched(tsr_pdl::launch(argmax_k, rows, 1024, 0, STREAM(stream), pdl != 0, x, n, out));
 }
 
 extern "C" int tsr_cu_kv_store_bf16(uint16_t *K, uint16_t *V, const float *k, const float *v, int rows,
-                                    int64_t te, int pos0, const int32_t *dev_pos0, void *stream) {
+                                    int64_t te, int pos0, const int32_t *dev_pos0, int pdl, void *stream) {
     dim3 grid((unsigned)((te + kThreads - 1) / kThreads), (unsigned)rows);
-    kv_store_bf16_k<<<grid, kThreads, 0, STREAM(stream)>>>((__nv_bfloat16 *)K, (__nv_bfloat16 *)V, k, v,
-                                                          te, pos0, dev_pos0);
-    return launched();
+    return launched(tsr_pdl::launch(kv_store_bf16_k, grid, kThreads, 0, STREAM(stream), pdl != 0, (__nv_bfloat16 *)K, (__nv_bfloat16 *)V, k, v,
+                                                          te, pos0, dev_pos0));
 }

@@ -307,6 +307,8 @@ __global__ void __launch_bounds__(kMaxGroup * 32, 1)
                              float *part, int n_heads, int n_kv, int group, int hd, int64_t ts, int64_t hs,
                              bool vec, int pos0, const int32_t *dev_pos0, bool even, int window, float scale,
                              int chunk, int n_splits, Paging pg, unsigned *count, float *out) {
+    tsr_pdl::wait(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
+    tsr_pdl::trigger();
     const int row = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = kvh * group + warp;
@@ -404,23 +406,23 @@ constexpr int kMaxSplits = 1024;
 
 // One split_kernel launch of the instance for head_dim's dims per lane.
 template <bool PAGED, bool FP8>
-void launch_split(dim3 grid, int threads, cudaStream_t st, const tsr_attn_args *x, const tsr_kv_view *kv,
-                  float *part, unsigned *count, int group, bool vec, const int32_t *dev_pos0, bool even, int chunk,
-                  int n_splits) {
+cudaError_t launch_split(dim3 grid, int threads, cudaStream_t st, bool pdl, const tsr_attn_args *x,
+                         const tsr_kv_view *kv, float *part, unsigned *count, int group, bool vec,
+                         const int32_t *dev_pos0, bool even, int chunk, int n_splits) {
     using T = typename Elem<FP8>::T;
     const T *K = static_cast<const T *>(kv->k), *V = static_cast<const T *>(kv->v);
     const Paging pg = {kv->block_table, kv->block_size, kv->block_stride, kv->k_scale, kv->v_scale};
     switch ((x->head_dim + 31) / 32) {
 #define CASE(D)                                                                                          \
     case D:                                                                                              \
-        split_kernel<D, PAGED, FP8><<<grid, threads, 0, st>>>(                                           \
-            x->q, K, V, part, x->n_heads, x->n_kv_heads, group, x->head_dim, kv->token_stride,             \
-            kv->head_stride, vec, x->pos0, dev_pos0, even, x->window, x->scale, chunk, n_splits, pg,      \
-            count, x->out);                                                                              \
-        break;
+        return tsr_pdl::launch(split_kernel<D, PAGED, FP8>, grid, threads, 0, st, pdl, x->q, K, V, part,    \
+                               x->n_heads, x->n_kv_heads, group, x->head_dim, kv->token_stride,            \
+                               kv->head_stride, vec, x->pos0, dev_pos0, even, x->window, x->scale, chunk,  \
+                               n_splits, pg, count, x->out);
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
+    return cudaErrorInvalidValue;
 }
 
 #endif
@@ -515,7 +517,7 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
         float *part = nullptr;
         unsigned *count = nullptr; /* unused: the tensor-core kernel's splits are merged by a pass of their own */
         if (splits > 1 && (rc = split_scratch(a, dev_pos0 != nullptr, x, splits, &part, &count))) return rc;
-        const cudaError_t e = static_cast<cudaError_t>(cuda_attn_prefill_split(x, dev_pos0, part, splits, st));
+        const cudaError_t e = static_cast<cudaError_t>(cuda_attn_prefill_split(x, dev_pos0, part, splits, ex->pdl, st));
         if (e != cudaSuccess) {
             a->ctx->host->set_error(a->ctx, "prefill attention: %s", cudaGetErrorString(e));
             return TSR_ERR_DEVICE;
@@ -559,16 +561,22 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
         const bool vec = kv->token_stride % dpl == 0 && kv->head_stride % dpl == 0 &&
                          (!paged || kv->block_stride % dpl == 0) &&
                          (reinterpret_cast<uintptr_t>(kv->k) | reinterpret_cast<uintptr_t>(kv->v)) % (esize * dpl) == 0;
+        const bool pdl = ex->pdl != 0;
+        cudaError_t e;
         if (!paged && !fp8)
-            launch_split<false, false>(grid, threads, st, x, kv, part, count, group, vec, dev_pos0, even, chunk, n_splits);
+            e = launch_split<false, false>(grid, threads, st, pdl, x, kv, part, count, group, vec, dev_pos0, even,
+                                           chunk, n_splits);
         else if (!paged)
-            launch_split<false, true>(grid, threads, st, x, kv, part, count, group, vec, dev_pos0, even, chunk, n_splits);
+            e = launch_split<false, true>(grid, threads, st, pdl, x, kv, part, count, group, vec, dev_pos0, even,
+                                          chunk, n_splits);
         else if (!fp8)
-            launch_split<true, false>(grid, threads, st, x, kv, part, count, group, vec, dev_pos0, even, chunk, n_splits);
+            e = launch_split<true, false>(grid, threads, st, pdl, x, kv, part, count, group, vec, dev_pos0, even,
+                                          chunk, n_splits);
         else
-            launch_split<true, true>(grid, threads, st, x, kv, part, count, group, vec, dev_pos0, even, chunk, n_splits);
-        if (!count) cuda_attn::launch_merge(part, x->out, x->rows * x->n_heads, x->head_dim, n_splits, st);
-        cudaError_t e = cudaGetLastError();
+            e = launch_split<true, true>(grid, threads, st, pdl, x, kv, part, count, group, vec, dev_pos0, even,
+                                         chunk, n_splits);
+        if (e == cudaSuccess && !count)
+            e = cuda_attn::launch_merge(part, x->out, x->rows * x->n_heads, x->head_dim, n_splits, st, pdl);
         if (e != cudaSuccess) {
             a->ctx->host->set_error(a->ctx, "split attention: %s", cudaGetErrorString(e));
             return TSR_ERR_DEVICE;

@@ -14,6 +14,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels/cuda/pdl.cuh"
+
 namespace cuda_attn {
 
 // One warp merges a query head's n_splits partial results (max m, sum l,
@@ -82,15 +84,17 @@ __device__ __forceinline__ bool last_of_splits(unsigned *count, int n_splits) {
 // The merge as a pass of its own: a warp per (row, head), grid rows * n_heads.
 template <int DPL>
 __global__ void merge_kernel(const float *part, float *out, int hd, int n_splits) {
+    tsr_pdl::wait(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
+    tsr_pdl::trigger();
     const int64_t rh = blockIdx.x; // row * n_heads + head
     merge_head<DPL>(part + rh * n_splits * (2 + hd), n_splits, hd, threadIdx.x, out + rh * hd);
 }
 
 inline cudaError_t launch_merge(const float *part, float *out, int rows_heads, int hd, int n_splits,
-                                cudaStream_t st) {
+                                cudaStream_t st, bool pdl) {
     switch ((hd + 31) / 32) {
 #define CUDA_ATTN_MERGE_CASE(D)                                                                           \
-    case D: merge_kernel<D><<<rows_heads, 32, 0, st>>>(part, out, hd, n_splits); break;
+    case D: return tsr_pdl::launch(merge_kernel<D>, rows_heads, 32, 0, st, pdl, part, out, hd, n_splits);
         CUDA_ATTN_MERGE_CASE(1) CUDA_ATTN_MERGE_CASE(2) CUDA_ATTN_MERGE_CASE(3) CUDA_ATTN_MERGE_CASE(4)
         CUDA_ATTN_MERGE_CASE(5) CUDA_ATTN_MERGE_CASE(6) CUDA_ATTN_MERGE_CASE(7) CUDA_ATTN_MERGE_CASE(8)
 #undef CUDA_ATTN_MERGE_CASE

@@ -142,6 +142,8 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
                float *__restrict__ out, int rows, int pos0, const int32_t *__restrict__ dev_pos0, int n_heads,
                int group, int rows_per_block, int64_t ts, int64_t hs, int window, float scale_log2, Pages pg,
                float *__restrict__ part, int n_splits) {
+    tsr_pdl::wait(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
+    tsr_pdl::trigger();
     if (dev_pos0) pos0 = *dev_pos0; // a captured pass: the position of this replay
     using L = Layout<HD>;
     constexpr int S = L::kStride;
@@ -335,7 +337,8 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
 }
 
 template <int HD, bool PAGED>
-cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits, cudaStream_t st) {
+cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits, cudaStream_t st,
+                   bool pdl) {
     const tsr_kv_view *kv = a->kv;
     const int group = a->n_heads / a->n_kv_heads, rows_per_block = kBM / group;
     const size_t smem = Layout<HD>::kBytes;
@@ -345,19 +348,19 @@ cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, float *part,
     const dim3 grid((a->rows + rows_per_block - 1) / rows_per_block, a->n_kv_heads, part ? n_splits : 1);
     const float scale_log2 = a->scale * 1.4426950408889634f; // exp(x) = exp2(x * log2(e))
     const Pages pg = {kv->block_table, kv->block_size, kv->block_stride};
-    prefill_kernel<HD, PAGED><<<grid, kThreads, smem, st>>>(
-        a->q, static_cast<const __nv_bfloat16 *>(kv->k), static_cast<const __nv_bfloat16 *>(kv->v), a->out, a->rows,
-        a->pos0, dev_pos0, a->n_heads, group, rows_per_block, kv->token_stride, kv->head_stride, a->window,
-        scale_log2, pg, part, part ? n_splits : 1);
-    e = cudaGetLastError();
+    e = tsr_pdl::launch(prefill_kernel<HD, PAGED>, grid, kThreads, smem, st, pdl, a->q,
+                        static_cast<const __nv_bfloat16 *>(kv->k), static_cast<const __nv_bfloat16 *>(kv->v), a->out,
+                        a->rows, a->pos0, dev_pos0, a->n_heads, group, rows_per_block, kv->token_stride,
+                        kv->head_stride, a->window, scale_log2, pg, part, part ? n_splits : 1);
     if (e != cudaSuccess || !part) return e;
-    return cuda_attn::launch_merge(part, a->out, a->rows * a->n_heads, HD, n_splits, st);
+    return cuda_attn::launch_merge(part, a->out, a->rows * a->n_heads, HD, n_splits, st, pdl);
 }
 
 template <int HD>
-cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits, cudaStream_t st) {
-    return a->kv->layout == TSR_KV_PAGED ? launch<HD, true>(a, dev_pos0, part, n_splits, st)
-                                         : launch<HD, false>(a, dev_pos0, part, n_splits, st);
+cudaError_t launch(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits, cudaStream_t st,
+                   bool pdl) {
+    return a->kv->layout == TSR_KV_PAGED ? launch<HD, true>(a, dev_pos0, part, n_splits, st, pdl)
+                                         : launch<HD, false>(a, dev_pos0, part, n_splits, st, pdl);
 }
 
 } // namespace
@@ -382,20 +385,20 @@ extern "C" int cuda_attn_prefill_supported(const tsr_attn_args *a) {
 }
 
 extern "C" int cuda_attn_prefill_split(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits,
-                                       void *stream) {
+                                       int pdl, void *stream) {
     if (!cuda_attn_prefill_supported(a) || n_splits < 1 || (n_splits > 1 && !part)) return (int)cudaErrorInvalidValue;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (n_splits == 1) part = nullptr;
     switch (a->head_dim) {
-    case 16: return (int)launch<16>(a, dev_pos0, part, n_splits, st);
-    case 32: return (int)launch<32>(a, dev_pos0, part, n_splits, st);
-    case 64: return (int)launch<64>(a, dev_pos0, part, n_splits, st);
-    default: return (int)launch<128>(a, dev_pos0, part, n_splits, st);
+    case 16: return (int)launch<16>(a, dev_pos0, part, n_splits, st, pdl != 0);
+    case 32: return (int)launch<32>(a, dev_pos0, part, n_splits, st, pdl != 0);
+    case 64: return (int)launch<64>(a, dev_pos0, part, n_splits, st, pdl != 0);
+    default: return (int)launch<128>(a, dev_pos0, part, n_splits, st, pdl != 0);
     }
 }
 
 extern "C" int cuda_attn_prefill_at(const tsr_attn_args *a, const int32_t *dev_pos0, void *stream) {
-    return cuda_attn_prefill_split(a, dev_pos0, nullptr, 1, stream);
+    return cuda_attn_prefill_split(a, dev_pos0, nullptr, 1, 0, stream);
 }
 
 extern "C" int cuda_attn_prefill(const tsr_attn_args *a, void *stream) { return cuda_attn_prefill_at(a, nullptr, stream); }

@@ -51,8 +51,9 @@ int cuda_attn_prefill_at(const tsr_attn_args *a, const int32_t *dev_pos0, void *
  * of tiles run by separate blocks (passes of few rows, which otherwise keep
  * one block per KV head walking every key), then merged by a second kernel
  * (merge.cuh). part: device scratch of rows * n_heads * n_splits *
- * (2 + head_dim) floats. n_splits 1: as cuda_attn_prefill_at (part unused). */
-int cuda_attn_prefill_split(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits,
+ * (2 + head_dim) floats. n_splits 1: as cuda_attn_prefill_at (part unused).
+ * pdl: launched as programmatic dependents (kernels/cuda/pdl.cuh). */
+int cuda_attn_prefill_split(const tsr_attn_args *a, const int32_t *dev_pos0, float *part, int n_splits, int pdl,
                             void *stream);
 
 #ifdef __cplusplus

@@ -83,12 +83,12 @@ constexpr int kMaxDecodeRows = 8;
 
 // 1..8 rows: kernels/cuda/gemv_row.cuh's launch_decode (whole rows streamed
 // for one row, the tensor-core GEMV of gemv_mma.cuh for 2..8).
-int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st) {
+int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st, bool pdl) {
     tsr_mma::Args a = {};
     a.w = reinterpret_cast<const uint8_t *>(w->w);
     a.x = x, a.y = y;
     a.n_out = (int)w->rows, a.cols = (int)w->cols, a.ldw = w->ld * 2, a.ldx = a.cols;
-    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, rows, st), "decode gemv launch");
+    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, rows, st, pdl), "decode gemv launch");
 }
 
 // Whether run_decode takes these rows (x read as it is).
@@ -328,7 +328,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
 #ifdef CUDA_GEMV_DECODE
     /* x as it is (cuBLASLt below for rows the kernel cannot read: cols % 4) */
-    if (decodes(g, w, rows, x)) return run_decode(g, w, rows, x, y, st);
+    if (decodes(g, w, rows, x)) return run_decode(g, w, rows, x, y, st, ex->pdl != 0);
 #endif
     size_t need = (size_t)rows * (size_t)w->ld;
     __nv_bfloat16 *xb = g->xb;

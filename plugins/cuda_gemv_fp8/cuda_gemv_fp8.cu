@@ -234,11 +234,16 @@ void scratch_free(Gemv *g, Scratch *s) {
 // tensor-core GEMV of gemv_mma.cuh, or for one row of most shapes a kernel
 // streaming whole rows; x rows ldx floats apart, read as they are, zero past
 // cols or cols % 4 == 0).
-int run_decode(Gemv *g, const Weight *w, int rows, const float *x, int ldx, int cols, float *y, cudaStream_t st) {
+int run_decode(Gemv *g, const Weight *w, int rows, const float *x, int ldx, int cols, float *y, cudaStream_t st,
+               bool pdl) {
     tsr_mma::Args a = {};
     a.w = w->w, a.scale = w->scale, a.x = x, a.y = y;
     a.n_out = (int)w->rows, a.cols = cols, a.ldw = w->ld, a.ldx = ldx;
-    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kFp8>(a, rows, st), "fp8 decode gemv launch");
+    // runtime.pdl for one row only: 2..8 rows (the tensor-core kernel) as
+    // programmatic dependents made an 8-row pass slower on the H200 (4.52 ->
+    // 4.82 ms at the Llama-3-8B shape, BENCHMARKS.md), one row faster.
+    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kFp8>(a, rows, st, pdl && rows == 1),
+                    "fp8 decode gemv launch");
 }
 
 // ---- prefill: cuBLASLt FP8 ---------------------------------------------
@@ -677,7 +682,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     if (rows <= g->decode_rows && rows <= kMaxDecodeRows) {
         // x as it is when the kernel can read it so, else a zero-padded copy
         if (tsr_mma::reads_x(x, (int)w->cols, (int)w->cols))
-            return run_decode(g, w, rows, x, (int)w->cols, (int)w->cols, y, st);
+            return run_decode(g, w, rows, x, (int)w->cols, (int)w->cols, y, st, ex->pdl != 0);
         const size_t need = (size_t)rows * (size_t)w->ld;
         if (captured) {
             if (need > sc->xpad_elems) {
@@ -693,7 +698,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
         }
         pad_kernel<<<grid_for((int64_t)need, 256), 256, 0, st>>>(sc->xpad, x, rows, w->cols, w->ld);
         int rc = cuda_err(g, cudaGetLastError(), "activation padding launch");
-        return rc != TSR_OK ? rc : run_decode(g, w, rows, sc->xpad, (int)w->ld, (int)w->ld, y, st);
+        return rc != TSR_OK ? rc : run_decode(g, w, rows, sc->xpad, (int)w->ld, (int)w->ld, y, st, ex->pdl != 0);
     }
     if (!g->fp8_prefill) { // bf16 tiles
         const size_t xb_need = (size_t)rows * (size_t)w->ld * 2, d_need = (size_t)rows * (size_t)w->rows_pad * 4;

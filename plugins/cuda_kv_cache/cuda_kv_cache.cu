@@ -83,7 +83,7 @@ int kv_append(void *inst, int seq, int layer, int pos0, int rows, const float *k
     if (rc != TSR_OK) return rc;
     const int64_t te = token_elems(kv), off = (int64_t)layer * s->hdr.max_tokens * te;
     if (tsr_cu_kv_store_bf16(reinterpret_cast<uint16_t *>(s->k + off), reinterpret_cast<uint16_t *>(s->v + off),
-                             k, v, rows, te, pos0, ex->step ? &ex->step->pos0 : nullptr, ex->stream) != 0) {
+                             k, v, rows, te, pos0, ex->step ? &ex->step->pos0 : nullptr, ex->pdl, ex->stream) != 0) {
         kv->ctx->host->set_error(kv->ctx, "append: %s", cudaGetErrorString(cudaGetLastError()));
         return TSR_ERR_DEVICE;
     }

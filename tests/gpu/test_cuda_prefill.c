@@ -251,7 +251,7 @@ static void run_case(const pcase *c, uint64_t *rng) {
         float *part_d = dev((size_t)c->rows * c->n_heads * splits * (2 + hd) * sizeof(float));
         for (int64_t i = 0; i < qn + GUARD; i++) got_plugin[i] = i < qn ? NAN : GUARD_VALUE;
         gpu_upload(out_d, got_plugin, (size_t)(qn + GUARD) * sizeof *got);
-        rc = cuda_attn_prefill_split(&a, NULL, part_d, splits, tsr_cuda_stream());
+        rc = cuda_attn_prefill_split(&a, NULL, part_d, splits, 0, tsr_cuda_stream());
         if (rc != 0) fail_msg("cuda_attn_prefill_split (%d splits): CUDA error %d", splits, rc);
         gpu_download(got_plugin, out_d, (size_t)(qn + GUARD) * sizeof *got);
         double d2, b2, n2;

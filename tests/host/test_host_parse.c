@@ -330,6 +330,7 @@ static void test_assembly_bad(void **state) {
         {"name: a\ndevice: cpu\nruntime: 3\n", TSR_ERR_FORMAT, 3, 10, "runtime must be a mapping"},
         {"name: a\ndevice: cpu\nruntime:\n  colour: 1\n", TSR_ERR_FORMAT, 4, 3, "runtime: unknown key 'colour'"},
         {"name: a\ndevice: cpu\nruntime:\n  cuda_graphs: yes\n", TSR_ERR_FORMAT, 4, 16, "must be true or false"},
+        {"name: a\ndevice: cpu\nruntime:\n  pdl: 2\n", TSR_ERR_FORMAT, 4, 8, "runtime.pdl must be true or false"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         tsr_diag d;
@@ -578,6 +579,32 @@ static void test_checker_graphs(void **state) {
     tsr_catalog_free(c);
 }
 
+/* runtime.pdl: a launch attribute of CUDA kernels, refused elsewhere; any
+ * plugin may take part (one that ignores it launches as before). */
+static void test_checker_pdl(void **state) {
+    (void)state;
+    tsr_catalog *c = catalog_of(cuda_manifests, sizeof cuda_manifests / sizeof cuda_manifests[0]);
+    tsr_diag d;
+    tsr_diag_init(&d);
+    tsr_plan *p = NULL;
+    assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime:\n  pdl: true\n",
+                               NULL, 0, &d, &p),
+                     TSR_OK);
+    assert_true(p->assembly->pdl);
+    assert_false(p->assembly->cuda_graphs);
+    tsr_assembly_free((tsr_assembly *)p->assembly);
+    tsr_plan_free(p);
+    tsr_diag_free(&d);
+    tsr_catalog_free(c);
+    c = mem_catalog();
+    tsr_diag_init(&d);
+    assert_int_equal(check_doc(c, "name: t\ndevice: cpu\nruntime: {cuda_graphs: false, pdl: true}\n", NULL, 0, &d, NULL),
+                     TSR_ERR_REFUSED);
+    assert_true(has_error(&d, TSR_ERR_REFUSED, 3, 36, "runtime.pdl needs device cuda"));
+    tsr_diag_free(&d);
+    tsr_catalog_free(c);
+}
+
 /* --- Lua assemblies ------------------------------------------------------------- */
 
 static int lua_doc(const char *script, const tsr_assembly_env *env, tsr_assembly **out, tsr_diag *d) {
@@ -765,6 +792,7 @@ int main(void) {
         cmocka_unit_test(test_checker_resolution),
         cmocka_unit_test(test_checker_baselines),
         cmocka_unit_test(test_checker_graphs),
+        cmocka_unit_test(test_checker_pdl),
         cmocka_unit_test(test_lua_ok),
         cmocka_unit_test(test_lua_bad),
         cmocka_unit_test(test_manifest_alloc_failures),

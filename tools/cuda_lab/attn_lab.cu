@@ -149,9 +149,9 @@ int main(void) {
                 printf("%d %4d %3d", rows, keys, splits);
                 for (int fused = 1; fused >= 0; fused--)
                     printf(" | %6.2f", layers_us(st, kv, keys, rows, q, out, pos, [&](tsr_attn_args *x, tsr_kv_view *v) {
-                               launch_split<false, false>(dim3(rows * kKv, splits), 32 * (kHeads / kKv), st, x, v, part,
-                                                          fused ? count : nullptr, kHeads / kKv, true, pos, true, 0,
-                                                          splits);
+                               CK((launch_split<false, false>(dim3(rows * kKv, splits), 32 * (kHeads / kKv), st, false,
+                                                             x, v, part, fused ? count : nullptr, kHeads / kKv, true,
+                                                             pos, true, 0, splits)));
                            }));
                 printf("\n");
             }
@@ -162,7 +162,7 @@ int main(void) {
           printf("%2d %4d", rows, keys);
           for (int splits : {1, 2, 4, 8, 16}) {
             printf(" | %6.2f", layers_us(st, kv, keys, rows, q, out, pos, [&](tsr_attn_args *x, tsr_kv_view *) {
-                       CK(static_cast<cudaError_t>(cuda_attn_prefill_split(x, pos, part, splits, st)));
+                       CK(static_cast<cudaError_t>(cuda_attn_prefill_split(x, pos, part, splits, 0, st)));
                    }));
           }
           printf("\n");

@@ -83,7 +83,7 @@ static void launch_cfg(int ci, const uint8_t *w, const float *s, const float *x,
     void (*k)(const Args) = nullptr;
     switch (ci) {
 #define C(I, KW, MT, U)                                                                                   \
-    case I: k = gemv_mma<WK, NR, KW, MT, U, PDL>; break;
+    case I: k = gemv_mma<WK, NR, KW, MT, U>; break;
         C(0, 8, 1, 1) C(1, 16, 1, 1) C(2, 8, 1, 2) C(3, 16, 1, 2) C(4, 8, 2, 1) C(5, 32, 1, 1) C(6, 16, 1, 4)
         C(7, 4, 1, 4)
 #undef C
@@ -114,7 +114,7 @@ template <int WK>
 static void launch_row(int i, const Args &a, cudaStream_t st) {
     switch (i) {
 #define C(I, R, U)                                                                                        \
-    case I: CK((tsr_row::launch_cfg<WK, R, U>(a, st))); break;
+    case I: CK((tsr_row::launch_cfg<WK, R, U>(a, st, false))); break;
         C(0, 1, 1) C(1, 1, 2) C(2, 1, 4) C(3, 2, 1) C(4, 2, 2) C(5, 4, 1) C(6, 4, 2) C(7, 8, 1)
 #undef C
     }
@@ -388,7 +388,7 @@ static float layers_ms(cudaStream_t st, cudaStream_t side, Chain *c, size_t pref
 
 // ---- one token's GEMVs through the production launcher (gemv_row.cuh's
 // launch_decode: the row kernel or gemv_mma by shape and row count)
-static float production_chain_ms(cudaStream_t st, int wk, int rows, float *xa, float *xb, float *s) {
+static float production_chain_ms(cudaStream_t st, int wk, int rows, bool pdl, float *xa, float *xb, float *s) {
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     for_token(wk, [&](int sh, const uint8_t *w, int64_t ldw) {
@@ -397,7 +397,7 @@ static float production_chain_ms(cudaStream_t st, int wk, int rows, float *xa, f
         a.w = w, a.ldw = ldw;
         a.scale = wk == kFp8 ? s : nullptr;
         a.n_out = S.out, a.cols = S.in, a.ldx = S.in, a.x = xa, a.y = xb;
-        CK(wk == kBf16 ? tsr_row::launch_decode<kBf16>(a, rows, st) : tsr_row::launch_decode<kFp8>(a, rows, st));
+        CK(wk == kBf16 ? tsr_row::launch_decode<kBf16>(a, rows, st, pdl) : tsr_row::launch_decode<kFp8>(a, rows, st, pdl));
     });
     CK(cudaStreamEndCapture(st, &g));
     return replay_ms(st, g);
@@ -493,7 +493,9 @@ int main(void) {
         printf("\nproduction launcher (kernels/cuda/gemv_row.cuh launch_decode), one token's GEMVs as a graph:\n");
         for (int wk = 0; wk < 2; wk++)
             for (int rows : {1, 2, 4, 8})
-                printf("%s rows %d: %.3f ms\n", wk ? "E4M3" : "bf16", rows, production_chain_ms(st, wk, rows, xa, xb, s));
+                printf("%s rows %d: %.3f ms, as programmatic dependents %.3f ms\n", wk ? "E4M3" : "bf16", rows,
+                       production_chain_ms(st, wk, rows, false, xa, xb, s),
+                       production_chain_ms(st, wk, rows, true, xa, xb, s));
     }
     // (4) the same with waits standing in for the small kernels, and L2 prefetch
     printf("\nwith 28 us of one-block waits per layer (norm 6, attention 15, norm 4, silu 3):\n");

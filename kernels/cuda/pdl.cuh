@@ -1,0 +1,58 @@
+// pdl.cuh - programmatic dependent launch (sm_90), shared by the core's
+// kernels (ops.cu) and the CUDA plugins (runtime.pdl in an assembly).
+//
+// A kernel launched as a programmatic dependent of the kernel before it on
+// its stream may start while that kernel is still running: its launch and
+// block scheduling overlap the other's tail instead of following it. It
+// must then wait (wait(), PTX griddepcontrol.wait: the kernel before has
+// completed and its writes are visible) before it reads anything an earlier
+// kernel wrote and before it writes anything an earlier kernel may still
+// read. What depends on nothing (weights) may be loaded before: the GEMVs
+// issue their first weight loads, then wait.
+//
+// The convention of every kernel on the forward pass: wait() before the
+// first dependent access, trigger() (griddepcontrol.launch_dependents: the
+// next kernel may launch once every block of this one has triggered or
+// exited) right after. Both are no-ops in a kernel launched the ordinary
+// way, so the kernels are the same whether runtime.pdl is on or off; only
+// the launch attribute (launch() below) differs. A kernel launched without
+// the attribute starts after the kernel before it completes, whatever that
+// one did, so plugins that ignore tsr_exec.pdl stay correct.
+#ifndef TSR_CUDA_PDL_CUH
+#define TSR_CUDA_PDL_CUH
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace tsr_pdl {
+
+__device__ __forceinline__ void wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, st>>>(args...), as a programmatic dependent
+// of the kernel before it when pdl; returns the launch's status.
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl,
+                          Args &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+} // namespace tsr_pdl
+
+#endif // TSR_CUDA_PDL_CUH
