@@ -152,8 +152,10 @@ template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == 
 // before it multiplies them.
 // Launched as a programmatic dependent (pdl.cuh), the kernel issues its
 // first weight loads (which depend on nothing) before it waits for the
-// kernel before it, and lets the next kernel launch at once (its own wait
-// keeps it correct).
+// kernel before it, and lets the next kernel launch once its products are
+// done (measured on the H200 at the Llama-3-8B shape, an 8-row pass: 5.097
+// ms waiting first, 4.909 loading first and letting the next launch at
+// once, 4.778 loading first and letting it launch at the end).
 template <int WK, int NR, int KW, int MT, int U>
 __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -168,7 +170,6 @@ __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
     const int nch = (int)(p.ldw / 64);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     bool waited = false;
-    tsr_pdl::trigger();
     for (int c0 = kw; c0 < nch; c0 += KW * U) {
         uint4 a[U], b[U];
 #pragma unroll
@@ -190,6 +191,7 @@ __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
         }
     }
     if (!waited) tsr_pdl::wait(); // before y is written
+    tsr_pdl::trigger();
     // acc: rows g (acc 0, 1) and g + 8 (acc 2, 3) for input rows 2t, 2t + 1
     if (KW > 1) {
         __shared__ float4 part[MT][KW][32];

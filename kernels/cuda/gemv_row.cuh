@@ -75,7 +75,11 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     float acc[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
-    bool waited = false; // launched as a programmatic dependent: see gemv_mma
+    // Launched as a programmatic dependent (pdl.cuh): wait for the kernel
+    // before, let the next one launch. Issuing the first weight loads before
+    // the wait, as gemv_mma does, made a one-row pass slower on the H200
+    // (4.437 against 4.395 ms at the Llama-3-8B shape, BENCHMARKS.md).
+    tsr_pdl::wait();
     tsr_pdl::trigger();
     for (int k0 = lane * K; k0 < p.cols; k0 += STEP * U) {
         uint4 w[U][RPW];
@@ -84,10 +88,6 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             if (k0 + u * STEP < p.cols)
 #pragma unroll
                 for (int r = 0; r < RPW; r++) w[u][r] = tsr_mma::load_w(row[r] + (int64_t)(k0 + u * STEP) * ES);
-        if (!waited) { // the first weights are on their way before anything waits on x
-            tsr_pdl::wait();
-            waited = true;
-        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int k = k0 + u * STEP;
@@ -101,7 +101,6 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             for (int r = 0; r < RPW; r++) acc[r] = dot_piece<WK>(w[u][r], xv, acc[r]);
         }
     }
-    if (!waited) tsr_pdl::wait(); // before y is written
     const float mul = tsr_mma::kind_mul<WK>();
 #pragma unroll
     for (int r = 0; r < RPW; r++) {

@@ -7,13 +7,14 @@
 // must then wait (wait(), PTX griddepcontrol.wait: the kernel before has
 // completed and its writes are visible) before it reads anything an earlier
 // kernel wrote and before it writes anything an earlier kernel may still
-// read. What depends on nothing (weights) may be loaded before: the GEMVs
-// issue their first weight loads, then wait.
+// read. What depends on nothing (weights) may be loaded before: the
+// tensor-core GEMV (gemv_mma.cuh) issues its first weight loads, then
+// waits.
 //
 // The convention of every kernel on the forward pass: wait() before the
 // first dependent access, trigger() (griddepcontrol.launch_dependents: the
 // next kernel may launch once every block of this one has triggered or
-// exited) right after. Both are no-ops in a kernel launched the ordinary
+// exited) right after (gemv_mma: after its products, which measured faster). Both are no-ops in a kernel launched the ordinary
 // way, so the kernels are the same whether runtime.pdl is on or off; only
 // the launch attribute (launch() below) differs. A kernel launched without
 // the attribute starts after the kernel before it completes, whatever that

@@ -22,6 +22,8 @@
 
 #include "slots/tsr_attention.h"
 #ifdef CUDA_ATTN_SPLIT
+#include <cooperative_groups.h>
+
 #include "plugins/cuda_attention/merge.cuh"
 #include "plugins/cuda_attention/prefill.h"
 #endif
@@ -40,6 +42,10 @@
 
 namespace {
 
+#ifdef CUDA_ATTN_SPLIT
+namespace cg = cooperative_groups;
+#endif
+
 constexpr int kMaxHeadDim = 256;
 
 struct Attn {
@@ -51,6 +57,9 @@ struct Attn {
     int tile_rows;        // passes of at least this many rows: the tensor-core kernel (prefill.cu)
     int fused_merge;      // the last block of a split merges (1) or merge_kernel does (0)
     int tile_splits;      // key splits of the tensor-core kernel for passes of <= TSR_GRAPH_MAX_ROWS rows
+    int cluster;          // split-K decode through cluster_kernel (1) or split_kernel (0)
+    int cluster_splits;   // cluster_kernel: most blocks (key splits) per (row, KV head), <= kCMaxSplits
+    int cluster_rows;     // passes of up to this many rows through cluster_kernel even where prefill.cu reads
     int graph_heads;      // query heads the captured-pass scratch was sized for
     int sms;              // multiprocessors of the device
     float *graph_scratch; // partial results of a captured pass (TSR_GRAPH_MAX_ROWS rows)
@@ -402,6 +411,231 @@ __global__ void __launch_bounds__(kMaxGroup * 32, 1)
                                out + ((int64_t)row * n_heads + h) * hd);
 }
 
+// Cluster split-K (the decode and verification default): grid (rows *
+// n_kv_heads, n_splits), a thread-block cluster of the n_splits (<= 8)
+// blocks of a (row, KV head), kCWarps warps each.
+//
+// Within a block each warp takes tiles of kCTile consecutive keys. Scores:
+// a key per kCLanes lanes, each of them holding a quarter of the key's row
+// (16-byte pieces) against the group's queries in shared memory, two
+// shuffles to add the quarters, so a key costs ~HD / 8 multiply-adds per
+// head per lane and no 32-lane reduction. Values: each lane its HD / 32
+// dims of every key of the tile, the key's weight shuffled from its lanes.
+// (split_kernel gives every key a 32-lane reduction per query head: ncu on
+// the H200 counted ~290 instructions per key and warp, issue-bound at 8
+// warps a multiprocessor.) An online softmax per head; the warps of a block
+// merged through shared memory, then the splits through distributed shared
+// memory (each block reads the others' results, block r merging heads r,
+// r + n_splits, ...): no partial results in global memory, no counters, no
+// fences.
+constexpr int kCWarps = 8, kCMaxSplits = 8, kCLanes = 4, kCTile = 32 / kCLanes;
+
+// Whether cluster_kernel takes a head size and KV layout: 16-byte pieces of
+// each key row (strides and bases aligned), head_dim 64 or 128.
+inline bool cluster_reads(const tsr_attn_args *x, const tsr_kv_view *kv) {
+    const int64_t piece = kv->dtype == TSR_DTYPE_F8_E4M3 ? 16 : 8; // elements in 16 bytes
+    return (x->head_dim == 64 || x->head_dim == 128) && kv->token_stride % piece == 0 &&
+           kv->head_stride % piece == 0 && (kv->layout != TSR_KV_PAGED || kv->block_stride % piece == 0) &&
+           ((reinterpret_cast<uintptr_t>(kv->k) | reinterpret_cast<uintptr_t>(kv->v)) & 15) == 0;
+}
+
+// Element i of a 16-byte piece widened to f32 (E4M3 unscaled).
+template <bool FP8> __device__ __forceinline__ void widen_piece(const uint4 &w, float *f) {
+    const uint32_t v[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if constexpr (!FP8) {
+            f[2 * k] = __uint_as_float(v[k] << 16);
+            f[2 * k + 1] = __uint_as_float(v[k] & 0xffff0000u);
+        } else {
+            const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v[k] & 0xffffu), __NV_E4M3);
+            const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v[k] >> 16), __NV_E4M3);
+            const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+            f[4 * k] = a.x, f[4 * k + 1] = a.y, f[4 * k + 2] = b.x, f[4 * k + 3] = b.y;
+        }
+    }
+}
+
+template <int HD, int GC, bool PAGED, bool FP8> // GC: query heads per KV head, rounded up to 1, 2, 4, 8
+__global__ void __launch_bounds__(kCWarps * 32)
+    cluster_kernel(const float *q, const typename Elem<FP8>::T *K, const typename Elem<FP8>::T *V, int n_heads,
+                   int n_kv, int group, int64_t ts, int64_t hs, int pos0, const int32_t *dev_pos0, int window,
+                   float scale, int n_splits, Paging pg, float *out) {
+    constexpr int ES = FP8 ? 1 : 2, CD = 16 / ES; // bytes per element, elements per 16-byte piece
+    constexpr int CPL = HD / CD / kCLanes;        // pieces of a key row per lane
+    constexpr int DPL = HD / 32;                  // values: dims per lane
+    static_assert(CPL >= 1 && HD % (CD * kCLanes) == 0, "head_dim 64 or 128");
+    using T = typename Elem<FP8>::T;
+    tsr_pdl::wait(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
+    tsr_pdl::trigger();
+    __shared__ __align__(16) float q_s[GC][HD];
+    __shared__ float w_m[kCWarps][GC], w_l[kCWarps][GC], w_acc[kCWarps][GC][HD];
+    __shared__ float b_m[GC], b_l[GC], b_acc[GC][HD];
+    cg::cluster_group cl = cg::this_cluster();
+    const int row = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, split = (int)cl.block_rank();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (dev_pos0) pos0 = *dev_pos0;
+    const int last = pos0 + row;
+    const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+    const int chunk = (last - first + n_splits) / n_splits; // ceil((last - first + 1) / n_splits)
+    const int t0 = first + split * chunk, t1 = min(last, t0 + chunk - 1);
+    const float *qr = q + ((int64_t)row * n_heads + (int64_t)kvh * group) * HD;
+    for (int i = threadIdx.x; i < GC * HD; i += blockDim.x)
+        q_s[i / HD][i % HD] = i / HD < group ? qr[i] * scale : 0.0f;
+    __syncthreads();
+    const int kl = lane / kCLanes, part = lane % kCLanes; // the lane's key in a tile, its share of the row
+    const int d0 = lane * DPL;                            // values: the lane's dims
+    float m[GC], l[GC], acc[GC][DPL];
+#pragma unroll
+    for (int g = 0; g < GC; g++) {
+        m[g] = -INFINITY, l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[g][i] = 0.0f;
+    }
+    for (int tb = t0 + warp * kCTile; tb <= t1; tb += kCWarps * kCTile) {
+        // keys past t1 read key t1 again (never past the table or the cache) and weigh nothing
+        int64_t off, slot;
+        key_at<PAGED>(min(tb + kl, t1), ts, pg, &off, &slot);
+        const uint8_t *kp = reinterpret_cast<const uint8_t *>(K + off + kvh * hs);
+        uint4 kc[CPL];
+#pragma unroll
+        for (int c = 0; c < CPL; c++) kc[c] = __ldg(reinterpret_cast<const uint4 *>(kp + (part + kCLanes * c) * 16));
+        Raw<T, DPL> vr[kCTile];
+        float vsc[kCTile];
+#pragma unroll
+        for (int j = 0; j < kCTile; j++) {
+            int64_t vo, vs;
+            key_at<PAGED>(min(tb + j, t1), ts, pg, &vo, &vs);
+            load_raw<DPL>(V + vo + kvh * hs + d0, d0, HD, true, vr[j]);
+            if constexpr (FP8) vsc[j] = pg.vs[vs * n_kv + kvh];
+        }
+        const float ksc = FP8 ? pg.ks[slot * n_kv + kvh] : 1.0f;
+        float s[GC];
+#pragma unroll
+        for (int g = 0; g < GC; g++) s[g] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < CPL; c++) {
+            float kf[CD];
+            widen_piece<FP8>(kc[c], kf);
+            const int db = (part + kCLanes * c) * CD;
+#pragma unroll
+            for (int g = 0; g < GC; g++)
+#pragma unroll
+                for (int e = 0; e < CD; e += 4) {
+                    const float4 qq = *reinterpret_cast<const float4 *>(&q_s[g][db + e]);
+                    s[g] = fmaf(qq.x, kf[e], fmaf(qq.y, kf[e + 1], fmaf(qq.z, kf[e + 2], fmaf(qq.w, kf[e + 3], s[g]))));
+                }
+        }
+        float vf[kCTile][DPL];
+#pragma unroll
+        for (int j = 0; j < kCTile; j++)
+#pragma unroll
+            for (int i = 0; i < DPL; i++) vf[j][i] = widen(vr[j], i, d0, HD) * (FP8 ? vsc[j] : 1.0f);
+        const bool valid = tb + kl <= t1;
+#pragma unroll
+        for (int g = 0; g < GC; g++) {
+#pragma unroll
+            for (int o = 1; o < kCLanes; o <<= 1) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
+            const float sg = valid ? s[g] * ksc : -INFINITY;
+            float tm = sg; // the tile's largest score (key tb is always valid)
+#pragma unroll
+            for (int o = kCLanes; o < 32; o <<= 1) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
+            const float mn = fmaxf(m[g], tm);
+            const float corr = __expf(m[g] - mn), p = __expf(sg - mn); // m[g] = -inf at first: 0
+            l[g] = l[g] * corr + (part == 0 ? p : 0.0f);               // each key counted once
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[g][i] *= corr;
+#pragma unroll
+            for (int j = 0; j < kCTile; j++) {
+                const float pj = __shfl_sync(0xffffffffu, p, j * kCLanes);
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[g][i] = fmaf(pj, vf[j][i], acc[g][i]);
+            }
+            m[g] = mn;
+        }
+    }
+    // the block's warps merged through shared memory: warp w merges heads w, w + kCWarps, ...
+#pragma unroll
+    for (int g = 0; g < GC; g++) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
+        if (lane == 0) w_m[warp][g] = m[g], w_l[warp][g] = l[g];
+#pragma unroll
+        for (int i = 0; i < DPL; i++) w_acc[warp][g][d0 + i] = acc[g][i];
+    }
+    __syncthreads();
+    for (int g = warp; g < group; g += kCWarps) {
+        float M = -INFINITY;
+        for (int w = 0; w < kCWarps; w++) M = fmaxf(M, w_m[w][g]);
+        float L = 0.0f, a[DPL] = {};
+        for (int w = 0; w < kCWarps; w++) {
+            const float e = w_m[w][g] > -INFINITY ? __expf(w_m[w][g] - M) : 0.0f; // a warp without keys: 0
+            L += w_l[w][g] * e;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) a[i] = fmaf(e, w_acc[w][g][d0 + i], a[i]);
+        }
+        if (lane == 0) b_m[g] = M, b_l[g] = L;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) b_acc[g][d0 + i] = a[i];
+    }
+    // the splits merged through distributed shared memory: block r, warp w
+    // merges head r + n_splits * w (and on), reading every block's result
+    cl.sync();
+    for (int g = split + n_splits * warp; g < group; g += n_splits * kCWarps) {
+        float ms[kCMaxSplits];
+        float M = -INFINITY;
+#pragma unroll
+        for (int r = 0; r < kCMaxSplits; r++) {
+            ms[r] = r < n_splits ? *cl.map_shared_rank(&b_m[g], r) : -INFINITY;
+            M = fmaxf(M, ms[r]);
+        }
+        float L = 0.0f, a[DPL] = {};
+#pragma unroll
+        for (int r = 0; r < kCMaxSplits; r++) {
+            if (r >= n_splits) break;
+            const float e = ms[r] > -INFINITY ? __expf(ms[r] - M) : 0.0f; // a split without keys: 0
+            L += *cl.map_shared_rank(&b_l[g], r) * e;
+            const float *ra = cl.map_shared_rank(&b_acc[g][0], r);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) a[i] = fmaf(e, ra[d0 + i], a[i]);
+        }
+        float *o = out + ((int64_t)row * n_heads + (int64_t)kvh * group + g) * HD;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) o[d0 + i] = a[i] / L;
+    }
+    cl.sync(); // no block leaves while another reads its shared memory
+}
+
+// One cluster_kernel launch: clusters of the n_splits blocks of a (row, KV
+// head); as a programmatic dependent when pdl. cluster_reads holds.
+template <bool PAGED, bool FP8>
+cudaError_t launch_cluster(int n_splits, cudaStream_t st, bool pdl, const tsr_attn_args *x, const tsr_kv_view *kv,
+                           int group, const int32_t *dev_pos0) {
+    using T = typename Elem<FP8>::T;
+    const T *K = static_cast<const T *>(kv->k), *V = static_cast<const T *>(kv->v);
+    const Paging pg = {kv->block_table, kv->block_size, kv->block_stride, kv->k_scale, kv->v_scale};
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = (unsigned)n_splits, at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(x->rows * x->n_kv_heads), (unsigned)n_splits);
+    cfg.blockDim = dim3(kCWarps * 32);
+    cfg.stream = st, cfg.attrs = at, cfg.numAttrs = pdl ? 2 : 1;
+    const int gc = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+    switch (x->head_dim * 10 + gc) {
+#define CASE(HD, GC)                                                                                      \
+    case HD * 10 + GC:                                                                                    \
+        return cudaLaunchKernelEx(&cfg, cluster_kernel<HD, GC, PAGED, FP8>, x->q, K, V, x->n_heads,        \
+                                  x->n_kv_heads, group, kv->token_stride, kv->head_stride, x->pos0, dev_pos0, \
+                                  x->window, x->scale, n_splits, pg, x->out);
+        CASE(64, 1) CASE(64, 2) CASE(64, 4) CASE(64, 8) CASE(128, 1) CASE(128, 2) CASE(128, 4) CASE(128, 8)
+#undef CASE
+    }
+    return cudaErrorInvalidValue;
+}
+
 constexpr int kMaxSplits = 1024;
 
 // One split_kernel launch of the instance for head_dim's dims per lane.
@@ -427,6 +661,42 @@ cudaError_t launch_split(dim3 grid, int threads, cudaStream_t st, bool pdl, cons
 
 #endif
 
+#ifdef CUDA_ATTN_SPLIT
+// A pass through cluster_kernel (cluster_reads holds, group <= kMaxGroup).
+// Splits per (row, KV head): passes of up to TSR_GRAPH_MAX_ROWS rows (as
+// captured) about 16 / rows, at most cluster_splits, a fixed count for a row
+// count (tools/cuda_lab/attn_lab.cu, after 512 keys, us a layer by splits:
+// 1 row 6.1 with 8, 7.6 with 4; 2 rows 7.6 with 4 or 8; 4 rows 9.2 with 4;
+// 8 rows 11.0 with 2, 15.3 with 4); bigger passes enough blocks to fill the
+// GPU, at least split_keys keys each.
+int run_cluster(Attn *a, const tsr_attn_args *x, const tsr_exec *ex, int group, int keys) {
+    const tsr_kv_view *kv = x->kv;
+    cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
+    const int32_t *dev_pos0 = ex->step ? &ex->step->pos0 : nullptr;
+    int n_splits;
+    if (dev_pos0 || x->rows <= TSR_GRAPH_MAX_ROWS) {
+        n_splits = 16 / x->rows;
+    } else {
+        const int blocks = x->rows * x->n_kv_heads, want = (2 * a->sms + blocks - 1) / blocks;
+        const int most = (keys + a->chunk - 1) / a->chunk;
+        n_splits = want < most ? want : most;
+    }
+    if (n_splits > a->cluster_splits) n_splits = a->cluster_splits;
+    if (n_splits < 1) n_splits = 1;
+    const bool paged = kv->layout == TSR_KV_PAGED, fp8 = kv->dtype == TSR_DTYPE_F8_E4M3, pdl = ex->pdl != 0;
+    cudaError_t e;
+    if (!paged && !fp8) e = launch_cluster<false, false>(n_splits, st, pdl, x, kv, group, dev_pos0);
+    else if (!paged) e = launch_cluster<false, true>(n_splits, st, pdl, x, kv, group, dev_pos0);
+    else if (!fp8) e = launch_cluster<true, false>(n_splits, st, pdl, x, kv, group, dev_pos0);
+    else e = launch_cluster<true, true>(n_splits, st, pdl, x, kv, group, dev_pos0);
+    if (e != cudaSuccess) {
+        a->ctx->host->set_error(a->ctx, "cluster attention: %s", cudaGetErrorString(e));
+        return TSR_ERR_DEVICE;
+    }
+    return TSR_OK;
+}
+#endif
+
 int a_init(void *inst, const tsr_plugin_ctx *ctx) {
     Attn *a = static_cast<Attn *>(inst);
     a->ctx = ctx;
@@ -445,6 +715,13 @@ int a_init(void *inst, const tsr_plugin_ctx *ctx) {
     if (a->tile_splits < 1) a->tile_splits = 1;
     p = ctx->host->param(ctx, "fused_merge");
     a->fused_merge = p ? (int)p->v.i : 1;
+    p = ctx->host->param(ctx, "cluster");
+    a->cluster = p ? (int)p->v.i : 1;
+    p = ctx->host->param(ctx, "cluster_rows");
+    a->cluster_rows = p ? (int)p->v.i : 8;
+    p = ctx->host->param(ctx, "cluster_splits");
+    a->cluster_splits = p ? (int)p->v.i : kCMaxSplits;
+    if (a->cluster_splits < 1 || a->cluster_splits > kCMaxSplits) a->cluster_splits = kCMaxSplits;
     p = ctx->host->param(ctx, "graph_splits");
     a->graph_splits = p ? (int)p->v.i : 16;
     if (a->graph_splits <= 0) a->graph_splits = 16;
@@ -507,7 +784,10 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
     int rc;
 #ifdef CUDA_ATTN_SPLIT
     const int32_t *dev_pos0 = ex->step ? &ex->step->pos0 : nullptr;
-    if (x->rows >= a->tile_rows && cuda_attn_prefill_supported(x)) { // prefill.cu, captured or not
+    const bool tiles = x->rows >= a->tile_rows && cuda_attn_prefill_supported(x);
+    if (a->cluster && group <= kMaxGroup && cluster_reads(x, kv) && (x->rows <= a->cluster_rows || !tiles))
+        return run_cluster(a, x, ex, group, keys); /* decode, verification; prefill prefill.cu cannot take */
+    if (tiles) { // prefill.cu, captured or not
         /* passes of few rows (verification of drafts) cut each KV head's keys
          * into tile_splits blocks (prefill has row blocks enough); a captured
          * pass only at the shape its scratch was reserved for */
@@ -540,6 +820,13 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
         /* passes of a few rows: graph_splits even splits (as captured); more
          * rows: enough blocks to fill the GPU, at least chunk keys each */
         const bool even = dev_pos0 || x->rows <= TSR_GRAPH_MAX_ROWS;
+        const bool paged = kv->layout == TSR_KV_PAGED, fp8 = kv->dtype == TSR_DTYPE_F8_E4M3;
+        const bool pdl = ex->pdl != 0;
+        const int dpl = (x->head_dim + 31) / 32;
+        const size_t esize = fp8 ? 1 : 2;
+        const bool vec = kv->token_stride % dpl == 0 && kv->head_stride % dpl == 0 &&
+                         (!paged || kv->block_stride % dpl == 0) &&
+                         (reinterpret_cast<uintptr_t>(kv->k) | reinterpret_cast<uintptr_t>(kv->v)) % (esize * dpl) == 0;
         int n_splits = a->graph_splits;
         if (!even) {
             const int blocks = x->rows * x->n_kv_heads, want = (4 * a->sms + blocks - 1) / blocks;
@@ -555,13 +842,7 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
         if ((rc = split_scratch(a, dev_pos0 != nullptr, x, n_splits, &part, &count))) return rc;
         if (!a->fused_merge) count = nullptr;
         dim3 grid(x->rows * x->n_kv_heads, n_splits);
-        const int threads = 32 * group, dpl = (x->head_dim + 31) / 32;
-        const bool paged = kv->layout == TSR_KV_PAGED, fp8 = kv->dtype == TSR_DTYPE_F8_E4M3;
-        const size_t esize = fp8 ? 1 : 2;
-        const bool vec = kv->token_stride % dpl == 0 && kv->head_stride % dpl == 0 &&
-                         (!paged || kv->block_stride % dpl == 0) &&
-                         (reinterpret_cast<uintptr_t>(kv->k) | reinterpret_cast<uintptr_t>(kv->v)) % (esize * dpl) == 0;
-        const bool pdl = ex->pdl != 0;
+        const int threads = 32 * group;
         cudaError_t e;
         if (!paged && !fp8)
             e = launch_split<false, false>(grid, threads, st, pdl, x, kv, part, count, group, vec, dev_pos0, even,

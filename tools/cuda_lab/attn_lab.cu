@@ -10,12 +10,15 @@
 // keys and key splits, against a graph of 32 empty kernels.
 #include "plugins/cuda_attention/cuda_attention.cu"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <vector>
+
 #include "tools/cuda_lab/lab_check.cuh"
 
-constexpr int kLayers = 32, kCtx = 1024, kKv = 8, kHeads = 32, kHd = 128;
+constexpr int kLayers = 32, kCtx = 2048, kKv = 8, kHeads = 32, kHd = 128;
 
 __global__ void fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -25,6 +28,13 @@ __global__ void fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed) {
     }
 }
 __global__ void empty_kernel() {}
+__global__ void fill_q(float *q, int n, uint32_t seed) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        q[i] = ((int)(h % 2001) - 1000) / 1000.0f;
+    }
+}
 
 // Layer l's view of the pool kv (K then V per layer, keys tokens held) and
 // the attention of rows query rows at its end.
@@ -141,20 +151,54 @@ int main(void) {
     }
     chase(st, 4 << 20, 1024 + 32, "4 MB (L2)");
     chase(st, (size_t)1 << 30, (1u << 20) + 1040, "1 GB, ~4 MB strides, lines not touched before (HBM)");
-    printf("us per layer (32 layers in one graph): rows keys splits | merge in last block | merge kernel\n");
+    printf("us per layer (32 layers in one graph): rows keys splits | merge in last block | merge kernel | "
+           "partials only (no merge) | merge in last block, as programmatic dependents\n");
     for (int rows : {1, 2, 4, 8})
         for (int keys : {512, 768})
             for (int splits : {8, 16, 32, 64}) {
                 if (rows > 2 && splits == 64) continue;
                 printf("%d %4d %3d", rows, keys, splits);
-                for (int fused = 1; fused >= 0; fused--)
+                for (int mode = 0; mode < 4; mode++) // fused merge, merge kernel, neither, fused + PDL
                     printf(" | %6.2f", layers_us(st, kv, keys, rows, q, out, pos, [&](tsr_attn_args *x, tsr_kv_view *v) {
-                               CK((launch_split<false, false>(dim3(rows * kKv, splits), 32 * (kHeads / kKv), st, false,
-                                                             x, v, part, fused ? count : nullptr, kHeads / kKv, true,
-                                                             pos, true, 0, splits)));
+                               const bool fused = mode == 0 || mode == 3;
+                               CK((launch_split<false, false>(dim3(rows * kKv, splits), 32 * (kHeads / kKv), st,
+                                                             mode == 3, x, v, part, fused ? count : nullptr,
+                                                             kHeads / kKv, true, pos, true, 0, splits)));
+                               if (mode == 1)
+                                   CK(cuda_attn::launch_merge(part, out, rows * kHeads, kHd, splits, st, false));
                            }));
                 printf("\n");
             }
+    printf("cluster kernel (splits merged through distributed shared memory): rows keys | us per layer with 2, 4, "
+           "8 splits | 8 splits as programmatic dependents | max |diff| against the split kernel\n");
+    for (int rows : {1, 2, 4, 8})
+        for (int keys : {512, 768, 2048}) {
+            printf("%d %4d", rows, keys);
+            for (int mode = 0; mode < 4; mode++) {
+                const int splits = mode == 0 ? 2 : mode == 1 ? 4 : 8;
+                printf(" | %6.2f", layers_us(st, kv, keys, rows, q, out, pos, [&](tsr_attn_args *x, tsr_kv_view *v) {
+                           CK((launch_cluster<false, false>(splits, st, mode == 3, x, v, kHeads / kKv, pos)));
+                       }));
+            }
+            // correctness: layer 0 through both kernels, q random
+            tsr_kv_view v;
+            tsr_attn_args x;
+            fill_q<<<64, 256, 0, st>>>(q, rows * kHeads * kHd, 7);
+            layer_args(kv, 0, keys, rows, q, out, &v, &x);
+            const int p0 = keys - rows;
+            CK(cudaMemcpy(pos, &p0, 4, cudaMemcpyHostToDevice));
+            CK((launch_split<false, false>(dim3(rows * kKv, 16), 32 * (kHeads / kKv), st, false, &x, &v, part, count,
+                                          kHeads / kKv, true, pos, true, 0, 16)));
+            std::vector<float> a((size_t)rows * kHeads * kHd), b(a.size());
+            CK(cudaMemcpyAsync(a.data(), out, a.size() * 4, cudaMemcpyDeviceToHost, st));
+            CK((launch_cluster<false, false>(8, st, false, &x, &v, kHeads / kKv, pos)));
+            CK(cudaMemcpyAsync(b.data(), out, b.size() * 4, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+            double worst = 0, big = 0;
+            for (size_t i = 0; i < a.size(); i++) worst = fmax(worst, fabs(a[i] - b[i])), big = fmax(big, fabs(a[i]));
+            printf(" | %.2g (of %.2g)\n", worst, big);
+            CK(cudaMemset(q, 0, 16 * kHeads * kHd * 4));
+        }
     printf("tensor-core kernel (prefill.cu, captured with the position on the device): rows keys | us per layer "
            "with 1, 2, 4, 8, 16 key splits\n");
     for (int rows : {3, 8, 16})
