@@ -15,10 +15,11 @@
  *    and the same saturating round-to-nearest-even as the kernel), and, as
  *    the lossy bound the manifest rests on, |scale * q - x| <= 2^-4 |x| +
  *    2^-10 scale (E4M3: 3 mantissa bits; subnormal steps of 2^-9).
- * 2. Attention of passes of 1, 3 (split-K, even splits) and 40 rows (the
- *    tensor-core prefill kernel for bf16, split-K for fp8) at the end of
- *    the sequence, against a plain f64 reference over the stored values
- *    read back in 1: |out - ref| <= 1e-3 * max|ref| + 1e-5 per element and
+ * 2. Attention of passes of 1, 2, 3, 8 (cluster_kernel where head_dim is 64
+ *    or 128, else split-K) and 40 rows (the tensor-core prefill kernel for
+ *    bf16, cluster_kernel or split-K for fp8) at the end of the sequence,
+ *    through the paged view and through a contiguous copy of it, against a
+ *    plain f64 reference over the stored values read back in 1: |out - ref| <= 1e-3 * max|ref| + 1e-5 per element and
  *    NMSE <= 1e-7 (the bound of test_cuda_prefill.c; the arithmetic is f32
  *    over the same stored values, only the order of the sums differs).
  * 3. usage(): used = the blocks the two sequences hold, capacity = the pool.
@@ -256,8 +257,36 @@ static void run_case(const kcase *c, uint64_t *rng) {
             }
     }
 
-    /* 2. attention at the end of seq 0 against f64 over the stored values */
-    const int rows_list[] = {1, 3, 40};
+    /* the same stored values laid out contiguously (token t at t * te, its
+     * scales at slot t), for cuda_attention's contiguous path */
+    unsigned char *ck = malloc((size_t)T * te * esize), *cvb = malloc((size_t)T * te * esize);
+    float *cks = malloc((size_t)T * n_kv * sizeof(float)), *cvs = malloc((size_t)T * n_kv * sizeof(float));
+    assert_true(ck && cvb && cks && cvs);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_kv; h++) {
+            int64_t slot = 0;
+            for (int d = 0; d < hd; d++) {
+                const int64_t e = view_elem(&view, table, t, h, d, &slot), o = (int64_t)t * te + h * hd + d;
+                memcpy(ck + o * esize, kb + e * esize, esize);
+                memcpy(cvb + o * esize, vb + e * esize, esize);
+            }
+            cks[t * n_kv + h] = fp8 ? ks[slot * n_kv + h] : 0.0f;
+            cvs[t * n_kv + h] = fp8 ? vs[slot * n_kv + h] : 0.0f;
+        }
+    void *ck_d = dev((size_t)T * te * esize), *cv_d = dev((size_t)T * te * esize);
+    float *cks_d = dev((size_t)T * n_kv * sizeof(float)), *cvs_d = dev((size_t)T * n_kv * sizeof(float));
+    gpu_upload(ck_d, ck, (size_t)T * te * esize);
+    gpu_upload(cv_d, cvb, (size_t)T * te * esize);
+    gpu_upload(cks_d, cks, (size_t)T * n_kv * sizeof(float));
+    gpu_upload(cvs_d, cvs, (size_t)T * n_kv * sizeof(float));
+    tsr_kv_view cview = view;
+    cview.layout = TSR_KV_CONTIGUOUS, cview.k = ck_d, cview.v = cv_d, cview.token_stride = te, cview.head_stride = hd;
+    cview.block_table = NULL, cview.block_size = 0, cview.block_stride = 0;
+    cview.k_scale = fp8 ? cks_d : NULL, cview.v_scale = fp8 ? cvs_d : NULL;
+
+    /* 2. attention at the end of seq 0 against f64 over the stored values,
+     * through the paged view and the contiguous copy */
+    const int rows_list[] = {1, 2, 3, 8, 40};
     const float scale = 1.0f / sqrtf((float)hd);
     for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++) {
         const int rows = rows_list[ri], pos0 = T - rows;
@@ -290,35 +319,43 @@ static void run_case(const kcase *c, uint64_t *rng) {
         float *q_d = dev((size_t)qn * sizeof *q), *out_d = dev((size_t)qn * sizeof *q);
         gpu_upload(q_d, q, (size_t)qn * sizeof *q);
         assert_int_equal(it->view(kv->inst, s[0].id, layer, &view), TSR_OK);
-        tsr_attn_args a = {rows, pos0, c->n_heads, n_kv, hd, scale, 0, q_d, &view, out_d};
-        const tsr_attention_i *ai = at->desc->iface;
-        plugin_err[0] = 0;
-        const int rc = ai->run(at->inst, &a, exec_eager());
-        if (rc != TSR_OK) fail_msg("cuda_attention: status %d: %s", rc, plugin_err);
-        gpu_download(got, out_d, (size_t)qn * sizeof *got);
-        double max_ref = 0, max_diff = 0, num = 0, den = 0;
-        for (int64_t i = 0; i < qn; i++)
-            if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
-        const double bound = TOL_REL * max_ref + TOL_ABS;
-        for (int64_t i = 0; i < qn; i++) {
-            const double d = fabs((double)got[i] - want[i]);
-            if (!(d <= bound))
-                fail_msg("%s heads %d/%d d %d blocks of %d, %d rows at %d: out[%lld] = %.9g, reference %.9g "
-                         "(|diff| > %.3g)", c->dtype, c->n_heads, n_kv, hd, c->block_size, rows, pos0, (long long)i,
-                         got[i], want[i], bound);
-            if (d > max_diff) max_diff = d;
-            num += d * d;
-            den += want[i] * want[i];
+        for (int contiguous = 0; contiguous < 2; contiguous++) {
+            tsr_attn_args a = {rows, pos0, c->n_heads, n_kv, hd, scale, 0, q_d, contiguous ? &cview : &view, out_d};
+            const tsr_attention_i *ai = at->desc->iface;
+            plugin_err[0] = 0;
+            const int rc = ai->run(at->inst, &a, exec_eager());
+            if (rc != TSR_OK) fail_msg("cuda_attention: status %d: %s", rc, plugin_err);
+            gpu_download(got, out_d, (size_t)qn * sizeof *got);
+            double max_ref = 0, max_diff = 0, num = 0, den = 0;
+            for (int64_t i = 0; i < qn; i++)
+                if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
+            const double bound = TOL_REL * max_ref + TOL_ABS;
+            for (int64_t i = 0; i < qn; i++) {
+                const double d = fabs((double)got[i] - want[i]);
+                if (!(d <= bound))
+                    fail_msg("%s heads %d/%d d %d %s, %d rows at %d: out[%lld] = %.9g, reference %.9g (|diff| > %.3g)",
+                             c->dtype, c->n_heads, n_kv, hd, contiguous ? "contiguous" : "paged", rows, pos0,
+                             (long long)i, got[i], want[i], bound);
+                if (d > max_diff) max_diff = d;
+                num += d * d;
+                den += want[i] * want[i];
+            }
+            const double nmse = num / den;
+            if (!(nmse <= TOL_NMSE)) fail_msg("nmse %.3g > %.0e", nmse, TOL_NMSE);
+            if (contiguous)
+                printf("# %-7s heads %2d/%d d %3d, contiguous, %2d rows at %3d: max |diff| %.3g (bound %.3g), nmse %.3g\n",
+                       c->dtype, c->n_heads, n_kv, hd, rows, pos0, max_diff, bound, nmse);
+            else
+                printf("# %-7s heads %2d/%d d %3d, blocks of %2d (%d of %d not after their predecessor), %2d rows at "
+                       "%3d: max |diff| %.3g (bound %.3g), nmse %.3g\n", c->dtype, c->n_heads, n_kv, hd, c->block_size,
+                       scattered, nb, rows, pos0, max_diff, bound, nmse);
         }
-        const double nmse = num / den;
-        if (!(nmse <= TOL_NMSE)) fail_msg("nmse %.3g > %.0e", nmse, TOL_NMSE);
-        printf("# %-7s heads %2d/%d d %3d, blocks of %2d (%d of %d not after their predecessor), %2d rows at %3d: "
-               "max |diff| %.3g (bound %.3g), nmse %.3g\n", c->dtype, c->n_heads, n_kv, hd, c->block_size,
-               scattered, nb, rows, pos0, max_diff, bound, nmse);
         tsr_cuda_free(q_d);
         tsr_cuda_free(out_d);
         free(q), free(got), free(want), free(sc);
     }
+    tsr_cuda_free(ck_d), tsr_cuda_free(cv_d), tsr_cuda_free(cks_d), tsr_cuda_free(cvs_d);
+    free(ck), free(cvb), free(cks), free(cvs);
     if (fp8) printf("# %s: worst stored |error| %.0f%% of the E4M3 bound\n", c->dtype, 100 * worst_q);
     assert_true(scattered > 0);
 
