@@ -40,18 +40,36 @@ __device__ __forceinline__ void trigger() {
 #endif
 }
 
-// kernel<<<grid, block, smem, st>>>(args...), as a programmatic dependent
+// kernel<<<grid, block, smem, st>>>(args...) in thread-block clusters of
+// cluster blocks (none when cluster is null), as a programmatic dependent
 // of the kernel before it when pdl; returns the launch's status.
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, const dim3 *cluster, size_t smem,
+                             cudaStream_t st, bool pdl, Args &&...args) {
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (cluster) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = cluster->x, at[n].val.clusterDim.y = cluster->y, at[n].val.clusterDim.z = cluster->z;
+        n++;
+    }
+    if (pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = n;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// kernel<<<grid, block, smem, st>>>(args...), as a programmatic dependent
+// of the kernel before it when pdl.
 template <typename... KArgs, typename... Args>
 inline cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl,
                           Args &&...args) {
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
-    cfg.attrs = at, cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    return launch_ex(kernel, grid, block, nullptr, smem, st, pdl, std::forward<Args>(args)...);
 }
 
 } // namespace tsr_pdl

@@ -614,22 +614,14 @@ cudaError_t launch_cluster(int n_splits, cudaStream_t st, bool pdl, const tsr_at
     using T = typename Elem<FP8>::T;
     const T *K = static_cast<const T *>(kv->k), *V = static_cast<const T *>(kv->v);
     const Paging pg = {kv->block_table, kv->block_size, kv->block_stride, kv->k_scale, kv->v_scale};
-    cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = (unsigned)n_splits, at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(x->rows * x->n_kv_heads), (unsigned)n_splits);
-    cfg.blockDim = dim3(kCWarps * 32);
-    cfg.stream = st, cfg.attrs = at, cfg.numAttrs = pdl ? 2 : 1;
+    const dim3 grid((unsigned)(x->rows * x->n_kv_heads), (unsigned)n_splits), cluster(1, (unsigned)n_splits, 1);
     const int gc = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
     switch (x->head_dim * 10 + gc) {
 #define CASE(HD, GC)                                                                                      \
     case HD * 10 + GC:                                                                                    \
-        return cudaLaunchKernelEx(&cfg, cluster_kernel<HD, GC, PAGED, FP8>, x->q, K, V, x->n_heads,        \
-                                  x->n_kv_heads, group, kv->token_stride, kv->head_stride, x->pos0, dev_pos0, \
-                                  x->window, x->scale, n_splits, pg, x->out);
+        return tsr_pdl::launch_ex(cluster_kernel<HD, GC, PAGED, FP8>, grid, kCWarps * 32, &cluster, 0, st, pdl, \
+                                  x->q, K, V, x->n_heads, x->n_kv_heads, group, kv->token_stride,          \
+                                  kv->head_stride, x->pos0, dev_pos0, x->window, x->scale, n_splits, pg, x->out);
         CASE(64, 1) CASE(64, 2) CASE(64, 4) CASE(64, 8) CASE(128, 1) CASE(128, 2) CASE(128, 4) CASE(128, 8)
 #undef CASE
     }
