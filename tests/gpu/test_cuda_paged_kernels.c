@@ -18,9 +18,10 @@
  * 2. Attention of passes of 1, 2, 3, 8 (cluster_kernel where head_dim is 64
  *    or 128, else split-K) and 40 rows (the tensor-core prefill kernel for
  *    bf16, cluster_kernel or split-K for fp8) at the end of the sequence,
- *    through the paged view and through a contiguous copy of it, against a
- *    plain f64 reference over the stored values read back in 1: |out - ref| <= 1e-3 * max|ref| + 1e-5 per element and
- *    NMSE <= 1e-7 (the bound of test_cuda_prefill.c; the arithmetic is f32
+ *    through the paged view and through a contiguous copy of it, with every
+ *    key and with a sliding window of 97, against a plain f64 reference
+ *    over the stored values read back in 1: |out - ref| <= 1e-3 * max|ref|
+ *    + 1e-5 per element and NMSE <= 1e-7 (the bound of test_cuda_prefill.c; the arithmetic is f32
  *    over the same stored values, only the order of the sums differs).
  * 3. usage(): used = the blocks the two sequences hold, capacity = the pool.
  */
@@ -286,10 +287,12 @@ static void run_case(const kcase *c, uint64_t *rng) {
 
     /* 2. attention at the end of seq 0 against f64 over the stored values,
      * through the paged view and the contiguous copy */
-    const int rows_list[] = {1, 2, 3, 8, 40};
+    static const struct {
+        int rows, window; /* window 0: every key */
+    } passes[] = {{1, 0}, {2, 0}, {3, 0}, {8, 0}, {40, 0}, {1, 97}, {8, 97}, {40, 97}};
     const float scale = 1.0f / sqrtf((float)hd);
-    for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++) {
-        const int rows = rows_list[ri], pos0 = T - rows;
+    for (size_t ri = 0; ri < sizeof passes / sizeof *passes; ri++) {
+        const int rows = passes[ri].rows, window = passes[ri].window, pos0 = T - rows;
         const int64_t qn = (int64_t)rows * c->n_heads * hd;
         float *q = malloc((size_t)qn * sizeof *q), *got = malloc((size_t)qn * sizeof *got);
         double *want = malloc((size_t)qn * sizeof *want), *sc = malloc((size_t)T * sizeof *sc);
@@ -300,8 +303,9 @@ static void run_case(const kcase *c, uint64_t *rng) {
             for (int h = 0; h < c->n_heads; h++) {
                 const float *qr = q + ((int64_t)i * c->n_heads + h) * hd;
                 const int kvh = h / group, last = pos0 + i;
+                const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
                 double mx = -INFINITY, sum = 0;
-                for (int t = 0; t <= last; t++) {
+                for (int t = first; t <= last; t++) {
                     double acc = 0;
                     for (int d = 0; d < hd; d++) acc += (double)qr[d] * kd[(int64_t)t * te + kvh * hd + d];
                     sc[t] = acc * scale;
@@ -309,7 +313,7 @@ static void run_case(const kcase *c, uint64_t *rng) {
                 }
                 double *o = want + ((int64_t)i * c->n_heads + h) * hd;
                 for (int d = 0; d < hd; d++) o[d] = 0;
-                for (int t = 0; t <= last; t++) {
+                for (int t = first; t <= last; t++) {
                     const double w = exp(sc[t] - mx);
                     sum += w;
                     for (int d = 0; d < hd; d++) o[d] += w * vd[(int64_t)t * te + kvh * hd + d];
@@ -320,7 +324,8 @@ static void run_case(const kcase *c, uint64_t *rng) {
         gpu_upload(q_d, q, (size_t)qn * sizeof *q);
         assert_int_equal(it->view(kv->inst, s[0].id, layer, &view), TSR_OK);
         for (int contiguous = 0; contiguous < 2; contiguous++) {
-            tsr_attn_args a = {rows, pos0, c->n_heads, n_kv, hd, scale, 0, q_d, contiguous ? &cview : &view, out_d};
+            tsr_attn_args a = {rows, pos0, c->n_heads, n_kv, hd, scale, window, q_d, contiguous ? &cview : &view,
+                               out_d};
             const tsr_attention_i *ai = at->desc->iface;
             plugin_err[0] = 0;
             const int rc = ai->run(at->inst, &a, exec_eager());
@@ -333,9 +338,9 @@ static void run_case(const kcase *c, uint64_t *rng) {
             for (int64_t i = 0; i < qn; i++) {
                 const double d = fabs((double)got[i] - want[i]);
                 if (!(d <= bound))
-                    fail_msg("%s heads %d/%d d %d %s, %d rows at %d: out[%lld] = %.9g, reference %.9g (|diff| > %.3g)",
-                             c->dtype, c->n_heads, n_kv, hd, contiguous ? "contiguous" : "paged", rows, pos0,
-                             (long long)i, got[i], want[i], bound);
+                    fail_msg("%s heads %d/%d d %d %s, %d rows at %d, window %d: out[%lld] = %.9g, reference %.9g "
+                             "(|diff| > %.3g)", c->dtype, c->n_heads, n_kv, hd, contiguous ? "contiguous" : "paged",
+                             rows, pos0, window, (long long)i, got[i], want[i], bound);
                 if (d > max_diff) max_diff = d;
                 num += d * d;
                 den += want[i] * want[i];
@@ -343,12 +348,12 @@ static void run_case(const kcase *c, uint64_t *rng) {
             const double nmse = num / den;
             if (!(nmse <= TOL_NMSE)) fail_msg("nmse %.3g > %.0e", nmse, TOL_NMSE);
             if (contiguous)
-                printf("# %-7s heads %2d/%d d %3d, contiguous, %2d rows at %3d: max |diff| %.3g (bound %.3g), nmse %.3g\n",
-                       c->dtype, c->n_heads, n_kv, hd, rows, pos0, max_diff, bound, nmse);
+                printf("# %-7s heads %2d/%d d %3d, contiguous, %2d rows at %3d, window %2d: max |diff| %.3g (bound "
+                       "%.3g), nmse %.3g\n", c->dtype, c->n_heads, n_kv, hd, rows, pos0, window, max_diff, bound, nmse);
             else
                 printf("# %-7s heads %2d/%d d %3d, blocks of %2d (%d of %d not after their predecessor), %2d rows at "
-                       "%3d: max |diff| %.3g (bound %.3g), nmse %.3g\n", c->dtype, c->n_heads, n_kv, hd, c->block_size,
-                       scattered, nb, rows, pos0, max_diff, bound, nmse);
+                       "%3d, window %2d: max |diff| %.3g (bound %.3g), nmse %.3g\n", c->dtype, c->n_heads, n_kv, hd,
+                       c->block_size, scattered, nb, rows, pos0, window, max_diff, bound, nmse);
         }
         tsr_cuda_free(q_d);
         tsr_cuda_free(out_d);
