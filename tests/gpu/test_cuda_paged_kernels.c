@@ -21,8 +21,9 @@
  *    through the paged view and through a contiguous copy of it, with every
  *    key and with a sliding window of 97, against a plain f64 reference
  *    over the stored values read back in 1: |out - ref| <= 1e-3 * max|ref|
- *    + 1e-5 per element and NMSE <= 1e-7 (the bound of test_cuda_prefill.c; the arithmetic is f32
- *    over the same stored values, only the order of the sums differs).
+ *    + 1e-5 per element and NMSE <= 1e-7 (the bound of test_cuda_prefill.c;
+ *    the arithmetic is f32 over the same stored values, only the order of
+ *    the sums differs).
  * 3. usage(): used = the blocks the two sequences hold, capacity = the pool.
  */
 #include <dlfcn.h>
