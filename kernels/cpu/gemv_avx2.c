@@ -313,8 +313,7 @@ static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
 static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
-    if ((dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8 || dtype == TSR_DTYPE_Q8_0) &&
-        run_permuted(dtype, a, r0, r1))
+    if ((dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8) && run_permuted(dtype, a, r0, r1))
         return;
     switch (dtype) {
     case TSR_DTYPE_F32:
@@ -333,13 +332,18 @@ void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
     }
 }
 
-/* --- shuffle-free paths for bf16, i8 and Q8_0 ---------------------------------
+/* --- shuffle-free paths for bf16 and i8 -------------------------------------
  * Widening bytes or halves to 32-bit lanes takes a shuffle per 8 elements,
  * and the shuffle port, not memory, then bounds decode. Instead, a 32-byte
  * load is split with shifts: lane j of part k holds element G*j + k (G = 2
  * for bf16, 4 for int8). The activations are permuted the same way once per
  * call (xp[b*8G + 8k + j] = x[b*8G + G*j + k]), so the products and their sum
- * are the same as in element order, up to summation order. */
+ * are the same as in element order, up to summation order.
+ * Q8_0 had such a path too; on this project's AMD EPYC machine dot_q8_0's
+ * widening loads were as fast or faster (bench_gemv -t 2, share of the
+ * streaming read at one activation row, medians of three interleaved runs:
+ * 4864 x 896 73% against 58%, 896 x 4864 67% against 66%; the LM head shape
+ * once, 77% against 64%; two rows even), so it was removed. */
 
 static void permute_x(const float *x, int64_t ldx, int nx, int64_t n, int g, float *xp) {
     int64_t bw = 8 * g, nb = n / bw;
@@ -427,29 +431,6 @@ INL void i8p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int 
     }
 }
 
-/* Q8_0: one 32-byte load per block; sum_b d_b * (q_b . x_b). */
-INL void q8p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int nx, float *out) {
-    __m256 acc[XG][2];
-    for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    int64_t nb = n / 32;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * 34;
-        if ((b & 1) == 0) _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
-        __m256 d = _mm256_set1_ps(h2f(blk));
-        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
-        __m256 p0 = i8_part(v, 0), p1 = i8_part(v, 1), p2 = i8_part(v, 2), p3 = i8_part(v, 3);
-        for (int i = 0; i < nx; i++) {
-            const float *x = xp + i * ldx + b * 32;
-            __m256 s = _mm256_mul_ps(p0, _mm256_loadu_ps(x));
-            __m256 t = _mm256_mul_ps(p1, _mm256_loadu_ps(x + 8));
-            s = _mm256_fmadd_ps(p2, _mm256_loadu_ps(x + 16), s);
-            t = _mm256_fmadd_ps(p3, _mm256_loadu_ps(x + 24), t);
-            acc[i][b & 1] = _mm256_fmadd_ps(d, _mm256_add_ps(s, t), acc[i][b & 1]);
-        }
-    }
-    for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
-}
-
 #define PERM_DRIVER(NAME, DOT)                                                                 \
     static void NAME(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp,          \
                      const float *rs) {                                                        \
@@ -473,7 +454,6 @@ INL void q8p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int 
 
 PERM_DRIVER(rows_bf16p, bf16p_dot)
 PERM_DRIVER(rows_i8p, i8p_dot)
-PERM_DRIVER(rows_q8_0p, q8p_dot)
 
 /* Permuted copy of x for this call's rows; 0 when it cannot be had (then the
  * in-order kernels run). Large batches skip it: they come back to the
@@ -485,11 +465,8 @@ static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
     float *xp = malloc(n * sizeof *xp);
     if (!xp) return 0;
     permute_x(a->x, a->ldx, a->nx, a->cols, g, xp);
-    switch (dtype) {
-    case TSR_DTYPE_BF16: rows_bf16p(a, r0, r1, xp, NULL); break;
-    case TSR_DTYPE_I8: rows_i8p(a, r0, r1, xp, a->scale); break;
-    default: rows_q8_0p(a, r0, r1, xp, NULL); break;
-    }
+    if (dtype == TSR_DTYPE_BF16) rows_bf16p(a, r0, r1, xp, NULL);
+    else rows_i8p(a, r0, r1, xp, a->scale);
     free(xp);
     return 1;
 }
