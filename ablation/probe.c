@@ -216,6 +216,14 @@ int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) 
         return tsr_error_set(err, TSR_ERR_IO, "probe: cannot start %d threads", r->n_threads);
     }
     for (int k = 0; k < r->repeats; k++) read_pass(buf, words, r->n_threads, &s[k], &sink);
+    double t_all = 0, bytes_all = 0;
+    for (double t0 = tsr_now_seconds(); tsr_now_seconds() - t0 < 1.0;) {
+        double g;
+        if (read_pass(buf, words, r->n_threads, &g, &sink)) break;
+        t_all += (double)words * 8 / g / 1e9;
+        bytes_all += (double)words * 8;
+    }
+    r->read_gbs_sustained = t_all > 0 ? bytes_all / t_all / 1e9 : 0;
     r->read_gbs = median(s, r->repeats);
     r->read_gbs_min = s[0];
     r->read_gbs_max = s[r->repeats - 1];
@@ -274,14 +282,15 @@ json_t *tsr_probe_to_json(const tsr_probe_result *r) {
 
 static json_t *probe_json(const tsr_probe_result *r) {
     return json_pack(
-        "{s:s, s:{s:s, s:i, s:I, s:I}, s:{s:f, s:f, s:f, s:i, s:I, s:i, s:s}, s:{s:o, s:f, s:f, s:f, "
+        "{s:s, s:{s:s, s:i, s:I, s:I}, s:{s:f, s:f, s:f, s:f, s:i, s:I, s:i, s:s}, s:{s:o, s:f, s:f, s:f, "
         "s:i, s:i, s:s}, s:{s:n, s:n, s:n, s:n, s:n, s:s}}",
         "schema", "tessera.device/1",
         "machine", "cpu_model", r->cpu_model, "cores", r->n_cores, "memory_bytes",
         (json_int_t)r->mem_bytes, "llc_bytes", (json_int_t)r->llc_bytes,
         "memory_read", "gbs", r->read_gbs, "gbs_min", r->read_gbs_min, "gbs_max", r->read_gbs_max,
+        "gbs_sustained", r->read_gbs_sustained,
         "threads", r->n_threads, "buffer_bytes", (json_int_t)r->buffer_bytes, "repeats", r->repeats,
-        "method", "streaming read of the buffer split across threads (32-byte AVX2 loads where the CPU has them); median of repeats",
+        "method", "streaming read of the buffer split across threads (32-byte AVX2 loads where the CPU has them); median of repeats; sustained: passes back to back for a second, bytes over the whole time",
         "gemm", "available", json_boolean(r->have_gemm), "gflops", r->gemm_gflops, "gflops_min",
         r->gemm_gflops_min, "gflops_max", r->gemm_gflops_max, "n", r->gemm_n, "threads",
         r->n_threads, "method",
@@ -313,6 +322,7 @@ int tsr_probe_from_json(const json_t *j, tsr_probe_result *r, tsr_error *err) {
         return tsr_error_set(err, TSR_ERR_FORMAT, "device record: gemm.gflops must be >= 0");
     r->read_gbs_min = num(mr, "gbs_min");
     r->read_gbs_max = num(mr, "gbs_max");
+    r->read_gbs_sustained = num(mr, "gbs_sustained"); /* NAN in records written before it existed */
     r->gemm_gflops_min = num(g, "gflops_min");
     r->gemm_gflops_max = num(g, "gflops_max");
     r->have_gemm = json_is_true(json_object_get(g, "available"));

@@ -24,6 +24,11 @@ typedef struct tsr_probe_opts {
 typedef struct tsr_probe_result {
     double read_gbs;          /* median, GB/s (1e9 bytes) */
     double read_gbs_min, read_gbs_max;
+    /* passes back to back for at least a second: bytes over the whole time
+     * (what a seconds-long decode sees where the rate moves from pass to
+     * pass; the median of 10 ms passes does not weigh the slow ones by the
+     * time they take) */
+    double read_gbs_sustained;
     double gemm_gflops;       /* median, GFLOP/s */
     double gemm_gflops_min, gemm_gflops_max;
     int have_gemm;            /* 0: built without cblas (then the rate is 0) */

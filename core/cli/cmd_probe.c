@@ -70,8 +70,11 @@ int tsr_cmd_probe(int argc, char **argv) {
         fprintf(stderr, "tessera probe: cannot write %s\n", out ? out : "the record");
         return 1;
     }
-    fprintf(stderr, "tessera probe: read %.2f GB/s (%d threads, %zu MiB), sgemm %.1f GFLOP/s%s\n",
-            r.read_gbs, r.n_threads, r.buffer_bytes >> 20, r.gemm_gflops, r.have_gemm ? "" : " (no cblas)");
+    fprintf(stderr,
+            "tessera probe: read %.2f GB/s (median; %.2f sustained over a second; %d threads, %zu MiB), "
+            "sgemm %.1f GFLOP/s%s\n",
+            r.read_gbs, r.read_gbs_sustained, r.n_threads, r.buffer_bytes >> 20, r.gemm_gflops,
+            r.have_gemm ? "" : " (no cblas)");
     if (r.have_gpu)
         fprintf(stderr, "tessera probe: %s: read %.0f GB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s%s%s\n",
                 r.gpu_name, r.gpu_read_gbs, r.gpu_bf16_tflops, r.gpu_fp8_tflops,
