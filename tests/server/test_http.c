@@ -495,6 +495,18 @@ static void test_streaming(void **state) {
     stop_server();
 }
 
+/* One turn of the multi handle m: transfers, a wait of up to poll_ms, and
+ * the number of transfers that finished in it. */
+static int multi_turn(CURLM *m, int *running, int poll_ms) {
+    curl_multi_perform(m, running);
+    curl_multi_poll(m, NULL, 0, poll_ms, NULL);
+    int done = 0, left;
+    CURLMsg *msg;
+    while ((msg = curl_multi_info_read(m, &left)))
+        if (msg->msg == CURLMSG_DONE) done++;
+    return done;
+}
+
 static void test_queue_full(void **state) {
     (void)state;
     assert_int_equal(start_server(1, 1), 0);
@@ -514,12 +526,7 @@ static void test_queue_full(void **state) {
     atomic_store(&fake_hold, 1);
     int running = 4, done = 0;
     while (running) {
-        curl_multi_perform(m, &running);
-        curl_multi_poll(m, NULL, 0, 50, NULL);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(m, &left)))
-            if (msg->msg == CURLMSG_DONE) done++;
+        done += multi_turn(m, &running, 50);
         if (done >= 2) atomic_store(&fake_hold, 0);
     }
     atomic_store(&fake_hold, 0);
@@ -574,12 +581,7 @@ static void test_queue_counts_admitting(void **state) {
             }
             added = 3;
         }
-        curl_multi_perform(m, &running);
-        curl_multi_poll(m, NULL, 0, 10, NULL);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(m, &left)))
-            if (msg->msg == CURLMSG_DONE) done++;
+        done += multi_turn(m, &running, 10);
         if (added == 3 && done >= 1) atomic_store(&fake_hold_start, 0); /* C answered: let A start */
     }
     atomic_store(&fake_hold_start, 0);
@@ -777,10 +779,7 @@ static void test_kv_budget(void **state) {
         curl_multi_add_handle(m, cs[i]);
     }
     int running = 1;
-    while (running) {
-        curl_multi_perform(m, &running);
-        curl_multi_poll(m, NULL, 0, 20, NULL);
-    }
+    while (running) multi_turn(m, &running, 20);
     for (int i = 0; i < 5; i++) {
         curl_easy_getinfo(cs[i], CURLINFO_RESPONSE_CODE, &rs[i].status);
         assert_int_equal(rs[i].status, 200);
