@@ -425,6 +425,17 @@ static int check_doc(const tsr_catalog *c, const char *doc, const tsr_model_conf
 
 #define ASM(slots) "name: t\ndevice: cpu\nslots:\n" slots
 
+/* doc checked against c (model, no test plugins) is refused with an error
+ * at line:col naming word (a macro: a failure reports the caller's line). */
+#define EXPECT_REFUSED(c, doc, model, line, col, word)                                                  \
+    do {                                                                                               \
+        tsr_diag d_;                                                                                   \
+        tsr_diag_init(&d_);                                                                            \
+        assert_int_equal(check_doc((c), (doc), (model), 0, &d_, NULL), TSR_ERR_REFUSED);               \
+        assert_true(has_error(&d_, TSR_ERR_REFUSED, (line), (col), (word)));                            \
+        tsr_diag_free(&d_);                                                                            \
+    } while (0)
+
 static void test_checker_resolution(void **state) {
     (void)state;
     tsr_catalog *c = mem_catalog();
@@ -453,16 +464,10 @@ static void test_checker_resolution(void **state) {
     assert_int_equal(check_doc(c, "name: t\ndevice: cpu\n", &moe, 0, &d, NULL), TSR_OK);
     assert_int_equal(d.n_notes, 0);
     tsr_diag_free(&d);
-    tsr_diag_init(&d);
-    assert_int_equal(check_doc(c, "name: t\ndevice: cpu\n", &dense, 0, &d, NULL), TSR_ERR_REFUSED);
-    assert_true(has_error(&d, TSR_ERR_REFUSED, 1, 1, "requires model.moe in [true], the model has false"));
-    tsr_diag_free(&d);
+    EXPECT_REFUSED(c, "name: t\ndevice: cpu\n", &dense, 1, 1, "requires model.moe in [true], the model has false");
 
     /* att_f16 against the default kv dtype f32: refused at the attention line */
-    tsr_diag_init(&d);
-    assert_int_equal(check_doc(c, ASM("  attention: att_f16\n"), &moe, 0, &d, NULL), TSR_ERR_REFUSED);
-    assert_true(has_error(&d, TSR_ERR_REFUSED, 4, 3, "provides kv_dtype = [f32]"));
-    tsr_diag_free(&d);
+    EXPECT_REFUSED(c, ASM("  attention: att_f16\n"), &moe, 4, 3, "provides kv_dtype = [f32]");
 
     /* ... and accepted once the kv param makes it provide f16 ($dtype) */
     tsr_diag_init(&d);
@@ -486,10 +491,7 @@ static void test_checker_resolution(void **state) {
     tsr_diag_free(&d);
 
     /* a capability nobody provides */
-    tsr_diag_init(&d);
-    assert_int_equal(check_doc(c, ASM("  attention: att_blk\n"), &moe, 0, &d, NULL), TSR_ERR_REFUSED);
-    assert_true(has_error(&d, TSR_ERR_REFUSED, 4, 3, "provides no 'block_size'"));
-    tsr_diag_free(&d);
+    EXPECT_REFUSED(c, ASM("  attention: att_blk\n"), &moe, 4, 3, "provides no 'block_size'");
 
     /* device, unknown plugin, wrong slot, test plugin, params: every error at once */
     tsr_diag_init(&d);
@@ -531,11 +533,8 @@ static void test_checker_baselines(void **state) {
     /* make kv_paged a second cpu baseline: a slot left out is then ambiguous */
     tsr_manifest *paged = (tsr_manifest *)tsr_catalog_find(c, "kv_paged");
     paged->baseline = TSR_DEVMASK_CPU;
+    EXPECT_REFUSED(c, "name: t\ndevice: cpu\n", NULL, 1, 1, "2 baselines");
     tsr_diag d;
-    tsr_diag_init(&d);
-    assert_int_equal(check_doc(c, "name: t\ndevice: cpu\n", NULL, 0, &d, NULL), TSR_ERR_REFUSED);
-    assert_true(has_error(&d, TSR_ERR_REFUSED, 1, 1, "2 baselines"));
-    tsr_diag_free(&d);
     /* no baseline for cuda at all */
     tsr_diag_init(&d);
     assert_int_equal(check_doc(c, "name: t\ndevice: cuda\n", NULL, 0, &d, NULL), TSR_ERR_REFUSED);
@@ -557,12 +556,8 @@ static void test_checker_graphs(void **state) {
     tsr_assembly_free((tsr_assembly *)p->assembly);
     tsr_plan_free(p);
     tsr_diag_free(&d);
-    tsr_diag_init(&d);
-    assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime:\n  cuda_graphs: true\n",
-                               NULL, 0, &d, NULL),
-                     TSR_ERR_REFUSED);
-    assert_true(has_error(&d, TSR_ERR_REFUSED, 6, 16, "plugin att_plain (slot attention) does not provide cuda_graph"));
-    tsr_diag_free(&d);
+    EXPECT_REFUSED(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime:\n  cuda_graphs: true\n", NULL, 6,
+                   16, "plugin att_plain (slot attention) does not provide cuda_graph");
     /* off, the same plugin is fine */
     tsr_diag_init(&d);
     assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime: {cuda_graphs: false}\n",
@@ -571,11 +566,8 @@ static void test_checker_graphs(void **state) {
     tsr_diag_free(&d);
     tsr_catalog_free(c);
     c = mem_catalog();
-    tsr_diag_init(&d);
-    assert_int_equal(check_doc(c, "name: t\ndevice: cpu\nruntime:\n  cuda_graphs: true\n", NULL, 0, &d, NULL),
-                     TSR_ERR_REFUSED);
-    assert_true(has_error(&d, TSR_ERR_REFUSED, 4, 16, "runtime.cuda_graphs needs device cuda"));
-    tsr_diag_free(&d);
+    EXPECT_REFUSED(c, "name: t\ndevice: cpu\nruntime:\n  cuda_graphs: true\n", NULL, 4, 16,
+                   "runtime.cuda_graphs needs device cuda");
     tsr_catalog_free(c);
 }
 
@@ -597,11 +589,8 @@ static void test_checker_pdl(void **state) {
     tsr_diag_free(&d);
     tsr_catalog_free(c);
     c = mem_catalog();
-    tsr_diag_init(&d);
-    assert_int_equal(check_doc(c, "name: t\ndevice: cpu\nruntime: {cuda_graphs: false, pdl: true}\n", NULL, 0, &d, NULL),
-                     TSR_ERR_REFUSED);
-    assert_true(has_error(&d, TSR_ERR_REFUSED, 3, 36, "runtime.pdl needs device cuda"));
-    tsr_diag_free(&d);
+    EXPECT_REFUSED(c, "name: t\ndevice: cpu\nruntime: {cuda_graphs: false, pdl: true}\n", NULL, 3, 36,
+                   "runtime.pdl needs device cuda");
     tsr_catalog_free(c);
 }
 
