@@ -79,8 +79,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     // before, let the next one launch. Issuing the first weight loads before
     // the wait, as gemv_mma does, made a one-row pass slower on the H200
     // (4.437 against 4.395 ms at the Llama-3-8B shape, BENCHMARKS.md).
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     for (int k0 = lane * K; k0 < p.cols; k0 += STEP * U) {
         uint4 w[U][RPW];
 #pragma unroll

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include <utility>
+
 #include "cuda_ops.h"
 #include "pdl.cuh"
 
@@ -31,8 +33,7 @@ __device__ float block_sum(float v) {
 }
 
 __global__ void embed_k(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     const int r = blockIdx.x;
     const int64_t row = ids[r];
     float *out = x + (int64_t)r * hidden;
@@ -46,8 +47,7 @@ __global__ void embed_k(float *x, const void *table, uint32_t dtype, int hidden,
 }
 
 __global__ void rmsnorm_k(float *y, const float *x, const float *w, int n, float eps) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -60,8 +60,7 @@ __global__ void rmsnorm_k(float *y, const float *x, const float *w, int n, float
 // x[r] += o[r], then y[r] = rmsnorm(x[r]) * w (the residual add fused with
 // the next norm: the same arithmetic as add then rmsnorm).
 __global__ void add_rmsnorm_k(float *x, const float *o, float *y, const float *w, int n, float eps) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     float *xr = x + (int64_t)blockIdx.x * n;
     const float *orow = o + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
@@ -76,34 +75,38 @@ __global__ void add_rmsnorm_k(float *x, const float *o, float *y, const float *w
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
+// Pair i of a head of half * 2 dims rotated to the (scaled) position p:
+// dims (i, i + half), or (2i, 2i + 1) when interleaved; out may be in.
+__device__ __forceinline__ void rotate_pair(const float *in, float *out, int i, int half, float p,
+                                            const float *inv_freq, int interleaved) {
+    float s, c;
+    sincosf(p * inv_freq[i], &s, &c);
+    const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+    const float x0 = in[i0], x1 = in[i1];
+    out[i0] = x0 * c - x1 * s;
+    out[i1] = x1 * c + x0 * s;
+}
+
 __global__ void rope_k(float *x, const float *inv_freq, int n_heads, int head_dim, int pos0,
                        const int32_t *dev_pos0, float pos_scale, int interleaved) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     const int r = blockIdx.y, half = head_dim / 2;
     if (dev_pos0) pos0 = *dev_pos0;
     const float p = (float)(pos0 + r) * pos_scale;
     float *row = x + (int64_t)r * n_heads * head_dim;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n_heads * half; j += gridDim.x * blockDim.x) {
-        const int h = j / half, i = j % half;
-        float s, c;
-        sincosf(p * inv_freq[i], &s, &c);
-        float *v = row + h * head_dim;
-        const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
-        const float x0 = v[i0], x1 = v[i1];
-        v[i0] = x0 * c - x1 * s;
-        v[i1] = x1 * c + x0 * s;
+        const int h = j / half;
+        rotate_pair(row + h * head_dim, row + h * head_dim, j % half, half, p, inv_freq, interleaved);
     }
 }
 
 // q/k/v out of their stacked projection (rows of src: nh query heads, nkv
-// key heads, nkv value heads of hd), q and k rotated on the way (rope_k's
-// arithmetic), v copied: split3 and two rope launches in one. grid
+// key heads, nkv value heads of hd), q and k rotated on the way (rotate_pair,
+// as rope_k), v copied: split3 and two rope launches in one. grid
 // (column blocks, rows).
 __global__ void rope_split_k(float *q, float *k, float *v, const float *src, const float *inv_freq, int nh, int nkv,
                              int hd, int pos0, const int32_t *dev_pos0, float pos_scale, int interleaved) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     const int r = blockIdx.y, half = hd / 2, pairs = (nh + nkv) * half, vd = nkv * hd;
     if (dev_pos0) pos0 = *dev_pos0;
     const float p = (float)(pos0 + r) * pos_scale;
@@ -113,23 +116,16 @@ __global__ void rope_split_k(float *q, float *k, float *v, const float *src, con
             v[(int64_t)r * vd + j - pairs] = in[(nh + nkv) * hd + j - pairs];
             continue;
         }
-        const int h = j / half, i = j % half;
-        float s, c;
-        sincosf(p * inv_freq[i], &s, &c);
-        const float *a = in + h * hd;
+        const int h = j / half;
         float *o = h < nh ? q + ((int64_t)r * nh + h) * hd : k + ((int64_t)r * nkv + h - nh) * hd;
-        const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
-        const float x0 = a[i0], x1 = a[i1];
-        o[i0] = x0 * c - x1 * s;
-        o[i1] = x1 * c + x0 * s;
+        rotate_pair(in + h * hd, o, j % half, half, p, inv_freq, interleaved);
     }
 }
 
 // y[r, i] = silu(gu[r, i]) * gu[r, f + i]: gate and up side by side; grid
 // (column blocks, rows).
 __global__ void silu_mul_cat_k(float *y, const float *gu, int f) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     const float *g = gu + (int64_t)blockIdx.y * 2 * f;
     float *out = y + (int64_t)blockIdx.y * f;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < f; i += gridDim.x * blockDim.x) {
@@ -139,8 +135,7 @@ __global__ void silu_mul_cat_k(float *y, const float *gu, int f) {
 }
 
 __global__ void split3_k(float *da, float *db, float *dc, const float *src, int a, int b, int c) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     const int64_t r = blockIdx.y;
     const float *in = src + r * (a + b + c);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < a + b + c; i += gridDim.x * blockDim.x) {
@@ -154,8 +149,7 @@ __global__ void split3_k(float *da, float *db, float *dc, const float *src, int 
 // Per row the highest value, ties to the lowest index, NaN never chosen; -1
 // when no value is a number above -inf.
 __global__ void argmax_k(const float *x, int n, int32_t *out) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     const float *row = x + (int64_t)blockIdx.x * n;
     float best = -INFINITY;
     int idx = -1;
@@ -185,8 +179,7 @@ __global__ void argmax_k(const float *x, int n, int32_t *out) {
 // (pos0 read on the device when dev_pos0 is given); te elements per token.
 __global__ void kv_store_bf16_k(__nv_bfloat16 *K, __nv_bfloat16 *V, const float *k, const float *v,
                                 int64_t te, int pos0, const int32_t *dev_pos0) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     if (dev_pos0) pos0 = *dev_pos0;
     const int64_t r = blockIdx.y, base = ((int64_t)pos0 + r) * te;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < te;
@@ -197,8 +190,7 @@ __global__ void kv_store_bf16_k(__nv_bfloat16 *K, __nv_bfloat16 *V, const float 
 }
 
 __global__ void silu_mul_k(float *y, const float *g, const float *u, int64_t n) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float a = g[i];
@@ -207,16 +199,14 @@ __global__ void silu_mul_k(float *y, const float *g, const float *u, int64_t n) 
 }
 
 __global__ void add_k(float *y, const float *x, int64_t n) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] += x[i];
 }
 
 __global__ void add_rows_k(float *y, const float *b, int n) {
-    tsr_pdl::wait();
-    tsr_pdl::trigger();
+    tsr_pdl::enter();
     float *row = y + (int64_t)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] += b[i];
 }
@@ -240,8 +230,16 @@ int grid_for(int64_t n) {
 }
 
 int launched() { return cudaGetLastError() == cudaSuccess ? 0 : -10; }
-// a launch's own status (left as the last error for the caller's message)
-int launched(cudaError_t e) { return e == cudaSuccess ? launched() : -10; }
+
+// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent
+// when pdl; 0 or -10 (the launch's error left as the last error for the
+// caller's message).
+template <typename... KArgs, typename... Args>
+int launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, void *stream, int pdl, Args &&...args) {
+    const cudaError_t e = tsr_pdl::launch(kernel, grid, block, 0, static_cast<cudaStream_t>(stream), pdl != 0,
+                                          std::forward<Args>(args)...);
+    return e == cudaSuccess ? launched() : -10;
+}
 
 } // namespace
 
@@ -250,7 +248,7 @@ int launched(cudaError_t e) { return e == cudaSuccess ? launched() : -10; }
 extern "C" int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden,
                             const int32_t *ids, int rows, int pdl, void *stream) {
     if (dtype > 2) return -5;
-    return launched(tsr_pdl::launch(embed_k, rows, kThreads, 0, STREAM(stream), pdl != 0, x, table, dtype, hidden, ids));
+    return launch(embed_k, rows, kThreads, stream, pdl, x, table, dtype, hidden, ids);
 }
 
 /* a thread per 4 values up to 1024 threads: one wave of loads for a 4096-wide row */
@@ -261,20 +259,20 @@ static int norm_threads(int n) {
 
 extern "C" int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
                               int pdl, void *stream) {
-    return launched(tsr_pdl::launch(rmsnorm_k, rows, norm_threads(n), 0, STREAM(stream), pdl != 0, y, x, w, n, eps));
+    return launch(rmsnorm_k, rows, norm_threads(n), stream, pdl, y, x, w, n, eps);
 }
 
 extern "C" int tsr_cu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
                                   int pdl, void *stream) {
-    return launched(tsr_pdl::launch(add_rmsnorm_k, rows, norm_threads(n), 0, STREAM(stream), pdl != 0, x, o, y, w, n, eps));
+    return launch(add_rmsnorm_k, rows, norm_threads(n), stream, pdl, x, o, y, w, n, eps);
 }
 
 extern "C" int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim,
                            int pos0, const int32_t *dev_pos0, float pos_scale, int interleaved,
                            int pdl, void *stream) {
     dim3 grid((unsigned)((n_heads * (head_dim / 2) + kThreads - 1) / kThreads), (unsigned)rows);
-    return launched(tsr_pdl::launch(rope_k, grid, kThreads, 0, STREAM(stream), pdl != 0, x, inv_freq, n_heads, head_dim, pos0, dev_pos0, pos_scale,
-                                                  interleaved));
+    return launch(rope_k, grid, kThreads, stream, pdl, x, inv_freq, n_heads, head_dim, pos0, dev_pos0, pos_scale,
+                  interleaved);
 }
 
 extern "C" int tsr_cu_rope_split(float *q, float *k, float *v, const float *src, const float *inv_freq, int rows,
@@ -282,20 +280,20 @@ extern "C" int tsr_cu_rope_split(float *q, float *k, float *v, const float *src,
                                  float pos_scale, int interleaved, int pdl, void *stream) {
     const int n = (n_heads + n_kv) * (head_dim / 2) + n_kv * head_dim;
     dim3 grid((unsigned)((n + kThreads - 1) / kThreads), (unsigned)rows);
-    return launched(tsr_pdl::launch(rope_split_k, grid, kThreads, 0, STREAM(stream), pdl != 0, q, k, v, src, inv_freq, n_heads, n_kv, head_dim, pos0,
-                                                        dev_pos0, pos_scale, interleaved));
+    return launch(rope_split_k, grid, kThreads, stream, pdl, q, k, v, src, inv_freq, n_heads, n_kv, head_dim, pos0,
+                  dev_pos0, pos_scale, interleaved);
 }
 
 extern "C" int tsr_cu_silu_mul(float *y, const float *g, const float *u, int64_t n, int pdl, void *stream) {
-    return launched(tsr_pdl::launch(silu_mul_k, grid_for(n), kThreads, 0, STREAM(stream), pdl != 0, y, g, u, n));
+    return launch(silu_mul_k, grid_for(n), kThreads, stream, pdl, y, g, u, n);
 }
 
 extern "C" int tsr_cu_add(float *y, const float *x, int64_t n, int pdl, void *stream) {
-    return launched(tsr_pdl::launch(add_k, grid_for(n), kThreads, 0, STREAM(stream), pdl != 0, y, x, n));
+    return launch(add_k, grid_for(n), kThreads, stream, pdl, y, x, n);
 }
 
 extern "C" int tsr_cu_add_rows(float *y, const float *b, int rows, int n, int pdl, void *stream) {
-    return launched(tsr_pdl::launch(add_rows_k, rows, kThreads, 0, STREAM(stream), pdl != 0, y, b, n));
+    return launch(add_rows_k, rows, kThreads, stream, pdl, y, b, n);
 }
 
 extern "C" int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream) {
@@ -311,22 +309,22 @@ extern "C" int tsr_cu_f32_to_bf16_pad(uint16_t *dst, const float *src, int rows,
 
 extern "C" int tsr_cu_silu_mul_cat(float *y, const float *gu, int rows, int f, int pdl, void *stream) {
     dim3 grid((unsigned)((f + kThreads - 1) / kThreads), (unsigned)rows);
-    return launched(tsr_pdl::launch(silu_mul_cat_k, grid, kThreads, 0, STREAM(stream), pdl != 0, y, gu, f));
+    return launch(silu_mul_cat_k, grid, kThreads, stream, pdl, y, gu, f);
 }
 
 extern "C" int tsr_cu_split3(float *da, float *db, float *dc, const float *src, int rows, int a, int b, int c,
                              int pdl, void *stream) {
     dim3 grid((unsigned)((a + b + c + kThreads - 1) / kThreads), (unsigned)rows);
-    return launched(tsr_pdl::launch(split3_k, grid, kThreads, 0, STREAM(stream), pdl != 0, da, db, dc, src, a, b, c));
+    return launch(split3_k, grid, kThreads, stream, pdl, da, db, dc, src, a, b, c);
 }
 
 extern "C" int tsr_cu_argmax_rows(const float *x, int rows, int n, int32_t *out, int pdl, void *stream) {
-    return launched(tsr_pdl::launch(argmax_k, rows, 1024, 0, STREAM(stream), pdl != 0, x, n, out));
+    return launch(argmax_k, rows, 1024, stream, pdl, x, n, out);
 }
 
 extern "C" int tsr_cu_kv_store_bf16(uint16_t *K, uint16_t *V, const float *k, const float *v, int rows,
                                     int64_t te, int pos0, const int32_t *dev_pos0, int pdl, void *stream) {
     dim3 grid((unsigned)((te + kThreads - 1) / kThreads), (unsigned)rows);
-    return launched(tsr_pdl::launch(kv_store_bf16_k, grid, kThreads, 0, STREAM(stream), pdl != 0, (__nv_bfloat16 *)K, (__nv_bfloat16 *)V, k, v,
-                                                          te, pos0, dev_pos0));
+    return launch(kv_store_bf16_k, grid, kThreads, stream, pdl, (__nv_bfloat16 *)K, (__nv_bfloat16 *)V, k, v, te,
+                  pos0, dev_pos0);
 }

@@ -14,7 +14,8 @@
 // The convention of every kernel on the forward pass: wait() before the
 // first dependent access, trigger() (griddepcontrol.launch_dependents: the
 // next kernel may launch once every block of this one has triggered or
-// exited) right after (gemv_mma: after its products, which measured faster). Both are no-ops in a kernel launched the ordinary
+// exited) right after, enter() for both at the top (gemv_mma triggers after
+// its products, which measured faster). Both are no-ops in a kernel launched the ordinary
 // way, so the kernels are the same whether runtime.pdl is on or off; only
 // the launch attribute (launch() below) differs. A kernel launched without
 // the attribute starts after the kernel before it completes, whatever that
@@ -38,6 +39,13 @@ __device__ __forceinline__ void trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// The start of a kernel that touches nothing before the kernel before it is
+// done: wait for it, then let the next one launch.
+__device__ __forceinline__ void enter() {
+    wait();
+    trigger();
 }
 
 // kernel<<<grid, block, smem, st>>>(args...) in thread-block clusters of

@@ -316,8 +316,7 @@ __global__ void __launch_bounds__(kMaxGroup * 32, 1)
                              float *part, int n_heads, int n_kv, int group, int hd, int64_t ts, int64_t hs,
                              bool vec, int pos0, const int32_t *dev_pos0, bool even, int window, float scale,
                              int chunk, int n_splits, Paging pg, unsigned *count, float *out) {
-    tsr_pdl::wait(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
-    tsr_pdl::trigger();
+    tsr_pdl::enter(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
     const int row = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = kvh * group + warp;
@@ -466,8 +465,7 @@ __global__ void __launch_bounds__(kCWarps * 32)
     constexpr int DPL = HD / 32;                  // values: dims per lane
     static_assert(CPL >= 1 && HD % (CD * kCLanes) == 0, "head_dim 64 or 128");
     using T = typename Elem<FP8>::T;
-    tsr_pdl::wait(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
-    tsr_pdl::trigger();
+    tsr_pdl::enter(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
     __shared__ __align__(16) float q_s[GC][HD];
     __shared__ float w_m[kCWarps][GC], w_l[kCWarps][GC], w_acc[kCWarps][GC][HD];
     __shared__ float b_m[GC], b_l[GC], b_acc[GC][HD];

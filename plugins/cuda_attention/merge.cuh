@@ -84,8 +84,7 @@ __device__ __forceinline__ bool last_of_splits(unsigned *count, int n_splits) {
 // The merge as a pass of its own: a warp per (row, head), grid rows * n_heads.
 template <int DPL>
 __global__ void merge_kernel(const float *part, float *out, int hd, int n_splits) {
-    tsr_pdl::wait(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
-    tsr_pdl::trigger();
+    tsr_pdl::enter(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
     const int64_t rh = blockIdx.x; // row * n_heads + head
     merge_head<DPL>(part + rh * n_splits * (2 + hd), n_splits, hd, threadIdx.x, out + rh * hd);
 }

@@ -142,8 +142,7 @@ prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K,
                float *__restrict__ out, int rows, int pos0, const int32_t *__restrict__ dev_pos0, int n_heads,
                int group, int rows_per_block, int64_t ts, int64_t hs, int window, float scale_log2, Pages pg,
                float *__restrict__ part, int n_splits) {
-    tsr_pdl::wait(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
-    tsr_pdl::trigger();
+    tsr_pdl::enter(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
     if (dev_pos0) pos0 = *dev_pos0; // a captured pass: the position of this replay
     using L = Layout<HD>;
     constexpr int S = L::kStride;
