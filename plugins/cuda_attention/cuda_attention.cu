@@ -20,6 +20,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include <type_traits>
+
 #include "slots/tsr_attention.h"
 #ifdef CUDA_ATTN_SPLIT
 #include <cooperative_groups.h>
@@ -652,6 +654,14 @@ cudaError_t launch_split(dim3 grid, int threads, cudaStream_t st, bool pdl, cons
 #endif
 
 #ifdef CUDA_ATTN_SPLIT
+// f(paged, fp8) with the view's layout and element type as compile-time
+// constants (std::bool_constant), for the kernels' template instances.
+template <class F> cudaError_t for_view(const tsr_kv_view *kv, F &&f) {
+    const bool paged = kv->layout == TSR_KV_PAGED, fp8 = kv->dtype == TSR_DTYPE_F8_E4M3;
+    if (!paged) return fp8 ? f(std::false_type{}, std::true_type{}) : f(std::false_type{}, std::false_type{});
+    return fp8 ? f(std::true_type{}, std::true_type{}) : f(std::true_type{}, std::false_type{});
+}
+
 // A pass through cluster_kernel (cluster_reads holds, group <= kMaxGroup).
 // Splits per (row, KV head): passes of up to TSR_GRAPH_MAX_ROWS rows (as
 // captured) about 16 / rows, at most cluster_splits, a fixed count for a row
@@ -673,12 +683,10 @@ int run_cluster(Attn *a, const tsr_attn_args *x, const tsr_exec *ex, int group, 
     }
     if (n_splits > a->cluster_splits) n_splits = a->cluster_splits;
     if (n_splits < 1) n_splits = 1;
-    const bool paged = kv->layout == TSR_KV_PAGED, fp8 = kv->dtype == TSR_DTYPE_F8_E4M3, pdl = ex->pdl != 0;
-    cudaError_t e;
-    if (!paged && !fp8) e = launch_cluster<false, false>(n_splits, st, pdl, x, kv, group, dev_pos0);
-    else if (!paged) e = launch_cluster<false, true>(n_splits, st, pdl, x, kv, group, dev_pos0);
-    else if (!fp8) e = launch_cluster<true, false>(n_splits, st, pdl, x, kv, group, dev_pos0);
-    else e = launch_cluster<true, true>(n_splits, st, pdl, x, kv, group, dev_pos0);
+    const cudaError_t e = for_view(kv, [&](auto paged, auto fp8) {
+        return launch_cluster<decltype(paged)::value, decltype(fp8)::value>(n_splits, st, ex->pdl != 0, x, kv, group,
+                                                                            dev_pos0);
+    });
     if (e != cudaSuccess) {
         a->ctx->host->set_error(a->ctx, "cluster attention: %s", cudaGetErrorString(e));
         return TSR_ERR_DEVICE;
@@ -833,19 +841,10 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
         if (!a->fused_merge) count = nullptr;
         dim3 grid(x->rows * x->n_kv_heads, n_splits);
         const int threads = 32 * group;
-        cudaError_t e;
-        if (!paged && !fp8)
-            e = launch_split<false, false>(grid, threads, st, pdl, x, kv, part, count, group, vec, dev_pos0, even,
-                                           chunk, n_splits);
-        else if (!paged)
-            e = launch_split<false, true>(grid, threads, st, pdl, x, kv, part, count, group, vec, dev_pos0, even,
-                                          chunk, n_splits);
-        else if (!fp8)
-            e = launch_split<true, false>(grid, threads, st, pdl, x, kv, part, count, group, vec, dev_pos0, even,
-                                          chunk, n_splits);
-        else
-            e = launch_split<true, true>(grid, threads, st, pdl, x, kv, part, count, group, vec, dev_pos0, even,
-                                         chunk, n_splits);
+        cudaError_t e = for_view(kv, [&](auto paged_c, auto fp8_c) {
+            return launch_split<decltype(paged_c)::value, decltype(fp8_c)::value>(
+                grid, threads, st, pdl, x, kv, part, count, group, vec, dev_pos0, even, chunk, n_splits);
+        });
         if (e == cudaSuccess && !count)
             e = cuda_attn::launch_merge(part, x->out, x->rows * x->n_heads, x->head_dim, n_splits, st, pdl);
         if (e != cudaSuccess) {
