@@ -11,6 +11,15 @@
 #include "commands.h"
 #include "model_opts.h"
 
+/* SIGTERM or SIGINT when it reached a thread that does not block them:
+ * threads a library started before main (OpenBLAS starts its pool when it
+ * is loaded) never saw the mask below, and without a handler the default
+ * action there ended the process with status 143 (seen in CI: "SIGTERM on
+ * an idle server"). */
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_stop_signal(int sig) { g_stop_signal = sig; }
+
 static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: tessera serve [ASSEMBLY] [--model PATH] [--host ADDR] [--port N]\n"
@@ -98,12 +107,19 @@ int tsr_cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
-    /* Signals are taken by sigtimedwait below; block them before any thread
-     * starts so none of those threads receives them. */
+    /* Signals are taken by sigtimedwait below; blocked before the server's
+     * threads start so that none of them receives them, and caught by
+     * on_stop_signal in the threads that started earlier. */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -156,6 +172,7 @@ int tsr_cmd_serve(int argc, char **argv) {
     for (;;) {
         struct timespec ts = {0, 200 * 1000 * 1000};
         int sig = sigtimedwait(&sigs, NULL, &ts);
+        if (sig != SIGTERM && sig != SIGINT) sig = g_stop_signal;
         if (sig == SIGTERM || sig == SIGINT) {
             fprintf(stderr, "tessera serve: %s: finishing in-flight requests (up to %g s)\n",
                     sig == SIGTERM ? "SIGTERM" : "SIGINT", shutdown_timeout);

@@ -171,6 +171,29 @@ curl -s "$BASE/health" >/dev/null || bad "server died"
 # --- SIGTERM with open streams: they complete, exit 0 ---------------------
 stop_server
 expect "SIGTERM on an idle server: exit 0" "$STATUS" 0
+
+# --- SIGTERM reaching a thread a library started before main -------------
+# (OpenBLAS starts its pool when it is loaded, before serve blocks the
+# signal): sent to that thread alone (tgkill), the server still stops cleanly
+start_server "$TMP/serve_sig.log"
+lib_tid=
+for t in /proc/"$SERVER_PID"/task/*; do
+    tid=${t##*/}
+    [ "$tid" = "$SERVER_PID" ] && continue
+    mask=$(awk '/^SigBlk/ {print $2}' "$t/status")
+    [ $((0x$mask & 0x4000)) = 0 ] && lib_tid=$tid
+done
+if [ -n "$lib_tid" ] && [ "$(uname -m)" = x86_64 ]; then
+    python3 -c 'import ctypes, sys; ctypes.CDLL(None).syscall(234, int(sys.argv[1]), int(sys.argv[2]), 15)' \
+        "$SERVER_PID" "$lib_tid" # 234: tgkill on x86-64
+    wait "$SERVER_PID"
+    STATUS=$?
+    SERVER_PID=
+    expect "SIGTERM to a thread that does not block it: exit 0" "$STATUS" 0
+else
+    stop_server
+    ok "SIGTERM to a library thread: no such thread here (or not x86-64), not checked"
+fi
 start_server "$TMP/serve2.log" --parallel 1 --queue 64 --shutdown-timeout 30
 pids=
 for i in $(seq 1 12); do
