@@ -87,31 +87,66 @@ typedef struct run_job {
     const gemv_matrix *m;
     tsr_gemv_args args;
     volatile int failed;
-    atomic_int_fast64_t next; /* GEMM: the first panel not yet taken */
-    int64_t group;            /* GEMM: most panels per take */
-    int threads;              /* GEMM: workers sharing the panels */
+    atomic_int_fast64_t next; /* the first item (GEMM panel, weight row) not yet taken */
+    int64_t group;            /* most items per take */
+    int64_t least;            /* fewest items per take (but the last) */
+    int threads;              /* workers sharing the items */
 } run_job;
 
+/* Items [*p0, *p1) for the next take, 0 when none are left. Guided: a
+ * take is a share of what is left (1 / (2 x workers)), at most j->group
+ * items, at least j->least (or what is left), so that the takes shrink
+ * towards the end of the call and the workers finish within about an item
+ * of each other. */
+static int take_items(run_job *j, int64_t items, int64_t *p0, int64_t *p1) {
+    int_fast64_t at = atomic_load(&j->next);
+    int64_t n;
+    do {
+        if (at >= items) return 0;
+        n = (items - at) / (2 * (int64_t)j->threads);
+        n = n < j->least ? j->least : n > j->group ? j->group : n;
+        if (n > items - at) n = items - at;
+    } while (!atomic_compare_exchange_weak(&j->next, &at, at + n));
+    *p0 = at;
+    *p1 = at + n;
+    return 1;
+}
+
+/* Weight rows shared out in guided takes of at least ~64 KiB (a run the
+ * hardware prefetcher follows) rather than one fixed half per worker: on a
+ * shared machine a worker slowed by its core's neighbour does fewer rows
+ * instead of making the other wait at the end of every call. */
+static void rows_in_takes(run_job *j) {
+    const int64_t least = (int64_t)((65536 + j->m->row_bytes - 1) / j->m->row_bytes);
+    j->least = least < 1 ? 1 : least;
+    j->group = j->m->rows;
+    atomic_store(&j->next, 0);
+}
+
+/* Decode and verification: weight rows taken in guided shares (take_items). */
 static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
-    (void)tid;
+    (void)r0, (void)r1, (void)tid;
     run_job *j = arg;
-    j->cfg->kernel(j->m->dtype, &j->args, r0, r1);
+    int64_t a, b;
+    while (take_items(j, j->m->rows, &a, &b)) j->cfg->kernel(j->m->dtype, &j->args, a, b);
 }
 
 typedef struct i8_job {
-    const gemv_engine_cfg *cfg;
+    run_job *rows;    /* the takes of weight rows */
     tsr_gemv_i8_args args;
 } i8_job;
 
 static void run_i8(void *arg, int64_t r0, int64_t r1, int tid) {
-    (void)tid;
+    (void)r0, (void)r1, (void)tid;
     i8_job *j = arg;
-    j->cfg->i8_kernel(&j->args, r0, r1);
+    int64_t a, b;
+    while (take_items(j->rows, j->rows->m->rows, &a, &b)) j->rows->cfg->i8_kernel(&j->args, a, b);
 }
 
 /* 1: done (or failed: *rc set); 0: x holds NaN/Inf, take the f32 path. */
-static int run_x_i16(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m, int rows,
-                     const float *x, float *y, int *rc) {
+static int run_x_i16(run_job *rj, int rows, const float *x, float *y, int *rc) {
+    const tsr_plugin_ctx *ctx = rj->ctx;
+    const gemv_matrix *m = rj->m;
     size_t n = (size_t)rows * (size_t)m->cols;
     int16_t *xq = ctx->host->alloc(ctx, n * sizeof *xq + (size_t)rows * sizeof(float) + 64, 64);
     if (!xq) {
@@ -127,8 +162,9 @@ static int run_x_i16(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, cons
             return 0;
         }
     }
-    i8_job j = {cfg, {(const int8_t *)m->data, m->scale, m->cols, xq, xs, rows, y, m->rows}};
-    ctx->host->parallel_for(ctx, m->rows, run_i8, &j);
+    i8_job j = {rj, {(const int8_t *)m->data, m->scale, m->cols, xq, xs, rows, y, m->rows}};
+    rows_in_takes(rj);
+    ctx->host->parallel_for(ctx, rj->threads, run_i8, &j); /* one call per worker: ranges unused */
     ctx->host->free(ctx, xq);
     *rc = TSR_OK;
     return 1;
@@ -154,23 +190,6 @@ static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
     j->ctx->host->free(j->ctx, tile);
 }
 
-/* Panels [*p0, *p1) for the next take, 0 when none are left. Guided: a
- * take is a share of what is left (1 / (2 x workers)), at most j->group
- * panels, at least one, so that the takes shrink towards the end of the
- * call and the workers finish within about a panel of each other. */
-static int take_panels(run_job *j, int64_t panels, int64_t *p0, int64_t *p1) {
-    int_fast64_t at = atomic_load(&j->next);
-    int64_t n;
-    do {
-        if (at >= panels) return 0;
-        n = (panels - at) / (2 * (int64_t)j->threads);
-        n = n < 1 ? 1 : n > j->group ? j->group : n;
-    } while (!atomic_compare_exchange_weak(&j->next, &at, at + n));
-    *p0 = at;
-    *p1 = at + n;
-    return 1;
-}
-
 /* Items are groups of NR-wide panels of weight rows (gemm_cpu.h). Each
  * worker takes its next panels from a shared counter rather than a fixed
  * share: a worker slowed down (its core shared, a slower memory path) does
@@ -184,7 +203,7 @@ static void run_gemm(void *arg, int64_t i0, int64_t i1, int tid) {
         return;
     }
     int64_t panels = tsr_gemm_panel_count(j->m->rows), p0, p1;
-    while (take_panels(j, panels, &p0, &p1))
+    while (take_items(j, panels, &p0, &p1))
         tsr_gemm_panels(j->cfg->isa, j->m->dtype, &j->args, j->m->rows, p0, p1, wbuf);
     j->ctx->host->free(j->ctx, wbuf);
 }
@@ -195,17 +214,16 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
         ctx->host->set_error(ctx, "run: %d input rows (need >= 1) or a NULL buffer", rows);
         return TSR_ERR_INVALID;
     }
-    run_job j = {cfg, ctx, m,
-                 {.w = m->data, .row_bytes = m->row_bytes, .scale = m->scale, .cols = m->cols,
-                  .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = m->rows},
-                 0, 0, 1, 1};
+    run_job j = {.cfg = cfg, .ctx = ctx, .m = m,
+                 .args = {.w = m->data, .row_bytes = m->row_bytes, .scale = m->scale, .cols = m->cols,
+                          .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = m->rows},
+                 .group = 1, .least = 1, .threads = ex && ex->n_threads > 0 ? ex->n_threads : 4};
+    atomic_init(&j.next, 0);
     int64_t min_rows = tsr_dtype_block_elems(m->dtype) > 1 ? cfg->blas_min_rows_q : cfg->blas_min_rows;
     if (!cfg->use_blas && min_rows > 0 && rows >= min_rows) {
         /* takes of up to 8 panels (the GEMM's L2 block), shrinking at the end */
         int64_t panels = tsr_gemm_panel_count(m->rows);
-        j.group = 8;
-        j.threads = ex && ex->n_threads > 0 ? ex->n_threads : 4; /* shapes the takes only */
-        atomic_init(&j.next, 0);
+        j.group = 8; /* j.threads shapes the takes only */
         ctx->host->parallel_for(ctx, panels, run_gemm, &j); /* one call per worker: ranges unused */
         if (j.failed) {
             ctx->host->set_error(ctx, "out of memory for a %d x %d GEMM panel", TSR_GEMM_NR, TSR_GEMM_KC);
@@ -227,8 +245,9 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
         return TSR_OK;
     }
     int rc;
-    if (m->x_i16 && m->dtype == TSR_DTYPE_I8 && m->scale && cfg->i8_kernel && run_x_i16(cfg, ctx, m, rows, x, y, &rc))
+    if (m->x_i16 && m->dtype == TSR_DTYPE_I8 && m->scale && cfg->i8_kernel && run_x_i16(&j, rows, x, y, &rc))
         return rc;
-    ctx->host->parallel_for(ctx, m->rows, run_kernel, &j);
+    rows_in_takes(&j);
+    ctx->host->parallel_for(ctx, j.threads, run_kernel, &j); /* one call per worker: ranges unused */
     return TSR_OK;
 }
