@@ -70,5 +70,8 @@ int tsr_fp8_scales_attach(tsr_tensor_table *tab, const tsr_model_config *cfg, co
  * GGUF tensor into out (size bytes); returns 1 if mapped, 0 if the name is
  * not one we know. Merged expert tensors are handled by the caller. */
 int tsr_gguf_name_to_hf(const char *gguf_name, tsr_arch arch, char *out, size_t size);
+/* The reverse for dense tensors (no experts): 1 and the GGUF name in out, 0
+ * for a name with none. */
+int tsr_hf_name_to_gguf(const char *hf_name, char *out, size_t size);
 
 #endif /* TSR_FORMAT_INTERNAL_H */

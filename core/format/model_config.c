@@ -702,28 +702,45 @@ int tsr_config_check_tensors(tsr_model_config *cfg, const tsr_tensor_table *tab,
 
 /* --- GGUF tensor names -------------------------------------------------------------------- */
 
+/* GGUF name <-> Hugging Face name: whole tensors, and the stems of a layer's
+ * tensors (blk.N.STEM.weight <-> model.layers.N.HF.weight). */
+static const struct {
+    const char *g, *hf;
+} g_top[] = {{"token_embd.weight", "model.embed_tokens.weight"},
+             {"output_norm.weight", "model.norm.weight"},
+             {"output.weight", "lm_head.weight"}};
+static const struct {
+    const char *g, *hf;
+} g_blk[] = {
+    {"attn_q", "self_attn.q_proj"},       {"attn_k", "self_attn.k_proj"},
+    {"attn_v", "self_attn.v_proj"},       {"attn_output", "self_attn.o_proj"},
+    {"attn_q_norm", "self_attn.q_norm"},  {"attn_k_norm", "self_attn.k_norm"},
+    {"attn_norm", "input_layernorm"},     {"ffn_norm", "post_attention_layernorm"},
+    {"ffn_gate", "mlp.gate_proj"},        {"ffn_up", "mlp.up_proj"},
+    {"ffn_down", "mlp.down_proj"},        {"ffn_gate_shexp", "mlp.shared_expert.gate_proj"},
+    {"ffn_up_shexp", "mlp.shared_expert.up_proj"},
+    {"ffn_down_shexp", "mlp.shared_expert.down_proj"},
+    {"ffn_gate_inp_shexp", "mlp.shared_expert_gate"},
+};
+
+int tsr_hf_name_to_gguf(const char *hf, char *out, size_t size) {
+    for (size_t i = 0; i < sizeof g_top / sizeof g_top[0]; i++)
+        if (strcmp(hf, g_top[i].hf) == 0) return snprintf(out, size, "%s", g_top[i].g) < (int)size;
+    unsigned layer;
+    int n = 0;
+    if (sscanf(hf, "model.layers.%u.%n", &layer, &n) != 1 || n == 0) return 0;
+    const char *rest = hf + n, *dot = strrchr(rest, '.');
+    if (!dot || (strcmp(dot, ".weight") != 0 && strcmp(dot, ".bias") != 0)) return 0;
+    for (size_t i = 0; i < sizeof g_blk / sizeof g_blk[0]; i++)
+        if (strlen(g_blk[i].hf) == (size_t)(dot - rest) && strncmp(rest, g_blk[i].hf, (size_t)(dot - rest)) == 0)
+            return snprintf(out, size, "blk.%u.%s%s", layer, g_blk[i].g, dot) < (int)size;
+    return 0;
+}
+
 int tsr_gguf_name_to_hf(const char *gn, tsr_arch arch, char *out, size_t size) {
-    static const struct {
-        const char *g, *hf;
-    } top[] = {{"token_embd.weight", "model.embed_tokens.weight"},
-               {"output_norm.weight", "model.norm.weight"},
-               {"output.weight", "lm_head.weight"}};
-    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
-        if (strcmp(gn, top[i].g) == 0) return snprintf(out, size, "%s", top[i].hf) < (int)size;
+    for (size_t i = 0; i < sizeof g_top / sizeof g_top[0]; i++)
+        if (strcmp(gn, g_top[i].g) == 0) return snprintf(out, size, "%s", g_top[i].hf) < (int)size;
     int mix = arch == TSR_ARCH_MIXTRAL;
-    static const struct {
-        const char *g, *hf;
-    } blk[] = {
-        {"attn_q", "self_attn.q_proj"},       {"attn_k", "self_attn.k_proj"},
-        {"attn_v", "self_attn.v_proj"},       {"attn_output", "self_attn.o_proj"},
-        {"attn_q_norm", "self_attn.q_norm"},  {"attn_k_norm", "self_attn.k_norm"},
-        {"attn_norm", "input_layernorm"},     {"ffn_norm", "post_attention_layernorm"},
-        {"ffn_gate", "mlp.gate_proj"},        {"ffn_up", "mlp.up_proj"},
-        {"ffn_down", "mlp.down_proj"},        {"ffn_gate_shexp", "mlp.shared_expert.gate_proj"},
-        {"ffn_up_shexp", "mlp.shared_expert.up_proj"},
-        {"ffn_down_shexp", "mlp.shared_expert.down_proj"},
-        {"ffn_gate_inp_shexp", "mlp.shared_expert_gate"},
-    };
     unsigned layer;
     int n = 0;
     if (sscanf(gn, "blk.%u.%n", &layer, &n) != 1 || n == 0 || layer >= TSR_MAX_LAYERS) return 0;
@@ -734,9 +751,9 @@ int tsr_gguf_name_to_hf(const char *gn, tsr_arch arch, char *out, size_t size) {
     if (stem == 12 && strncmp(rest, "ffn_gate_inp", 12) == 0)
         return snprintf(out, size, "model.layers.%u.%s%s", layer,
                         mix ? "block_sparse_moe.gate" : "mlp.gate", dot) < (int)size;
-    for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
-        if (strlen(blk[i].g) == stem && strncmp(rest, blk[i].g, stem) == 0)
-            return snprintf(out, size, "model.layers.%u.%s%s", layer, blk[i].hf, dot) < (int)size;
+    for (size_t i = 0; i < sizeof g_blk / sizeof g_blk[0]; i++)
+        if (strlen(g_blk[i].g) == stem && strncmp(rest, g_blk[i].g, stem) == 0)
+            return snprintf(out, size, "model.layers.%u.%s%s", layer, g_blk[i].hf, dot) < (int)size;
     /* older split experts: blk.N.ffn_gate.E.weight */
     unsigned e;
     char which[8];

@@ -1,0 +1,183 @@
+/*
+ * mk_gguf - a GGUF file from a dense Llama or Qwen2 safetensors checkpoint,
+ * its matrices stored as Q8_0 (or f32), for benchmarks of block-quantised
+ * decode at shapes no shipped GGUF has (the random checkpoints of
+ * ../shared/tools/mk_random_checkpoint.py) and for tests.
+ *
+ *   mk_gguf SRC DST.gguf [--type q8_0|f32]
+ *
+ * SRC: a folder tessera reads (config.json + safetensors, f32/f16/bf16).
+ * Every 2-D weight whose columns are whole 32-element blocks becomes the
+ * chosen type (Q8_0: per 32 weights d = max|w| / 127 rounded to f16, q =
+ * round(w / d), as llama.cpp quantises), the rest f32. Names and metadata as
+ * llama.cpp writes them (general.architecture, ARCH.block_count, ...); for
+ * llama the q/k rows are reordered into the interleaved RoPE pairs GGUF
+ * llama files keep (llama.cpp's converter does the same), so that the file
+ * computes what SRC computes. No tokenizer is written: tessera reads the
+ * vocabulary size from token_embd; run it with --random-prompt. Mixtures of
+ * experts and FP8 checkpoints are refused.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/format/format_internal.h"
+#include "core/format/model_file.h"
+#include "kernels/dtype.h"
+
+enum { GGML_F32 = 0, GGML_Q8_0 = 8 };
+enum { KV_U32 = 4, KV_F32 = 6, KV_STRING = 8 };
+#define ALIGN 32
+
+static void die(const char *fmt, const char *arg) {
+    fprintf(stderr, "mk_gguf: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    exit(2);
+}
+
+static void put(FILE *f, const void *p, size_t n) {
+    if (n && fwrite(p, 1, n, f) != n) die("write failed%s", "");
+}
+static void put_u32(FILE *f, uint32_t v) { put(f, &v, 4); }
+static void put_u64(FILE *f, uint64_t v) { put(f, &v, 8); }
+static void put_str(FILE *f, const char *s) {
+    put_u64(f, strlen(s));
+    put(f, s, strlen(s));
+}
+static void kv_u32(FILE *f, const char *arch, const char *key, uint32_t v) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    put_str(f, k);
+    put_u32(f, KV_U32);
+    put_u32(f, v);
+}
+static void kv_f32(FILE *f, const char *arch, const char *key, float v) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    put_str(f, k);
+    put_u32(f, KV_F32);
+    put(f, &v, 4);
+}
+
+typedef struct out_tensor {
+    char name[96];
+    const tsr_tensor *src;
+    uint32_t type;
+    uint64_t offset, bytes;
+    int permute_heads; /* llama q/k: heads to reorder into interleaved pairs (0: none) */
+} out_tensor;
+
+/* Row r of t as f32, row r of the file for a permuted q/k: GGUF row
+ * h * hd + 2 i + j holds HF row h * hd + j * hd / 2 + i. */
+static void read_row(const out_tensor *o, int64_t r, float *dst) {
+    const tsr_tensor *t = o->src;
+    const int64_t cols = t->n_dims == 2 ? t->shape[1] : t->shape[0];
+    if (o->permute_heads) {
+        const int64_t hd = t->shape[0] / o->permute_heads, h = r / hd, i = (r % hd) / 2, j = r % 2;
+        r = h * hd + j * (hd / 2) + i;
+    }
+    uint64_t rb;
+    if (tsr_dtype_row_bytes(t->dtype, cols, &rb) != 0) die("%s: rows of an unreadable size", t->name);
+    tsr_dequant_row(t->dtype, (const uint8_t *)t->data + (uint64_t)r * rb, dst, cols);
+}
+
+static void write_data(FILE *f, const out_tensor *o, float *row, int8_t *q) {
+    const tsr_tensor *t = o->src;
+    const int64_t rows = t->n_dims == 2 ? t->shape[0] : 1, cols = t->n_dims == 2 ? t->shape[1] : t->shape[0];
+    for (int64_t r = 0; r < rows; r++) {
+        read_row(o, r, row);
+        if (o->type == GGML_F32) {
+            put(f, row, (size_t)cols * 4);
+            continue;
+        }
+        for (int64_t b = 0; b < cols; b += 32) {
+            float amax = 0;
+            for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(row[b + k]));
+            const uint16_t dh = tsr_f32_to_f16(amax / 127.0f);
+            const float d = tsr_f16_to_f32(dh), inv = d != 0.0f ? 1.0f / d : 0.0f;
+            for (int k = 0; k < 32; k++) {
+                const float v = roundf(row[b + k] * inv);
+                q[k] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+            }
+            put(f, &dh, 2);
+            put(f, q, 32);
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--type")))
+        die("usage: mk_gguf SRC DST.gguf [--type q8_0|f32]%s", "");
+    const uint32_t type = argc == 5 && !strcmp(argv[4], "f32") ? GGML_F32 : GGML_Q8_0;
+    if (argc == 5 && strcmp(argv[4], "f32") && strcmp(argv[4], "q8_0")) die("--type %s: q8_0 or f32", argv[4]);
+    tsr_model_file *mf;
+    tsr_error err = {0};
+    if (tsr_model_file_open(argv[1], &mf, &err) != TSR_OK) die("%s", err.msg);
+    const tsr_model_config *c = tsr_model_file_config(mf);
+    const int llama = c->arch == TSR_ARCH_LLAMA;
+    if (!llama && c->arch != TSR_ARCH_QWEN2) die("%s: only dense llama and qwen2 checkpoints", c->arch_name);
+    if (c->rope_scaling != TSR_ROPE_NONE) die("%s: RoPE scaling is not written", argv[1]);
+    const int n = tsr_model_file_n_tensors(mf);
+    out_tensor *ot = calloc((size_t)n, sizeof *ot);
+    int64_t widest = 0;
+    uint64_t at = 0;
+    if (!ot) die("out of memory%s", "");
+    for (int i = 0; i < n; i++) {
+        out_tensor *o = &ot[i];
+        const tsr_tensor *t = o->src = tsr_model_file_tensor_at(mf, i);
+        if (t->scale) die("%s: FP8 checkpoints are not converted", t->name);
+        if (!tsr_hf_name_to_gguf(t->name, o->name, sizeof o->name) || t->n_dims > 2)
+            die("%s: no GGUF name for it (dense llama/qwen2 tensors only)", t->name);
+        const int64_t rows = t->n_dims == 2 ? t->shape[0] : 1, cols = t->n_dims == 2 ? t->shape[1] : t->shape[0];
+        o->type = t->n_dims == 2 && cols % 32 == 0 ? type : GGML_F32;
+        o->bytes = (uint64_t)rows * (o->type == GGML_F32 ? (uint64_t)cols * 4 : (uint64_t)cols / 32 * 34);
+        if (llama && strstr(o->name, ".attn_q.")) o->permute_heads = c->n_heads;
+        if (llama && strstr(o->name, ".attn_k.")) o->permute_heads = c->n_kv_heads;
+        o->offset = at;
+        at += (o->bytes + ALIGN - 1) / ALIGN * ALIGN;
+        if (cols > widest) widest = cols;
+    }
+    FILE *f = fopen(argv[2], "wb");
+    if (!f) die("cannot write %s", argv[2]);
+    const char *arch = llama ? "llama" : "qwen2";
+    put(f, "GGUF", 4);
+    put_u32(f, 3);
+    put_u64(f, (uint64_t)n);
+    put_u64(f, 10);
+    put_str(f, "general.architecture");
+    put_u32(f, KV_STRING);
+    put_str(f, arch);
+    kv_u32(f, arch, "block_count", (uint32_t)c->n_layers);
+    kv_u32(f, arch, "embedding_length", (uint32_t)c->hidden);
+    kv_u32(f, arch, "feed_forward_length", (uint32_t)c->ffn);
+    kv_u32(f, arch, "attention.head_count", (uint32_t)c->n_heads);
+    kv_u32(f, arch, "attention.head_count_kv", (uint32_t)c->n_kv_heads);
+    kv_u32(f, arch, "attention.key_length", (uint32_t)c->head_dim);
+    kv_u32(f, arch, "context_length", (uint32_t)c->max_ctx);
+    kv_f32(f, arch, "attention.layer_norm_rms_epsilon", c->norm_eps);
+    kv_f32(f, arch, "rope.freq_base", c->rope_theta);
+    for (int i = 0; i < n; i++) {
+        const tsr_tensor *t = ot[i].src;
+        put_str(f, ot[i].name);
+        put_u32(f, (uint32_t)t->n_dims);
+        for (int d = t->n_dims - 1; d >= 0; d--) put_u64(f, (uint64_t)t->shape[d]); /* innermost first */
+        put_u32(f, ot[i].type);
+        put_u64(f, ot[i].offset);
+    }
+    static const uint8_t zero[ALIGN];
+    put(f, zero, (size_t)((ALIGN - ftell(f) % ALIGN) % ALIGN));
+    float *row = malloc((size_t)widest * sizeof *row);
+    int8_t q[32];
+    if (!row) die("out of memory%s", "");
+    for (int i = 0; i < n; i++) {
+        write_data(f, &ot[i], row, q);
+        put(f, zero, (size_t)((ALIGN - ot[i].bytes % ALIGN) % ALIGN));
+    }
+    if (fclose(f) != 0) die("cannot finish %s", argv[2]);
+    free(row);
+    free(ot);
+    tsr_model_file_close(mf);
+    return 0;
+}
