@@ -9,7 +9,11 @@
  * K-quant blocks), enough copies of the matrix are cycled through that
  * every pass comes from DRAM (>= 256 MiB in all, several times the L3), as a
  * model's successive layers do. Each figure is the median over passes.
- * i8x16 is int8 weights with int16 activations (cpu_gemv_int8's decode).
+ * i8x16 is int8 weights with int16 activations (cpu_gemv_int8's decode),
+ * q8x16 Q8_0 weights as stored with int16 activations (its Q8_0 decode).
+ * --resident instead keeps one matrix of about 384 KiB (the first --shape's
+ * columns) in the cores' L2 caches: the kernels' instruction ceilings, what
+ * they could read per second if memory kept up.
  * --prefill also times the kernels against the blocked GEMM (gemm_cpu.h) and
  * widened tiles + OpenBLAS sgemm at 4..256 rows (the cpu_gemv plugin's
  * blas_min_rows threshold), in ms per call and GFLOP/s.
@@ -70,6 +74,7 @@ static void fill(uint32_t dtype, uint8_t *w, uint64_t n_bytes, int64_t n_elems) 
 typedef struct job {
     tsr_gemv_kernel_fn k;
     tsr_gemv_i8_kernel_fn k8;
+    tsr_gemv_i8_kernel_fn kq8;
     const int16_t *xq;
     const float *xs;
     uint32_t dtype;
@@ -80,13 +85,14 @@ typedef struct job {
 } job;
 
 #define DT_I8X16 100 /* pseudo dtype: int8 weights x int16 activations */
+#define DT_Q8X16 101 /* pseudo dtype: Q8_0 weights as stored x int16 activations */
 
 static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
     (void)tid;
     job *j = arg;
-    if (j->dtype == DT_I8X16) {
+    if (j->dtype == DT_I8X16 || j->dtype == DT_Q8X16) {
         tsr_gemv_i8_args ia = {(const int8_t *)j->a.w, j->a.scale, j->a.cols, j->xq, j->xs, j->a.nx, j->a.y, j->a.ldy};
-        j->k8(&ia, r0, r1);
+        (j->dtype == DT_I8X16 ? j->k8 : j->kq8)(&ia, r0, r1);
     } else {
         j->k(j->dtype, &j->a, r0, r1);
     }
@@ -168,19 +174,20 @@ static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
 }
 
 int main(int argc, char **argv) {
-    int threads = 2, prefill = 0, only = -1;
+    int threads = 2, prefill = 0, only = -1, resident = 0;
     double seconds = 0.4;
     tsr_gemv_isa isa = tsr_gemv_isa_best();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--prefill")) prefill = 1;
+        else if (!strcmp(argv[i], "--resident")) resident = 1;
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-i") && i + 1 < argc) {
             i++;
             isa = !strcmp(argv[i], "portable") ? TSR_GEMV_ISA_PORTABLE : TSR_GEMV_ISA_AVX2;
         } else {
-            fprintf(stderr, "usage: %s [-t THREADS] [-i portable|avx2] [-s SECONDS] [--shape 0|1|2] [--prefill]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-t THREADS] [-i portable|avx2] [-s SECONDS] [--shape 0|1|2] [--resident] [--prefill]\n", argv[0]);
             return 2;
         }
     }
@@ -192,24 +199,25 @@ int main(int argc, char **argv) {
     g_isa = isa;
     tsr_threadpool *tp = tsr_threadpool_new(threads);
     if (!tp) return 1;
-    printf("bench_gemv: %d threads, isa %s, median of passes over >= 256 MiB of copies\n", threads,
-           tsr_gemv_isa_name(isa));
+    printf("bench_gemv: %d threads, isa %s, median of passes over %s\n", threads, tsr_gemv_isa_name(isa),
+           resident ? "one matrix of ~384 KiB held in L2" : ">= 256 MiB of copies");
     const int64_t shapes[3][2] = {{4864, 896}, {151936, 896}, {896, 4864}};
     const uint32_t dtypes[] = {TSR_DTYPE_F32, TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_I8, DT_I8X16,
-                               TSR_DTYPE_Q8_0, TSR_DTYPE_Q4_K, TSR_DTYPE_Q6_K};
+                               TSR_DTYPE_Q8_0, DT_Q8X16, TSR_DTYPE_Q4_K, TSR_DTYPE_Q6_K};
     const int nxs[] = {1, 2, 4, 8};
     printf("%-7s %-14s %9s %9s | %8s %8s %8s %8s | %8s %8s %8s %8s\n", "dtype", "shape", "MiB", "ceilGB/s",
            "GB/s@1", "GB/s@2", "GB/s@4", "GB/s@8", "%ceil@1", "%ceil@2", "%ceil@4", "%ceil@8");
     for (int s = 0; s < 3; s++)
         for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
-            uint32_t dt = dtypes[d] == DT_I8X16 ? TSR_DTYPE_I8 : dtypes[d];
+            uint32_t dt = dtypes[d] == DT_I8X16 ? TSR_DTYPE_I8 : dtypes[d] == DT_Q8X16 ? TSR_DTYPE_Q8_0 : dtypes[d];
             if (only >= 0 && s != only) continue;
             int64_t rows = shapes[s][0], cols = shapes[s][1];
             uint64_t rb;
             if (tsr_dtype_row_bytes(dt, cols, &rb)) continue;
+            if (resident) rows = (int64_t)((384u << 10) / rb);
             uint64_t bytes = rb * (uint64_t)rows;
             bytes = (bytes + 127) / 128 * 128; /* whole 128-byte read-loop steps */
-            int ncopies = (int)((256ull << 20) / bytes) + 1;
+            int ncopies = resident ? 1 : (int)((256ull << 20) / bytes) + 1;
             if (ncopies > 64) ncopies = 64;
             uint8_t *copies[64];
             for (int c = 0; c < ncopies; c++) {
@@ -224,7 +232,8 @@ int main(int argc, char **argv) {
             int16_t *xq = malloc((size_t)(8 * cols) * sizeof *xq);
             float xs[8];
             for (int i = 0; i < 8; i++) xs[i] = tsr_gemv_quant_x_i16(x + i * cols, cols, xq + i * cols);
-            job j = {.k = tsr_gemv_kernel(isa), .k8 = tsr_gemv_i8_kernel(isa), .xq = xq, .xs = xs,
+            job j = {.k = tsr_gemv_kernel(isa), .k8 = tsr_gemv_i8_kernel(isa), .kq8 = tsr_gemv_q8_0_i16_kernel(isa),
+                     .xq = xq, .xs = xs,
                      .dtype = dtypes[d], .nbytes = bytes};
             j.a = (tsr_gemv_args){copies[0], rb, scale, cols, x, cols, 1, y, rows};
             double tc = median_time(tp, &j, copies, ncopies, (int64_t)(bytes / 128), read_loop, seconds);
@@ -237,7 +246,7 @@ int main(int argc, char **argv) {
             char shape[32];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
             printf("%-7s %-14s %9.1f %9.2f | %8.2f %8.2f %8.2f %8.2f | %7.0f%% %7.0f%% %7.0f%% %7.0f%%\n",
-                   dtypes[d] == DT_I8X16 ? "i8x16" : tsr_dtype_name(dt), shape, (double)bytes / 1048576.0, ceil_gbs, gbs[0], gbs[1], gbs[2], gbs[3],
+                   dtypes[d] == DT_I8X16 ? "i8x16" : dtypes[d] == DT_Q8X16 ? "q8x16" : tsr_dtype_name(dt), shape, (double)bytes / 1048576.0, ceil_gbs, gbs[0], gbs[1], gbs[2], gbs[3],
                    100 * gbs[0] / ceil_gbs, 100 * gbs[1] / ceil_gbs, 100 * gbs[2] / ceil_gbs, 100 * gbs[3] / ceil_gbs);
             fflush(stdout);
             for (int c = 0; c < ncopies; c++) free(copies[c]);

@@ -1,5 +1,5 @@
 /*
- * mk_gguf - a GGUF file from a dense Llama or Qwen2 safetensors checkpoint,
+ * mk_gguf - a GGUF file from a dense Llama, Qwen2 or Qwen3 safetensors checkpoint,
  * its matrices stored as Q8_0 (or f32), for benchmarks of block-quantised
  * decode at shapes no shipped GGUF has (the random checkpoints of
  * ../shared/tools/mk_random_checkpoint.py) and for tests.
@@ -117,7 +117,8 @@ int main(int argc, char **argv) {
     if (tsr_model_file_open(argv[1], &mf, &err) != TSR_OK) die("%s", err.msg);
     const tsr_model_config *c = tsr_model_file_config(mf);
     const int llama = c->arch == TSR_ARCH_LLAMA;
-    if (!llama && c->arch != TSR_ARCH_QWEN2) die("%s: only dense llama and qwen2 checkpoints", c->arch_name);
+    if (!llama && c->arch != TSR_ARCH_QWEN2 && c->arch != TSR_ARCH_QWEN3)
+        die("%s: only dense llama, qwen2 and qwen3 checkpoints", c->arch_name);
     if (c->rope_scaling != TSR_ROPE_NONE) die("%s: RoPE scaling is not written", argv[1]);
     const int n = tsr_model_file_n_tensors(mf);
     out_tensor *ot = calloc((size_t)n, sizeof *ot);
@@ -129,7 +130,7 @@ int main(int argc, char **argv) {
         const tsr_tensor *t = o->src = tsr_model_file_tensor_at(mf, i);
         if (t->scale) die("%s: FP8 checkpoints are not converted", t->name);
         if (!tsr_hf_name_to_gguf(t->name, o->name, sizeof o->name) || t->n_dims > 2)
-            die("%s: no GGUF name for it (dense llama/qwen2 tensors only)", t->name);
+            die("%s: no GGUF name for it (dense llama/qwen2/qwen3 tensors only)", t->name);
         const int64_t rows = t->n_dims == 2 ? t->shape[0] : 1, cols = t->n_dims == 2 ? t->shape[1] : t->shape[0];
         o->type = t->n_dims == 2 && cols % 32 == 0 ? type : GGML_F32;
         o->bytes = (uint64_t)rows * (o->type == GGML_F32 ? (uint64_t)cols * 4 : (uint64_t)cols / 32 * 34);
@@ -141,7 +142,7 @@ int main(int argc, char **argv) {
     }
     FILE *f = fopen(argv[2], "wb");
     if (!f) die("cannot write %s", argv[2]);
-    const char *arch = llama ? "llama" : "qwen2";
+    const char *arch = llama ? "llama" : c->arch == TSR_ARCH_QWEN2 ? "qwen2" : "qwen3";
     put(f, "GGUF", 4);
     put_u32(f, 3);
     put_u64(f, (uint64_t)n);

@@ -553,6 +553,58 @@ void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     }
 }
 
+/* --- Q8_0 (as stored) x int16: per block two vpmaddwd; a lane's four
+ * products stay below 2^24 in magnitude (4 x 128 x 32767), so the block's
+ * int32 lanes convert to f32 exactly; then times d, accumulated in f32. ---- */
+
+/* One block's products for nx input rows into acc[i][h]. */
+#define Q8I16_BLOCK(blk, b, h)                                                                  \
+    do {                                                                                       \
+        __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)((blk) + 2)));  \
+        __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)((blk) + 18))); \
+        __m256 d = _mm256_set1_ps(h2f(blk));                                                   \
+        for (int i = 0; i < nx; i++) {                                                         \
+            const __m256i *xp = (const __m256i *)(const void *)(x + i * ldx + (b) * 32);       \
+            __m256i t = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),          \
+                                         _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));     \
+            acc[i][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(t), acc[i][h]);                   \
+        }                                                                                      \
+    } while (0)
+
+INL void q8i16_dot(const uint8_t *w, const int16_t *x, int64_t ldx, int64_t nb, int nx, float *out) {
+    __m256 acc[XG][2];
+    for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) { /* two blocks, two chains: every index known at compile time */
+        const uint8_t *blk = w + b * 34;
+        _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
+        Q8I16_BLOCK(blk, b, 0);
+        Q8I16_BLOCK(blk + 34, b + 1, 1);
+    }
+    if (b < nb) Q8I16_BLOCK(w + b * 34, b, 0);
+    for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
+}
+#undef Q8I16_BLOCK
+
+void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    const int64_t nb = a->cols / 32;
+    float out[XG];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *w = (const uint8_t *)a->w + (uint64_t)r * (uint64_t)nb * 34;
+        for (int g = 0; g < a->nx; g += XG) {
+            const int16_t *x = a->xq + (int64_t)g * a->cols;
+            int nn = a->nx - g < XG ? a->nx - g : XG;
+            switch (nn) {
+            case 1: q8i16_dot(w, x, a->cols, nb, 1, out); break;
+            case 2: q8i16_dot(w, x, a->cols, nb, 2, out); break;
+            case 3: q8i16_dot(w, x, a->cols, nb, 3, out); break;
+            default: q8i16_dot(w, x, a->cols, nb, 4, out); break;
+            }
+            for (int i = 0; i < nn; i++) a->y[(int64_t)(g + i) * a->ldy + r] = out[i] * a->xscale[g + i];
+        }
+    }
+}
+
 #else
 int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst) {
     (void)dtype, (void)src, (void)n, (void)dst;
@@ -560,6 +612,9 @@ int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float
 }
 void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_i8_rows_portable(a, r0, r1);
+}
+void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    tsr_gemv_q8_0_i16_rows_portable(a, r0, r1);
 }
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_rows_portable(dtype, a, r0, r1);

@@ -182,3 +182,35 @@ void tsr_gemv_i8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1
         }
     }
 }
+
+/* --- Q8_0 (as stored) x int16 ------------------------------------------------- */
+
+tsr_gemv_i8_kernel_fn tsr_gemv_q8_0_i16_kernel(tsr_gemv_isa isa) {
+    switch (isa) {
+    case TSR_GEMV_ISA_PORTABLE: return tsr_gemv_q8_0_i16_rows_portable;
+#if defined(__x86_64__)
+    case TSR_GEMV_ISA_AVX2: return tsr_gemv_q8_0_i16_rows_avx2;
+#endif
+    default: return NULL;
+    }
+}
+
+void tsr_gemv_q8_0_i16_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    const int64_t nb = a->cols / 32;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *w = (const uint8_t *)a->w + (uint64_t)r * (uint64_t)nb * 34;
+        for (int i = 0; i < a->nx; i++) {
+            const int16_t *x = a->xq + (int64_t)i * a->cols;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = w + b * 34;
+                uint16_t dh;
+                memcpy(&dh, blk, 2);
+                int32_t s = 0; /* |s| < 32 x 128 x 32767: fits */
+                for (int k = 0; k < 32; k++) s += (int32_t)(int8_t)blk[2 + k] * (int32_t)x[b * 32 + k];
+                acc += tsr_f16_to_f32(dh) * (float)s;
+            }
+            a->y[(int64_t)i * a->ldy + r] = acc * a->xscale[i];
+        }
+    }
+}

@@ -84,7 +84,7 @@ float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q);
  *     y[i * ldy + r] = wscale[r] * xscale[i] * sum_c w[r, c] * xq[i, c]
  */
 typedef struct tsr_gemv_i8_args {
-    const int8_t *w;       /* [rows, cols] */
+    const int8_t *w;       /* [rows, cols] (Q8_0 blocks for tsr_gemv_q8_0_i16_kernel) */
     const float *wscale;   /* [rows] */
     int64_t cols;
     const int16_t *xq;     /* [nx, cols] */
@@ -103,9 +103,20 @@ float tsr_gemv_quant_x_i16(const float *x, int64_t n, int16_t *q);
 /* The int8 x int16 kernel of isa; NULL if this build lacks it. */
 tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa);
 
+/* Q8_0 weights as stored x int16 activations: the same with the block
+ * scales in place of wscale (unused): w holds rows of cols / 32 blocks {f16
+ * d; int8 q[32]} (34 bytes each, cols a multiple of 32), and
+ *
+ *     y[i * ldy + r] = xscale[i] * sum_b d_b * sum_{k < 32} q[r, 32 b + k] * xq[i, 32 b + k]
+ *
+ * each block's sum exact in integers, the rest accumulated in f32. */
+tsr_gemv_i8_kernel_fn tsr_gemv_q8_0_i16_kernel(tsr_gemv_isa isa);
+
 /* Internal: per-ISA entry points (one file each). */
 void tsr_gemv_i8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
+void tsr_gemv_q8_0_i16_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
+void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst); /* 0: not handled */

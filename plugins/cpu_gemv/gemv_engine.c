@@ -31,6 +31,7 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
     }
     cfg->kernel = tsr_gemv_kernel(want);
     cfg->i8_kernel = tsr_gemv_i8_kernel(want);
+    cfg->q8_0_i16_kernel = tsr_gemv_q8_0_i16_kernel(want);
     cfg->isa = want;
     p = ctx->host->param(ctx, "prefill");
     const char *pre = p && p->type == TSR_PARAM_STRING && p->v.s ? p->v.s : "gemm";
@@ -133,6 +134,7 @@ static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
 
 typedef struct i8_job {
     run_job *rows;    /* the takes of weight rows */
+    tsr_gemv_i8_kernel_fn kernel;
     tsr_gemv_i8_args args;
 } i8_job;
 
@@ -140,7 +142,7 @@ static void run_i8(void *arg, int64_t r0, int64_t r1, int tid) {
     (void)r0, (void)r1, (void)tid;
     i8_job *j = arg;
     int64_t a, b;
-    while (take_items(j->rows, j->rows->m->rows, &a, &b)) j->rows->cfg->i8_kernel(&j->args, a, b);
+    while (take_items(j->rows, j->rows->m->rows, &a, &b)) j->kernel(&j->args, a, b);
 }
 
 /* 1: done (or failed: *rc set); 0: x holds NaN/Inf, take the f32 path. */
@@ -162,7 +164,8 @@ static int run_x_i16(run_job *rj, int rows, const float *x, float *y, int *rc) {
             return 0;
         }
     }
-    i8_job j = {rj, {(const int8_t *)m->data, m->scale, m->cols, xq, xs, rows, y, m->rows}};
+    i8_job j = {rj, m->dtype == TSR_DTYPE_Q8_0 ? rj->cfg->q8_0_i16_kernel : rj->cfg->i8_kernel,
+                {(const int8_t *)m->data, m->scale, m->cols, xq, xs, rows, y, m->rows}};
     rows_in_takes(rj);
     ctx->host->parallel_for(ctx, rj->threads, run_i8, &j); /* one call per worker: ranges unused */
     ctx->host->free(ctx, xq);
@@ -245,7 +248,9 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
         return TSR_OK;
     }
     int rc;
-    if (m->x_i16 && m->dtype == TSR_DTYPE_I8 && m->scale && cfg->i8_kernel && run_x_i16(&j, rows, x, y, &rc))
+    const int x_i16 = m->x_i16 && ((m->dtype == TSR_DTYPE_I8 && m->scale && cfg->i8_kernel) ||
+                                   (m->dtype == TSR_DTYPE_Q8_0 && cfg->q8_0_i16_kernel));
+    if (x_i16 && run_x_i16(&j, rows, x, y, &rc))
         return rc;
     rows_in_takes(&j);
     ctx->host->parallel_for(ctx, j.threads, run_kernel, &j); /* one call per worker: ranges unused */

@@ -15,7 +15,8 @@
 /* Tunables from the plugin's params. */
 typedef struct gemv_engine_cfg {
     tsr_gemv_kernel_fn kernel; /* the ISA picked at init */
-    tsr_gemv_i8_kernel_fn i8_kernel;
+    tsr_gemv_i8_kernel_fn i8_kernel;       /* I8 x int16 */
+    tsr_gemv_i8_kernel_fn q8_0_i16_kernel; /* Q8_0 as stored x int16 */
     tsr_gemv_isa isa;
     int use_blas;              /* prefill through OpenBLAS sgemm (1) or the blocked GEMM (0) */
     int64_t blas_min_rows;     /* run() with >= this many rows takes the prefill path; 0: never */
@@ -32,7 +33,7 @@ typedef struct gemv_matrix {
     const float *scale; /* [rows], I8 only */
     uint64_t bytes;     /* bytes read per full pass */
     void *owned;        /* host allocation behind data and scale, or NULL */
-    int x_i16;          /* I8 only: decode with int16 activations (lossy) */
+    int x_i16;          /* I8 (with scale) or Q8_0: decode with int16 activations (lossy) */
 } gemv_matrix;
 
 /* Reads ctx params "isa" (auto, avx2, portable), "prefill" (gemm: the

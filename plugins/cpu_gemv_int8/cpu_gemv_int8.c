@@ -14,6 +14,10 @@
  * default) the activations of few-row calls are quantised to int16 per row
  * and multiplied with integer multiply-adds; many-row calls go through the
  * blocked GEMM (int8 panels widened with their scales) or OpenBLAS sgemm.
+ * Q8_0 weights are int8 with a scale per 32 already: they are kept as
+ * stored (borrowed from the file, never re-quantised), and with x_int16 run
+ * through the Q8_0 x int16 kernel (gemv_cpu.h); without it, through cpu_gemv's
+ * exact Q8_0 kernels.
  */
 #include <math.h>
 #include <stddef.h>
@@ -94,6 +98,17 @@ static int gi_prepare(void *inst, const tsr_weight *w, void **out) {
     uint64_t src_rb, qbytes, sbytes, total;
     int rc = gemv_engine_check(ctx, w, &src_rb);
     if (rc != TSR_OK) return rc;
+    if (w->dtype == TSR_DTYPE_Q8_0) { /* int8 already, with a scale per 32: kept as stored */
+        gemv_matrix *m = ctx->host->alloc(ctx, sizeof *m, 16);
+        if (!m) {
+            ctx->host->set_error(ctx, "%s: out of memory", name);
+            return TSR_ERR_NOMEM;
+        }
+        *m = (gemv_matrix){.dtype = TSR_DTYPE_Q8_0, .rows = w->rows, .cols = w->cols, .row_bytes = src_rb,
+                           .data = w->data, .bytes = src_rb * (uint64_t)w->rows, .x_i16 = g->x_i16};
+        *out = m;
+        return TSR_OK;
+    }
     /* int8 matrix, then the scales at a 64-byte boundary */
     if (tsr_mul_u64((uint64_t)w->rows, (uint64_t)w->cols, &qbytes) || tsr_add_u64(qbytes, 63, &qbytes) ||
         tsr_mul_u64((uint64_t)w->rows, sizeof(float), &sbytes) ||

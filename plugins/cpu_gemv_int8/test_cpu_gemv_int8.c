@@ -149,33 +149,81 @@ static void test_table(void **state) {
     assert_true(ran > 0);
 }
 
-/* A quantised block type goes through the same path. */
-static void test_from_q8_0(void **state) {
-    (void)state;
-    int rc;
+/* Q8_0 weights are kept as stored (bytes() = the stored blocks) and read
+ * as they are: against the stored values in double, within f32 rounding
+ * plus, with x_int16, half an int16 step of max|x| per activation. Random
+ * block scales, codes over the whole int8 range (-128 too), both ISAs, decode
+ * rows and the GEMM, rows of 1 to 70 blocks. */
+static void check_q8_0(int64_t rows, int64_t cols, int nx, const char *isa, int blas, int x16) {
     th_n_params = 0;
+    th_params[th_n_params++] = (tsr_param){.name = "x_int16", .type = TSR_PARAM_BOOL, .v.b = x16};
+    th_set_str("isa", isa);
+    th_set_int("blas_min_rows", blas);
+    int rc;
     const tsr_gemv_i *g = tsr_plugin_entry()->iface;
     void *inst = open_inst(&rc);
     assert_int_equal(rc, TSR_OK);
-    uint8_t blk[2 * 34];
-    uint16_t h = tsr_f32_to_f16(0.5f);
-    for (int b = 0; b < 2; b++) {
-        memcpy(blk + 34 * b, &h, 2);
-        for (int j = 0; j < 32; j++) blk[34 * b + 2 + j] = (uint8_t)(int8_t)(b ? -j : j);
+    const int64_t nb = cols / 32;
+    uint8_t *w = malloc((size_t)(rows * nb * 34));
+    float *x = malloc((size_t)(nx * cols) * sizeof *x), *y = malloc((size_t)(nx * rows) * sizeof *y);
+    assert_true(w && x && y);
+    for (int64_t b = 0; b < rows * nb; b++) {
+        uint16_t h = tsr_f32_to_f16(rndf(0.001f, 0.1f));
+        memcpy(w + 34 * b, &h, 2);
+        for (int k = 0; k < 32; k++) w[34 * b + 2 + k] = (uint8_t)(int)rndf(0, 256);
     }
-    tsr_weight tw = {"q.weight", TSR_DTYPE_Q8_0, 2, 32, blk, sizeof blk, NULL};
+    for (int64_t i = 0; i < nx * cols; i++) x[i] = rndf(-1, 1) * (i % 97 == 0 ? 20.0f : 1.0f);
+    tsr_weight tw = {"q8.weight", TSR_DTYPE_Q8_0, rows, cols, w, (uint64_t)(rows * nb * 34), NULL};
     void *prep;
     assert_int_equal(g->prepare(inst, &tw, &prep), TSR_OK);
-    float x[32], y[2];
-    for (int j = 0; j < 32; j++) x[j] = 1.0f;
-    assert_int_equal(g->run(inst, prep, 1, x, y, NULL), TSR_OK);
-    /* rows 0.5 * j and -0.5 * j: j = 31 maps to +-127 exactly, others round */
-    double s = 15.5 / 127.0, want = 0;
-    for (int j = 0; j < 32; j++) want += lrint(0.5 * j / s) * s;
-    assert_true(fabs(y[0] - want) < 1e-4);
-    assert_true(fabs(y[1] + want) < 1e-4);
+    assert_int_equal(g->bytes(inst, prep), tw.nbytes); /* the stored blocks, no copy */
+    assert_int_equal(g->run(inst, prep, nx, x, y, NULL), TSR_OK);
+    for (int i = 0; i < nx; i++) {
+        double xmax = 0;
+        for (int64_t c = 0; c < cols; c++) xmax = fmax(xmax, fabs(x[i * cols + c]));
+        for (int64_t r = 0; r < rows; r++) {
+            double want = 0, a = 0, aw = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                const uint8_t *blk = w + 34 * (r * nb + c / 32);
+                uint16_t h;
+                memcpy(&h, blk, 2);
+                double wv = (double)tsr_f16_to_f32(h) * (int8_t)blk[2 + c % 32];
+                want += wv * x[i * cols + c];
+                a += fabs(wv * x[i * cols + c]);
+                aw += fabs(wv);
+            }
+            double got = y[i * rows + r];
+            double tol = 4 * sqrt((double)cols) * FLT_EPSILON * a + (x16 ? aw * xmax / 32767 * 0.5 : 0) + 1e-30;
+            if (!(fabs(got - want) <= tol))
+                fail_msg("q8_0 %s nx=%d blas=%d x_int16=%d %lld x %lld row %lld: %.9g, stored weights give %.9g "
+                         "(tol %.3g)", isa, nx, blas, x16, (long long)rows, (long long)cols, (long long)r, got, want,
+                         tol);
+        }
+    }
     g->release(inst, prep);
     free(inst);
+    assert_int_equal(atomic_load(&th_live), 0);
+    free(w), free(x), free(y);
+}
+
+static void test_q8_0_as_stored(void **state) {
+    (void)state;
+    rng = SEED + 3;
+    const char *isas[] = {"portable", "avx2"};
+    int ran = 0;
+    for (int s = 0; s < 2; s++) {
+        if (!tsr_gemv_isa_runs(s ? TSR_GEMV_ISA_AVX2 : TSR_GEMV_ISA_PORTABLE)) continue;
+        for (int nx = 1; nx <= 9; nx += 4)
+            for (int blas = 0; blas < 2; blas++)
+                for (int x16 = 0; x16 < 2; x16++) {
+                    check_q8_0(29, 32, nx, isas[s], blas ? 2 : 0, x16);
+                    check_q8_0(7, 96, nx, isas[s], blas ? 2 : 0, x16);
+                    check_q8_0(3, 2240, nx, isas[s], blas ? 2 : 0, x16);
+                    ran += 3;
+                }
+    }
+    printf("%d Q8_0 cases passed\n", ran);
+    assert_true(ran > 0);
 }
 
 static void test_errors(void **state) {
@@ -318,7 +366,7 @@ static void test_weight_done(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
-        cmocka_unit_test(test_from_q8_0),
+        cmocka_unit_test(test_q8_0_as_stored),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test(test_weight_done),

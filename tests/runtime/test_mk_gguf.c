@@ -1,6 +1,6 @@
 /*
- * tools/mk_gguf against the checkpoints it converts: the llama and qwen2
- * transformers fixtures written as GGUF (f32 and Q8_0, in a temporary
+ * tools/mk_gguf against the checkpoints it converts: the llama, qwen2 and
+ * qwen3 transformers fixtures written as GGUF (f32 and Q8_0, in a temporary
  * folder) and run by the reference assembly beside the safetensors they came
  * from.
  *
@@ -120,6 +120,8 @@ static void test_llama_f32(void **st) { (void)st, check("llama", "f32"); }
 static void test_llama_q8_0(void **st) { (void)st, check("llama", "q8_0"); }
 static void test_qwen2_f32(void **st) { (void)st, check("qwen2", "f32"); }
 static void test_qwen2_q8_0(void **st) { (void)st, check("qwen2", "q8_0"); }
+static void test_qwen3_f32(void **st) { (void)st, check("qwen3", "f32"); }
+static void test_qwen3_q8_0(void **st) { (void)st, check("qwen3", "q8_0"); }
 
 static int setup(void **st) {
     (void)st;
@@ -138,6 +140,8 @@ int main(void) {
         cmocka_unit_test(test_llama_q8_0),
         cmocka_unit_test(test_qwen2_f32),
         cmocka_unit_test(test_qwen2_q8_0),
+        cmocka_unit_test(test_qwen3_f32),
+        cmocka_unit_test(test_qwen3_q8_0),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
