@@ -35,6 +35,7 @@
 
 #include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
+#include "tests/runtime/seq_logits.h"
 
 #include "tests/runtime/fp8_fixture.h"
 
@@ -54,19 +55,6 @@ static tsr_model *load(const char *model, const char *assembly) {
     tsr_model *m;
     if (try_load(model, assembly, &m, &err) != TSR_OK) fail_msg("loading %s: %s", model, err.msg);
     return m;
-}
-
-static float *logits_of(tsr_model *m, const int32_t *ids, int n) {
-    const int vocab = tsr_model_get_config(m)->vocab;
-    float *out = malloc((size_t)n * vocab * sizeof *out);
-    assert_non_null(out);
-    tsr_seq *s;
-    tsr_error err;
-    tsr_error_clear(&err);
-    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    if (tsr_seq_forward(s, ids, n, out, 1, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
-    tsr_seq_free(s);
-    return out;
 }
 
 /* Mean over positions of KL(softmax(ref) || softmax(got)), in f64. */
@@ -118,7 +106,7 @@ static void check_style(const char *family, const char *style, const char *args)
     tsr_model *md = load(deq, "cpu-reference.yaml");
     const int vocab = tsr_model_get_config(m8)->vocab;
     assert_int_equal(tsr_model_get_config(m8)->dtype, TSR_DTYPE_F8_E4M3);
-    float *a = logits_of(m8, ids, n), *b = logits_of(md, ids, n);
+    float *a = seq_logits(m8, ids, n), *b = seq_logits(md, ids, n);
     size_t differ = 0;
     for (size_t i = 0; i < (size_t)n * vocab; i++) differ += memcmp(&a[i], &b[i], 4) != 0;
     if (differ) fail_msg("%s: %zu of %d x %d logits differ from the dequantised f32 checkpoint's", name,

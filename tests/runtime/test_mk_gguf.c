@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "core/runtime/runtime.h"
+#include "tests/runtime/seq_logits.h"
 
 #ifndef MK_GGUF
 #error "MK_GGUF: the path of the tool, set by the build"
@@ -47,19 +48,6 @@ static tsr_model *load(const char *model) {
     tsr_model *m = NULL;
     if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("loading %s: %s", model, err.msg);
     return m;
-}
-
-static float *logits_of(tsr_model *m, const int32_t *ids, int n) {
-    const int vocab = tsr_model_get_config(m)->vocab;
-    float *out = malloc((size_t)n * vocab * sizeof *out);
-    assert_non_null(out);
-    tsr_seq *s;
-    tsr_error err;
-    tsr_error_clear(&err);
-    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    if (tsr_seq_forward(s, ids, n, out, 1, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
-    tsr_seq_free(s);
-    return out;
 }
 
 static int argmax(const float *x, int n) {
@@ -93,7 +81,7 @@ static void check(const char *family, const char *type) {
     assert_int_equal(tsr_model_get_config(b)->vocab, vocab);
     int32_t ids[12];
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + 13) % vocab);
-    float *la = logits_of(a, ids, n), *lb = logits_of(b, ids, n);
+    float *la = seq_logits(a, ids, n), *lb = seq_logits(b, ids, n);
     double big = 0, diff = 0, kls = 0;
     int same = 0;
     for (size_t i = 0; i < (size_t)n * vocab; i++) big = fmax(big, fabs(la[i])), diff = fmax(diff, fabs(la[i] - lb[i]));
