@@ -235,7 +235,7 @@ int main(int argc, char **argv) {
             job j = {.k = tsr_gemv_kernel(isa), .k8 = tsr_gemv_i8_kernel(isa), .kq8 = tsr_gemv_q8_0_i16_kernel(isa),
                      .xq = xq, .xs = xs,
                      .dtype = dtypes[d], .nbytes = bytes};
-            j.a = (tsr_gemv_args){copies[0], rb, scale, cols, x, cols, 1, y, rows};
+            j.a = (tsr_gemv_args){copies[0], rb, scale, cols, x, cols, 1, y, rows, NULL};
             double tc = median_time(tp, &j, copies, ncopies, (int64_t)(bytes / 128), read_loop, seconds);
             double ceil_gbs = (double)bytes / tc * 1e-9;
             double gbs[4];
@@ -273,7 +273,7 @@ int main(int argc, char **argv) {
             }
             for (size_t k = 0; k < sizeof prow / sizeof *prow; k++) {
                 job j = {.k = tsr_gemv_kernel(isa), .dtype = pdt[d]};
-                j.a = (tsr_gemv_args){w, rb, NULL, cols, x, cols, prow[k], y, rows};
+                j.a = (tsr_gemv_args){w, rb, NULL, cols, x, cols, prow[k], y, rows, NULL};
                 uint8_t *cp[1] = {w};
                 double tk = median_time(tp, &j, cp, 1, rows, run_kernel, seconds / 2);
                 pjob pg = {&j.a, pdt[d], rows, 64, pan};

@@ -455,19 +455,32 @@ INL void i8p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int 
 PERM_DRIVER(rows_bf16p, bf16p_dot)
 PERM_DRIVER(rows_i8p, i8p_dot)
 
-/* Permuted copy of x for this call's rows; 0 when it cannot be had (then the
- * in-order kernels run). Large batches skip it: they come back to the
- * activations often enough that the copy is cheap, but its size is not. */
+/* Permuted copy of x for this call's rows (a->xp when the caller made it
+ * once for many calls); 0 when it cannot be had (then the in-order kernels
+ * run). Large batches skip it: they come back to the activations often
+ * enough that the copy is cheap, but its size is not. */
+int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a) {
+    const int64_t n = (int64_t)a->nx * a->cols;
+    return (dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8) && n <= ((int64_t)1 << 22) ? n : 0;
+}
+
+void tsr_gemv_permute_x_avx2(uint32_t dtype, const tsr_gemv_args *a, float *xp) {
+    permute_x(a->x, a->ldx, a->nx, a->cols, dtype == TSR_DTYPE_BF16 ? 2 : 4, xp);
+}
+
 static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
-    int g = dtype == TSR_DTYPE_BF16 ? 2 : 4;
-    size_t n = (size_t)a->nx * (size_t)a->cols;
-    if (n > ((size_t)1 << 22)) return 0;
-    float *xp = malloc(n * sizeof *xp);
-    if (!xp) return 0;
-    permute_x(a->x, a->ldx, a->nx, a->cols, g, xp);
+    const int64_t n = tsr_gemv_permuted_x_floats_avx2(dtype, a);
+    if (n == 0) return 0;
+    float *own = NULL;
+    const float *xp = a->xp;
+    if (!xp) {
+        if (!(own = malloc((size_t)n * sizeof *own))) return 0;
+        tsr_gemv_permute_x_avx2(dtype, a, own);
+        xp = own;
+    }
     if (dtype == TSR_DTYPE_BF16) rows_bf16p(a, r0, r1, xp, NULL);
     else rows_i8p(a, r0, r1, xp, a->scale);
-    free(xp);
+    free(own);
     return 1;
 }
 
@@ -619,4 +632,9 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_rows_portable(dtype, a, r0, r1);
 }
+int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a) {
+    (void)dtype, (void)a;
+    return 0;
+}
+void tsr_gemv_permute_x_avx2(uint32_t dtype, const tsr_gemv_args *a, float *xp) { (void)dtype, (void)a, (void)xp; }
 #endif

@@ -135,6 +135,21 @@ float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
     return s;
 }
 
+int64_t tsr_gemv_permuted_x_floats(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a) {
+#if defined(__x86_64__)
+    if (isa == TSR_GEMV_ISA_AVX2) return tsr_gemv_permuted_x_floats_avx2(dtype, a);
+#endif
+    (void)isa, (void)dtype, (void)a;
+    return 0;
+}
+
+void tsr_gemv_permute_x(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a, float *xp) {
+#if defined(__x86_64__)
+    if (isa == TSR_GEMV_ISA_AVX2) tsr_gemv_permute_x_avx2(dtype, a, xp);
+#endif
+    (void)isa, (void)dtype, (void)a, (void)xp;
+}
+
 /* --- int8 x int16 ------------------------------------------------------------- */
 
 tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa) {

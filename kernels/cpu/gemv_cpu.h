@@ -43,6 +43,9 @@ typedef struct tsr_gemv_args {
     int nx;               /* >= 1, any count (taken 4 at a time) */
     float *y;             /* [nx, ldy]; y[i * ldy + r] for r in [r0, r1) */
     int64_t ldy;
+    const float *xp;      /* NULL, or x as tsr_gemv_permute_x wrote it for this dtype and ISA:
+                             callers that split one call's rows into many kernel calls
+                             permute once instead of once per call */
 } tsr_gemv_args;
 
 typedef void (*tsr_gemv_kernel_fn)(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
@@ -60,6 +63,12 @@ int tsr_gemv_dtype_supported(uint32_t dtype);
 /* The kernel for isa; NULL if isa is unknown or this build lacks it. The
  * caller checks tsr_gemv_isa_runs(isa) before calling an explicit ISA. */
 tsr_gemv_kernel_fn tsr_gemv_kernel(tsr_gemv_isa isa);
+
+/* Floats of the permuted copy of a->x that isa's kernel would make for
+ * dtype on each call (0: it reads x as it is), and that copy written into
+ * xp (tsr_gemv_args.xp). */
+int64_t tsr_gemv_permuted_x_floats(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a);
+void tsr_gemv_permute_x(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a, float *xp);
 
 /* Widen stored rows [r0, r1) to f32 into dst[(r - r0) * cols + c] (with the
  * I8 row scale applied): the tile a BLAS sgemm reads in prefill. f16 and bf16
@@ -119,6 +128,8 @@ void tsr_gemv_q8_0_i16_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int6
 void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
+int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a);
+void tsr_gemv_permute_x_avx2(uint32_t dtype, const tsr_gemv_args *a, float *xp);
 int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst); /* 0: not handled */
 void tsr_gemv_quant_i8_avx2(const float *src, int64_t n, float inv, int8_t *q);
 

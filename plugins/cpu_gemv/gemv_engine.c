@@ -252,7 +252,12 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
                                    (m->dtype == TSR_DTYPE_Q8_0 && cfg->q8_0_i16_kernel));
     if (x_i16 && run_x_i16(&j, rows, x, y, &rc))
         return rc;
+    /* the kernels' permuted activations, made once for all takes (else each take makes its own) */
+    const int64_t np = tsr_gemv_permuted_x_floats(cfg->isa, m->dtype, &j.args);
+    float *xp = np > 0 ? ctx->host->alloc(ctx, (size_t)np * sizeof *xp, 64) : NULL;
+    if (xp) tsr_gemv_permute_x(cfg->isa, m->dtype, &j.args, xp), j.args.xp = xp;
     rows_in_takes(&j);
     ctx->host->parallel_for(ctx, j.threads, run_kernel, &j); /* one call per worker: ranges unused */
+    ctx->host->free(ctx, xp);
     return TSR_OK;
 }
