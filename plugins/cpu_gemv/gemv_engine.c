@@ -167,7 +167,7 @@ static int run_x_i16(run_job *rj, int rows, const float *x, float *y, int *rc) {
     i8_job j = {rj, m->dtype == TSR_DTYPE_Q8_0 ? rj->cfg->q8_0_i16_kernel : rj->cfg->i8_kernel,
                 {(const int8_t *)m->data, m->scale, m->cols, xq, xs, rows, y, m->rows}};
     rows_in_takes(rj);
-    ctx->host->parallel_for(ctx, rj->threads, run_i8, &j); /* one call per worker: ranges unused */
+    ctx->host->parallel_for(ctx, m->rows, run_i8, &j); /* one call per worker: ranges unused */
     ctx->host->free(ctx, xq);
     *rc = TSR_OK;
     return 1;
@@ -257,7 +257,7 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
     float *xp = np > 0 ? ctx->host->alloc(ctx, (size_t)np * sizeof *xp, 64) : NULL;
     if (xp) tsr_gemv_permute_x(cfg->isa, m->dtype, &j.args, xp), j.args.xp = xp;
     rows_in_takes(&j);
-    ctx->host->parallel_for(ctx, j.threads, run_kernel, &j); /* one call per worker: ranges unused */
+    ctx->host->parallel_for(ctx, m->rows, run_kernel, &j); /* one call per worker: ranges unused */
     ctx->host->free(ctx, xp);
     return TSR_OK;
 }
