@@ -1,13 +1,23 @@
 /*
  * ref_attention - the reference attention: for each row and query head, the
  * scores of every visible key, a max-subtracted softmax, and the weighted sum
- * of values, in f32 and in index order. Reads f32 contiguous KV only (its
- * manifest requires that of the kv_cache plugin).
+ * of values, in f32 and in index order. Reads contiguous KV stored as f32
+ * in place; f16 and int8 (with per-token, per-head scales) are widened to
+ * f32 first, one (row, head) item's keys and values at a time, into the
+ * values they stand for (an int8 code times its scale: one f32 product),
+ * and then go through the same arithmetic: so the output over a compact KV
+ * is bit for bit the output over its widened copy (its manifest requires
+ * such a kv_cache plugin).
  */
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels/dtype.h"
 #include "slots/tsr_attention.h"
+
+#ifndef REF_ATTENTION_NAME /* a test build may give it another name */
+#define REF_ATTENTION_NAME "ref_attention"
+#endif
 
 typedef struct ref_attn {
     const tsr_plugin_ctx *ctx;
@@ -79,18 +89,38 @@ static void weighted_values(const float *p, const float *V, int64_t ts, int hd, 
     }
 }
 
+/* Tokens [first, last] of KV head h of one of the view's tensors (base: k
+ * or v, scale: k_scale or v_scale) widened into dst[t * hd + d]. */
+static void widen_head(const tsr_kv_view *kv, const void *base, const float *scale, int h, int first, int last,
+                       float *dst) {
+    const int hd = kv->head_dim;
+    const size_t es = (size_t)tsr_dtype_block_bytes(kv->dtype);
+    for (int t = first; t <= last; t++) {
+        float *o = dst + (int64_t)t * hd;
+        tsr_dequant_row(kv->dtype, (const char *)base + es * (size_t)(t * kv->token_stride + h * kv->head_stride), o,
+                        hd);
+        if (scale) {
+            const float s = scale[(int64_t)t * kv->n_kv_heads + h];
+            for (int d = 0; d < hd; d++) o[d] *= s;
+        }
+    }
+}
+
 /* One work item is one (row, head) pair. */
 static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     attn_job *j = arg;
     const tsr_attn_args *a = j->a;
     const tsr_kv_view *kv = a->kv;
-    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
-    float *scores = malloc(((size_t)a->pos0 + a->rows) * sizeof *scores);
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, widen = kv->dtype != TSR_DTYPE_F32;
+    const size_t T = (size_t)a->pos0 + a->rows;
+    /* scores, then (compact KV only) one head's keys and values as f32 */
+    float *scores = malloc((T + (widen ? 2 * T * (size_t)hd : 0)) * sizeof *scores);
     if (!scores) {
         j->failed = 1;
         return;
     }
+    float *kw = scores + T, *vw = kw + T * (size_t)hd;
     for (int64_t item = i0; item < i1; item++) {
         int row = (int)(item / a->n_heads), h = (int)(item % a->n_heads), kvh = h / group;
         int last = a->pos0 + row; /* inclusive */
@@ -98,7 +128,13 @@ static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
         const float *q = a->q + ((int64_t)row * a->n_heads + h) * hd;
         const float *K = (const float *)kv->k + kvh * kv->head_stride;
         const float *V = (const float *)kv->v + kvh * kv->head_stride;
-        float mx = scores_of(q, K, kv->token_stride, hd, a->scale, first, last, scores);
+        int64_t ts = kv->token_stride;
+        if (widen) {
+            widen_head(kv, kv->k, kv->k_scale, kvh, first, last, kw);
+            widen_head(kv, kv->v, kv->v_scale, kvh, first, last, vw);
+            K = kw, V = vw, ts = hd;
+        }
+        float mx = scores_of(q, K, ts, hd, a->scale, first, last, scores);
         float sum = 0.0f;
         for (int t = first; t <= last; t++) {
             scores[t] = expf(scores[t] - mx);
@@ -112,7 +148,7 @@ static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
             scores[t + 3] = scores[t + 3] / sum;
         }
         for (; t <= last; t++) scores[t] = scores[t] / sum;
-        weighted_values(scores, V, kv->token_stride, hd, first, last,
+        weighted_values(scores, V, ts, hd, first, last,
                         a->out + (int64_t)row * a->n_heads * hd + (int64_t)h * hd);
     }
     free(scores);
@@ -122,9 +158,12 @@ static int attn_run(void *inst, const tsr_attn_args *a, const tsr_exec *ex) {
     ref_attn *r = inst;
     (void)ex;
     const tsr_kv_view *kv = a->kv;
-    if (kv->dtype != TSR_DTYPE_F32 || kv->layout != TSR_KV_CONTIGUOUS) {
-        r->ctx->host->set_error(r->ctx, "reads f32 contiguous KV only (got dtype %u layout %u)",
-                                kv->dtype, kv->layout);
+    const int scaled = kv->dtype == TSR_DTYPE_I8;
+    if ((kv->dtype != TSR_DTYPE_F32 && kv->dtype != TSR_DTYPE_F16 && !scaled) || kv->layout != TSR_KV_CONTIGUOUS ||
+        (scaled && (!kv->k_scale || !kv->v_scale))) {
+        r->ctx->host->set_error(r->ctx, "reads contiguous f32, f16 or int8 (with scales) KV only (got dtype %s, "
+                                "layout %u%s)", tsr_dtype_name(kv->dtype), kv->layout,
+                                scaled ? ", no scales" : "");
         return TSR_ERR_UNSUPPORTED;
     }
     if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads != 0 || kv->n_tokens < a->pos0 + a->rows ||
@@ -151,7 +190,7 @@ static const tsr_attention_i ref_attn_iface = {
 static const tsr_plugin_desc ref_attn_desc = {
     .abi_major = TSR_ABI_MAJOR,
     .abi_minor = TSR_ABI_MINOR,
-    .name = "ref_attention",
+    .name = REF_ATTENTION_NAME,
     .slot = TSR_SLOT_ATTENTION,
     .version = "1.0.0",
     .instance_size = sizeof(ref_attn),

@@ -331,12 +331,12 @@ static void test_ablate_perturbing_plugins(void **st) {
 static void test_ablate_refused_variant(void **st) {
     (void)st;
     NEED_READY();
-    json_t *j = ablate("refused.yaml", "tests/ablation/data/tiny.json", g_cat, "refused", 0);
-    json_t *v = variant(j, "alone:cpu_kv_cache");
+    json_t *j = ablate("refused.yaml", "tests/ablation/data/tiny.json", g_mixed, "refused", 0);
+    json_t *v = variant(j, "alone:abl_compact_attention");
     assert_string_equal(json_string_value(json_object_get(v, "status")), "refused");
     const char *why = json_string_value(json_object_get(v, "reason"));
-    assert_non_null(strstr(why, "ref_attention requires kv_cache.kv_dtype"));
-    const char *ran[] = {"baseline", "full", "alone:cpu_attention"};
+    assert_non_null(strstr(why, "abl_compact_attention requires kv_cache.kv_dtype"));
+    const char *ran[] = {"baseline", "full", "alone:cpu_kv_cache"};
     for (int i = 0; i < 3; i++)
         assert_string_equal(json_string_value(json_object_get(variant(j, ran[i]), "status")), "ran");
     /* the lossy KV cache: KL and perplexity ratio against its declared bound */
@@ -363,12 +363,12 @@ static void test_ablate_refused_variant(void **st) {
     assert_near(num(ef, "weight_bytes_per_token"), num(eb, "weight_bytes_per_token"), 1e-9);
     json_t *at = json_object_get(j, "attribution");
     assert_false(json_is_true(json_object_get(at, "exact_shapley")));
-    assert_non_null(strstr(json_string_value(json_object_get(at, "note")), "alone:cpu_kv_cache was refused"));
+    assert_non_null(strstr(json_string_value(json_object_get(at, "note")), "alone:abl_compact_attention was refused"));
     json_decref(j);
     char p[700];
     snprintf(p, sizeof p, "%s/refused/report.md", g_tmp);
     char *md = read_text(p);
-    assert_non_null(strstr(md, "refused: error: plugin ref_attention requires kv_cache.kv_dtype"));
+    assert_non_null(strstr(md, "refused: error: plugin abl_compact_attention requires kv_cache.kv_dtype"));
     free(md);
 }
 
