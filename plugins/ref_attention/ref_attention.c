@@ -2,12 +2,12 @@
  * ref_attention - the reference attention: for each row and query head, the
  * scores of every visible key, a max-subtracted softmax, and the weighted sum
  * of values, in f32 and in index order. Reads contiguous KV stored as f32
- * in place; f16 and int8 (with per-token, per-head scales) are widened to
- * f32 first, one (row, head) item's keys and values at a time, into the
- * values they stand for (an int8 code times its scale: one f32 product),
- * and then go through the same arithmetic: so the output over a compact KV
- * is bit for bit the output over its widened copy (its manifest requires
- * such a kv_cache plugin).
+ * in place; f16 and int8 (with per-token, per-head scales) are first
+ * widened, once per call, into an f32 copy of the tokens the call reads,
+ * holding the values they stand for (an int8 code times its scale: one f32
+ * product), which then goes through the same arithmetic: so the output over
+ * a compact KV is bit for bit the output over its widened copy (its
+ * manifest requires such a kv_cache plugin).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -89,38 +89,18 @@ static void weighted_values(const float *p, const float *V, int64_t ts, int hd, 
     }
 }
 
-/* Tokens [first, last] of KV head h of one of the view's tensors (base: k
- * or v, scale: k_scale or v_scale) widened into dst[t * hd + d]. */
-static void widen_head(const tsr_kv_view *kv, const void *base, const float *scale, int h, int first, int last,
-                       float *dst) {
-    const int hd = kv->head_dim;
-    const size_t es = (size_t)tsr_dtype_block_bytes(kv->dtype);
-    for (int t = first; t <= last; t++) {
-        float *o = dst + (int64_t)t * hd;
-        tsr_dequant_row(kv->dtype, (const char *)base + es * (size_t)(t * kv->token_stride + h * kv->head_stride), o,
-                        hd);
-        if (scale) {
-            const float s = scale[(int64_t)t * kv->n_kv_heads + h];
-            for (int d = 0; d < hd; d++) o[d] *= s;
-        }
-    }
-}
-
 /* One work item is one (row, head) pair. */
 static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     attn_job *j = arg;
     const tsr_attn_args *a = j->a;
     const tsr_kv_view *kv = a->kv;
-    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, widen = kv->dtype != TSR_DTYPE_F32;
-    const size_t T = (size_t)a->pos0 + a->rows;
-    /* scores, then (compact KV only) one head's keys and values as f32 */
-    float *scores = malloc((T + (widen ? 2 * T * (size_t)hd : 0)) * sizeof *scores);
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    float *scores = malloc(((size_t)a->pos0 + a->rows) * sizeof *scores);
     if (!scores) {
         j->failed = 1;
         return;
     }
-    float *kw = scores + T, *vw = kw + T * (size_t)hd;
     for (int64_t item = i0; item < i1; item++) {
         int row = (int)(item / a->n_heads), h = (int)(item % a->n_heads), kvh = h / group;
         int last = a->pos0 + row; /* inclusive */
@@ -128,13 +108,7 @@ static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
         const float *q = a->q + ((int64_t)row * a->n_heads + h) * hd;
         const float *K = (const float *)kv->k + kvh * kv->head_stride;
         const float *V = (const float *)kv->v + kvh * kv->head_stride;
-        int64_t ts = kv->token_stride;
-        if (widen) {
-            widen_head(kv, kv->k, kv->k_scale, kvh, first, last, kw);
-            widen_head(kv, kv->v, kv->v_scale, kvh, first, last, vw);
-            K = kw, V = vw, ts = hd;
-        }
-        float mx = scores_of(q, K, ts, hd, a->scale, first, last, scores);
+        float mx = scores_of(q, K, kv->token_stride, hd, a->scale, first, last, scores);
         float sum = 0.0f;
         for (int t = first; t <= last; t++) {
             scores[t] = expf(scores[t] - mx);
@@ -148,10 +122,36 @@ static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
             scores[t + 3] = scores[t + 3] / sum;
         }
         for (; t <= last; t++) scores[t] = scores[t] / sum;
-        weighted_values(scores, V, ts, hd, first, last,
+        weighted_values(scores, V, kv->token_stride, hd, first, last,
                         a->out + (int64_t)row * a->n_heads * hd + (int64_t)h * hd);
     }
     free(scores);
+}
+
+/* Compact KV widened to f32: items are tokens, each token's heads of K and V
+ * into k32/v32 [n_tokens, n_kv_heads * head_dim]. */
+typedef struct widen_job {
+    const tsr_kv_view *kv;
+    float *k32, *v32;
+} widen_job;
+
+static void widen_tokens(void *arg, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const widen_job *w = arg;
+    const tsr_kv_view *kv = w->kv;
+    const int hd = kv->head_dim;
+    const size_t es = (size_t)tsr_dtype_block_bytes(kv->dtype);
+    for (int64_t t = t0; t < t1; t++)
+        for (int h = 0; h < kv->n_kv_heads; h++) {
+            const size_t off = es * (size_t)(t * kv->token_stride + h * kv->head_stride);
+            float *ko = w->k32 + (t * kv->n_kv_heads + h) * hd, *vo = w->v32 + (t * kv->n_kv_heads + h) * hd;
+            tsr_dequant_row(kv->dtype, (const char *)kv->k + off, ko, hd);
+            tsr_dequant_row(kv->dtype, (const char *)kv->v + off, vo, hd);
+            if (kv->k_scale) {
+                const float ks = kv->k_scale[t * kv->n_kv_heads + h], vs = kv->v_scale[t * kv->n_kv_heads + h];
+                for (int d = 0; d < hd; d++) ko[d] *= ks, vo[d] *= vs;
+            }
+        }
 }
 
 static int attn_run(void *inst, const tsr_attn_args *a, const tsr_exec *ex) {
@@ -172,8 +172,27 @@ static int attn_run(void *inst, const tsr_attn_args *a, const tsr_exec *ex) {
                                 a->n_heads, a->n_kv_heads, kv->n_tokens, a->pos0, a->pos0 + a->rows - 1);
         return TSR_ERR_INVALID;
     }
+    tsr_kv_view wide;
+    tsr_attn_args aw;
+    float *k32 = NULL;
+    if (kv->dtype != TSR_DTYPE_F32) { /* the tokens this call reads, widened once */
+        const int64_t T = (int64_t)a->pos0 + a->rows, n = T * kv->n_kv_heads * kv->head_dim;
+        if (!(k32 = malloc(2 * (size_t)n * sizeof *k32))) {
+            r->ctx->host->set_error(r->ctx, "out of memory for %lld tokens of KV widened to f32", (long long)T);
+            return TSR_ERR_NOMEM;
+        }
+        widen_job w = {kv, k32, k32 + n};
+        r->ctx->host->parallel_for(r->ctx, T, widen_tokens, &w);
+        wide = (tsr_kv_view){.dtype = TSR_DTYPE_F32, .layout = TSR_KV_CONTIGUOUS, .n_tokens = (int)T,
+                             .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim, .k = w.k32, .v = w.v32,
+                             .token_stride = (int64_t)kv->n_kv_heads * kv->head_dim, .head_stride = kv->head_dim};
+        aw = *a;
+        aw.kv = &wide;
+        a = &aw;
+    }
     attn_job j = {a, 0};
     r->ctx->host->parallel_for(r->ctx, (int64_t)a->rows * a->n_heads, attn_items, &j);
+    free(k32);
     if (j.failed) {
         r->ctx->host->set_error(r->ctx, "out of memory for scores");
         return TSR_ERR_NOMEM;
