@@ -69,6 +69,7 @@ typedef struct abl_ctx {
     int graphs, pdl;                          /* factor index of runtime.cuda_graphs / .pdl, or -1 */
     const tsr_manifest *base[TSR_SLOT_COUNT]; /* each slot's baseline */
     int vi, nv;                               /* progress */
+    const tsr_probe_result *dev;              /* the machine's ceilings */
 } abl_ctx;
 
 /* A runtime switch the assembly turns on, as factor r->n_plugins: exact (the
@@ -503,6 +504,52 @@ static void quality(abl_ctx *c, tsr_abl_result *r, tsr_abl_variant *v, tsr_abl_v
              v->ppl_ratio, v->ppl_bound);
 }
 
+/* One round of a variant: serve it, run the workload, stop the server; the
+ * first round's measurement becomes v->bench, later ones are pooled into it.
+ * A variant whose server will not start is refused, one whose requests fail
+ * or whose server exits badly has failed (and is not measured again). */
+static void measure_variant(abl_ctx *c, tsr_abl_variant *v, const tsr_workload *w, int round) {
+    const tsr_ablate_opts *o = c->o;
+    char logp[1200];
+    snprintf(logp, sizeof logp, "%s.log", v->assembly_file);
+    tsr_serve_spec spec = {.exe = o->exe, .assembly = v->assembly_file, .model = o->model,
+                           .catalog = o->catalog, .chat_format = o->chat_format,
+                           .n_threads = o->n_threads, .ctx = o->ctx, .log_path = logp};
+    tsr_served sv;
+    tsr_error e;
+    tsr_error_clear(&e);
+    if (o->progress) on_progress(&(prog){c, v->name}, 0, w->n_cases, "(starting tessera serve)", -1, 0);
+    if (tsr_serve_spawn(&spec, &sv, &e) != TSR_OK) {
+        v->refused = 1;
+        snprintf(v->reason, sizeof v->reason, "%s", e.msg);
+        snprintf(v->verdict, sizeof v->verdict, "refused");
+        if (o->progress) fprintf(stderr, "%svariant %s: refused: %s\n", isatty(2) ? "\r\033[K" : "", v->name, v->reason);
+        return;
+    }
+    tsr_engine_figures fig;
+    tsr_error fe;
+    tsr_error_clear(&fe);
+    if (tsr_engine_figures_http(sv.url, &fig, &fe) != TSR_OK || !fig.known)
+        tsr_engine_figures_local(&spec, &fig, &fe);
+    prog pg = {c, v->name};
+    tsr_bench_opts bo = {.url = sv.url, .w = w, .dev = c->dev, .fig = &fig,
+                         .progress = o->progress ? on_progress : NULL, .progress_ud = &pg};
+    tsr_bench_result one;
+    if (tsr_bench_run(&bo, round ? &one : &v->bench, &e) != TSR_OK ||
+        (round && tsr_bench_merge(&v->bench, &one, &e) != TSR_OK)) {
+        v->failed = 1;
+        snprintf(v->reason, sizeof v->reason, "%s", e.msg);
+        snprintf(v->verdict, sizeof v->verdict, "FAIL: %.480s", e.msg);
+    }
+    int st = tsr_serve_stop(&sv);
+    if (st != 0 && !v->failed) { /* a crash or a leak report at shutdown is a failure too */
+        v->failed = 1;
+        snprintf(v->reason, sizeof v->reason, "tessera serve exited with status %d at shutdown (see %.900s)", st,
+                 logp);
+        snprintf(v->verdict, sizeof v->verdict, "FAIL: tessera serve exited with status %d", st);
+    }
+}
+
 int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *err) {
     if (out) *out = NULL;
     if (!o->assembly || !o->workload || !o->out_dir)
@@ -586,6 +633,7 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
     c.np = r->n_plugins;
 
     if ((rc = load_device(o, &r->dev, err))) goto done;
+    c.dev = &r->dev;
 
     /* the variants */
     unsigned all = (1u << r->n_plugins) - 1;
@@ -622,46 +670,22 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
         if (check_variant(&c, v) != TSR_OK) {
             if (o->progress) fprintf(stderr, "%svariant %s: refused: %s\n", isatty(2) ? "\r\033[K" : "", v->name, v->reason);
             snprintf(v->verdict, sizeof v->verdict, "refused");
-            continue;
         }
-        char logp[1200];
-        snprintf(logp, sizeof logp, "%s.log", v->assembly_file);
-        tsr_serve_spec spec = {.exe = o->exe, .assembly = v->assembly_file, .model = o->model,
-                               .catalog = o->catalog, .chat_format = o->chat_format,
-                               .n_threads = o->n_threads, .ctx = o->ctx, .log_path = logp};
-        tsr_served sv;
-        tsr_error e;
-        tsr_error_clear(&e);
-        if (o->progress) on_progress(&(prog){&c, v->name}, 0, w->n_cases, "(starting tessera serve)", -1, 0);
-        if (tsr_serve_spawn(&spec, &sv, &e) != TSR_OK) {
-            v->refused = 1;
-            snprintf(v->reason, sizeof v->reason, "%s", e.msg);
-            snprintf(v->verdict, sizeof v->verdict, "refused");
-            if (o->progress) fprintf(stderr, "%svariant %s: refused: %s\n", isatty(2) ? "\r\033[K" : "", v->name, v->reason);
-            continue;
-        }
-        tsr_engine_figures fig;
-        tsr_error fe;
-        tsr_error_clear(&fe);
-        if (tsr_engine_figures_http(sv.url, &fig, &fe) != TSR_OK || !fig.known)
-            tsr_engine_figures_local(&spec, &fig, &fe);
-        prog pg = {&c, v->name};
-        tsr_bench_opts bo = {.url = sv.url, .w = w, .dev = &r->dev, .fig = &fig,
-                             .progress = o->progress ? on_progress : NULL, .progress_ud = &pg};
-        if (tsr_bench_run(&bo, &v->bench, &e) != TSR_OK) {
-            v->failed = 1;
-            snprintf(v->reason, sizeof v->reason, "%s", e.msg);
-            snprintf(v->verdict, sizeof v->verdict, "FAIL: %.480s", e.msg);
-        }
-        int st = tsr_serve_stop(&sv);
-        if (st != 0 && !v->failed) { /* a crash or a leak report at shutdown is a failure too */
-            v->failed = 1;
-            snprintf(v->reason, sizeof v->reason, "tessera serve exited with status %d at shutdown (see %.900s)", st,
-                     logp);
-            snprintf(v->verdict, sizeof v->verdict, "FAIL: tessera serve exited with status %d", st);
-        }
-        if (!v->failed) summarize(v);
     }
+    /* Rounds: every variant measured once per round, the order reversed on
+     * every other round (a machine whose speed drifts then favours no
+     * variant), the rounds' samples pooled per case. */
+    r->rounds = o->rounds > 1 ? o->rounds : 1;
+    for (int round = 0; round < r->rounds; round++)
+        for (int i = 0; i < r->n_variants; i++) {
+            const int k = round % 2 ? r->n_variants - 1 - i : i;
+            tsr_abl_variant *v = &r->variants[k];
+            if (v->refused || v->failed) continue;
+            c.vi = k;
+            measure_variant(&c, v, w, round);
+        }
+    for (int k = 0; k < r->n_variants; k++)
+        if (!r->variants[k].refused && !r->variants[k].failed) summarize(&r->variants[k]);
     if (o->progress && isatty(2)) fprintf(stderr, "\r\033[K");
     tsr_abl_attribute(r);
     tsr_abl_variant *base = by_mask(r, 0);

@@ -79,6 +79,7 @@ typedef struct tsr_abl_result {
     char shapley_note[512];
     double shapley_sum, full_minus_baseline;
     int n_threads;
+    int rounds;                  /* times every variant was measured (samples pooled) */
 } tsr_abl_result;
 
 typedef struct tsr_ablate_opts {
@@ -95,6 +96,8 @@ typedef struct tsr_ablate_opts {
     int n_threads;
     int ctx;
     int progress;                /* a progress bar on stderr */
+    int rounds;                  /* measure every variant this many times, the order reversed on
+                                    every other round, samples pooled (0 or 1: once) */
 } tsr_ablate_opts;
 
 /* Run everything and write the reports into out_dir (report.h). Refused

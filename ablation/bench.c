@@ -548,6 +548,54 @@ void tsr_bench_result_free(tsr_bench_result *r) {
     r->n_cases = 0;
 }
 
+/* A case's medians (min, max) from its samples; v: scratch of n_samples. */
+static void case_stats(tsr_bench_case *bc, double *v) {
+    const int n = bc->n_samples;
+    for (int k = 0; k < n; k++) v[k] = bc->samples[k].decode_tps;
+    bc->decode_tps = tsr_stat3_of(v, n);
+    for (int k = 0; k < n; k++) v[k] = bc->samples[k].prefill_tps;
+    bc->prefill_tps = tsr_stat3_of(v, n);
+    for (int k = 0; k < n; k++) v[k] = bc->samples[k].ttft_s;
+    bc->ttft_s = tsr_stat3_of(v, n);
+    for (int k = 0; k < n; k++) v[k] = bc->samples[k].e2e_s;
+    bc->e2e_s = tsr_stat3_of(v, n);
+}
+
+/* The mean of two rates, either of which may be unknown (< 0). */
+static double mean_known(double a, double b) { return a < 0 ? b : b < 0 ? a : (a + b) / 2; }
+
+int tsr_bench_merge(tsr_bench_result *into, tsr_bench_result *more, tsr_error *err) {
+    int rc = TSR_OK;
+    if (more->n_cases != into->n_cases)
+        rc = tsr_error_set(err, TSR_ERR_INVALID, "merging %d cases into %d", more->n_cases, into->n_cases);
+    for (int i = 0; i < into->n_cases && rc == TSR_OK; i++)
+        if (strcmp(into->cases[i].name, more->cases[i].name))
+            rc = tsr_error_set(err, TSR_ERR_INVALID, "merging case '%s' into '%s'", more->cases[i].name,
+                               into->cases[i].name);
+    for (int i = 0; i < into->n_cases && rc == TSR_OK; i++) {
+        tsr_bench_case *a = &into->cases[i];
+        const tsr_bench_case *b = &more->cases[i];
+        const int n = a->n_samples + b->n_samples;
+        tsr_bench_sample *s = realloc(a->samples, (size_t)(n > 0 ? n : 1) * sizeof *s);
+        double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+        if (!s || !v) {
+            if (s) a->samples = s;
+            free(v);
+            rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+            break;
+        }
+        memcpy(s + a->n_samples, b->samples, (size_t)b->n_samples * sizeof *s);
+        a->samples = s;
+        a->n_samples = n;
+        case_stats(a, v);
+        free(v);
+        a->draft_accept_per_pass = mean_known(a->draft_accept_per_pass, b->draft_accept_per_pass);
+        a->expert_hit_rate = mean_known(a->expert_hit_rate, b->expert_hit_rate);
+    }
+    tsr_bench_result_free(more);
+    return rc;
+}
+
 int tsr_bench_run(const tsr_bench_opts *o, tsr_bench_result *out, tsr_error *err) {
     memset(out, 0, sizeof *out);
     const tsr_workload *w = o->w;
@@ -596,15 +644,7 @@ int tsr_bench_run(const tsr_bench_opts *o, tsr_bench_result *out, tsr_error *err
             break;
         }
         prom_snap p1 = scrape(o->url);
-        int n = bc->n_samples;
-        for (int k = 0; k < n; k++) v[k] = bc->samples[k].decode_tps;
-        bc->decode_tps = tsr_stat3_of(v, n);
-        for (int k = 0; k < n; k++) v[k] = bc->samples[k].prefill_tps;
-        bc->prefill_tps = tsr_stat3_of(v, n);
-        for (int k = 0; k < n; k++) v[k] = bc->samples[k].ttft_s;
-        bc->ttft_s = tsr_stat3_of(v, n);
-        for (int k = 0; k < n; k++) v[k] = bc->samples[k].e2e_s;
-        bc->e2e_s = tsr_stat3_of(v, n);
+        case_stats(bc, v);
         bc->n_prompt = bc->samples[0].n_prompt;
         bc->n_gen = bc->samples[0].n_gen;
         tsr_bench_ceilings(o->fig, o->dev, bc->n_prompt, bc->n_gen, &bc->decode_ceiling_tps,

@@ -137,4 +137,10 @@ tsr_stat3 tsr_stat3_of(double *v, int n);
 void tsr_bench_ceilings(const tsr_engine_figures *f, const tsr_probe_result *d, int n_prompt,
                         int n_gen, double *decode_tps, double *prefill_tps);
 
+/* Pool a second measurement of the same workload into a first (rounds of
+ * an ablation): each case's samples appended, its medians, min and max
+ * recomputed over all of them, drafting and expert-cache rates averaged.
+ * Frees more whatever the outcome; into keeps the first round's token texts. */
+int tsr_bench_merge(tsr_bench_result *into, tsr_bench_result *more, tsr_error *err);
+
 #endif

@@ -82,8 +82,9 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
                       "verdict", v->verdict));
     }
     json_t *dev = tsr_probe_to_json(&r->dev);
-    json_t *wl = r->w ? json_pack("{s:s, s:s, s:i, s:i, s:i}", "path", r->w->path, "name", r->w->name, "version",
-                                  r->w->version, "warmup", r->w->warmup, "repeats", r->w->repeats)
+    json_t *wl = r->w ? json_pack("{s:s, s:s, s:i, s:i, s:i, s:i}", "path", r->w->path, "name", r->w->name,
+                                  "version", r->w->version, "warmup", r->w->warmup, "repeats", r->w->repeats,
+                                  "rounds", r->rounds > 1 ? r->rounds : 1)
                       : json_null();
     return json_pack("{s:s, s:s, s:s, s:{s:s, s:s, s:o, s:i, s:s}, s:o, s:{s:s, s:s, s:s*}, s:o, s:{s:b, s:s, "
                      "s:o, s:o}, s:o}",
@@ -158,8 +159,11 @@ static void md_cell(FILE *f, const char *s) {
 
 int tsr_abl_write_md(const tsr_abl_result *r, FILE *f) {
     fprintf(f, "# Ablation of `%s` (%s)\n\n", r->assembly_name, r->assembly_path);
-    fprintf(f, "- model: %s\n- workload: %s (version %d, %d warm-up, median of %d)\n", r->model[0] ? r->model : "embedded stories260K",
+    fprintf(f, "- model: %s\n- workload: %s (version %d, %d warm-up, median of %d", r->model[0] ? r->model : "embedded stories260K",
             r->w ? r->w->name : "?", r->w ? r->w->version : 0, r->w ? r->w->warmup : 0, r->w ? r->w->repeats : 0);
+    if (r->rounds > 1) /* the rounds' samples pooled */
+        fprintf(f, " x %d rounds, every variant once a round, the order reversed every other round", r->rounds);
+    fputs(")\n", f);
     fprintf(f, "- machine: %s, %d cores; read bandwidth ", r->dev.cpu_model, r->dev.n_cores);
     md_num(f, "%.2f GB/s", r->dev.read_gbs);
     fputs(", sgemm ", f);

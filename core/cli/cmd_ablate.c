@@ -11,7 +11,7 @@ static void ablate_usage(FILE *f) {
     fprintf(f,
             "usage: tessera ablate ASSEMBLY [--model PATH] [--workload FILE] [--out DIR]\n"
             "                      [--catalog DIR] [--threads N] [--ctx N] [--device device.json]\n"
-            "                      [--chat-format F] [--probe-mib N] [--quiet]\n\n"
+            "                      [--chat-format F] [--probe-mib N] [--rounds N] [--quiet]\n\n"
             "Re-serves the engine once per variant (full; all-baseline; each non-baseline plugin\n"
             "off and alone; every subset when there are at most 5 of them, for exact Shapley\n"
             "values), measures each with the workload through the HTTP API, checks quality\n"
@@ -22,6 +22,8 @@ static void ablate_usage(FILE *f) {
             "  --device FILE      a `tessera probe` record (default: probe now)\n"
             "  --chat-format F    passed to tessera serve (default: chatml for the embedded model)\n"
             "  --probe-mib N      probe's read buffer when probing now\n"
+            "  --rounds N         measure every variant N times (1-20, default 1), reversing the order\n"
+            "                     every other round, and pool the samples: steadier on a noisy machine\n"
             "  --quiet            no progress bar\n");
 }
 
@@ -55,7 +57,10 @@ int tsr_cmd_ablate(int argc, char **argv) {
         else if (!strcmp(a, "--out")) o.out_dir = v;
         else if (!strcmp(a, "--device")) o.device_json = v;
         else if (!strcmp(a, "--chat-format")) o.chat_format = v;
-        else if (!strcmp(a, "--probe-mib")) {
+        else if (!strcmp(a, "--rounds")) {
+            if (tsr_cli_parse_int("ablate", a, v, 1, 20, &n)) return 2;
+            o.rounds = (int)n;
+        } else if (!strcmp(a, "--probe-mib")) {
             if (tsr_cli_parse_int("ablate", a, v, 1, 1 << 20, &n)) return 2;
             o.probe.buffer_bytes = (size_t)n << 20;
         } else {

@@ -131,14 +131,14 @@ static int teardown(void **st) {
     } while (0)
 
 /* workload: a path under the source tree */
-static json_t *ablate(const char *assembly_rel, const char *workload, const char *catalog, const char *out_name,
-                      int want_rc) {
+static json_t *ablate_rounds(const char *assembly_rel, const char *workload, const char *catalog,
+                             const char *out_name, int want_rc, const char *rounds) {
     char asmb[1200], wl[1200], out[600];
     snprintf(asmb, sizeof asmb, "%s/tests/ablation/data/%s", g_src, assembly_rel);
     snprintf(wl, sizeof wl, "%s/%s", g_src, workload);
     snprintf(out, sizeof out, "%s/%s", g_tmp, out_name);
     const char *argv[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--device", g_dev,
-                          "--catalog", catalog, "--threads", "1", "--quiet", NULL};
+                          "--catalog", catalog, "--threads", "1", "--rounds", rounds, "--quiet", NULL};
     int rc = run(argv);
     if (rc != want_rc) {
         print_output();
@@ -163,6 +163,11 @@ static json_t *ablate(const char *assembly_rel, const char *workload, const char
     assert_string_equal(json_string_value(json_object_get(json_object_get(j, "assembly"), "text")), text);
     free(text);
     return j;
+}
+
+static json_t *ablate(const char *assembly_rel, const char *workload, const char *catalog, const char *out_name,
+                      int want_rc) {
+    return ablate_rounds(assembly_rel, workload, catalog, out_name, want_rc, "1");
 }
 
 static json_t *variant(json_t *j, const char *name) {
@@ -331,7 +336,12 @@ static void test_ablate_perturbing_plugins(void **st) {
 static void test_ablate_refused_variant(void **st) {
     (void)st;
     NEED_READY();
-    json_t *j = ablate("refused.yaml", "tests/ablation/data/tiny.json", g_mixed, "refused", 0);
+    /* two rounds: every variant that runs measured twice, its samples pooled */
+    json_t *j = ablate_rounds("refused.yaml", "tests/ablation/data/tiny.json", g_mixed, "refused", 0, "2");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(json_object_get(j, "settings"), "workload"),
+                                                        "rounds")), 2);
+    json_t *fc = json_array_get(json_object_get(variant(j, "full"), "cases"), 0);
+    assert_int_equal(json_array_size(json_object_get(fc, "samples")), 2 * 3); /* tiny.json: 3 repeats */
     json_t *v = variant(j, "alone:abl_compact_attention");
     assert_string_equal(json_string_value(json_object_get(v, "status")), "refused");
     const char *why = json_string_value(json_object_get(v, "reason"));

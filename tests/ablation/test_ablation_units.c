@@ -352,6 +352,43 @@ static char *slurp(FILE *f) {
     return b;
 }
 
+/* Rounds pooled: samples appended, medians over all of them, rates averaged
+ * where known; mismatched workloads refused (and the second result freed). */
+static tsr_bench_result one_case(const char *name, const double *e2e, int n, double acc) {
+    tsr_bench_result r = {0};
+    r.cases = calloc(1, sizeof *r.cases);
+    assert_non_null(r.cases);
+    r.n_cases = 1;
+    snprintf(r.cases[0].name, sizeof r.cases[0].name, "%s", name);
+    r.cases[0].samples = calloc((size_t)n, sizeof *r.cases[0].samples);
+    assert_non_null(r.cases[0].samples);
+    for (int i = 0; i < n; i++) r.cases[0].samples[i] = (tsr_bench_sample){.e2e_s = e2e[i], .decode_tps = 1 / e2e[i]};
+    r.cases[0].n_samples = n;
+    r.cases[0].draft_accept_per_pass = acc;
+    r.cases[0].expert_hit_rate = -1;
+    return r;
+}
+
+static void test_bench_merge(void **st) {
+    (void)st;
+    const double a[] = {3, 1, 2}, b[] = {10, 20, 30};
+    tsr_bench_result r1 = one_case("chat", a, 3, 0.5), r2 = one_case("chat", b, 3, -1);
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_bench_merge(&r1, &r2, &err), TSR_OK);
+    assert_int_equal(r1.cases[0].n_samples, 6);
+    assert_near(r1.cases[0].e2e_s.med, 6.5, 1e-12); /* of 1 2 3 10 20 30 */
+    assert_near(r1.cases[0].e2e_s.min, 1, 0);
+    assert_near(r1.cases[0].e2e_s.max, 30, 0);
+    assert_near(r1.cases[0].decode_tps.max, 1, 0);
+    assert_near(r1.cases[0].draft_accept_per_pass, 0.5, 0); /* the unknown one does not count */
+    tsr_bench_result r3 = one_case("code", a, 3, 1.5);
+    assert_int_equal(tsr_bench_merge(&r1, &r3, &err), TSR_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "'code'"));
+    assert_int_equal(r1.cases[0].n_samples, 6);
+    tsr_bench_result_free(&r1);
+}
+
 static void test_attribution_and_reports(void **st) {
     (void)st;
     tsr_abl_result *r = fake_result();
@@ -440,6 +477,7 @@ int main(void) {
         cmocka_unit_test(test_workload_errors),
         cmocka_unit_test(test_workload_files),
         cmocka_unit_test(test_prom_stats),
+        cmocka_unit_test(test_bench_merge),
         cmocka_unit_test(test_attribution_and_reports),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
