@@ -46,19 +46,21 @@ static void put_str(FILE *f, const char *s) {
     put_u64(f, strlen(s));
     put(f, s, strlen(s));
 }
-static void kv_u32(FILE *f, const char *arch, const char *key, uint32_t v) {
+/* A model metadata key ARCH.key: a u32 or an f32 value. */
+typedef struct meta {
+    const char *key;
+    uint32_t type; /* KV_U32 or KV_F32 */
+    uint32_t u;
+    float f;
+} meta;
+
+static void put_meta(FILE *f, const char *arch, const meta *m) {
     char k[128];
-    snprintf(k, sizeof k, "%s.%s", arch, key);
+    snprintf(k, sizeof k, "%s.%s", arch, m->key);
     put_str(f, k);
-    put_u32(f, KV_U32);
-    put_u32(f, v);
-}
-static void kv_f32(FILE *f, const char *arch, const char *key, float v) {
-    char k[128];
-    snprintf(k, sizeof k, "%s.%s", arch, key);
-    put_str(f, k);
-    put_u32(f, KV_F32);
-    put(f, &v, 4);
+    put_u32(f, m->type);
+    if (m->type == KV_U32) put_u32(f, m->u);
+    else put(f, &m->f, 4);
 }
 
 typedef struct out_tensor {
@@ -69,11 +71,15 @@ typedef struct out_tensor {
     int permute_heads; /* llama q/k: heads to reorder into interleaved pairs (0: none) */
 } out_tensor;
 
+/* A 2-D tensor's rows and columns; a 1-D one is one row. */
+static int64_t rows_of(const tsr_tensor *t) { return t->n_dims == 2 ? t->shape[0] : 1; }
+static int64_t cols_of(const tsr_tensor *t) { return t->n_dims == 2 ? t->shape[1] : t->shape[0]; }
+
 /* Row r of t as f32, row r of the file for a permuted q/k: GGUF row
  * h * hd + 2 i + j holds HF row h * hd + j * hd / 2 + i. */
 static void read_row(const out_tensor *o, int64_t r, float *dst) {
     const tsr_tensor *t = o->src;
-    const int64_t cols = t->n_dims == 2 ? t->shape[1] : t->shape[0];
+    const int64_t cols = cols_of(t);
     if (o->permute_heads) {
         const int64_t hd = t->shape[0] / o->permute_heads, h = r / hd, i = (r % hd) / 2, j = r % 2;
         r = h * hd + j * (hd / 2) + i;
@@ -85,7 +91,7 @@ static void read_row(const out_tensor *o, int64_t r, float *dst) {
 
 static void write_data(FILE *f, const out_tensor *o, float *row, int8_t *q) {
     const tsr_tensor *t = o->src;
-    const int64_t rows = t->n_dims == 2 ? t->shape[0] : 1, cols = t->n_dims == 2 ? t->shape[1] : t->shape[0];
+    const int64_t rows = rows_of(t), cols = cols_of(t);
     for (int64_t r = 0; r < rows; r++) {
         read_row(o, r, row);
         if (o->type == GGML_F32) {
@@ -131,7 +137,7 @@ int main(int argc, char **argv) {
         if (t->scale) die("%s: FP8 checkpoints are not converted", t->name);
         if (!tsr_hf_name_to_gguf(t->name, o->name, sizeof o->name) || t->n_dims > 2)
             die("%s: no GGUF name for it (dense llama/qwen2/qwen3 tensors only)", t->name);
-        const int64_t rows = t->n_dims == 2 ? t->shape[0] : 1, cols = t->n_dims == 2 ? t->shape[1] : t->shape[0];
+        const int64_t rows = rows_of(t), cols = cols_of(t);
         o->type = t->n_dims == 2 && cols % 32 == 0 ? type : GGML_F32;
         o->bytes = (uint64_t)rows * (o->type == GGML_F32 ? (uint64_t)cols * 4 : (uint64_t)cols / 32 * 34);
         if (llama && strstr(o->name, ".attn_q.")) o->permute_heads = c->n_heads;
@@ -146,19 +152,23 @@ int main(int argc, char **argv) {
     put(f, "GGUF", 4);
     put_u32(f, 3);
     put_u64(f, (uint64_t)n);
-    put_u64(f, 10);
+    const meta md[] = {
+        {"block_count", KV_U32, (uint32_t)c->n_layers, 0},
+        {"embedding_length", KV_U32, (uint32_t)c->hidden, 0},
+        {"feed_forward_length", KV_U32, (uint32_t)c->ffn, 0},
+        {"attention.head_count", KV_U32, (uint32_t)c->n_heads, 0},
+        {"attention.head_count_kv", KV_U32, (uint32_t)c->n_kv_heads, 0},
+        {"attention.key_length", KV_U32, (uint32_t)c->head_dim, 0},
+        {"context_length", KV_U32, (uint32_t)c->max_ctx, 0},
+        {"attention.layer_norm_rms_epsilon", KV_F32, 0, c->norm_eps},
+        {"rope.freq_base", KV_F32, 0, c->rope_theta},
+    };
+    const size_t n_md = sizeof md / sizeof md[0];
+    put_u64(f, 1 + n_md); /* general.architecture, then the model's keys */
     put_str(f, "general.architecture");
     put_u32(f, KV_STRING);
     put_str(f, arch);
-    kv_u32(f, arch, "block_count", (uint32_t)c->n_layers);
-    kv_u32(f, arch, "embedding_length", (uint32_t)c->hidden);
-    kv_u32(f, arch, "feed_forward_length", (uint32_t)c->ffn);
-    kv_u32(f, arch, "attention.head_count", (uint32_t)c->n_heads);
-    kv_u32(f, arch, "attention.head_count_kv", (uint32_t)c->n_kv_heads);
-    kv_u32(f, arch, "attention.key_length", (uint32_t)c->head_dim);
-    kv_u32(f, arch, "context_length", (uint32_t)c->max_ctx);
-    kv_f32(f, arch, "attention.layer_norm_rms_epsilon", c->norm_eps);
-    kv_f32(f, arch, "rope.freq_base", c->rope_theta);
+    for (size_t i = 0; i < n_md; i++) put_meta(f, arch, &md[i]);
     for (int i = 0; i < n; i++) {
         const tsr_tensor *t = ot[i].src;
         put_str(f, ot[i].name);
