@@ -506,8 +506,9 @@ static void quality(abl_ctx *c, tsr_abl_result *r, tsr_abl_variant *v, tsr_abl_v
 
 /* One round of a variant: serve it, run the workload, stop the server; the
  * first round's measurement becomes v->bench, later ones are pooled into it.
- * A variant whose server will not start is refused, one whose requests fail
- * or whose server exits badly has failed (and is not measured again). */
+ * A variant whose server will not start is refused (failed, if it started in
+ * an earlier round), one whose requests fail or whose server exits badly has
+ * failed; neither is measured again. */
 static void measure_variant(abl_ctx *c, tsr_abl_variant *v, const tsr_workload *w, int round) {
     const tsr_ablate_opts *o = c->o;
     char logp[1200];
@@ -519,11 +520,17 @@ static void measure_variant(abl_ctx *c, tsr_abl_variant *v, const tsr_workload *
     tsr_error e;
     tsr_error_clear(&e);
     if (o->progress) on_progress(&(prog){c, v->name}, 0, w->n_cases, "(starting tessera serve)", -1, 0);
-    if (tsr_serve_spawn(&spec, &sv, &e) != TSR_OK) {
-        v->refused = 1;
+    if (tsr_serve_spawn(&spec, &sv, &e) != TSR_OK) { /* refused; after a round that ran, failed */
         snprintf(v->reason, sizeof v->reason, "%s", e.msg);
-        snprintf(v->verdict, sizeof v->verdict, "refused");
-        if (o->progress) fprintf(stderr, "%svariant %s: refused: %s\n", isatty(2) ? "\r\033[K" : "", v->name, v->reason);
+        if (round) {
+            v->failed = 1;
+            snprintf(v->verdict, sizeof v->verdict, "FAIL: %.480s", e.msg);
+        } else {
+            v->refused = 1;
+            snprintf(v->verdict, sizeof v->verdict, "refused");
+        }
+        if (o->progress) fprintf(stderr, "%svariant %s: %s: %s\n", isatty(2) ? "\r\033[K" : "", v->name,
+                                 round ? "failed" : "refused", v->reason);
         return;
     }
     tsr_engine_figures fig;
