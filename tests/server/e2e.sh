@@ -186,13 +186,9 @@ for t in /proc/"$SERVER_PID"/task/*; do
     mask=$(awk '/^SigBlk/ {print $2}' "$t/status" 2>/dev/null)
     [ -n "$mask" ] && [ $((0x$mask & 0x4000)) = 0 ] && lib_tid=$tid
 done
-sent=
 if [ -n "$lib_tid" ] && [ "$(uname -m)" = x86_64 ] &&
     python3 -c 'import ctypes, sys; sys.exit(ctypes.CDLL(None, use_errno=True).syscall(234, int(sys.argv[1]), int(sys.argv[2]), 15) != 0)' \
-        "$SERVER_PID" "$lib_tid"; then # 234: tgkill on x86-64
-    sent=1
-fi
-if [ -n "$sent" ]; then
+        "$SERVER_PID" "$lib_tid"; then # 234: tgkill on x86-64; sent
     for _ in $(seq 1 200); do # at most 10 s: a server that ignored it fails, it does not hang the test
         kill -0 "$SERVER_PID" 2>/dev/null || break
         sleep 0.05
