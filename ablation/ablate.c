@@ -68,7 +68,8 @@ typedef struct abl_ctx {
     int pslot[TSR_ABL_MAX_PLUGINS];           /* slot of plugin i; -1: a runtime switch */
     int graphs, pdl;                          /* factor index of runtime.cuda_graphs / .pdl, or -1 */
     const tsr_manifest *base[TSR_SLOT_COUNT]; /* each slot's baseline */
-    int vi, nv;                               /* progress */
+    int vi, nv;                               /* progress: the variant, of nv */
+    int step, round, rounds;                  /* its place in this round's order; round of rounds */
     const tsr_probe_result *dev;              /* the machine's ceilings */
 } abl_ctx;
 
@@ -165,20 +166,25 @@ typedef struct prog { abl_ctx *c; const char *variant; } prog;
 
 static void on_progress(void *ud, int ci, int nc, const char *name, int rep, int nrep) {
     prog *p = ud;
+    const abl_ctx *c = p->c;
+    char where[48] = ""; /* "round 2/3 " with more than one round */
+    if (c->rounds > 1) snprintf(where, sizeof where, "round %d/%d ", c->round + 1, c->rounds);
     if (!isatty(2)) { /* a log: one line per case */
-        if (rep == 0) fprintf(stderr, "ablate: variant %d/%d %s: case %d/%d %s\n", p->c->vi + 1, p->c->nv, p->variant,
-                              ci + 1, nc, name);
+        if (rep == 0)
+            fprintf(stderr, "ablate: %svariant %d/%d %s: case %d/%d %s\n", where, c->vi + 1, c->nv, p->variant, ci + 1,
+                    nc, name);
         return;
     }
-    double frac = ((double)p->c->vi + (double)ci / nc) / p->c->nv;
+    const int rounds = c->rounds > 1 ? c->rounds : 1;
+    double frac = ((double)c->round * c->nv + c->step + (double)ci / nc) / ((double)rounds * c->nv);
     char bar[21];
     int fill = (int)(frac * 20);
     for (int i = 0; i < 20; i++) bar[i] = i < fill ? '#' : '.';
     bar[20] = 0;
     if (nrep == 0) /* starting the server */
-        fprintf(stderr, "\r\033[K[%s] variant %d/%d %s  %s", bar, p->c->vi + 1, p->c->nv, p->variant, name);
+        fprintf(stderr, "\r\033[K[%s] %svariant %d/%d %s  %s", bar, where, c->vi + 1, c->nv, p->variant, name);
     else
-        fprintf(stderr, "\r\033[K[%s] variant %d/%d %s  case %d/%d %s (%s %d/%d)", bar, p->c->vi + 1, p->c->nv,
+        fprintf(stderr, "\r\033[K[%s] %svariant %d/%d %s  case %d/%d %s (%s %d/%d)", bar, where, c->vi + 1, c->nv,
                 p->variant, ci + 1, nc, name, rep < 0 ? "warm-up" : "run", rep < 0 ? 1 : rep + 1, nrep);
     fflush(stderr);
 }
@@ -683,12 +689,13 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
      * every other round (a machine whose speed drifts then favours no
      * variant), the rounds' samples pooled per case. */
     r->rounds = o->rounds > 1 ? o->rounds : 1;
+    c.rounds = r->rounds;
     for (int round = 0; round < r->rounds; round++)
         for (int i = 0; i < r->n_variants; i++) {
             const int k = round % 2 ? r->n_variants - 1 - i : i;
             tsr_abl_variant *v = &r->variants[k];
             if (v->refused || v->failed) continue;
-            c.vi = k;
+            c.vi = k, c.step = i, c.round = round;
             measure_variant(&c, v, w, round);
         }
     for (int k = 0; k < r->n_variants; k++)
