@@ -30,6 +30,8 @@
 
 #include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
+#include "kernels/cpu/ops.h"
+#include "tests/runtime/seq_logits.h"
 
 static const char *src_dir(void) {
     const char *s = getenv("TESSERA_SOURCE_DIR");
@@ -58,17 +60,11 @@ static int32_t *read_i32(const tsr_safetensors *st, const char *name, int *n) {
     return v;
 }
 
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
 /* Logits of every position of ids [n, vocab] (caller frees): one pass of n
  * rows (prefill's path), or with stepwise one decode row per step (the path
  * decode and verification take, not prefill's sgemm). */
 static float *logits_of(tsr_model *m, const int32_t *ids, int n, int stepwise) {
+    if (!stepwise) return seq_logits(m, ids, n);
     int vocab = tsr_model_get_config(m)->vocab;
     float *l = malloc((size_t)n * (size_t)vocab * sizeof *l);
     assert_non_null(l);
@@ -76,13 +72,8 @@ static float *logits_of(tsr_model *m, const int32_t *ids, int n, int stepwise) {
     tsr_error err;
     tsr_error_clear(&err);
     assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    if (!stepwise) {
-        if (tsr_seq_forward(s, ids, n, l, 1, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
-    } else {
-        for (int t = 0; t < n; t++)
-            if (tsr_seq_forward(s, ids + t, 1, l + (size_t)t * vocab, 0, &err) != TSR_OK)
-                fail_msg("decode: %s", err.msg);
-    }
+    for (int t = 0; t < n; t++)
+        if (tsr_seq_forward(s, ids + t, 1, l + (size_t)t * vocab, 0, &err) != TSR_OK) fail_msg("decode: %s", err.msg);
     tsr_seq_free(s);
     return l;
 }
@@ -97,7 +88,7 @@ static void greedy(tsr_model *m, const int32_t *ids, int n, int n_out, int32_t *
     assert_int_equal(tsr_seq_new(m, n + n_out, &s, &err), TSR_OK);
     if (tsr_seq_forward(s, ids, n, l, 0, &err) != TSR_OK) fail_msg("prefill: %s", err.msg);
     for (int i = 0; i < n_out; i++) {
-        out[i] = argmax(l, vocab);
+        out[i] = tsr_argmax(l, vocab);
         if (i + 1 < n_out && tsr_seq_forward(s, &out[i], 1, l, 0, &err) != TSR_OK) fail_msg("decode: %s", err.msg);
     }
     tsr_seq_free(s);

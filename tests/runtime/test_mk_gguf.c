@@ -27,6 +27,7 @@
 
 #include "core/runtime/runtime.h"
 #include "tests/runtime/seq_logits.h"
+#include "kernels/cpu/ops.h"
 
 #ifndef MK_GGUF
 #error "MK_GGUF: the path of the tool, set by the build"
@@ -48,13 +49,6 @@ static tsr_model *load(const char *model) {
     tsr_model *m = NULL;
     if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("loading %s: %s", model, err.msg);
     return m;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 /* KL(softmax(p) || softmax(q)) in f64. */
@@ -86,7 +80,7 @@ static void check(const char *family, const char *type) {
     int same = 0;
     for (size_t i = 0; i < (size_t)n * vocab; i++) big = fmax(big, fabs(la[i])), diff = fmax(diff, fabs(la[i] - lb[i]));
     for (int t = 0; t < n; t++) {
-        same += argmax(la + (size_t)t * vocab, vocab) == argmax(lb + (size_t)t * vocab, vocab);
+        same += tsr_argmax(la + (size_t)t * vocab, vocab) == tsr_argmax(lb + (size_t)t * vocab, vocab);
         kls += kl(la + (size_t)t * vocab, lb + (size_t)t * vocab, vocab);
     }
     printf("%s %s: max |logit difference| %.3g (largest |logit| %.3g), mean KL %.3g, greedy equal at %d of %d\n",

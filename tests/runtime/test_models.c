@@ -17,6 +17,7 @@
 
 #include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
+#include "tests/runtime/seq_logits.h"
 
 static const char *src_dir(void) {
     const char *s = getenv("TESSERA_SOURCE_DIR");
@@ -73,17 +74,10 @@ static void check_logits(tsr_model *m, const int32_t *ids, int n, const tsr_tens
     const int vocab = tsr_model_get_config(m)->vocab;
     assert_int_equal(ref->shape[0], n);
     assert_int_equal(ref->shape[1], vocab);
-    float *logits = malloc((size_t)n * vocab * sizeof *logits);
-    assert_non_null(logits);
-    tsr_seq *s;
-    tsr_error err;
-    tsr_error_clear(&err);
-    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    if (tsr_seq_forward(s, ids, n, logits, 1, &err) != TSR_OK) fail_msg("%s: forward: %s", what, err.msg);
+    float *logits = seq_logits(m, ids, n);
     double d = max_abs_diff(logits, ref->data, (size_t)n * vocab);
     printf("# %s: max |logits - transformers| = %.3g over %d x %d\n", what, d, n, vocab);
     if (d > tol) fail_msg("%s: logits differ from transformers by %g > %g", what, d, tol);
-    tsr_seq_free(s);
     free(logits);
 }
 
@@ -225,16 +219,9 @@ static float *all_logits(const char *model, int no_tokenizer, int threads, int n
     tsr_model *m = load_threads(model, NULL, no_tokenizer, threads);
     *vocab = tsr_model_get_config(m)->vocab;
     int32_t *ids = malloc((size_t)n * sizeof *ids);
-    float *logits = malloc((size_t)n * (size_t)*vocab * sizeof *logits);
     assert_non_null(ids);
-    assert_non_null(logits);
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919u + 13u) % (unsigned)*vocab);
-    tsr_seq *s;
-    tsr_error err;
-    tsr_error_clear(&err);
-    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    if (tsr_seq_forward(s, ids, n, logits, 1, &err) != TSR_OK) fail_msg("%s: forward: %s", model, err.msg);
-    tsr_seq_free(s);
+    float *logits = seq_logits(m, ids, n);
     tsr_model_free(m);
     free(ids);
     return logits;
