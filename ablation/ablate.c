@@ -69,7 +69,7 @@ typedef struct abl_ctx {
     int graphs, pdl;                          /* factor index of runtime.cuda_graphs / .pdl, or -1 */
     const tsr_manifest *base[TSR_SLOT_COUNT]; /* each slot's baseline */
     int vi, nv;                               /* progress: the variant, of nv */
-    int step, round, rounds;                  /* its place in this round's order; round of rounds */
+    int round, rounds;                        /* in round (of rounds; odd rounds run in reverse) */
     const tsr_probe_result *dev;              /* the machine's ceilings */
 } abl_ctx;
 
@@ -176,7 +176,8 @@ static void on_progress(void *ud, int ci, int nc, const char *name, int rep, int
         return;
     }
     const int rounds = c->rounds > 1 ? c->rounds : 1;
-    double frac = ((double)c->round * c->nv + c->step + (double)ci / nc) / ((double)rounds * c->nv);
+    const int step = c->round % 2 ? c->nv - 1 - c->vi : c->vi; /* its place in this round's order */
+    double frac = ((double)c->round * c->nv + step + (double)ci / nc) / ((double)rounds * c->nv);
     char bar[21];
     int fill = (int)(frac * 20);
     for (int i = 0; i < 20; i++) bar[i] = i < fill ? '#' : '.';
@@ -695,7 +696,7 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
             const int k = round % 2 ? r->n_variants - 1 - i : i;
             tsr_abl_variant *v = &r->variants[k];
             if (v->refused || v->failed) continue;
-            c.vi = k, c.step = i, c.round = round;
+            c.vi = k, c.round = round;
             measure_variant(&c, v, w, round);
         }
     for (int k = 0; k < r->n_variants; k++)
