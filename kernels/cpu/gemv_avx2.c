@@ -20,6 +20,27 @@
 
 #define INL static inline __attribute__((always_inline))
 #define XG 4 /* input rows per pass over a weight row */
+
+/* The drivers' loop over input rows, XG at a time from g (nn of them):
+ * CALL(args..., g, N) with N the group's size as a constant (each dot's
+ * loops over input rows then unroll), then STORE(g, i) for each i < nn.
+ * CALL and STORE are macros of the driver. */
+#define EACH_GROUP(NX, STORE, CALL, ...)                                                       \
+    for (int g = 0; g < (NX); g += XG) {                                                       \
+        const int nn = (NX) - g < XG ? (NX) - g : XG;                                          \
+        switch (nn) {                                                                          \
+        case 1: CALL(__VA_ARGS__, g, 1); break;                                                \
+        case 2: CALL(__VA_ARGS__, g, 2); break;                                                \
+        case 3: CALL(__VA_ARGS__, g, 3); break;                                                \
+        default: CALL(__VA_ARGS__, g, 4); break;                                               \
+        }                                                                                      \
+        for (int i = 0; i < nn; i++) STORE(g, i);                                              \
+    }
+/* Independent chains of the f32-activation dots by input rows: U1 for one,
+ * 4 for two, 2 for three or four. */
+#define CHAINS(N, U1) ((N) == 1 ? (U1) : (N) == 2 ? 4 : 2)
+/* the output of input row g + i and weight row r */
+#define Y_AT(g, i) a->y[(int64_t)((g) + (i)) * a->ldy + r]
 #ifndef PF_DIST
 #define PF_DIST 1024 /* bytes ahead of the weight stream that software prefetch asks for */
 #endif
@@ -244,23 +265,15 @@ INL void dot_chunked(uint32_t dtype, const uint8_t *w, const float *x, int64_t l
 
 /* One weight row against every input row, XG at a time, with nx and the
  * number of chains known at compile time inside each case. */
+#define ROW_CALL(DOT, U1, g, N) DOT(row, a->x + (int64_t)(g) * a->ldx, a->ldx, a->cols, N, CHAINS(N, U1), out)
+#define STORE_S(g, i) Y_AT(g, i) = out[i] * s
 #define ROW_DRIVER(NAME, DOT, U1)                                                             \
     static void NAME(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *rs) {       \
         float out[XG];                                                                        \
         for (int64_t r = r0; r < r1; r++) {                                                   \
             const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;                           \
             float s = rs ? rs[r] : 1.0f;                                                      \
-            for (int g = 0; g < a->nx; g += XG) {                                             \
-                const float *x = a->x + (int64_t)g * a->ldx;                                  \
-                int nn = a->nx - g < XG ? a->nx - g : XG;                                     \
-                switch (nn) {                                                                 \
-                case 1: DOT(row, x, a->ldx, a->cols, 1, U1, out); break;                      \
-                case 2: DOT(row, x, a->ldx, a->cols, 2, 4, out); break;                       \
-                case 3: DOT(row, x, a->ldx, a->cols, 3, 2, out); break;                       \
-                default: DOT(row, x, a->ldx, a->cols, 4, 2, out); break;                      \
-                }                                                                             \
-                for (int i = 0; i < nn; i++) a->y[(int64_t)(g + i) * a->ldy + r] = out[i] * s; \
-            }                                                                                 \
+            EACH_GROUP(a->nx, STORE_S, ROW_CALL, DOT, U1)                                     \
         }                                                                                     \
     }
 
@@ -292,21 +305,14 @@ ROW4_DRIVER(rows4_f32, dot4_f32, rows_f32)
 ROW4_DRIVER(rows4_f16, dot4_f16, rows_f16)
 
 
+#define CHUNKED_CALL(dtype, g, N) \
+    dot_chunked(dtype, row, a->x + (int64_t)(g) * a->ldx, a->ldx, a->cols, N, CHAINS(N, 4), out)
+#define STORE_1(g, i) Y_AT(g, i) = out[i]
 static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     float out[XG];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
-        for (int g = 0; g < a->nx; g += XG) {
-            const float *x = a->x + (int64_t)g * a->ldx;
-            int nn = a->nx - g < XG ? a->nx - g : XG;
-            switch (nn) {
-            case 1: dot_chunked(dtype, row, x, a->ldx, a->cols, 1, 4, out); break;
-            case 2: dot_chunked(dtype, row, x, a->ldx, a->cols, 2, 4, out); break;
-            case 3: dot_chunked(dtype, row, x, a->ldx, a->cols, 3, 2, out); break;
-            default: dot_chunked(dtype, row, x, a->ldx, a->cols, 4, 2, out); break;
-            }
-            for (int i = 0; i < nn; i++) a->y[(int64_t)(g + i) * a->ldy + r] = out[i];
-        }
+        EACH_GROUP(a->nx, STORE_1, CHUNKED_CALL, dtype)
     }
 }
 
@@ -431,6 +437,7 @@ INL void i8p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int 
     }
 }
 
+#define PERM_CALL(DOT, g, N) DOT(row, xp + (int64_t)(g) * a->cols, a->cols, a->cols, N, out)
 #define PERM_DRIVER(NAME, DOT)                                                                 \
     static void NAME(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp,          \
                      const float *rs) {                                                        \
@@ -438,17 +445,7 @@ INL void i8p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int 
         for (int64_t r = r0; r < r1; r++) {                                                    \
             const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;                            \
             float s = rs ? rs[r] : 1.0f;                                                       \
-            for (int g = 0; g < a->nx; g += XG) {                                              \
-                const float *x = xp + (int64_t)g * a->cols;                                    \
-                int nn = a->nx - g < XG ? a->nx - g : XG;                                      \
-                switch (nn) {                                                                  \
-                case 1: DOT(row, x, a->cols, a->cols, 1, out); break;                          \
-                case 2: DOT(row, x, a->cols, a->cols, 2, out); break;                          \
-                case 3: DOT(row, x, a->cols, a->cols, 3, out); break;                          \
-                default: DOT(row, x, a->cols, a->cols, 4, out); break;                         \
-                }                                                                              \
-                for (int i = 0; i < nn; i++) a->y[(int64_t)(g + i) * a->ldy + r] = out[i] * s;  \
-            }                                                                                  \
+            EACH_GROUP(a->nx, STORE_S, PERM_CALL, DOT)                                         \
         }                                                                                      \
     }
 
@@ -548,21 +545,16 @@ INL void i8_dot(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int n
     }
 }
 
+/* int16 activations (tsr_gemv_i8_args): DOT over LEN (columns or blocks) */
+#define XQ_CALL(DOT, LEN, g, N) DOT(w, a->xq + (int64_t)(g) * a->cols, a->cols, LEN, N, out)
+#define STORE_I8(g, i) Y_AT(g, i) = out[i] * a->wscale[r] * a->xscale[(g) + (i)]
+#define STORE_XS(g, i) Y_AT(g, i) = out[i] * a->xscale[(g) + (i)]
+
 void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     float out[XG];
     for (int64_t r = r0; r < r1; r++) {
         const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;
-        for (int g = 0; g < a->nx; g += XG) {
-            const int16_t *x = a->xq + (int64_t)g * a->cols;
-            int nn = a->nx - g < XG ? a->nx - g : XG;
-            switch (nn) {
-            case 1: i8_dot(w, x, a->cols, a->cols, 1, out); break;
-            case 2: i8_dot(w, x, a->cols, a->cols, 2, out); break;
-            case 3: i8_dot(w, x, a->cols, a->cols, 3, out); break;
-            default: i8_dot(w, x, a->cols, a->cols, 4, out); break;
-            }
-            for (int i = 0; i < nn; i++) a->y[(int64_t)(g + i) * a->ldy + r] = out[i] * a->wscale[r] * a->xscale[g + i];
-        }
+        EACH_GROUP(a->nx, STORE_I8, XQ_CALL, i8_dot, a->cols)
     }
 }
 
@@ -604,17 +596,7 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
     float out[XG];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *w = (const uint8_t *)a->w + (uint64_t)r * (uint64_t)nb * 34;
-        for (int g = 0; g < a->nx; g += XG) {
-            const int16_t *x = a->xq + (int64_t)g * a->cols;
-            int nn = a->nx - g < XG ? a->nx - g : XG;
-            switch (nn) {
-            case 1: q8i16_dot(w, x, a->cols, nb, 1, out); break;
-            case 2: q8i16_dot(w, x, a->cols, nb, 2, out); break;
-            case 3: q8i16_dot(w, x, a->cols, nb, 3, out); break;
-            default: q8i16_dot(w, x, a->cols, nb, 4, out); break;
-            }
-            for (int i = 0; i < nn; i++) a->y[(int64_t)(g + i) * a->ldy + r] = out[i] * a->xscale[g + i];
-        }
+        EACH_GROUP(a->nx, STORE_XS, XQ_CALL, q8i16_dot, nb)
     }
 }
 
