@@ -7,7 +7,10 @@
 // A warp owns RPW consecutive output rows and walks them from start to end:
 // each step every lane loads 16 bytes of each of its rows at the same
 // columns (8 bf16 or 16 E4M3 weights), the activations of those columns once
-// for all RPW rows, with U steps' loads issued before any is used. Whole
+// for all RPW rows, with U steps' loads issued before any is used. With KS
+// > 1, KS warps of a block share the same rows, taking turns at U steps of
+// the columns, and add their sums through shared memory (more loads in
+// flight, shorter chains per warp). Whole
 // rows read front to back by 32 lanes make 512-byte runs per load, which the
 // H200 serves faster than the tensor-core kernel's 64-byte pieces of 16 rows
 // (gemv_mma.cuh); several rows per warp put more bytes in flight per warp and
@@ -63,12 +66,14 @@ __device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, floa
     return acc;
 }
 
-template <int WK, int RPW, int U>
+// KS: warps per row group (the header); their sums added in warp order.
+template <int WK, int RPW, int U, int KS = 1>
 __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     constexpr int K = Piece<WK>::k, ES = WK == kBf16 ? 2 : 1, STEP = 32 * K;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * RPW;
-    if (o0 >= p.n_out) return;
+    static_assert(8 % KS == 0, "a block of 8 warps holds whole groups of KS");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = warp % KS;
+    const int o0 = (blockIdx.x * (8 / KS) + warp / KS) * RPW;
+    if (KS == 1 && o0 >= p.n_out) return; // with KS > 1 every warp reaches the barrier
     const uint8_t *row[RPW]; // rows past n_out read the last row (not stored)
 #pragma unroll
     for (int r = 0; r < RPW; r++) row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
@@ -80,7 +85,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     // the wait, as gemv_mma does, made a one-row pass slower on the H200
     // (4.437 against 4.395 ms at the Llama-3-8B shape, BENCHMARKS.md).
     tsr_pdl::enter();
-    for (int k0 = lane * K; k0 < p.cols; k0 += STEP * U) {
+    for (int k0 = lane * K + seg * STEP * U; k0 < p.cols; k0 += STEP * U * KS) {
         uint4 w[U][RPW];
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -101,12 +106,28 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
         }
     }
     const float mul = tsr_mma::kind_mul<WK>();
+    __shared__ float part[KS > 1 ? 8 : 1][RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
         float v = acc[r];
         for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+        if (KS > 1) {
+            if (lane == 0) part[warp][r] = v;
+            continue;
+        }
         const int o = o0 + r;
         if (lane == 0 && o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
+    }
+    if (KS > 1) {
+        __syncthreads();
+        if (seg != 0 || lane != 0) return;
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            float v = 0.0f;
+            for (int s = 0; s < KS; s++) v += part[warp + s][r];
+            const int o = o0 + r;
+            if (o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
+        }
     }
 }
 
@@ -116,26 +137,33 @@ inline bool row_reads(int WK, const Args &p) {
            ((reinterpret_cast<uintptr_t>(p.w) | reinterpret_cast<uintptr_t>(p.x)) & 15) == 0;
 }
 
-template <int WK, int RPW, int U> inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl) {
-    const unsigned grid = (unsigned)((p.n_out + 8 * RPW - 1) / (8 * RPW));
-    return tsr_pdl::launch(gemv_row<WK, RPW, U>, grid, 256, 0, st, pdl, p);
+template <int WK, int RPW, int U, int KS = 1>
+inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl) {
+    const int rows_per_block = 8 / KS * RPW;
+    const unsigned grid = (unsigned)((p.n_out + rows_per_block - 1) / rows_per_block);
+    return tsr_pdl::launch(gemv_row<WK, RPW, U, KS>, grid, 256, 0, st, pdl, p);
 }
 
 // The decode GEMV of 1..8 rows: one row through gemv_row where it reads the
 // operands and is the faster kernel at the shape, else gemv_mma. Measured at
-// the Llama-3-8B shapes on the H200 (tools/cuda_lab/gemv_lab.cu,
-// BENCHMARKS.md, TB/s at one row): bf16 gemv_row beats every gemv_mma
-// configuration on every shape (q/k/v 3.36 vs 3.02, o 2.88 vs 2.69, gate/up
-// 4.14 vs 3.85, down 3.86 vs 3.60, LM head 4.56 vs 3.99), two rows per warp
-// where there are many rows; E4M3 gemv_row with 4 rows per warp on tall
-// matrices (gate/up 3.24 vs 3.20, LM head 4.22 vs 3.67) and 2 on q/k/v (2.18
-// vs 2.17), gemv_mma's 16 warps per tile on the 4,096-row ones (o 1.91 vs
-// 1.67, down 2.73 vs 2.26).
+// the Llama-3-8B shapes on the H200 (tools/cuda_lab/gemv_lab.cu, weights out
+// of L2; BENCHMARKS.md, seventh session; TB/s at one row for q/k/v, o,
+// gate/up, down, LM head):
+// - bf16: two warps per group of 2 rows (KS 2) on matrices below 16,384 rows,
+//   3.34, 2.95, -, 3.93, - against one warp per row's 3.33, 2.88, -, 3.81, -;
+//   four warps per row on the tall ones, 4.19 (gate/up) and 4.45 (LM head)
+//   against two rows per warp's 4.07 and 4.47. A one-row pass 4.36 -> 4.23 ms
+//   (decode 228.8 -> 235.6 tok/s). Every gemv_mma configuration is slower.
+// - E4M3: 4 rows per warp on tall matrices (gate/up 3.18, LM head 4.17) and 2
+//   on q/k/v (2.19), gemv_mma's 16 warps per tile on the 4,096-row ones (o
+//   1.84, down 2.70). KS 2 read faster alone (2.31, 1.90, 3.38, 2.81, 4.12)
+//   but made the one-row pass slower as programmatic dependents (3.13 ->
+//   3.21 ms), so E4M3 keeps one warp per row group.
 // pdl: launched as a programmatic dependent of the kernel before it.
 template <int WK> inline cudaError_t launch_decode(const Args &p, int rows, cudaStream_t st, bool pdl) {
     if (rows == 1 && row_reads(WK, p)) {
         if (WK == kBf16)
-            return p.n_out >= 16384 ? launch_cfg<WK, 2, 2>(p, st, pdl) : launch_cfg<WK, 1, 2>(p, st, pdl);
+            return p.n_out >= 16384 ? launch_cfg<WK, 1, 2, 4>(p, st, pdl) : launch_cfg<WK, 2, 2, 2>(p, st, pdl);
         if (p.n_out >= 16384) return launch_cfg<WK, 4, 1>(p, st, pdl);
         if (p.n_out > 4096) return launch_cfg<WK, 2, 1>(p, st, pdl);
     }

@@ -4,7 +4,7 @@
 // - cuda_gemv_cublaslt (the CUDA baseline): every call is one cuBLASLt
 //   matmul, bf16 x bf16 -> f32 with f32 accumulation;
 // - cuda_gemv (CUDA_GEMV_DECODE): for one row (decode) a kernel streaming
-//   whole weight rows, one or two per warp (kernels/cuda/gemv_row.cuh); for
+//   whole weight rows, two or four warps per row group (kernels/cuda/gemv_row.cuh); for
 //   2..8 rows (verification of drafts) a tensor-core GEMV
 //   (kernels/cuda/gemv_mma.cuh) that streams each weight once for all input
 //   rows, 8 rows costing about what 1 does; cuBLASLt above 8 rows (prefill).

@@ -1,7 +1,9 @@
 /*
  * The decode kernels of cuda_gemv and cuda_gemv_fp8 (one row: whole rows
- * streamed by kernels/cuda/gemv_row.cuh, 1, 2 or 4 rows per warp by shape,
- * or the tensor-core GEMV; 2..8 rows: the tensor-core GEMV of
+ * streamed by kernels/cuda/gemv_row.cuh, 1, 2 or 4 rows per warp and 1, 2
+ * or 4 warps per row group by shape, or the tensor-core GEMV (every
+ * configuration also checked against f64 by tools/cuda_lab/gemv_lab.cu on
+ * wider rows); 2..8 rows: the tensor-core GEMV of
  * kernels/cuda/gemv_mma.cuh) through the plugins' run(), eagerly and
  * replayed from a CUDA graph (ctest label "gpu"; skipped cleanly where no
  * CUDA device is present).

@@ -105,17 +105,21 @@ static void launch_cfg(int ci, const uint8_t *w, const float *s, const float *x,
 // ---- one-row kernels (kernels/cuda/gemv_row.cuh): configuration kRowBase + i
 constexpr int kRowBase = 100;
 struct RowCfg {
-    int rpw, u;
+    int rpw, u, ks;
 };
-static const RowCfg kRowCfgs[] = {{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}, {4, 1}, {4, 2}, {8, 1}};
+static const RowCfg kRowCfgs[] = {{1, 1, 1}, {1, 2, 1}, {1, 4, 1}, {2, 1, 1}, {2, 2, 1}, {4, 1, 1},
+                                  {4, 2, 1}, {8, 1, 1}, {1, 1, 2}, {1, 2, 2}, {1, 4, 2}, {1, 2, 4},
+                                  {2, 1, 2}, {2, 2, 2}, {4, 1, 2}, {1, 1, 4}};
 static const int kNumRowCfgs = sizeof kRowCfgs / sizeof kRowCfgs[0];
 
 template <int WK>
 static void launch_row(int i, const Args &a, cudaStream_t st) {
     switch (i) {
-#define C(I, R, U)                                                                                        \
-    case I: CK((tsr_row::launch_cfg<WK, R, U>(a, st, false))); break;
-        C(0, 1, 1) C(1, 1, 2) C(2, 1, 4) C(3, 2, 1) C(4, 2, 2) C(5, 4, 1) C(6, 4, 2) C(7, 8, 1)
+#define C(I, R, U, KS)                                                                                    \
+    case I: CK((tsr_row::launch_cfg<WK, R, U, KS>(a, st, false))); break;
+        C(0, 1, 1, 1) C(1, 1, 2, 1) C(2, 1, 4, 1) C(3, 2, 1, 1) C(4, 2, 2, 1) C(5, 4, 1, 1) C(6, 4, 2, 1)
+        C(7, 8, 1, 1) C(8, 1, 1, 2) C(9, 1, 2, 2) C(10, 1, 4, 2) C(11, 1, 2, 4) C(12, 2, 1, 2) C(13, 2, 2, 2)
+        C(14, 4, 1, 2) C(15, 1, 1, 4)
 #undef C
     }
 }
@@ -448,7 +452,8 @@ int main(void) {
         for (int ci = wk ? 0 : -1; ci < kRowBase + kNumRowCfgs; ci++) {
             if (ci == kNumCfgs) ci = kRowBase;
             if (ci < 0) printf("%-22s", "old warp/row u4");
-            else if (ci >= kRowBase) printf("row rpw %d u %d        ", kRowCfgs[ci - kRowBase].rpw, kRowCfgs[ci - kRowBase].u);
+            else if (ci >= kRowBase) printf("row rpw %d u %d ks %d   ", kRowCfgs[ci - kRowBase].rpw, kRowCfgs[ci - kRowBase].u,
+                                      kRowCfgs[ci - kRowBase].ks);
             else printf("kw %2d mt %d u %d        ", kCfgs[ci].kw, kCfgs[ci].mt, kCfgs[ci].u);
             for (int i = 0; i < kNumShapes; i++) {
                 const Shape &S = kShapes[i];
