@@ -5,6 +5,7 @@
  * shares every weight and costs only its scratch; and (version 3) the
  * pages of the model file a plugin has its own copy of, given back.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,7 +128,8 @@ static int aux_seq_truncate(void *data, const tsr_plugin_ctx *ctx, tsr_aux_seq *
  * table tied to the output head they are given back too: the lookup reads
  * one row per token and faults back only the pages of the rows it reads. */
 static uint64_t aux_weight_done(void *data, const void *p, uint64_t n) {
-    const tsr_model *m = data;
+    tsr_model *m = data;
+    atomic_fetch_add(&m->weight_dones, 1);
     return m->file ? tsr_model_file_give_back(m->file, p, n) : 0;
 }
 

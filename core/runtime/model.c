@@ -3,6 +3,7 @@
  * it, prepare every projection through the gemv plugin, attach the experts
  * to the expert cache, and size the scratch of a forward chunk.
  */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,8 +58,11 @@ static int find_matrix(tsr_model *m, const char *name, int64_t rows, int64_t col
 /* Page-table entries for the pages of a weight now (at load, or when an
  * expert is prepared), not one fault per 64 KiB of the mapped file inside
  * the first forward pass: on a 1 GB model those were a fifth of a 128-token
- * prefill. Only what is prepared is touched, so experts left to the file
- * stay unmapped. A hint: without MADV_POPULATE_READ (Linux 5.14) nothing. */
+ * prefill. Only what is prepared and still read through the mapping is
+ * touched: experts left to the file stay unmapped, and a weight the plugin
+ * copied (and gave back, weight_done) is not brought in again (nor before:
+ * resident memory grows by the plugin's block, not by the whole matrix).
+ * A hint: without MADV_POPULATE_READ (Linux 5.14) nothing. */
 static void populate(const void *p, uint64_t n) {
 #ifdef MADV_POPULATE_READ
     long pg = sysconf(_SC_PAGESIZE);
@@ -102,8 +106,10 @@ static int prepare(tsr_model *m, const tsr_tensor *t, void **out, uint64_t *byte
         *out = NULL;
         return rc;
     }
-    if (m->be->device == TSR_DEVICE_CPU) populate(t->data, t->nbytes);
+    const uint64_t dones = atomic_load(&m->weight_dones);
     rc = tsr_gemv_prepare(m->gemv, &w, out);
+    if (rc == TSR_OK && m->be->device == TSR_DEVICE_CPU && atomic_load(&m->weight_dones) == dones)
+        populate(t->data, t->nbytes);
     if (rc != TSR_OK) {
         *out = NULL;
         char what[300];

@@ -64,6 +64,7 @@ struct tsr_model {
     char *catalog_dir;            /* as loaded, for models lent to plugins */
     int n_threads;
     tsr_aux_api aux;              /* models lent to this engine's plugins (aux.c) */
+    _Atomic uint64_t weight_dones; /* calls of the host's weight_done so far (any thread) */
     tsr_model_file *file;
     tsr_model_config cfg;
     tsr_model_desc desc;
