@@ -1,10 +1,13 @@
 /*
  * cpu_gemv - SIMD gemv over the weights exactly as stored.
  *
- * prepare() only checks the matrix and keeps a borrowed view of the mmap:
- * f32/f16/bf16/i8 are converted in registers, GGUF Q8_0 and Q4_K blocks are
- * decoded in registers, the other block types 256 elements at a time on the
- * stack; no copy of the matrix is ever made. run() splits the output rows
+ * prepare() checks the matrix and copies its bytes as stored into memory
+ * backed by 2 MiB pages where the kernel gives them, giving the mapped
+ * pages back (param weights: copy; with weights: map it keeps a borrowed
+ * view of the mapping instead): f32/f16/bf16/i8 are converted in
+ * registers, GGUF Q8_0 and Q4_K blocks are decoded in registers, the other
+ * block types 256 elements at a time on the stack; the matrix is never
+ * widened or converted in memory. run() splits the output rows
  * over the host's pool and reads each weight row once for every input row
  * (decode, verification). From blas_min_rows input rows on (prefill), the
  * blocked GEMM of kernels/cpu/gemm_cpu.h widens each 16-row weight panel
@@ -24,31 +27,45 @@ static int cg_init(void *inst, const tsr_plugin_ctx *ctx) {
     return gemv_engine_init(&g->cfg, ctx);
 }
 
-static int cg_prepare(void *inst, const tsr_weight *w, void **out) {
+/* One matrix, or n stacked by rows (copied into one; with weights: map,
+ * TSR_ERR_UNSUPPORTED: the host prepares them one by one). */
+static int cg_prepare_group(void *inst, const tsr_weight *ws, int n, void **out) {
     cpu_gemv *g = inst;
-    uint64_t row_bytes;
-    int rc = gemv_engine_check(g->ctx, w, &row_bytes);
-    if (rc != TSR_OK) return rc;
+    uint64_t row_bytes = 0, rb;
+    int64_t rows = 0;
+    if (n < 1) return TSR_ERR_INVALID;
+    for (int i = 0; i < n; i++) {
+        int rc = gemv_engine_check(g->ctx, &ws[i], &rb);
+        if (rc != TSR_OK) return rc;
+        if (i > 0 && (ws[i].dtype != ws[0].dtype || ws[i].cols != ws[0].cols)) {
+            g->ctx->host->set_error(g->ctx, "%s: stacked with %s but of another dtype or width", ws[i].name,
+                                    ws[0].name);
+            return TSR_ERR_INVALID;
+        }
+        row_bytes = rb;
+        rows += ws[i].rows;
+    }
     gemv_matrix *m = g->ctx->host->alloc(g->ctx, sizeof *m, 16);
     if (!m) {
-        g->ctx->host->set_error(g->ctx, "%s: out of memory", w->name ? w->name : "(unnamed)");
+        g->ctx->host->set_error(g->ctx, "%s: out of memory", ws[0].name ? ws[0].name : "(unnamed)");
         return TSR_ERR_NOMEM;
     }
-    m->dtype = w->dtype;
-    m->rows = w->rows;
-    m->cols = w->cols;
-    m->row_bytes = row_bytes;
-    m->data = w->data;
-    m->scale = NULL;
-    m->bytes = row_bytes * (uint64_t)w->rows;
-    m->owned = NULL;
-    m->x_i16 = 0;
+    *m = (gemv_matrix){.dtype = ws[0].dtype, .rows = rows, .cols = ws[0].cols, .row_bytes = row_bytes,
+                       .bytes = row_bytes * (uint64_t)rows};
+    int rc = gemv_engine_weights(&g->cfg, g->ctx, ws, n, row_bytes, &m->data, &m->owned);
+    if (rc != TSR_OK) {
+        g->ctx->host->free(g->ctx, m);
+        return rc;
+    }
     *out = m;
     return TSR_OK;
 }
 
+static int cg_prepare(void *inst, const tsr_weight *w, void **out) { return cg_prepare_group(inst, w, 1, out); }
+
 static void cg_release(void *inst, void *prepared) {
     cpu_gemv *g = inst;
+    if (prepared) g->ctx->host->free(g->ctx, ((gemv_matrix *)prepared)->owned);
     g->ctx->host->free(g->ctx, prepared);
 }
 
@@ -69,6 +86,7 @@ static const tsr_gemv_i cpu_gemv_iface = {
     .release = cg_release,
     .run = cg_run,
     .bytes = cg_bytes,
+    .prepare_group = cg_prepare_group,
 };
 
 static const tsr_plugin_desc cpu_gemv_desc = {

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -12,7 +13,14 @@
 extern void openblas_set_num_threads(int n) __attribute__((weak));
 
 int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
-    const tsr_param *p = ctx->host->param(ctx, "isa");
+    const tsr_param *p = ctx->host->param(ctx, "weights");
+    const char *wts = p && p->type == TSR_PARAM_STRING && p->v.s ? p->v.s : "copy";
+    if (strcmp(wts, "copy") != 0 && strcmp(wts, "map") != 0) {
+        ctx->host->set_error(ctx, "param weights: '%s' is not one of copy, map", wts);
+        return TSR_ERR_INVALID;
+    }
+    cfg->copy_weights = !strcmp(wts, "copy");
+    p = ctx->host->param(ctx, "isa");
     const char *isa = p && p->type == TSR_PARAM_STRING && p->v.s ? p->v.s : "auto";
     tsr_gemv_isa want;
     if (!strcmp(isa, "auto")) {
@@ -79,6 +87,65 @@ int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *
                              (long long)w->cols, tsr_dtype_name(w->dtype), (unsigned long long)w->nbytes);
         return TSR_ERR_INVALID;
     }
+    return TSR_OK;
+}
+
+int gemv_engine_can_give_back(const tsr_host_api *h) {
+    return h->version >= 3 && h->struct_size >= offsetof(tsr_host_api, weight_done) + sizeof(void *) &&
+           h->weight_done;
+}
+
+/* Items are blocks of COPY_BLOCK bytes: copy one, give its pages back. */
+#define COPY_BLOCK ((uint64_t)4 << 20)
+typedef struct copy_job {
+    const tsr_plugin_ctx *ctx;
+    const uint8_t *src;
+    uint8_t *dst;
+    uint64_t n;
+    int give_back;
+} copy_job;
+
+static void copy_blocks(void *arg, int64_t b0, int64_t b1, int tid) {
+    copy_job *j = arg;
+    (void)tid;
+    for (int64_t b = b0; b < b1; b++) {
+        const uint64_t o = (uint64_t)b * COPY_BLOCK, len = j->n - o < COPY_BLOCK ? j->n - o : COPY_BLOCK;
+        memcpy(j->dst + o, j->src + o, (size_t)len);
+        if (j->give_back) j->ctx->host->weight_done(j->ctx, j->src + o, len);
+    }
+}
+
+int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n,
+                        uint64_t row_bytes, const uint8_t **data, void **owned) {
+    *data = n == 1 ? ws[0].data : NULL;
+    *owned = NULL;
+    if (!cfg->copy_weights) return n == 1 ? TSR_OK : TSR_ERR_UNSUPPORTED;
+    const char *name = ws[0].name ? ws[0].name : "(unnamed)";
+    uint64_t total = 0, part;
+    for (int i = 0; i < n; i++)
+        if (tsr_mul_u64(row_bytes, (uint64_t)ws[i].rows, &part) || tsr_add_u64(total, part, &total)) {
+            total = UINT64_MAX;
+            break;
+        }
+    uint8_t *buf = total <= SIZE_MAX / 2 ? ctx->host->alloc(ctx, (size_t)total, 64) : NULL;
+    if (!buf) {
+        ctx->host->set_error(ctx, "%s%s: out of memory for a %llu-byte copy (param weights: map reads the "
+                             "mapping instead)", name, n > 1 ? " and the matrices stacked with it" : "",
+                             (unsigned long long)total);
+        return TSR_ERR_NOMEM;
+    }
+    const int give_back = gemv_engine_can_give_back(ctx->host);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const uint64_t nb = row_bytes * (uint64_t)ws[i].rows;
+        copy_job j = {ctx, ws[i].data, buf + off, nb, give_back};
+        ctx->host->parallel_for(ctx, (int64_t)((nb + COPY_BLOCK - 1) / COPY_BLOCK), copy_blocks, &j);
+        /* the pages that straddle two blocks, now that both are copied */
+        if (give_back) ctx->host->weight_done(ctx, ws[i].data, nb);
+        off += nb;
+    }
+    *data = buf;
+    *owned = buf;
     return TSR_OK;
 }
 

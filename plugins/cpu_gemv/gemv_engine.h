@@ -22,6 +22,7 @@ typedef struct gemv_engine_cfg {
     int64_t blas_min_rows;     /* run() with >= this many rows takes the prefill path; 0: never */
     int64_t blas_min_rows_q;   /* the same for block-quantised dtypes (slower to widen) */
     int64_t tile_rows;         /* weight rows widened per sgemm call */
+    int copy_weights;          /* weights as stored: copied at prepare (1) or read through the mapping (0) */
 } gemv_engine_cfg;
 
 /* A prepared matrix: borrowed (cpu_gemv) or owned (cpu_gemv_int8) data. */
@@ -36,7 +37,7 @@ typedef struct gemv_matrix {
     int x_i16;          /* I8 (with scale) or Q8_0: decode with int16 activations (lossy) */
 } gemv_matrix;
 
-/* Reads ctx params "isa" (auto, avx2, portable), "prefill" (gemm: the
+/* Reads ctx params "weights" (copy, the default when absent; map), "isa" (auto, avx2, portable), "prefill" (gemm: the
  * blocked GEMM of gemm_cpu.h, the default when absent; blas: widened tiles
  * through OpenBLAS sgemm), "blas_min_rows", "blas_min_rows_quant",
  * "blas_tile_rows"; sets up OpenBLAS to one thread (the host's pool is the
@@ -45,6 +46,24 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx);
 
 /* Check w's shape against its bytes. TSR_OK, or set_error and an error. */
 int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *row_bytes);
+
+/* Whether the host gives mapped weight pages back (weight_done, host API 3). */
+int gemv_engine_can_give_back(const tsr_host_api *h);
+
+/* The weights as stored of the n matrices ws (one dtype, cols and
+ * row_bytes; n > 1: stacked by rows in order, as prepare_group asks): with
+ * cfg->copy_weights, copied into the plugin's memory (host alloc, which
+ * asks the kernel for 2 MiB pages on large blocks) over the host's pool,
+ * each block's mapped pages given back as soon as it is copied, so that
+ * resident memory grows by about a block; else, for one matrix, its data
+ * itself, and for several TSR_ERR_UNSUPPORTED (the host then prepares them
+ * one by one). Why copy: a decode token reads every weight once, from many
+ * rows at a time; behind 4 KiB pages of the file mapping each thread's
+ * streams cross a page every 4 KiB (a TLB miss, a prefetcher restart), and
+ * stacked matrices make one GEMV (one wake-up of the pool) of several.
+ * *data: what to read; *owned: the copy to free (host free), or NULL. */
+int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n,
+                        uint64_t row_bytes, const uint8_t **data, void **owned);
 
 /* y[rows, m->rows] = x[rows, m->cols] . W^T. With m->x_i16, the kernel path
  * quantises x to int16 per row first (tsr_gemv_i8_args); NaN or Inf in x

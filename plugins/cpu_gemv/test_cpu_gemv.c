@@ -341,6 +341,94 @@ static void test_errors(void **state) {
     assert_int_equal(atomic_load(&th_live), 0);
 }
 
+/* prepare_group: n matrices stacked by rows give, row for row, each
+ * matrix's products within the bound of the f64 reference, as each gives
+ * alone (one row: the kernels; 70 rows: the GEMM), with
+ * weights: copy (the default: each copy's stored bytes handed back through
+ * weight_done) and refused as unsupported with weights: map, where one
+ * matrix is read in place. */
+static atomic_ullong done_bytes;
+static uint64_t count_done(const tsr_plugin_ctx *ctx, const void *data, uint64_t nbytes) {
+    (void)ctx, (void)data;
+    atomic_fetch_add(&done_bytes, nbytes);
+    return 0;
+}
+
+static void test_group(void **state) {
+    (void)state;
+    tsr_host_api api3 = th_api; /* a version-3 host: weight_done counted */
+    api3.version = 3;
+    api3.weight_done = count_done;
+    tsr_plugin_ctx ctx3 = {.host = &api3, .name = "test"};
+    const uint32_t dtypes[] = {TSR_DTYPE_BF16, TSR_DTYPE_F16, TSR_DTYPE_Q8_0, TSR_DTYPE_Q4_K};
+    const int64_t rows[3] = {20, 7, 9}, cols = 256, all = 36;
+    for (size_t di = 0; di < sizeof dtypes / sizeof *dtypes; di++) {
+        rng = SEED + 7 + di;
+        tsr_weight ws[3];
+        uint8_t *w[3];
+        uint64_t rb;
+        for (int i = 0; i < 3; i++) {
+            w[i] = make_weights(dtypes[di], rows[i], cols, &rb);
+            ws[i] = (tsr_weight){i == 0 ? "blk.wq" : i == 1 ? "blk.wk" : "blk.wv", dtypes[di], rows[i], cols, w[i],
+                                 rb * (uint64_t)rows[i], NULL};
+        }
+        float *x = malloc(70 * cols * sizeof *x), *yg = malloc(70 * all * sizeof *yg), *y1 = malloc(70 * 20 * sizeof *y1);
+        double *yref = malloc(70 * 20 * sizeof *yref), *tol = malloc(70 * 20 * sizeof *tol);
+        assert_true(x && yg && y1 && yref && tol);
+        for (int64_t i = 0; i < 70 * cols; i++) x[i] = rndf(-1, 1);
+        th_n_params = 0;
+        inst_box b;
+        b.d = tsr_plugin_entry(), b.g = b.d->iface, b.inst = calloc(1, b.d->instance_size);
+        assert_int_equal(b.d->init(b.inst, &ctx3), TSR_OK);
+        void *g = NULL, *one[3];
+        atomic_store(&done_bytes, 0);
+        assert_int_equal(b.g->prepare_group(b.inst, ws, 3, &g), TSR_OK);
+        assert_true(atomic_load(&done_bytes) >= ws[0].nbytes + ws[1].nbytes + ws[2].nbytes);
+        assert_int_equal(b.g->bytes(b.inst, g), ws[0].nbytes + ws[1].nbytes + ws[2].nbytes);
+        for (int i = 0; i < 3; i++) assert_int_equal(b.g->prepare(b.inst, &ws[i], &one[i]), TSR_OK);
+        for (int nx = 1; nx <= 70; nx += 69) {
+            assert_int_equal(b.g->run(b.inst, g, nx, x, yg, NULL), TSR_OK);
+            for (int i = 0, off = 0; i < 3; off += (int)rows[i], i++) {
+                assert_int_equal(b.g->run(b.inst, one[i], nx, x, y1, NULL), TSR_OK);
+                reference(dtypes[di], w[i], rb, rows[i], cols, x, nx, yref, tol);
+                for (int r = 0; r < nx; r++)
+                    for (int64_t o = 0; o < rows[i]; o++) {
+                        const int64_t k = (int64_t)r * rows[i] + o;
+                        assert_true(fabs(yg[(int64_t)r * all + off + o] - yref[k]) <= tol[k]);
+                        assert_true(fabs(y1[k] - yref[k]) <= tol[k]);
+                    }
+            }
+        }
+        b.g->release(b.inst, g);
+        for (int i = 0; i < 3; i++) b.g->release(b.inst, one[i]);
+        /* of another dtype: refused, naming it */
+        tsr_weight odd[2] = {ws[0], ws[1]};
+        odd[1].dtype = dtypes[di] == TSR_DTYPE_F16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F16;
+        odd[1].nbytes = (uint64_t)rows[1] * cols * 2;
+        assert_int_equal(b.g->prepare_group(b.inst, odd, 2, &g), TSR_ERR_INVALID);
+        assert_non_null(strstr(th_err, "blk.wk"));
+        close_inst(&b);
+        /* weights: map */
+        th_set_str("weights", "map");
+        b.inst = calloc(1, b.d->instance_size);
+        assert_int_equal(b.d->init(b.inst, &ctx3), TSR_OK);
+        atomic_store(&done_bytes, 0);
+        assert_int_equal(b.g->prepare_group(b.inst, ws, 3, &g), TSR_ERR_UNSUPPORTED);
+        assert_int_equal(b.g->prepare(b.inst, &ws[1], &one[1]), TSR_OK);
+        assert_int_equal(atomic_load(&done_bytes), 0);
+        assert_int_equal(b.g->run(b.inst, one[1], 1, x, y1, NULL), TSR_OK);
+        b.g->release(b.inst, one[1]);
+        close_inst(&b);
+        th_set_str("weights", "mmap");
+        assert_int_equal(open_inst(&b), TSR_ERR_INVALID);
+        assert_non_null(strstr(th_err, "mmap"));
+        close_inst(&b);
+        assert_int_equal(atomic_load(&th_live), 0);
+        for (int i = 0; i < 3; i++) free(w[i]);
+        free(x), free(yg), free(y1), free(yref), free(tol);
+    }
+}
+
 /* Fail the Nth host allocation for every N: prepare and the GEMM and sgemm
  * paths fail with NOMEM or succeed, and nothing leaks. */
 static void test_alloc_failure(void **state) {
@@ -386,6 +474,7 @@ int main(void) {
         cmocka_unit_test(test_nan_parity),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_group),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,9 +2,10 @@
  * cpu_gemv_int8 - gemv over int8 weights with one f32 scale per output row,
  * prepared at load from any stored float or block type (lossy).
  *
- * prepare() widens each stored row to f32 (one row of scratch per worker),
- * quantises it symmetrically (scale = max|w| / 127, round to nearest) into a
- * plugin-owned [rows, cols] int8 matrix, and never looks at the stored
+ * prepare() (and prepare_group: several matrices stacked by rows, as the
+ * host stacks q/k/v and gate/up) widens each stored row to f32 (one row of
+ * scratch per worker), quantises it symmetrically (scale = max|w| / 127,
+ * round to nearest) into a plugin-owned [rows, cols] int8 matrix, and never looks at the stored
  * weights again: decode reads 1 byte per weight plus 4 per row. Rows are
  * quantised in blocks of about QUANT_BLOCK_BYTES of stored weights, and each
  * block's pages are handed back to the host (weight_done, host api version
@@ -15,9 +16,9 @@
  * and multiplied with integer multiply-adds; many-row calls go through the
  * blocked GEMM (int8 panels widened with their scales) or OpenBLAS sgemm.
  * Q8_0 weights are int8 with a scale per 32 already: they are kept as
- * stored (borrowed from the file, never re-quantised), and with x_int16 run
- * through the Q8_0 x int16 kernel (gemv_cpu.h); without it, through cpu_gemv's
- * exact Q8_0 kernels.
+ * stored (copied, or with weights: map borrowed from the file; never
+ * re-quantised), and with x_int16 run through the Q8_0 x int16 kernel
+ * (gemv_cpu.h); without it, through cpu_gemv's exact Q8_0 kernels.
  */
 #include <math.h>
 #include <stddef.h>
@@ -55,11 +56,6 @@ typedef struct quant_job {
     volatile int64_t bad_row; /* first row with NaN/Inf seen, or -1 */
 } quant_job;
 
-static int host_has_weight_done(const tsr_host_api *h) {
-    return h->version >= 3 && h->struct_size >= offsetof(tsr_host_api, weight_done) + sizeof(void *) &&
-           h->weight_done;
-}
-
 /* Items are blocks of block_rows rows: quantise a block, then give back the
  * pages of its stored rows. */
 static void quant_rows(void *arg, int64_t b0, int64_t b1, int tid) {
@@ -91,70 +87,91 @@ static void quant_rows(void *arg, int64_t b0, int64_t b1, int tid) {
     j->ctx->host->free(j->ctx, row);
 }
 
-static int gi_prepare(void *inst, const tsr_weight *w, void **out) {
+/* One matrix, or n stacked by rows (prepare_group): quantised into one
+ * int8 matrix with its row scales; Q8_0 kept as stored (copied, or with
+ * weights: map borrowed from the mapping, which cannot stack:
+ * TSR_ERR_UNSUPPORTED, the host prepares them one by one). */
+static int gi_prepare_group(void *inst, const tsr_weight *ws, int n, void **out) {
     cpu_gemv_int8 *g = inst;
     const tsr_plugin_ctx *ctx = g->ctx;
-    const char *name = w->name ? w->name : "(unnamed)";
-    uint64_t src_rb, qbytes, sbytes, total;
-    int rc = gemv_engine_check(ctx, w, &src_rb);
-    if (rc != TSR_OK) return rc;
-    if (w->dtype == TSR_DTYPE_Q8_0) { /* int8 already, with a scale per 32: kept as stored */
-        gemv_matrix *m = ctx->host->alloc(ctx, sizeof *m, 16);
-        if (!m) {
-            ctx->host->set_error(ctx, "%s: out of memory", name);
-            return TSR_ERR_NOMEM;
+    const char *name = ws[0].name ? ws[0].name : "(unnamed)";
+    uint64_t src_rb = 0, rb, qbytes, sbytes, total;
+    int64_t rows = 0;
+    int rc;
+    if (n < 1) return TSR_ERR_INVALID;
+    for (int i = 0; i < n; i++) {
+        if ((rc = gemv_engine_check(ctx, &ws[i], &rb)) != TSR_OK) return rc;
+        if (i > 0 && (ws[i].dtype != ws[0].dtype || ws[i].cols != ws[0].cols)) {
+            ctx->host->set_error(ctx, "%s: stacked with %s but of another dtype or width", ws[i].name, name);
+            return TSR_ERR_INVALID;
         }
-        *m = (gemv_matrix){.dtype = TSR_DTYPE_Q8_0, .rows = w->rows, .cols = w->cols, .row_bytes = src_rb,
-                           .data = w->data, .bytes = src_rb * (uint64_t)w->rows, .x_i16 = g->x_i16};
+        src_rb = rb;
+        rows += ws[i].rows;
+    }
+    const int64_t cols = ws[0].cols;
+    gemv_matrix *m = ctx->host->alloc(ctx, sizeof *m, 16);
+    if (!m) {
+        ctx->host->set_error(ctx, "%s: out of memory", name);
+        return TSR_ERR_NOMEM;
+    }
+    if (ws[0].dtype == TSR_DTYPE_Q8_0) { /* int8 already, with a scale per 32: kept as stored */
+        *m = (gemv_matrix){.dtype = TSR_DTYPE_Q8_0, .rows = rows, .cols = cols, .row_bytes = src_rb,
+                           .bytes = src_rb * (uint64_t)rows, .x_i16 = g->x_i16};
+        if ((rc = gemv_engine_weights(&g->cfg, ctx, ws, n, src_rb, &m->data, &m->owned)) != TSR_OK) {
+            ctx->host->free(ctx, m);
+            return rc;
+        }
         *out = m;
         return TSR_OK;
     }
     /* int8 matrix, then the scales at a 64-byte boundary */
-    if (tsr_mul_u64((uint64_t)w->rows, (uint64_t)w->cols, &qbytes) || tsr_add_u64(qbytes, 63, &qbytes) ||
-        tsr_mul_u64((uint64_t)w->rows, sizeof(float), &sbytes) ||
+    if (tsr_mul_u64((uint64_t)rows, (uint64_t)cols, &qbytes) || tsr_add_u64(qbytes, 63, &qbytes) ||
+        tsr_mul_u64((uint64_t)rows, sizeof(float), &sbytes) ||
         tsr_add_u64(qbytes & ~(uint64_t)63, sbytes, &total) || total > SIZE_MAX / 2) {
-        ctx->host->set_error(ctx, "%s: %lld x %lld int8 copy does not fit in memory", name, (long long)w->rows,
-                             (long long)w->cols);
+        ctx->host->free(ctx, m);
+        ctx->host->set_error(ctx, "%s: %lld x %lld int8 copy does not fit in memory", name, (long long)rows,
+                             (long long)cols);
         return TSR_ERR_NOMEM;
     }
     qbytes &= ~(uint64_t)63;
-    gemv_matrix *m = ctx->host->alloc(ctx, sizeof *m, 16);
-    uint8_t *buf = m ? ctx->host->alloc(ctx, (size_t)total, 64) : NULL;
+    uint8_t *buf = ctx->host->alloc(ctx, (size_t)total, 64);
     if (!buf) {
         ctx->host->free(ctx, m);
         ctx->host->set_error(ctx, "%s: out of memory for its %llu-byte int8 copy", name,
                              (unsigned long long)total);
         return TSR_ERR_NOMEM;
     }
-    int64_t block_rows = (int64_t)(QUANT_BLOCK_BYTES / src_rb);
-    if (block_rows < 1) block_rows = 1;
-    quant_job j = {ctx, w, src_rb, block_rows, host_has_weight_done(ctx->host), (int8_t *)buf,
-                   (float *)(void *)(buf + qbytes), 0, -1};
-    ctx->host->parallel_for(ctx, (w->rows + block_rows - 1) / block_rows, quant_rows, &j);
-    if (j.nomem || j.bad_row >= 0) {
-        if (j.nomem)
-            ctx->host->set_error(ctx, "%s: out of memory for a %lld-column row", name, (long long)w->cols);
-        else
-            ctx->host->set_error(ctx, "%s: row %lld holds NaN or Inf: int8 scales need finite weights", name,
-                                 (long long)j.bad_row);
-        ctx->host->free(ctx, buf);
-        ctx->host->free(ctx, m);
-        return j.nomem ? TSR_ERR_NOMEM : TSR_ERR_INVALID;
+    float *scale = (float *)(void *)(buf + qbytes);
+    int64_t r0 = 0;
+    for (int i = 0; i < n; i++) {
+        const tsr_weight *w = &ws[i];
+        int64_t block_rows = (int64_t)(QUANT_BLOCK_BYTES / src_rb);
+        if (block_rows < 1) block_rows = 1;
+        quant_job j = {ctx, w, src_rb, block_rows, gemv_engine_can_give_back(ctx->host),
+                       (int8_t *)buf + (uint64_t)r0 * (uint64_t)cols, scale + r0, 0, -1};
+        ctx->host->parallel_for(ctx, (w->rows + block_rows - 1) / block_rows, quant_rows, &j);
+        if (j.nomem || j.bad_row >= 0) {
+            if (j.nomem)
+                ctx->host->set_error(ctx, "%s: out of memory for a %lld-column row", w->name, (long long)cols);
+            else
+                ctx->host->set_error(ctx, "%s: row %lld holds NaN or Inf: int8 scales need finite weights",
+                                     w->name, (long long)j.bad_row);
+            ctx->host->free(ctx, buf);
+            ctx->host->free(ctx, m);
+            return j.nomem ? TSR_ERR_NOMEM : TSR_ERR_INVALID;
+        }
+        /* the pages that straddle two blocks, now that both are done */
+        if (j.give_back) ctx->host->weight_done(ctx, w->data, w->nbytes);
+        r0 += w->rows;
     }
-    /* the pages that straddle two blocks, now that both are done */
-    if (j.give_back) ctx->host->weight_done(ctx, w->data, w->nbytes);
-    m->dtype = TSR_DTYPE_I8;
-    m->rows = w->rows;
-    m->cols = w->cols;
-    m->row_bytes = (uint64_t)w->cols;
-    m->data = buf;
-    m->scale = j.scale;
-    m->bytes = (uint64_t)w->rows * (uint64_t)w->cols + sbytes;
-    m->owned = buf;
-    m->x_i16 = g->x_i16;
+    *m = (gemv_matrix){.dtype = TSR_DTYPE_I8, .rows = rows, .cols = cols, .row_bytes = (uint64_t)cols,
+                       .data = buf, .scale = scale, .bytes = (uint64_t)rows * (uint64_t)cols + sbytes,
+                       .owned = buf, .x_i16 = g->x_i16};
     *out = m;
     return TSR_OK;
 }
+
+static int gi_prepare(void *inst, const tsr_weight *w, void **out) { return gi_prepare_group(inst, w, 1, out); }
 
 static void gi_release(void *inst, void *prepared) {
     cpu_gemv_int8 *g = inst;
@@ -181,6 +198,7 @@ static const tsr_gemv_i cpu_gemv_int8_iface = {
     .release = gi_release,
     .run = gi_run,
     .bytes = gi_bytes,
+    .prepare_group = gi_prepare_group,
 };
 
 static const tsr_plugin_desc cpu_gemv_int8_desc = {

@@ -363,6 +363,73 @@ static void test_weight_done(void **state) {
     free(wd_seen), free(wf), free(x), free(y1), free(y3), free(w);
 }
 
+/* prepare_group: matrices stacked by rows (q/k/v, gate/up) give each
+ * matrix's outputs as it gives alone, quantised (bf16) and as stored
+ * (Q8_0, copied; refused with weights: map, which cannot stack), for the
+ * int16 kernels (1 row) and the GEMM (40 rows). */
+static void test_group(void **state) {
+    (void)state;
+    const int64_t rows[2] = {24, 9}, cols = 256, all = 33;
+    for (int q8 = 0; q8 < 2; q8++) {
+        rng = SEED + 11 + q8;
+        tsr_weight ws[2];
+        uint8_t *w[2];
+        float *wf = malloc((size_t)(rows[0] * cols) * sizeof *wf);
+        for (int i = 0; i < 2; i++) {
+            if (q8) { /* Q8_0 blocks: an f16 scale, 32 int8 */
+                w[i] = malloc((size_t)(rows[i] * cols / 32 * 34));
+                for (int64_t b = 0; b < rows[i] * cols / 32; b++) {
+                    uint16_t h = tsr_f32_to_f16(rndf(0.001f, 0.02f));
+                    memcpy(w[i] + 34 * b, &h, 2);
+                    for (int k = 0; k < 32; k++) w[i][34 * b + 2 + k] = (uint8_t)(int8_t)lrintf(rndf(-127, 127));
+                }
+            } else {
+                w[i] = make(TSR_DTYPE_BF16, rows[i], cols, wf);
+            }
+            ws[i] = (tsr_weight){i ? "blk.up" : "blk.gate", q8 ? TSR_DTYPE_Q8_0 : TSR_DTYPE_BF16, rows[i], cols,
+                                 w[i], q8 ? (uint64_t)(rows[i] * cols / 32 * 34) : (uint64_t)(rows[i] * cols * 2),
+                                 NULL};
+        }
+        float *x = malloc(40 * cols * sizeof *x), *yg = malloc(40 * all * sizeof *yg), *y1 = malloc(40 * 24 * sizeof *y1);
+        assert_true(wf && x && yg && y1);
+        for (int64_t i = 0; i < 40 * cols; i++) x[i] = rndf(-1, 1);
+        const tsr_gemv_i *g = tsr_plugin_entry()->iface;
+        for (int map = 0; map < 2; map++) {
+            th_n_params = 0;
+            if (map) th_set_str("weights", "map");
+            int rc;
+            void *inst = open_inst(&rc), *grp = NULL, *one;
+            assert_int_equal(rc, TSR_OK);
+            if (map && q8) {
+                assert_int_equal(g->prepare_group(inst, ws, 2, &grp), TSR_ERR_UNSUPPORTED);
+                free(inst);
+                continue;
+            }
+            assert_int_equal(g->prepare_group(inst, ws, 2, &grp), TSR_OK);
+            for (int nx = 1; nx <= 40; nx += 39) {
+                assert_int_equal(g->run(inst, grp, nx, x, yg, NULL), TSR_OK);
+                for (int i = 0, off = 0; i < 2; off += (int)rows[i], i++) {
+                    assert_int_equal(g->prepare(inst, &ws[i], &one), TSR_OK);
+                    assert_int_equal(g->run(inst, one, nx, x, y1, NULL), TSR_OK);
+                    g->release(inst, one);
+                    for (int r = 0; r < nx; r++)
+                        for (int64_t o = 0; o < rows[i]; o++) {
+                            const double a = y1[(int64_t)r * rows[i] + o], b = yg[(int64_t)r * all + off + o];
+                            if (!(fabs(a - b) <= 1e-5 * fabs(a) + 1e-6))
+                                fail_msg("q8 %d map %d nx %d matrix %d row %lld: stacked %.9g, alone %.9g", q8, map,
+                                         nx, i, (long long)o, b, a);
+                        }
+                }
+            }
+            g->release(inst, grp);
+            free(inst);
+        }
+        assert_int_equal(atomic_load(&th_live), 0);
+        for (int i = 0; i < 2; i++) free(w[i]);
+        free(wf), free(x), free(yg), free(y1);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
@@ -370,6 +437,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test(test_weight_done),
+        cmocka_unit_test(test_group),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
