@@ -92,14 +92,8 @@ static int cpu_rope_split(const tsr_rope *rp, const float *inv_freq, float *q, f
 
 static int cpu_argmax(const float *x, int rows, int n, int32_t *out, tsr_error *err) {
     (void)err;
-    for (int r = 0; r < rows; r++) {
-        const float *row = x + (int64_t)r * n;
-        int32_t best = -1;
-        float bv = -INFINITY;
-        for (int i = 0; i < n; i++)
-            if (row[i] > bv) bv = row[i], best = i; /* NaN and -inf never compare greater */
-        out[r] = best;
-    }
+    for (int r = 0; r < rows; r++) /* -1 for a row of NaN and -inf */
+        out[r] = tsr_argmax_above(x + (int64_t)r * n, n, -INFINITY);
     return TSR_OK;
 }
 

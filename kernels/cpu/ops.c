@@ -108,9 +108,29 @@ void tsr_topk(const float *x, int n, int k, int32_t *idx) {
     for (int j = m; j < k; j++) idx[j] = -1;
 }
 
+/* The maximum in eight independent chains (one chain waits out a compare
+ * and a select per element: ~150 us over a 151,936-entry vocabulary), then
+ * the first index holding it. "v > m ? v : m" never takes a NaN, and a max
+ * does not depend on the order of the chains, so the result is the one
+ * element-by-element scan's. */
+int32_t tsr_argmax_above(const float *x, int n, float floor) {
+    float m[8] = {floor, floor, floor, floor, floor, floor, floor, floor};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+    float best = floor;
+    for (int j = 0; j < 8; j++) best = m[j] > best ? m[j] : best;
+    for (; i < n; i++) best = x[i] > best ? x[i] : best;
+    if (!(best > floor)) return -1;
+    i = 0;
+    while (x[i] != best) i++; /* best is one of x's values */
+    return i;
+}
+
 int32_t tsr_argmax(const float *x, int n) {
-    int32_t best = -1;
-    for (int i = 0; i < n; i++)
-        if (!isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
-    return best < 0 ? 0 : best;
+    const int32_t best = tsr_argmax_above(x, n, -INFINITY);
+    if (best >= 0) return best;
+    for (int i = 0; i < n; i++) /* nothing above -inf: the first that is not NaN */
+        if (!isnan(x[i])) return i;
+    return 0;
 }

@@ -38,8 +38,11 @@ void tsr_softmax(float *x, int n);
 /* Indices of the k largest values of x[n] (ties: lower index first), in
  * descending order of value. */
 void tsr_topk(const float *x, int n, int k, int32_t *idx);
-/* Index of the largest value (ties: lowest index; NaN never chosen). */
+/* Index of the largest value (ties: lowest index; NaN never chosen; all
+ * NaN: 0). */
 int32_t tsr_argmax(const float *x, int n);
+/* The same among the values greater than floor; -1 when there is none. */
+int32_t tsr_argmax_above(const float *x, int n, float floor);
 static inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 
 #endif /* TSR_KERNELS_CPU_OPS_H */

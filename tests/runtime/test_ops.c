@@ -1,6 +1,7 @@
 /* Tests of kernels/cpu/ops.h where a SIMD path replaces the scalar one:
  * silu_mul against double precision over a sweep of inputs and tails, and
- * the special values (NaN, infinities, overflow of e^-g) as expf gives them. */
+ * the special values (NaN, infinities, overflow of e^-g) as expf gives them;
+ * argmax against the element-by-element scan. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -58,10 +59,43 @@ static void test_silu_mul_specials(void **state) {
     for (int i = 0; i < 9; i++) assert_true(fabsf(a[i] - b[i]) <= 8 * 1.1920929e-7f * fabsf(b[i]));
 }
 
+/* tsr_argmax and tsr_argmax_above against the element-by-element scan:
+ * ties (first wins), signed zeros, NaN (never chosen), -inf, lengths that
+ * leave a tail after the chains of eight. */
+static int32_t scan_above(const float *x, int n, float floor) {
+    int32_t best = -1;
+    float bv = floor;
+    for (int i = 0; i < n; i++)
+        if (x[i] > bv) bv = x[i], best = i;
+    return best;
+}
+
+static void test_argmax(void **state) {
+    (void)state;
+    uint32_t h = 12345;
+    float x[300];
+    for (int trial = 0; trial < 4000; trial++) {
+        const int n = 1 + trial % 97 + (trial % 3 == 0 ? 200 : 0);
+        for (int i = 0; i < n; i++) {
+            h = h * 1664525u + 1013904223u;
+            const uint32_t k = h >> 24;
+            x[i] = k < 8 ? NAN : k < 16 ? -INFINITY : k < 24 ? 0.0f : k < 32 ? -0.0f : (float)(int)(h >> 27) - 8.0f;
+            if (trial % 5 == 0) x[i] = k < 128 ? NAN : -INFINITY; /* rows with nothing above -inf */
+        }
+        const int32_t want = scan_above(x, n, -INFINITY);
+        assert_int_equal(tsr_argmax_above(x, n, -INFINITY), want);
+        assert_int_equal(tsr_argmax_above(x, n, 1.0f), scan_above(x, n, 1.0f));
+        int32_t first = 0; /* tsr_argmax: -inf counts, the first non-NaN when nothing is above */
+        while (first < n && isnan(x[first])) first++;
+        assert_int_equal(tsr_argmax(x, n), want >= 0 ? want : first < n ? first : 0);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_silu_mul_accuracy),
         cmocka_unit_test(test_silu_mul_specials),
+        cmocka_unit_test(test_argmax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
