@@ -83,7 +83,9 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     // Launched as a programmatic dependent (pdl.cuh): wait for the kernel
     // before, let the next one launch. Issuing the first weight loads before
     // the wait, as gemv_mma does, made a one-row pass slower on the H200
-    // (4.437 against 4.395 ms at the Llama-3-8B shape, BENCHMARKS.md).
+    // (4.437 against 4.395 ms at the Llama-3-8B shape), and so did asking
+    // L2 for them (prefetch.global.L2 of each warp's first pieces: 4.280 ->
+    // 4.575 ms; BENCHMARKS.md).
     tsr_pdl::enter();
     for (int k0 = lane * K + seg * STEP * U; k0 < p.cols; k0 += STEP * U * KS) {
         uint4 w[U][RPW];

@@ -8,8 +8,11 @@
 // completed and its writes are visible) before it reads anything an earlier
 // kernel wrote and before it writes anything an earlier kernel may still
 // read. What depends on nothing (weights) may be loaded before: the
-// tensor-core GEMV (gemv_mma.cuh) issues its first weight loads, then
-// waits.
+// tensor-core GEMV (gemv_mma.cuh) issues its first weight loads, the norms
+// (ops.cu) load their weights and rope_k computes its first angles, the
+// cluster attention kernel asks L2 for its keys and values (one-row
+// passes), then each waits. (The one-row GEMV does not: its first loads
+// before the wait, into registers or into L2, made a pass slower.)
 //
 // The convention of every kernel on the forward pass: wait() before the
 // first dependent access, trigger() (griddepcontrol.launch_dependents: the
