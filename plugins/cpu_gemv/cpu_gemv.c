@@ -38,8 +38,8 @@ static int cg_prepare_group(void *inst, const tsr_weight *ws, int n, void **out)
         int rc = gemv_engine_check(g->ctx, &ws[i], &rb);
         if (rc != TSR_OK) return rc;
         if (i > 0 && (ws[i].dtype != ws[0].dtype || ws[i].cols != ws[0].cols)) {
-            g->ctx->host->set_error(g->ctx, "%s: stacked with %s but of another dtype or width", ws[i].name,
-                                    ws[0].name);
+            g->ctx->host->set_error(g->ctx, "%s: stacked with %s but of another dtype or width",
+                                    ws[i].name ? ws[i].name : "(unnamed)", ws[0].name ? ws[0].name : "(unnamed)");
             return TSR_ERR_INVALID;
         }
         row_bytes = rb;

@@ -102,7 +102,8 @@ static int gi_prepare_group(void *inst, const tsr_weight *ws, int n, void **out)
     for (int i = 0; i < n; i++) {
         if ((rc = gemv_engine_check(ctx, &ws[i], &rb)) != TSR_OK) return rc;
         if (i > 0 && (ws[i].dtype != ws[0].dtype || ws[i].cols != ws[0].cols)) {
-            ctx->host->set_error(ctx, "%s: stacked with %s but of another dtype or width", ws[i].name, name);
+            ctx->host->set_error(ctx, "%s: stacked with %s but of another dtype or width",
+                                 ws[i].name ? ws[i].name : "(unnamed)", name);
             return TSR_ERR_INVALID;
         }
         src_rb = rb;
@@ -152,10 +153,11 @@ static int gi_prepare_group(void *inst, const tsr_weight *ws, int n, void **out)
         ctx->host->parallel_for(ctx, (w->rows + block_rows - 1) / block_rows, quant_rows, &j);
         if (j.nomem || j.bad_row >= 0) {
             if (j.nomem)
-                ctx->host->set_error(ctx, "%s: out of memory for a %lld-column row", w->name, (long long)cols);
+                ctx->host->set_error(ctx, "%s: out of memory for a %lld-column row", w->name ? w->name : name,
+                                     (long long)cols);
             else
                 ctx->host->set_error(ctx, "%s: row %lld holds NaN or Inf: int8 scales need finite weights",
-                                     w->name, (long long)j.bad_row);
+                                     w->name ? w->name : name, (long long)j.bad_row);
             ctx->host->free(ctx, buf);
             ctx->host->free(ctx, m);
             return j.nomem ? TSR_ERR_NOMEM : TSR_ERR_INVALID;

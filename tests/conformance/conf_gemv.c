@@ -1,7 +1,9 @@
 /*
  * conf_gemv.c - gemv cases: every weight dtype x shape x row count (decode,
  * verification, prefill), one case per dtype with NaN and Inf in x; output
- * guarded, inputs checked untouched, NMSE against ref_gemv.
+ * guarded, inputs checked untouched, NMSE against ref_gemv. Plugins with
+ * prepare_group: three matrices stacked, against the reference's products
+ * of each alone.
  */
 #include <math.h>
 #include <stdio.h>
@@ -177,6 +179,75 @@ out:
     free(wcopy);
 }
 
+/* prepare_group (gemv interface 2, optional): q/k/v-like matrices of one
+ * dtype stacked by rows give, row for row, each matrix's products (the
+ * reference runs each alone); TSR_ERR_UNSUPPORTED is the plugin's answer
+ * that it would rather have them alone (reported as unsupported). */
+static void group_cases(conf_env *env, gemv_pair *p, uint32_t dt, uint64_t *rng) {
+    int (*grp)(void *, const tsr_weight *, int, void **) = CONF_MEMBER(p->ci, tsr_gemv_i, prepare_group);
+    if (!grp) return;
+    enum { N = 3, IN = 256 };
+    const int outs[N] = {32, 9, 9}, all = 50;
+    char what[128];
+    snprintf(what, sizeof what, "gemv prepare_group 32+9+9 x %d %s", IN, tsr_dtype_name(dt));
+    tsr_weight ws[N];
+    unsigned char *wb[N] = {0};
+    void *rh[N] = {0}, *h = NULL;
+    float *x = malloc((size_t)5 * IN * sizeof *x), *yr = malloc((size_t)5 * 32 * sizeof *yr);
+    float *y = conf_guarded_alloc((int64_t)5 * all), *want = malloc((size_t)5 * all * sizeof *want);
+    int ok = x && yr && y && want;
+    for (int i = 0; ok && i < N; i++) {
+        uint64_t nb;
+        ok = (wb[i] = make_weights(dt, outs[i], IN, rng, &nb)) != NULL;
+        if (ok) ws[i] = (tsr_weight){i == 0 ? "conf.q" : i == 1 ? "conf.k" : "conf.v", dt, outs[i], IN, wb[i], nb, NULL};
+        ok = ok && CONF_MEMBER(p->ref, tsr_gemv_i, prepare)(CONF_INST(p->ref), &ws[i], &rh[i]) == TSR_OK;
+    }
+    if (!ok) {
+        conf_report(env, CONF_FAIL, what, "harness: no memory, or the reference refused a matrix");
+        goto out;
+    }
+    for (int64_t i = 0; i < 5 * IN; i++) x[i] = conf_randf(rng);
+    p->ci->err[0] = '\0';
+    int rc = grp(CONF_INST(p->ci), ws, N, &h);
+    if (rc == TSR_ERR_UNSUPPORTED) {
+        conf_report(env, CONF_UNSUPPORTED, what, "%s", p->ci->err[0] ? p->ci->err : "prefers them alone");
+        goto out;
+    }
+    if (rc != TSR_OK) {
+        conf_report(env, CONF_FAIL, what, "status %d (%s): %s", rc, tsr_status_str(rc), p->ci->err);
+        goto out;
+    }
+    for (int rows = 1; rows <= 5; rows += 4) {
+        snprintf(what, sizeof what, "gemv prepare_group rows=%d 32+9+9 x %d %s", rows, IN, tsr_dtype_name(dt));
+        int bad_ref = 0;
+        for (int i = 0, off = 0; i < N; off += outs[i], i++) {
+            bad_ref |= gemv_run(p->ref, rh[i], rows, x, yr) != TSR_OK;
+            for (int r = 0; r < rows; r++)
+                memcpy(want + (int64_t)r * all + off, yr + (int64_t)r * outs[i], (size_t)outs[i] * sizeof *yr);
+        }
+        double nmse = 0.0;
+        int64_t bad = 0;
+        const double tol = env->m->exact ? GEMV_TOL_EXACT : GEMV_TOL_LOSSY;
+        p->ci->err[0] = '\0';
+        rc = gemv_run(p->ci, h, rows, x, y);
+        if (bad_ref) conf_report(env, CONF_FAIL, what, "reference failed: %s", p->ref->err);
+        else if (rc != TSR_OK) conf_report(env, CONF_FAIL, what, "status %d (%s): %s", rc, tsr_status_str(rc), p->ci->err);
+        else if (!conf_guard_intact(y, (int64_t)rows * all)) conf_report(env, CONF_FAIL, what, "wrote outside y");
+        else if (conf_compare(y, want, (int64_t)rows * all, env->m->exact, &nmse, &bad))
+            conf_report(env, CONF_FAIL, what, "NaN/Inf parity at %lld", (long long)bad);
+        else if (!(nmse <= tol)) conf_report(env, CONF_FAIL, what, "nmse %.3g > %.0e (matrices out of order?)", nmse, tol);
+        else conf_report(env, CONF_PASS, what, "nmse %.3g <= %.0e", nmse, tol);
+    }
+out:
+    release(p->ci, h);
+    for (int i = 0; i < N; i++) {
+        release(p->ref, rh[i]);
+        free(wb[i]);
+    }
+    free(x), free(yr), free(want);
+    conf_guarded_free(y);
+}
+
 void conf_run_gemv(conf_env *env) {
     tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = 256, .n_heads = 4, .n_kv_heads = 4,
                          .head_dim = 64, .ffn = 768, .vocab = 256, .max_ctx = 256};
@@ -194,6 +265,8 @@ void conf_run_gemv(conf_env *env) {
         for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                 weight_cases(env, &p, dtypes[d], shapes[s].out, shapes[s].in, s == 1, &rng);
+        for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
+            if (declares_dtype(env->m, dtypes[d])) group_cases(env, &p, dtypes[d], &rng);
         if (p.ci->live_allocs > 1)
             conf_report(env, CONF_FAIL, "gemv release", "%lld host allocations (%llu bytes) still held after "
                          "every prepared handle was released", (long long)p.ci->live_allocs - 1,
