@@ -92,7 +92,13 @@ typedef struct tsr_gemv_i {
      * (sum of ws[i].rows outputs per row) in one pass over the weights. The
      * host stacks q/k/v and gate/up. TSR_ERR_UNSUPPORTED where the plugin
      * would rather have them alone (the host then prepares them one by one).
-     * Each ws[i] carries its own scale (version 3); they share one dtype. */
+     * Each ws[i] carries its own scale (version 3); they share one dtype.
+     * The host prepares every weight that stays prepared for the model's
+     * life here (n = 1 for one alone: the other projections, the output
+     * head) and a weight prepared on demand and released again (an expert
+     * of an expert cache) through prepare(), so a plugin may treat them
+     * differently: cpu_gemv copies the first into memory of 2 MiB pages and
+     * reads the second in place. */
     int (*prepare_group)(void *inst, const tsr_weight *ws, int n, void **out);
 } tsr_gemv_i;
 

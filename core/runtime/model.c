@@ -96,8 +96,19 @@ static int check_scaled(tsr_model *m, const tsr_weight *w, tsr_error *err) {
                          ((const uint32_t *)m->gemv->iface)[1]);
 }
 
-/* Prepare t through the gemv plugin; adds its prepared size to *bytes. */
-static int prepare(tsr_model *m, const tsr_tensor *t, void **out, uint64_t *bytes, tsr_error *err) {
+/* How a matrix is loaded (load_matrix's flags). */
+enum {
+    LOAD_OPTIONAL = 1,  /* may be absent (*out NULL) */
+    LOAD_ON_DEMAND = 2, /* prepared when asked for and released again (an expert), not for the model's life */
+};
+
+/* Prepare t through the gemv plugin; adds its prepared size to *bytes. A
+ * weight prepared for the model's life goes through prepare_group (one
+ * matrix alone) where the plugin has it, one prepared on demand through
+ * prepare (tsr_gemv.h: a plugin may keep the first in its own memory and
+ * read the second in place). */
+static int prepare(tsr_model *m, const tsr_tensor *t, int on_demand, void **out, uint64_t *bytes,
+                   tsr_error *err) {
     tsr_weight_scale sc;
     tsr_weight w = weight_of(t, t->n_dims == 1 ? 1 : t->shape[0],
                              t->n_dims > 1 ? t->shape[1] : t->shape[0], &sc);
@@ -107,7 +118,8 @@ static int prepare(tsr_model *m, const tsr_tensor *t, void **out, uint64_t *byte
         return rc;
     }
     const uint64_t dones = atomic_load(&m->weight_dones);
-    rc = tsr_gemv_prepare(m->gemv, &w, out);
+    rc = on_demand ? TSR_ERR_UNSUPPORTED : tsr_gemv_prepare_group(m->gemv, &w, 1, out);
+    if (rc == TSR_ERR_UNSUPPORTED) rc = tsr_gemv_prepare(m->gemv, &w, out);
     if (rc == TSR_OK && m->be->device == TSR_DEVICE_CPU && atomic_load(&m->weight_dones) == dones)
         populate(t->data, t->nbytes);
     if (rc != TSR_OK) {
@@ -121,14 +133,14 @@ static int prepare(tsr_model *m, const tsr_tensor *t, void **out, uint64_t *byte
     return TSR_OK;
 }
 
-/* Find [rows, cols] and prepare it; optional weights may be absent (*out NULL). */
-static int load_matrix(tsr_model *m, const char *name, int64_t rows, int64_t cols, int optional,
+/* Find [rows, cols] and prepare it (flags: LOAD_*). */
+static int load_matrix(tsr_model *m, const char *name, int64_t rows, int64_t cols, int flags,
                        void **out, uint64_t *bytes, tsr_error *err) {
     const tsr_tensor *t;
     *out = NULL;
-    int rc = find_matrix(m, name, rows, cols, optional, &t, err);
+    int rc = find_matrix(m, name, rows, cols, flags & LOAD_OPTIONAL, &t, err);
     if (rc != TSR_OK || !t) return rc;
-    return prepare(m, t, out, bytes, err);
+    return prepare(m, t, (flags & LOAD_ON_DEMAND) != 0, out, bytes, err);
 }
 
 /* Prepare the n matrices names[i] ([rows[i], cols]) as one stacked handle
@@ -231,9 +243,9 @@ static int expert_load(void *data, int layer, int e, tsr_expert_weights *out, ui
     void *g = NULL, *u = NULL, *d = NULL;
     int64_t h = m->cfg.hidden, f = m->cfg.expert_ffn;
     *bytes = 0;
-    int rc = load_matrix(m, gn, f, h, 0, &g, bytes, &err);
-    if (rc == TSR_OK) rc = load_matrix(m, un, f, h, 0, &u, bytes, &err);
-    if (rc == TSR_OK) rc = load_matrix(m, dn, h, f, 0, &d, bytes, &err);
+    int rc = load_matrix(m, gn, f, h, LOAD_ON_DEMAND, &g, bytes, &err);
+    if (rc == TSR_OK) rc = load_matrix(m, un, f, h, LOAD_ON_DEMAND, &u, bytes, &err);
+    if (rc == TSR_OK) rc = load_matrix(m, dn, h, f, LOAD_ON_DEMAND, &d, bytes, &err);
     if (rc != TSR_OK) {
         fprintf(stderr, "tessera: expert %d of layer %d: %s\n", e, layer, err.msg);
         tsr_gemv_release(m->gemv, g);
@@ -532,7 +544,7 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
         m->embed_data = m->embed_copy;
     }
     if (c->tie_embeddings)
-        rc = prepare(m, m->embed, &m->lm_head, &m->weight_bytes_token, err);
+        rc = prepare(m, m->embed, 0, &m->lm_head, &m->weight_bytes_token, err);
     else
         rc = load_matrix(m, "lm_head.weight", c->vocab, c->hidden, 0, &m->lm_head,
                          &m->weight_bytes_token, err);

@@ -1,10 +1,12 @@
 /*
  * cpu_gemv - SIMD gemv over the weights exactly as stored.
  *
- * prepare() checks the matrix and copies its bytes as stored into memory
- * backed by 2 MiB pages where the kernel gives them, giving the mapped
- * pages back (param weights: copy; with weights: map it keeps a borrowed
- * view of the mapping instead): f32/f16/bf16/i8 are converted in
+ * prepare_group() (weights the host keeps for the model's life, one alone
+ * or several stacked) checks the matrices and copies their bytes as stored
+ * into memory backed by 2 MiB pages where the kernel gives them, giving the
+ * mapped pages back (param weights: copy; with weights: map it keeps a
+ * borrowed view of the mapping instead); prepare() (an expert prepared on
+ * demand) keeps a borrowed view: f32/f16/bf16/i8 are converted in
  * registers, GGUF Q8_0 and Q4_K blocks are decoded in registers, the other
  * block types 256 elements at a time on the stack; the matrix is never
  * widened or converted in memory. run() splits the output rows
@@ -27,9 +29,9 @@ static int cg_init(void *inst, const tsr_plugin_ctx *ctx) {
     return gemv_engine_init(&g->cfg, ctx);
 }
 
-/* One matrix, or n stacked by rows (copied into one; with weights: map,
- * TSR_ERR_UNSUPPORTED: the host prepares them one by one). */
-static int cg_prepare_group(void *inst, const tsr_weight *ws, int n, void **out) {
+/* n matrices stacked by rows; resident: the host keeps them for the
+ * model's life (prepare_group), copied (gemv_engine_weights). */
+static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void **out) {
     cpu_gemv *g = inst;
     uint64_t row_bytes = 0, rb;
     int64_t rows = 0;
@@ -52,7 +54,7 @@ static int cg_prepare_group(void *inst, const tsr_weight *ws, int n, void **out)
     }
     *m = (gemv_matrix){.dtype = ws[0].dtype, .rows = rows, .cols = ws[0].cols, .row_bytes = row_bytes,
                        .bytes = row_bytes * (uint64_t)rows};
-    int rc = gemv_engine_weights(&g->cfg, g->ctx, ws, n, row_bytes, &m->data, &m->owned);
+    int rc = gemv_engine_weights(&g->cfg, g->ctx, ws, n, resident, row_bytes, &m->data, &m->owned);
     if (rc != TSR_OK) {
         g->ctx->host->free(g->ctx, m);
         return rc;
@@ -61,7 +63,15 @@ static int cg_prepare_group(void *inst, const tsr_weight *ws, int n, void **out)
     return TSR_OK;
 }
 
-static int cg_prepare(void *inst, const tsr_weight *w, void **out) { return cg_prepare_group(inst, w, 1, out); }
+/* One matrix prepared on demand (an expert): read in place. */
+static int cg_prepare(void *inst, const tsr_weight *w, void **out) { return prepare_n(inst, w, 1, 0, out); }
+
+/* Weights for the model's life, one alone or several stacked (with
+ * weights: map, several answer TSR_ERR_UNSUPPORTED: the host prepares them
+ * one by one). */
+static int cg_prepare_group(void *inst, const tsr_weight *ws, int n, void **out) {
+    return prepare_n(inst, ws, n, 1, out);
+}
 
 static void cg_release(void *inst, void *prepared) {
     cpu_gemv *g = inst;

@@ -116,10 +116,10 @@ static void copy_blocks(void *arg, int64_t b0, int64_t b1, int tid) {
 }
 
 int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n,
-                        uint64_t row_bytes, const uint8_t **data, void **owned) {
+                        int resident, uint64_t row_bytes, const uint8_t **data, void **owned) {
     *data = n == 1 ? ws[0].data : NULL;
     *owned = NULL;
-    if (!cfg->copy_weights) return n == 1 ? TSR_OK : TSR_ERR_UNSUPPORTED;
+    if (!cfg->copy_weights || !resident) return n == 1 ? TSR_OK : TSR_ERR_UNSUPPORTED;
     const char *name = ws[0].name ? ws[0].name : "(unnamed)";
     uint64_t total = 0, part;
     for (int i = 0; i < n; i++)

@@ -51,19 +51,22 @@ int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *
 int gemv_engine_can_give_back(const tsr_host_api *h);
 
 /* The weights as stored of the n matrices ws (one dtype, cols and
- * row_bytes; n > 1: stacked by rows in order, as prepare_group asks): with
- * cfg->copy_weights, copied into the plugin's memory (host alloc, which
- * asks the kernel for 2 MiB pages on large blocks) over the host's pool,
- * each block's mapped pages given back as soon as it is copied, so that
- * resident memory grows by about a block; else, for one matrix, its data
- * itself, and for several TSR_ERR_UNSUPPORTED (the host then prepares them
- * one by one). Why copy: a decode token reads every weight once, from many
- * rows at a time; behind 4 KiB pages of the file mapping each thread's
- * streams cross a page every 4 KiB (a TLB miss, a prefetcher restart), and
- * stacked matrices make one GEMV (one wake-up of the pool) of several.
- * *data: what to read; *owned: the copy to free (host free), or NULL. */
+ * row_bytes; n > 1: stacked by rows in order, as prepare_group asks). With
+ * resident (prepare_group: the host keeps them prepared for the model's
+ * life) and cfg->copy_weights: copied into the plugin's memory (host
+ * alloc, which asks the kernel for 2 MiB pages on large blocks) over the
+ * host's pool, each block's mapped pages given back as soon as it is
+ * copied, so that resident memory grows by about a block. Else, for one
+ * matrix, its data itself (prepare(): experts prepared on demand are read
+ * in place, not copied at every miss), and for several
+ * TSR_ERR_UNSUPPORTED (the host then prepares them one by one). Why copy:
+ * a decode token reads every weight once, from many rows at a time; behind
+ * 4 KiB pages of the file mapping each thread's streams cross a page every
+ * 4 KiB (a TLB miss, a prefetcher restart), and stacked matrices make one
+ * GEMV (one wake-up of the pool) of several. *data: what to read; *owned:
+ * the copy to free (host free), or NULL. */
 int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n,
-                        uint64_t row_bytes, const uint8_t **data, void **owned);
+                        int resident, uint64_t row_bytes, const uint8_t **data, void **owned);
 
 /* y[rows, m->rows] = x[rows, m->cols] . W^T. With m->x_i16, the kernel path
  * quantises x to int16 per row first (tsr_gemv_i8_args); NaN or Inf in x

@@ -343,10 +343,10 @@ static void test_errors(void **state) {
 
 /* prepare_group: n matrices stacked by rows give, row for row, each
  * matrix's products within the bound of the f64 reference, as each gives
- * alone (one row: the kernels; 70 rows: the GEMM), with
- * weights: copy (the default: each copy's stored bytes handed back through
- * weight_done) and refused as unsupported with weights: map, where one
- * matrix is read in place. */
+ * alone (one row: the kernels; 70 rows: the GEMM), with weights: copy (the
+ * default: each copy's stored bytes handed back through weight_done; a
+ * group of one copied too, prepare() reading in place) and refused as
+ * unsupported with weights: map, where one matrix is read in place. */
 static atomic_ullong done_bytes;
 static uint64_t count_done(const tsr_plugin_ctx *ctx, const void *data, uint64_t nbytes) {
     (void)ctx, (void)data;
@@ -385,7 +385,15 @@ static void test_group(void **state) {
         assert_int_equal(b.g->prepare_group(b.inst, ws, 3, &g), TSR_OK);
         assert_true(atomic_load(&done_bytes) >= ws[0].nbytes + ws[1].nbytes + ws[2].nbytes);
         assert_int_equal(b.g->bytes(b.inst, g), ws[0].nbytes + ws[1].nbytes + ws[2].nbytes);
+        /* prepare(): on demand (an expert), read in place: nothing copied or given back */
+        const unsigned long long done = atomic_load(&done_bytes);
         for (int i = 0; i < 3; i++) assert_int_equal(b.g->prepare(b.inst, &ws[i], &one[i]), TSR_OK);
+        assert_int_equal(atomic_load(&done_bytes), done);
+        /* a group of one: copied */
+        void *g1 = NULL;
+        assert_int_equal(b.g->prepare_group(b.inst, &ws[1], 1, &g1), TSR_OK);
+        assert_true(atomic_load(&done_bytes) >= done + ws[1].nbytes);
+        b.g->release(b.inst, g1);
         for (int nx = 1; nx <= 70; nx += 69) {
             assert_int_equal(b.g->run(b.inst, g, nx, x, yg, NULL), TSR_OK);
             for (int i = 0, off = 0; i < 3; off += (int)rows[i], i++) {

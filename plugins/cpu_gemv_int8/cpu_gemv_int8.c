@@ -16,7 +16,8 @@
  * and multiplied with integer multiply-adds; many-row calls go through the
  * blocked GEMM (int8 panels widened with their scales) or OpenBLAS sgemm.
  * Q8_0 weights are int8 with a scale per 32 already: they are kept as
- * stored (copied, or with weights: map borrowed from the file; never
+ * stored (copied when prepared for the model's life, prepare_group, unless
+ * weights: map; experts prepared on demand read in place; never
  * re-quantised), and with x_int16 run through the Q8_0 x int16 kernel
  * (gemv_cpu.h); without it, through cpu_gemv's exact Q8_0 kernels.
  */
@@ -87,11 +88,11 @@ static void quant_rows(void *arg, int64_t b0, int64_t b1, int tid) {
     j->ctx->host->free(j->ctx, row);
 }
 
-/* One matrix, or n stacked by rows (prepare_group): quantised into one
- * int8 matrix with its row scales; Q8_0 kept as stored (copied, or with
- * weights: map borrowed from the mapping, which cannot stack:
- * TSR_ERR_UNSUPPORTED, the host prepares them one by one). */
-static int gi_prepare_group(void *inst, const tsr_weight *ws, int n, void **out) {
+/* One matrix, or n stacked by rows: quantised into one int8 matrix with
+ * its row scales; Q8_0 kept as stored (resident and weights: copy: copied;
+ * else read in place, which cannot stack: TSR_ERR_UNSUPPORTED, the host
+ * prepares them one by one). */
+static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void **out) {
     cpu_gemv_int8 *g = inst;
     const tsr_plugin_ctx *ctx = g->ctx;
     const char *name = ws[0].name ? ws[0].name : "(unnamed)";
@@ -118,7 +119,7 @@ static int gi_prepare_group(void *inst, const tsr_weight *ws, int n, void **out)
     if (ws[0].dtype == TSR_DTYPE_Q8_0) { /* int8 already, with a scale per 32: kept as stored */
         *m = (gemv_matrix){.dtype = TSR_DTYPE_Q8_0, .rows = rows, .cols = cols, .row_bytes = src_rb,
                            .bytes = src_rb * (uint64_t)rows, .x_i16 = g->x_i16};
-        if ((rc = gemv_engine_weights(&g->cfg, ctx, ws, n, src_rb, &m->data, &m->owned)) != TSR_OK) {
+        if ((rc = gemv_engine_weights(&g->cfg, ctx, ws, n, resident, src_rb, &m->data, &m->owned)) != TSR_OK) {
             ctx->host->free(ctx, m);
             return rc;
         }
@@ -173,7 +174,12 @@ static int gi_prepare_group(void *inst, const tsr_weight *ws, int n, void **out)
     return TSR_OK;
 }
 
-static int gi_prepare(void *inst, const tsr_weight *w, void **out) { return gi_prepare_group(inst, w, 1, out); }
+/* prepare(): an expert prepared on demand (Q8_0 read in place);
+ * prepare_group(): weights for the model's life (Q8_0 copied). */
+static int gi_prepare(void *inst, const tsr_weight *w, void **out) { return prepare_n(inst, w, 1, 0, out); }
+static int gi_prepare_group(void *inst, const tsr_weight *ws, int n, void **out) {
+    return prepare_n(inst, ws, n, 1, out);
+}
 
 static void gi_release(void *inst, void *prepared) {
     cpu_gemv_int8 *g = inst;
