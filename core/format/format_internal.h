@@ -18,6 +18,7 @@
 typedef struct tsr_map {
     void *addr;
     uint64_t size;
+    int fd1; /* the file's descriptor + 1, kept for tsr_map_read (0: none, so a zeroed map owns nothing) */
 } tsr_map;
 
 int tsr_map_file(const char *path, tsr_map *m, tsr_error *err);
@@ -26,9 +27,16 @@ struct tsr_safetensors;
 /* Give back the whole pages of [p, p + n) if the range lies inside m (see
  * tsr_model_file_give_back); returns the bytes given back, 0 otherwise. */
 uint64_t tsr_map_give_back(const tsr_map *m, const void *p, uint64_t n);
+/* Copy [p, p + n) into dst by reading the file (pread) when the range lies
+ * inside m: the bytes of the mapping without mapping a page of it (see
+ * tsr_model_file_read). 1 when done, 0 otherwise (dst untouched or partly
+ * written: the caller copies from p instead). */
+int tsr_map_read(const tsr_map *m, const void *p, uint64_t n, void *dst);
 /* The same over the file a reader mapped (0 for one parsed from a buffer). */
 uint64_t tsr_safetensors_give_back(const struct tsr_safetensors *st, const void *p, uint64_t n);
+int tsr_safetensors_read(const struct tsr_safetensors *st, const void *p, uint64_t n, void *dst);
 uint64_t tsr_gguf_give_back(const tsr_gguf *g, const void *p, uint64_t n);
+int tsr_gguf_read(const tsr_gguf *g, const void *p, uint64_t n, void *dst);
 
 /* A growable list of tensors with owned names, searchable by name once
  * sorted. */

@@ -437,6 +437,8 @@ uint64_t tsr_gguf_give_back(const tsr_gguf *g, const void *p, uint64_t n) {
     return tsr_map_give_back(&g->map, p, n);
 }
 
+int tsr_gguf_read(const tsr_gguf *g, const void *p, uint64_t n, void *dst) { return tsr_map_read(&g->map, p, n, dst); }
+
 void tsr_gguf_free(tsr_gguf *g) {
     if (!g) return;
     for (int i = 0; i < g->n_kv; i++) {

@@ -11,6 +11,7 @@
 int tsr_map_file(const char *path, tsr_map *m, tsr_error *err) {
     m->addr = NULL;
     m->size = 0;
+    m->fd1 = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return tsr_error_set_at(err, TSR_ERR_IO, path, 0, 0, "cannot open: %s", strerror(errno));
@@ -35,9 +36,24 @@ int tsr_map_file(const char *path, tsr_map *m, tsr_error *err) {
         }
         m->addr = p;
         m->size = (uint64_t)st.st_size;
+        m->fd1 = fd + 1; /* kept for tsr_map_read */
+        return TSR_OK;
     }
     close(fd);
     return TSR_OK;
+}
+
+int tsr_map_read(const tsr_map *m, const void *p, uint64_t n, void *dst) {
+    uintptr_t lo = (uintptr_t)m->addr, a = (uintptr_t)p;
+    if (!m->addr || !m->fd1 || !p || a < lo || a - lo > m->size || n > m->size - (a - lo)) return 0;
+    uint64_t done = 0;
+    while (done < n) {
+        ssize_t r = pread(m->fd1 - 1, (uint8_t *)dst + done, (size_t)(n - done), (off_t)(a - lo + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return 0;
+        done += (uint64_t)r;
+    }
+    return 1;
 }
 
 uint64_t tsr_map_give_back(const tsr_map *m, const void *p, uint64_t n) {
@@ -54,9 +70,11 @@ uint64_t tsr_map_give_back(const tsr_map *m, const void *p, uint64_t n) {
 
 void tsr_map_release(tsr_map *m) {
     if (m && m->addr) munmap(m->addr, (size_t)m->size);
+    if (m && m->fd1) close(m->fd1 - 1);
     if (m) {
         m->addr = NULL;
         m->size = 0;
+        m->fd1 = 0;
     }
 }
 

@@ -434,6 +434,14 @@ uint64_t tsr_model_file_give_back(const tsr_model_file *f, const void *p, uint64
     return done;
 }
 
+int tsr_model_file_read(const tsr_model_file *f, const void *p, uint64_t n, void *dst) {
+    int done = 0;
+    for (int i = 0; i < f->n_shards && !done; i++) done = tsr_safetensors_read(f->shards[i], p, n, dst);
+    if (!done && f->gguf) done = tsr_gguf_read(f->gguf, p, n, dst);
+    if (!done) done = tsr_map_read(&f->map, p, n, dst);
+    return done;
+}
+
 const tsr_model_config *tsr_model_file_config(const tsr_model_file *f) { return &f->cfg; }
 tsr_model_format tsr_model_file_format(const tsr_model_file *f) { return f->format; }
 

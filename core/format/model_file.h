@@ -82,6 +82,14 @@ const struct tsr_gguf *tsr_model_file_gguf(const tsr_model_file *f);
  * when the range is not in a mapping of f (nothing is touched then). */
 uint64_t tsr_model_file_give_back(const tsr_model_file *f, const void *p, uint64_t n);
 
+/* Copy [p, p + n), bytes of a tensor of f, into dst by reading the file
+ * rather than through the mapping: resident memory does not grow by the
+ * pages around them (for the embedding lookup of a table whose pages were
+ * given back: a kernel that caches the file in large folios maps up to 2 MiB
+ * around each row touched). 1 when done; 0 when the range is not in a file
+ * of f or the read failed (dst then undefined: copy from p). */
+int tsr_model_file_read(const tsr_model_file *f, const void *p, uint64_t n, void *dst);
+
 /* Total bytes of tensor data mapped. */
 uint64_t tsr_model_file_bytes(const tsr_model_file *f);
 

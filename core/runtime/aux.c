@@ -35,6 +35,8 @@ static int view_open(tsr_model *parent, int n_layers, tsr_model **out, tsr_error
     v->qkv = v->gu = NULL;
     v->io = v->io_host = v->out_host = NULL;
     v->argmax_dev = NULL;
+    v->embed_rows = NULL;
+    v->embed_iota = NULL;
     memset(v->graphs, 0, sizeof v->graphs); /* its own graphs: they hold its own scratch */
     v->graph_tick = v->graph_captures = v->graph_replays = 0;
     int rc = tsr_model_alloc_scratch(v, err);

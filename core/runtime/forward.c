@@ -212,6 +212,23 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
     return TSR_OK; /* the caller adds m->o into x (with the next norm) */
 }
 
+/* The embedding lookup of a table whose pages the gemv plugin gave back
+ * (model.c: embed_read, CPU only): each row read from the file into
+ * embed_rows, then looked up there. Reading through the mapping would make
+ * resident again the pages around each row, up to 2 MiB of them where the
+ * kernel caches the file in large folios. */
+static int embed_from_file(tsr_model *m, int rows, tsr_error *err) {
+    uint64_t rb;
+    if (tsr_dtype_row_bytes(m->embed->dtype, m->cfg.hidden, &rb))
+        return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "embedding dtype %s", tsr_dtype_name(m->embed->dtype));
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *src = (const uint8_t *)m->embed->data + (uint64_t)m->ids[r] * rb;
+        uint8_t *dst = m->embed_rows + (uint64_t)r * rb;
+        if (!tsr_model_file_read(m->file, src, rb, dst)) memcpy(dst, src, (size_t)rb);
+    }
+    return m->be->embed(m->x, m->embed_rows, m->embed->dtype, m->cfg.hidden, m->embed_iota, rows, err);
+}
+
 int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int rows, tsr_fwd_out out,
                      tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
@@ -221,7 +238,8 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     m->cur_ex = ex;
     if (be->set_pdl) be->set_pdl(ex->pdl);
     m->prof_phase = pos0 == 0 || rows > TSR_GRAPH_MAX_ROWS ? 0 : 1;
-    OP(TSR_PROF_EMBED, BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, m->ids, rows, err)));
+    if (m->embed_read) OP(TSR_PROF_EMBED, BE(embed_from_file(m, rows, err)));
+    else OP(TSR_PROF_EMBED, BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, m->ids, rows, err)));
     for (int l = 0; l < c->n_layers; l++) {
         const tsr_layer_w *L = &m->layers[l];
         if ((rc = attention_block(m, l, kv_seq, pos0, rows, l > 0 && !m->layers[l - 1].moe, err))) return rc;

@@ -392,6 +392,13 @@ int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err) {
     if (be->device != TSR_DEVICE_CPU &&
         !(m->out_host = be->host_alloc(TSR_GRAPH_MAX_ROWS * (size_t)c->vocab * sizeof(float), err)))
         return err->code;
+    if (m->embed_read) { /* the rows a chunk looks up, read from the file (forward.c) */
+        uint64_t rb;
+        if (tsr_dtype_row_bytes(m->embed->dtype, c->hidden, &rb) || !(m->embed_rows = malloc(R * (size_t)rb)) ||
+            !(m->embed_iota = malloc(R * sizeof(int32_t))))
+            return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
+        for (size_t i = 0; i < R; i++) m->embed_iota[i] = (int32_t)i;
+    }
     if (c->n_experts == 0) return TSR_OK;
     const size_t E = (size_t)c->n_experts, K = c->n_experts_used > 0 ? (size_t)c->n_experts_used : 1;
     float **host[] = {&m->router, &m->moe_out, &m->ex_in, &m->ex_g, &m->ex_u, &m->ex_d,
@@ -543,9 +550,13 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
         }
         m->embed_data = m->embed_copy;
     }
-    if (c->tie_embeddings)
+    const uint64_t dones = atomic_load(&m->weight_dones);
+    if (c->tie_embeddings) {
         rc = prepare(m, m->embed, 0, &m->lm_head, &m->weight_bytes_token, err);
-    else
+        /* the plugin copied the head and gave the table's pages back: the
+         * lookup reads its rows from the file instead of faulting them in */
+        m->embed_read = rc == TSR_OK && m->be->device == TSR_DEVICE_CPU && atomic_load(&m->weight_dones) != dones;
+    } else
         rc = load_matrix(m, "lm_head.weight", c->vocab, c->hidden, 0, &m->lm_head,
                          &m->weight_bytes_token, err);
     if (rc != TSR_OK) goto fail;
@@ -596,6 +607,10 @@ void tsr_model_free_scratch(tsr_model *m) {
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     free(m->topk_idx);
     free(m->ex_rows);
+    free(m->embed_rows);
+    free(m->embed_iota);
+    m->embed_rows = NULL;
+    m->embed_iota = NULL;
 }
 
 void tsr_model_free(tsr_model *m) {

@@ -262,8 +262,9 @@ static long rss_kb_of(const void *p) {
 }
 
 /* Giving back the pages of a tensor a reader copied: resident memory drops by
- * what was given back, the bytes read afterwards are the same, and a range
- * outside the file's mappings is left alone. */
+ * what was given back, the bytes read afterwards are the same (read from the
+ * file by tsr_model_file_read without mapping a page again, then through
+ * the mapping), and a range outside the file's mappings is left alone. */
 static void test_give_back(void **state) {
     (void)state;
     const char *rels[] = {"models/stories260K/stories260K.gguf", "models/stories260K/hf",
@@ -286,6 +287,15 @@ static void test_give_back(void **state) {
                     got + 2 * (uint64_t)page > t->nbytes);
         assert_true(before >= 0 && after >= 0);
         assert_int_equal(before - after, (long)(got / 1024));
+        /* read from the file, not through the mapping: the same bytes, no page made resident */
+        uint8_t *via = malloc(t->nbytes);
+        assert_non_null(via);
+        assert_int_equal(tsr_model_file_read(f, t->data, t->nbytes, via), 1);
+        assert_memory_equal(via, copy, t->nbytes);
+        assert_int_equal(rss_kb_of(t->data), after);
+        assert_int_equal(tsr_model_file_read(f, via, 16, copy), 0); /* not in a file of f */
+        assert_int_equal(tsr_model_file_read(f, t->data, (uint64_t)1 << 40, via), 0);
+        free(via);
         assert_memory_equal(t->data, copy, t->nbytes); /* faulted back from the file */
         /* not in a mapping of f: a heap block, a range running past the file */
         memset(copy, 0x5a, t->nbytes);
