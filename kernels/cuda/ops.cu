@@ -67,44 +67,16 @@ __device__ __forceinline__ bool norm_weights(const float *w, int n, float *wv) {
     return true;
 }
 
-__global__ void rmsnorm_k(float *y, const float *x, const float *w, int n, float eps) {
-    float wv[kNormRegs];
-    const bool regs = norm_weights(w, n, wv);
-    tsr_pdl::enter();
-    const float *xr = x + (int64_t)blockIdx.x * n;
-    float *yr = y + (int64_t)blockIdx.x * n;
-    float ss = 0.0f;
-    if (regs) {
-        float v[kNormRegs];
-#pragma unroll
-        for (int j = 0; j < kNormRegs; j++) {
-            const int i = threadIdx.x + j * blockDim.x;
-            v[j] = i < n ? xr[i] : 0.0f;
-            ss += v[j] * v[j];
-        }
-        ss = block_sum(ss);
-        const float inv = rsqrtf(ss / (float)n + eps);
-#pragma unroll
-        for (int j = 0; j < kNormRegs; j++) {
-            const int i = threadIdx.x + j * blockDim.x;
-            if (i < n) yr[i] = v[j] * inv * wv[j];
-        }
-        return;
-    }
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss);
-    const float inv = rsqrtf(ss / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
-}
-
-// x[r] += o[r], then y[r] = rmsnorm(x[r]) * w (the residual add fused with
-// the next norm: the same arithmetic as add then rmsnorm).
-__global__ void add_rmsnorm_k(float *x, const float *o, float *y, const float *w, int n, float eps) {
+// y[r] = rmsnorm(v) * w with v = x[r] (rmsnorm; y may be x) or, with ADD,
+// v = x[r] + o[r] stored back into x[r] (the residual add fused with the next
+// norm: the same arithmetic as add then rmsnorm).
+template <bool ADD>
+__global__ void norm_k(float *x, const float *o, float *y, const float *w, int n, float eps) {
     float wv[kNormRegs];
     const bool regs = norm_weights(w, n, wv);
     tsr_pdl::enter();
     float *xr = x + (int64_t)blockIdx.x * n;
-    const float *orow = o + (int64_t)blockIdx.x * n;
+    const float *orow = ADD ? o + (int64_t)blockIdx.x * n : nullptr;
     float *yr = y + (int64_t)blockIdx.x * n;
     float ss = 0.0f;
     if (regs) {
@@ -114,8 +86,8 @@ __global__ void add_rmsnorm_k(float *x, const float *o, float *y, const float *w
             const int i = threadIdx.x + j * blockDim.x;
             v[j] = 0.0f;
             if (i < n) {
-                v[j] = xr[i] + orow[i];
-                xr[i] = v[j];
+                v[j] = ADD ? xr[i] + orow[i] : xr[i];
+                if (ADD) xr[i] = v[j];
             }
             ss += v[j] * v[j];
         }
@@ -129,8 +101,8 @@ __global__ void add_rmsnorm_k(float *x, const float *o, float *y, const float *w
         return;
     }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = xr[i] + orow[i];
-        xr[i] = v;
+        const float v = ADD ? xr[i] + orow[i] : xr[i];
+        if (ADD) xr[i] = v;
         ss += v * v;
     }
     ss = block_sum(ss);
@@ -344,12 +316,13 @@ static int norm_threads(int n) {
 
 extern "C" int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
                               int pdl, void *stream) {
-    return launch(rmsnorm_k, rows, norm_threads(n), stream, pdl, y, x, w, n, eps);
+    return launch(norm_k<false>, rows, norm_threads(n), stream, pdl, const_cast<float *>(x),
+                  static_cast<const float *>(nullptr), y, w, n, eps);
 }
 
 extern "C" int tsr_cu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
                                   int pdl, void *stream) {
-    return launch(add_rmsnorm_k, rows, norm_threads(n), stream, pdl, x, o, y, w, n, eps);
+    return launch(norm_k<true>, rows, norm_threads(n), stream, pdl, x, o, y, w, n, eps);
 }
 
 extern "C" int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim,
