@@ -463,41 +463,38 @@ __global__ void __launch_bounds__(kCWarps * 32)
                    int n_kv, int group, int64_t ts, int64_t hs, int pos0, const int32_t *dev_pos0, int window,
                    float scale, int n_splits, Paging pg, float *out, int l2_kv) {
     constexpr int ES = FP8 ? 1 : 2, CD = 16 / ES; // bytes per element, elements per 16-byte piece
-    // l2_kv: this block's keys and values asked into L2 before the wait
-    // (they were written by earlier passes, but for the newest, which L2
-    // keeps coherent); contiguous caches only (a block table is read after
-    // the wait). One-row passes of the Llama-3-8B shape 4.281 -> 4.257 ms on
-    // the H200; slower for 8 rows (4.740 -> 4.775), so the launcher asks
-    // for it at one row only (BENCHMARKS.md).
-    if (!PAGED && l2_kv) {
-        const int row_ = blockIdx.x / n_kv, kvh_ = blockIdx.x % n_kv, split_ = (int)cg::this_cluster().block_rank();
-        const int p0 = dev_pos0 ? *dev_pos0 : pos0, last_ = p0 + row_;
-        const int first_ = window > 0 && last_ - window + 1 > 0 ? last_ - window + 1 : 0;
-        const int chunk_ = (last_ - first_ + n_splits) / n_splits;
-        const int a = first_ + split_ * chunk_, b = min(last_, a + chunk_ - 1);
-        constexpr int LINES = (HD * ES + 127) / 128;
-        for (int i = threadIdx.x; i < (b - a + 1) * 2 * LINES; i += blockDim.x) {
-            const int t = a + i / (2 * LINES), rem = i % (2 * LINES);
-            const uint8_t *base = reinterpret_cast<const uint8_t *>((rem < LINES ? K : V) + (int64_t)t * ts + kvh_ * hs);
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (rem % LINES) * 128));
-        }
-    }
     constexpr int CPL = HD / CD / kCLanes;        // pieces of a key row per lane
     constexpr int DPL = HD / 32;                  // values: dims per lane
     static_assert(CPL >= 1 && HD % (CD * kCLanes) == 0, "head_dim 64 or 128");
     using T = typename Elem<FP8>::T;
-    tsr_pdl::enter(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
-    __shared__ __align__(16) float q_s[GC][HD];
-    __shared__ float w_m[kCWarps][GC], w_l[kCWarps][GC], w_acc[kCWarps][GC][HD];
-    __shared__ float b_m[GC], b_l[GC], b_acc[GC][HD];
+    // The block's keys t0..t1, known before the wait (pos0 on the device is
+    // written before the pass starts).
     cg::cluster_group cl = cg::this_cluster();
     const int row = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, split = (int)cl.block_rank();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (dev_pos0) pos0 = *dev_pos0;
     const int last = pos0 + row;
     const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
     const int chunk = (last - first + n_splits) / n_splits; // ceil((last - first + 1) / n_splits)
     const int t0 = first + split * chunk, t1 = min(last, t0 + chunk - 1);
+    // l2_kv: those keys and values asked into L2 before the wait (they were
+    // written by earlier passes, but for the newest, which L2 keeps
+    // coherent); contiguous caches only (a block table is read after the
+    // wait). One-row passes of the Llama-3-8B shape 4.281 -> 4.257 ms on the
+    // H200; slower for 8 rows (4.740 -> 4.775), so the launcher asks for it
+    // at one row only (BENCHMARKS.md).
+    if (!PAGED && l2_kv) {
+        constexpr int LINES = (HD * ES + 127) / 128;
+        for (int i = threadIdx.x; i < (t1 - t0 + 1) * 2 * LINES; i += blockDim.x) {
+            const int t = t0 + i / (2 * LINES), rem = i % (2 * LINES);
+            const uint8_t *base = reinterpret_cast<const uint8_t *>((rem < LINES ? K : V) + (int64_t)t * ts + kvh * hs);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (rem % LINES) * 128));
+        }
+    }
+    tsr_pdl::enter(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
+    __shared__ __align__(16) float q_s[GC][HD];
+    __shared__ float w_m[kCWarps][GC], w_l[kCWarps][GC], w_acc[kCWarps][GC][HD];
+    __shared__ float b_m[GC], b_l[GC], b_acc[GC][HD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float *qr = q + ((int64_t)row * n_heads + (int64_t)kvh * group) * HD;
     for (int i = threadIdx.x; i < GC * HD; i += blockDim.x)
         q_s[i / HD][i % HD] = i / HD < group ? qr[i] * scale : 0.0f;
