@@ -33,20 +33,10 @@ static int cg_init(void *inst, const tsr_plugin_ctx *ctx) {
  * model's life (prepare_group), copied (gemv_engine_weights). */
 static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void **out) {
     cpu_gemv *g = inst;
-    uint64_t row_bytes = 0, rb;
-    int64_t rows = 0;
-    if (n < 1) return TSR_ERR_INVALID;
-    for (int i = 0; i < n; i++) {
-        int rc = gemv_engine_check(g->ctx, &ws[i], &rb);
-        if (rc != TSR_OK) return rc;
-        if (i > 0 && (ws[i].dtype != ws[0].dtype || ws[i].cols != ws[0].cols)) {
-            g->ctx->host->set_error(g->ctx, "%s: stacked with %s but of another dtype or width",
-                                    ws[i].name ? ws[i].name : "(unnamed)", ws[0].name ? ws[0].name : "(unnamed)");
-            return TSR_ERR_INVALID;
-        }
-        row_bytes = rb;
-        rows += ws[i].rows;
-    }
+    uint64_t row_bytes;
+    int64_t rows;
+    int rc = gemv_engine_check_group(g->ctx, ws, n, &row_bytes, &rows);
+    if (rc != TSR_OK) return rc;
     gemv_matrix *m = g->ctx->host->alloc(g->ctx, sizeof *m, 16);
     if (!m) {
         g->ctx->host->set_error(g->ctx, "%s: out of memory", ws[0].name ? ws[0].name : "(unnamed)");
@@ -54,8 +44,7 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
     }
     *m = (gemv_matrix){.dtype = ws[0].dtype, .rows = rows, .cols = ws[0].cols, .row_bytes = row_bytes,
                        .bytes = row_bytes * (uint64_t)rows};
-    int rc = gemv_engine_weights(&g->cfg, g->ctx, ws, n, resident, row_bytes, &m->data, &m->owned);
-    if (rc != TSR_OK) {
+    if ((rc = gemv_engine_weights(&g->cfg, g->ctx, ws, n, resident, row_bytes, &m->data, &m->owned)) != TSR_OK) {
         g->ctx->host->free(g->ctx, m);
         return rc;
     }

@@ -90,6 +90,23 @@ int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *
     return TSR_OK;
 }
 
+int gemv_engine_check_group(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, uint64_t *row_bytes,
+                            int64_t *rows) {
+    if (n < 1) return TSR_ERR_INVALID;
+    *rows = 0;
+    for (int i = 0; i < n; i++) {
+        int rc = gemv_engine_check(ctx, &ws[i], row_bytes);
+        if (rc != TSR_OK) return rc;
+        if (i > 0 && (ws[i].dtype != ws[0].dtype || ws[i].cols != ws[0].cols)) {
+            ctx->host->set_error(ctx, "%s: stacked with %s but of another dtype or width",
+                                 ws[i].name ? ws[i].name : "(unnamed)", ws[0].name ? ws[0].name : "(unnamed)");
+            return TSR_ERR_INVALID;
+        }
+        *rows += ws[i].rows;
+    }
+    return TSR_OK;
+}
+
 int gemv_engine_can_give_back(const tsr_host_api *h) {
     return h->version >= 3 && h->struct_size >= offsetof(tsr_host_api, weight_done) + sizeof(void *) &&
            h->weight_done;

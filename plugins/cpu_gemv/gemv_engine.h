@@ -47,6 +47,12 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx);
 /* Check w's shape against its bytes. TSR_OK, or set_error and an error. */
 int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *row_bytes);
 
+/* gemv_engine_check of n >= 1 matrices to be stacked by rows: one dtype
+ * and width, *row_bytes theirs, *rows the sum. TSR_OK, or set_error and an
+ * error naming the matrix. */
+int gemv_engine_check_group(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, uint64_t *row_bytes,
+                            int64_t *rows);
+
 /* Whether the host gives mapped weight pages back (weight_done, host API 3). */
 int gemv_engine_can_give_back(const tsr_host_api *h);
 

@@ -95,21 +95,11 @@ static void quant_rows(void *arg, int64_t b0, int64_t b1, int tid) {
 static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void **out) {
     cpu_gemv_int8 *g = inst;
     const tsr_plugin_ctx *ctx = g->ctx;
+    uint64_t src_rb, qbytes, sbytes, total;
+    int64_t rows;
+    int rc = gemv_engine_check_group(ctx, ws, n, &src_rb, &rows);
+    if (rc != TSR_OK) return rc;
     const char *name = ws[0].name ? ws[0].name : "(unnamed)";
-    uint64_t src_rb = 0, rb, qbytes, sbytes, total;
-    int64_t rows = 0;
-    int rc;
-    if (n < 1) return TSR_ERR_INVALID;
-    for (int i = 0; i < n; i++) {
-        if ((rc = gemv_engine_check(ctx, &ws[i], &rb)) != TSR_OK) return rc;
-        if (i > 0 && (ws[i].dtype != ws[0].dtype || ws[i].cols != ws[0].cols)) {
-            ctx->host->set_error(ctx, "%s: stacked with %s but of another dtype or width",
-                                 ws[i].name ? ws[i].name : "(unnamed)", name);
-            return TSR_ERR_INVALID;
-        }
-        src_rb = rb;
-        rows += ws[i].rows;
-    }
     const int64_t cols = ws[0].cols;
     gemv_matrix *m = ctx->host->alloc(ctx, sizeof *m, 16);
     if (!m) {
