@@ -32,11 +32,12 @@ uint64_t tsr_map_give_back(const tsr_map *m, const void *p, uint64_t n);
  * tsr_model_file_read). 1 when done, 0 otherwise (dst untouched or partly
  * written: the caller copies from p instead). */
 int tsr_map_read(const tsr_map *m, const void *p, uint64_t n, void *dst);
-/* The same over the file a reader mapped (0 for one parsed from a buffer). */
-uint64_t tsr_safetensors_give_back(const struct tsr_safetensors *st, const void *p, uint64_t n);
-int tsr_safetensors_read(const struct tsr_safetensors *st, const void *p, uint64_t n, void *dst);
-uint64_t tsr_gguf_give_back(const tsr_gguf *g, const void *p, uint64_t n);
-int tsr_gguf_read(const tsr_gguf *g, const void *p, uint64_t n, void *dst);
+/* Whether [p, p + n) lies inside m. */
+int tsr_map_holds(const tsr_map *m, const void *p, uint64_t n);
+/* The mapping of the file a reader opened (empty for one parsed from a
+ * buffer). */
+const tsr_map *tsr_safetensors_map(const struct tsr_safetensors *st);
+const tsr_map *tsr_gguf_map(const tsr_gguf *g);
 
 /* A growable list of tensors with owned names, searchable by name once
  * sorted. */

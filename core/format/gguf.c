@@ -433,11 +433,7 @@ int tsr_gguf_open(const char *path, tsr_gguf **out, tsr_error *err) {
     return TSR_OK;
 }
 
-uint64_t tsr_gguf_give_back(const tsr_gguf *g, const void *p, uint64_t n) {
-    return tsr_map_give_back(&g->map, p, n);
-}
-
-int tsr_gguf_read(const tsr_gguf *g, const void *p, uint64_t n, void *dst) { return tsr_map_read(&g->map, p, n, dst); }
+const tsr_map *tsr_gguf_map(const tsr_gguf *g) { return &g->map; }
 
 void tsr_gguf_free(tsr_gguf *g) {
     if (!g) return;

@@ -43,12 +43,17 @@ int tsr_map_file(const char *path, tsr_map *m, tsr_error *err) {
     return TSR_OK;
 }
 
-int tsr_map_read(const tsr_map *m, const void *p, uint64_t n, void *dst) {
+int tsr_map_holds(const tsr_map *m, const void *p, uint64_t n) {
     uintptr_t lo = (uintptr_t)m->addr, a = (uintptr_t)p;
-    if (!m->addr || !m->fd1 || !p || a < lo || a - lo > m->size || n > m->size - (a - lo)) return 0;
+    return m->addr && p && a >= lo && a - lo <= m->size && n <= m->size - (a - lo);
+}
+
+int tsr_map_read(const tsr_map *m, const void *p, uint64_t n, void *dst) {
+    if (!m->fd1 || !tsr_map_holds(m, p, n)) return 0;
+    const uint64_t off = (uint64_t)((uintptr_t)p - (uintptr_t)m->addr);
     uint64_t done = 0;
     while (done < n) {
-        ssize_t r = pread(m->fd1 - 1, (uint8_t *)dst + done, (size_t)(n - done), (off_t)(a - lo + done));
+        ssize_t r = pread(m->fd1 - 1, (uint8_t *)dst + done, (size_t)(n - done), (off_t)(off + done));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return 0;
         done += (uint64_t)r;
@@ -57,8 +62,8 @@ int tsr_map_read(const tsr_map *m, const void *p, uint64_t n, void *dst) {
 }
 
 uint64_t tsr_map_give_back(const tsr_map *m, const void *p, uint64_t n) {
-    uintptr_t lo = (uintptr_t)m->addr, a = (uintptr_t)p;
-    if (!m->addr || !p || a < lo || a - lo > m->size || n > m->size - (a - lo)) return 0;
+    if (!tsr_map_holds(m, p, n)) return 0;
+    const uintptr_t a = (uintptr_t)p;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t b = (a + page - 1) & ~(page - 1), e = (a + (uintptr_t)n) & ~(page - 1);
     if (e <= b) return 0;

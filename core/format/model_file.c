@@ -426,20 +426,23 @@ void tsr_model_file_close(tsr_model_file *f) {
     free(f);
 }
 
+/* The mapping of f that holds [p, p + n): a shard's, the GGUF's or the
+ * llama2.c file's; NULL when none does. */
+static const tsr_map *map_holding(const tsr_model_file *f, const void *p, uint64_t n) {
+    for (int i = 0; i < f->n_shards; i++)
+        if (tsr_map_holds(tsr_safetensors_map(f->shards[i]), p, n)) return tsr_safetensors_map(f->shards[i]);
+    if (f->gguf && tsr_map_holds(tsr_gguf_map(f->gguf), p, n)) return tsr_gguf_map(f->gguf);
+    return tsr_map_holds(&f->map, p, n) ? &f->map : NULL;
+}
+
 uint64_t tsr_model_file_give_back(const tsr_model_file *f, const void *p, uint64_t n) {
-    uint64_t done = 0;
-    for (int i = 0; i < f->n_shards && !done; i++) done = tsr_safetensors_give_back(f->shards[i], p, n);
-    if (!done && f->gguf) done = tsr_gguf_give_back(f->gguf, p, n);
-    if (!done) done = tsr_map_give_back(&f->map, p, n);
-    return done;
+    const tsr_map *m = map_holding(f, p, n);
+    return m ? tsr_map_give_back(m, p, n) : 0;
 }
 
 int tsr_model_file_read(const tsr_model_file *f, const void *p, uint64_t n, void *dst) {
-    int done = 0;
-    for (int i = 0; i < f->n_shards && !done; i++) done = tsr_safetensors_read(f->shards[i], p, n, dst);
-    if (!done && f->gguf) done = tsr_gguf_read(f->gguf, p, n, dst);
-    if (!done) done = tsr_map_read(&f->map, p, n, dst);
-    return done;
+    const tsr_map *m = map_holding(f, p, n);
+    return m ? tsr_map_read(m, p, n, dst) : 0;
 }
 
 const tsr_model_config *tsr_model_file_config(const tsr_model_file *f) { return &f->cfg; }

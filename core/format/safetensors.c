@@ -248,13 +248,7 @@ void tsr_safetensors_free(tsr_safetensors *st) {
 
 int tsr_safetensors_n_tensors(const tsr_safetensors *st) { return st->tab.n; }
 
-uint64_t tsr_safetensors_give_back(const tsr_safetensors *st, const void *p, uint64_t n) {
-    return tsr_map_give_back(&st->map, p, n);
-}
-
-int tsr_safetensors_read(const tsr_safetensors *st, const void *p, uint64_t n, void *dst) {
-    return tsr_map_read(&st->map, p, n, dst);
-}
+const tsr_map *tsr_safetensors_map(const tsr_safetensors *st) { return &st->map; }
 
 const tsr_tensor *tsr_safetensors_tensor_at(const tsr_safetensors *st, int i) {
     return i >= 0 && i < st->tab.n ? &st->tab.t[i] : NULL;
