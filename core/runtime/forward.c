@@ -218,9 +218,7 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
  * resident again the pages around each row, up to 2 MiB of them where the
  * kernel caches the file in large folios. */
 static int embed_from_file(tsr_model *m, int rows, tsr_error *err) {
-    uint64_t rb;
-    if (tsr_dtype_row_bytes(m->embed->dtype, m->cfg.hidden, &rb))
-        return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "embedding dtype %s", tsr_dtype_name(m->embed->dtype));
+    const uint64_t rb = m->embed_read;
     for (int r = 0; r < rows; r++) {
         const uint8_t *src = (const uint8_t *)m->embed->data + (uint64_t)m->ids[r] * rb;
         uint8_t *dst = m->embed_rows + (uint64_t)r * rb;

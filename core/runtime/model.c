@@ -106,9 +106,10 @@ enum {
  * weight prepared for the model's life goes through prepare_group (one
  * matrix alone) where the plugin has it, one prepared on demand through
  * prepare (tsr_gemv.h: a plugin may keep the first in its own memory and
- * read the second in place). */
+ * read the second in place). *gave_back (may be NULL): whether the plugin
+ * handed t's pages back (weight_done): it no longer reads the mapping. */
 static int prepare(tsr_model *m, const tsr_tensor *t, int on_demand, void **out, uint64_t *bytes,
-                   tsr_error *err) {
+                   int *gave_back, tsr_error *err) {
     tsr_weight_scale sc;
     tsr_weight w = weight_of(t, t->n_dims == 1 ? 1 : t->shape[0],
                              t->n_dims > 1 ? t->shape[1] : t->shape[0], &sc);
@@ -120,8 +121,9 @@ static int prepare(tsr_model *m, const tsr_tensor *t, int on_demand, void **out,
     const uint64_t dones = atomic_load(&m->weight_dones);
     rc = on_demand ? TSR_ERR_UNSUPPORTED : tsr_gemv_prepare_group(m->gemv, &w, 1, out);
     if (rc == TSR_ERR_UNSUPPORTED) rc = tsr_gemv_prepare(m->gemv, &w, out);
-    if (rc == TSR_OK && m->be->device == TSR_DEVICE_CPU && atomic_load(&m->weight_dones) == dones)
-        populate(t->data, t->nbytes);
+    const int given = atomic_load(&m->weight_dones) != dones;
+    if (gave_back) *gave_back = rc == TSR_OK && given;
+    if (rc == TSR_OK && m->be->device == TSR_DEVICE_CPU && !given) populate(t->data, t->nbytes);
     if (rc != TSR_OK) {
         *out = NULL;
         char what[300];
@@ -140,7 +142,7 @@ static int load_matrix(tsr_model *m, const char *name, int64_t rows, int64_t col
     *out = NULL;
     int rc = find_matrix(m, name, rows, cols, flags & LOAD_OPTIONAL, &t, err);
     if (rc != TSR_OK || !t) return rc;
-    return prepare(m, t, (flags & LOAD_ON_DEMAND) != 0, out, bytes, err);
+    return prepare(m, t, (flags & LOAD_ON_DEMAND) != 0, out, bytes, NULL, err);
 }
 
 /* Prepare the n matrices names[i] ([rows[i], cols]) as one stacked handle
@@ -393,8 +395,7 @@ int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err) {
         !(m->out_host = be->host_alloc(TSR_GRAPH_MAX_ROWS * (size_t)c->vocab * sizeof(float), err)))
         return err->code;
     if (m->embed_read) { /* the rows a chunk looks up, read from the file (forward.c) */
-        uint64_t rb;
-        if (tsr_dtype_row_bytes(m->embed->dtype, c->hidden, &rb) || !(m->embed_rows = malloc(R * (size_t)rb)) ||
+        if (!(m->embed_rows = malloc(R * (size_t)m->embed_read)) ||
             !(m->embed_iota = malloc(R * sizeof(int32_t))))
             return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
         for (size_t i = 0; i < R; i++) m->embed_iota[i] = (int32_t)i;
@@ -550,12 +551,14 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
         }
         m->embed_data = m->embed_copy;
     }
-    const uint64_t dones = atomic_load(&m->weight_dones);
     if (c->tie_embeddings) {
-        rc = prepare(m, m->embed, 0, &m->lm_head, &m->weight_bytes_token, err);
+        int gave_back;
+        rc = prepare(m, m->embed, 0, &m->lm_head, &m->weight_bytes_token, &gave_back, err);
         /* the plugin copied the head and gave the table's pages back: the
          * lookup reads its rows from the file instead of faulting them in */
-        m->embed_read = rc == TSR_OK && m->be->device == TSR_DEVICE_CPU && atomic_load(&m->weight_dones) != dones;
+        if (rc == TSR_OK && gave_back && m->be->device == TSR_DEVICE_CPU &&
+            tsr_dtype_row_bytes(m->embed->dtype, c->hidden, &m->embed_read) != 0)
+            m->embed_read = 0;
     } else
         rc = load_matrix(m, "lm_head.weight", c->vocab, c->hidden, 0, &m->lm_head,
                          &m->weight_bytes_token, err);
@@ -609,8 +612,6 @@ void tsr_model_free_scratch(tsr_model *m) {
     free(m->ex_rows);
     free(m->embed_rows);
     free(m->embed_iota);
-    m->embed_rows = NULL;
-    m->embed_iota = NULL;
 }
 
 void tsr_model_free(tsr_model *m) {

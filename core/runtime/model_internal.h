@@ -84,7 +84,8 @@ struct tsr_model {
     double load_seconds;
     const tsr_backend *be;        /* where activations live and core kernels run */
     const void *embed_data;       /* the embedding table in the backend's memory */
-    int embed_read;               /* CPU, table given back (tied head copied): rows read from the file */
+    uint64_t embed_read;          /* CPU, table given back (tied head copied): the bytes of a row the
+                                   * lookup reads from the file; 0: it reads through the mapping */
     uint8_t *embed_rows;          /* embed_read: the chunk's rows, then looked up as ids 0.. (embed_iota) */
     int32_t *embed_iota;
     void *embed_copy;             /* the backend's copy of it (NULL on the CPU: the mmap) */
