@@ -12,15 +12,25 @@
 /* Present when BLAS is OpenBLAS; weak so another BLAS still links. */
 extern void openblas_set_num_threads(int n) __attribute__((weak));
 
-int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
-    const tsr_param *p = ctx->host->param(ctx, "weights");
-    const char *wts = p && p->type == TSR_PARAM_STRING && p->v.s ? p->v.s : "copy";
-    if (strcmp(wts, "copy") != 0 && strcmp(wts, "map") != 0) {
-        ctx->host->set_error(ctx, "param weights: '%s' is not one of copy, map", wts);
+/* String param name (def when absent): *is_b = 1 for b, 0 for a; any other
+ * value is refused with set_error. */
+static int either(const tsr_plugin_ctx *ctx, const char *name, const char *def, const char *a, const char *b,
+                  int *is_b) {
+    const tsr_param *p = ctx->host->param(ctx, name);
+    const char *v = p && p->type == TSR_PARAM_STRING && p->v.s ? p->v.s : def;
+    if (strcmp(v, a) != 0 && strcmp(v, b) != 0) {
+        ctx->host->set_error(ctx, "param %s: '%s' is not one of %s, %s", name, v, a, b);
         return TSR_ERR_INVALID;
     }
-    cfg->copy_weights = !strcmp(wts, "copy");
-    p = ctx->host->param(ctx, "isa");
+    *is_b = !strcmp(v, b);
+    return TSR_OK;
+}
+
+int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
+    int map;
+    if (either(ctx, "weights", "copy", "copy", "map", &map) != TSR_OK) return TSR_ERR_INVALID;
+    cfg->copy_weights = !map;
+    const tsr_param *p = ctx->host->param(ctx, "isa");
     const char *isa = p && p->type == TSR_PARAM_STRING && p->v.s ? p->v.s : "auto";
     tsr_gemv_isa want;
     if (!strcmp(isa, "auto")) {
@@ -41,13 +51,7 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
     cfg->i8_kernel = tsr_gemv_i8_kernel(want);
     cfg->q8_0_i16_kernel = tsr_gemv_q8_0_i16_kernel(want);
     cfg->isa = want;
-    p = ctx->host->param(ctx, "prefill");
-    const char *pre = p && p->type == TSR_PARAM_STRING && p->v.s ? p->v.s : "gemm";
-    if (strcmp(pre, "gemm") != 0 && strcmp(pre, "blas") != 0) {
-        ctx->host->set_error(ctx, "param prefill: '%s' is not one of gemm, blas", pre);
-        return TSR_ERR_INVALID;
-    }
-    cfg->use_blas = !strcmp(pre, "blas");
+    if (either(ctx, "prefill", "gemm", "gemm", "blas", &cfg->use_blas) != TSR_OK) return TSR_ERR_INVALID;
     p = ctx->host->param(ctx, "blas_min_rows");
     cfg->blas_min_rows = p && p->type == TSR_PARAM_INT ? p->v.i : 0;
     p = ctx->host->param(ctx, "blas_min_rows_quant");
@@ -64,7 +68,7 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
     }
     if (cfg->use_blas && (cfg->blas_min_rows > 0 || cfg->blas_min_rows_q > 0) && openblas_set_num_threads)
         openblas_set_num_threads(1);
-    ctx->host->log(ctx, TSR_LOG_DEBUG, "isa %s, %s from %lld rows", tsr_gemv_isa_name(want), pre,
+    ctx->host->log(ctx, TSR_LOG_DEBUG, "isa %s, %s from %lld rows", tsr_gemv_isa_name(want), cfg->use_blas ? "blas" : "gemm",
                    (long long)cfg->blas_min_rows);
     return TSR_OK;
 }
