@@ -5,10 +5,23 @@
 #include "cpu_features.h"
 
 #if defined(__x86_64__)
-void tsr_silu_mul_avx2(float *y, const float *g, const float *u, int64_t n); /* ops_avx2.c */
+/* ops_avx2.c */
+void tsr_silu_mul_avx2(float *y, const float *g, const float *u, int64_t n);
+float tsr_sumsq_avx2(const float *x, int n);
+void tsr_scale_mul_avx2(float *y, const float *x, float s, const float *w, int n);
+void tsr_rotate_halves_avx2(float *x, const float *c, const float *s, int n_heads, int hd);
+#define HAS_AVX2() tsr_cpu_has_avx2_fma_f16c()
+#else
+#define HAS_AVX2() 0
 #endif
 
 void tsr_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+#if defined(__x86_64__)
+    if (HAS_AVX2()) { /* the same formula; the squares summed in 32 lanes */
+        tsr_scale_mul_avx2(y, x, 1.0f / sqrtf(tsr_sumsq_avx2(x, n) / (float)n + eps), w, n);
+        return;
+    }
+#endif
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
     float inv = 1.0f / sqrtf(ss / (float)n + eps);
@@ -47,21 +60,31 @@ int tsr_rope_init(tsr_rope *r, int head_dim, float theta, int interleaved, int s
 void tsr_rope_apply(const tsr_rope *r, float *x, int n_heads, int pos) {
     const int hd = r->head_dim, half = hd / 2;
     const float p = (float)pos * r->pos_scale;
+    float c[sizeof r->inv_freq / sizeof r->inv_freq[0]], s[sizeof c / sizeof c[0]];
     for (int i = 0; i < half; i++) {
-        float a = p * r->inv_freq[i], c = cosf(a), s = sinf(a);
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + (int64_t)h * hd;
+        float a = p * r->inv_freq[i];
+        c[i] = cosf(a), s[i] = sinf(a);
+    }
+#if defined(__x86_64__)
+    if (!r->interleaved && HAS_AVX2()) { /* head by head, 8 pairs at a time */
+        tsr_rotate_halves_avx2(x, c, s, n_heads, hd);
+        return;
+    }
+#endif
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (int64_t)h * hd;
+        for (int i = 0; i < half; i++) {
             int i0 = r->interleaved ? 2 * i : i, i1 = r->interleaved ? 2 * i + 1 : i + half;
             float x0 = v[i0], x1 = v[i1];
-            v[i0] = x0 * c - x1 * s;
-            v[i1] = x1 * c + x0 * s;
+            v[i0] = x0 * c[i] - x1 * s[i];
+            v[i1] = x1 * c[i] + x0 * s[i];
         }
     }
 }
 
 void tsr_silu_mul(float *y, const float *g, const float *u, int64_t n) {
 #if defined(__x86_64__)
-    if (tsr_cpu_has_avx2_fma_f16c()) {
+    if (HAS_AVX2()) {
         tsr_silu_mul_avx2(y, g, u, n);
         return;
     }

@@ -1,7 +1,9 @@
 /* Tests of kernels/cpu/ops.h where a SIMD path replaces the scalar one:
  * silu_mul against double precision over a sweep of inputs and tails, and
  * the special values (NaN, infinities, overflow of e^-g) as expf gives them;
+ * rmsnorm and RoPE against double precision over lengths with SIMD tails;
  * argmax against the element-by-element scan. */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -59,6 +61,62 @@ static void test_silu_mul_specials(void **state) {
     for (int i = 0; i < 9; i++) assert_true(fabsf(a[i] - b[i]) <= 8 * 1.1920929e-7f * fabsf(b[i]));
 }
 
+static float frand(uint32_t *h) {
+    *h = *h * 1664525u + 1013904223u;
+    return (float)(int)(*h >> 8) * 0x1p-23f - 1.0f; /* [-1, 1) */
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * w within a few ulp of the double result,
+ * in place and not (prompt rows of the 0.5B/1B shapes and SIMD tails). */
+static void test_rmsnorm(void **state) {
+    (void)state;
+    uint32_t h = 7;
+    static float x[4099], w[4099], y[4099];
+    for (int n = 1; n <= 4099; n += n < 70 ? 1 : 511) {
+        for (int i = 0; i < n; i++) x[i] = 3.0f * frand(&h), w[i] = 1.0f + frand(&h);
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        const double inv = 1.0 / sqrt(ss / n + 1e-6);
+        tsr_rmsnorm(y, x, w, n, 1e-6f);
+        for (int i = 0; i < n; i++) {
+            const double want = x[i] * inv * w[i];
+            /* the float sum of squares: a relative error growing like sqrt(n) ulp */
+            assert_true(fabs(y[i] - want) <= (8 + 4 * sqrt(n)) * FLT_EPSILON * fabs(want) + 1e-30);
+        }
+        tsr_rmsnorm(x, x, w, n, 1e-6f); /* y may be x */
+        for (int i = 0; i < n; i++) assert_true(x[i] == y[i]);
+    }
+}
+
+/* Every pair rotated by pos * inv_freq[i] against double precision, both
+ * pairings (halves and interleaved), head sizes with and without a tail
+ * after the 8-wide steps, several heads (each rotated alike). */
+static void test_rope(void **state) {
+    (void)state;
+    uint32_t h = 11;
+    static float x[8 * 256], x0[8 * 256];
+    const int dims[] = {2, 16, 20, 64, 128, 256};
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (int il = 0; il < 2; il++)
+            for (int pos = 0; pos < 3000; pos += 997) {
+                const int hd = dims[d], half = hd / 2, heads = 5;
+                tsr_rope r;
+                assert_int_equal(tsr_rope_init(&r, hd, 500000.0f, il, 0, 1, 1, 1, 1), 0);
+                for (int i = 0; i < heads * hd; i++) x[i] = x0[i] = frand(&h);
+                tsr_rope_apply(&r, x, heads, pos);
+                for (int hh = 0; hh < heads; hh++)
+                    for (int i = 0; i < half; i++) {
+                        const int i0 = il ? 2 * i : i, i1 = il ? 2 * i + 1 : i + half;
+                        const double a = (double)pos * r.inv_freq[i], c = cos(a), s = sin(a);
+                        const double u = x0[hh * hd + i0], v = x0[hh * hd + i1];
+                        /* the angle is rounded to float first: an error of pos * ulp(inv_freq) radians */
+                        const double tol = 1e-6 + 2e-7 * pos;
+                        assert_true(fabs(x[hh * hd + i0] - (u * c - v * s)) <= tol);
+                        assert_true(fabs(x[hh * hd + i1] - (v * c + u * s)) <= tol);
+                    }
+            }
+}
+
 /* tsr_argmax and tsr_argmax_above against the element-by-element scan:
  * ties (first wins), signed zeros, NaN (never chosen), -inf, lengths that
  * leave a tail after the chains of eight. */
@@ -95,6 +153,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_silu_mul_accuracy),
         cmocka_unit_test(test_silu_mul_specials),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
         cmocka_unit_test(test_argmax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
