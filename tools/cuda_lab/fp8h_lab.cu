@@ -1,0 +1,345 @@
+// fp8h_lab - does the one-row E4M3 GEMV go faster with packed f16 products?
+// Not part of the engine; run by hand on the device:
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o fp8h_lab tools/cuda_lab/fp8h_lab.cu && ./fp8h_lab
+//
+// The production one-row E4M3 kernel (kernels/cuda/gemv_row.cuh) widens
+// every weight to f32 and multiplies in f32: per 16 weights 8 bit-trick
+// conversions (3 integer ops each), 16 f16 -> f32 conversions and 16 FMAs.
+// It reads 1.8-3.2 TB/s on the Llama-3-8B shapes where bf16 reads 3.3-4.2:
+// bound by issue, not by memory. The variant here multiplies in f16 pairs
+// (HFMA2: two products an instruction) and widens only the partial sums:
+// each lane's 16 weights of a step go into two f16x2 chains of 4 products
+// each, added (f16x2) and widened once, then summed in f32. Weights enter
+// f16 either by the same bit trick (CVT 0: value * 2^-8, activations * 2^-4
+// as now) or by the hardware conversion cvt.rn.f16x2.e4m3x2 (CVT 1: exact
+// value, activations * 2^-8 so that partial sums stay in range).
+//
+// Reports (1) the error against an f64 product of the same rounded operands,
+// relative to sum |w x| (f16 partial sums: ~1e-3 expected, against 1e-7 for
+// f32 products), (2) TB/s per shape at one row with weights out of L2, for the
+// production launcher and each variant, (3) one token's GEMVs as a CUDA graph.
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/gemv_row.cuh"
+
+#include "tools/cuda_lab/lab_check.cuh"
+
+using tsr_mma::Args;
+using tsr_mma::kFp8;
+
+// Two E4M3 bytes (lo: bytes 0,1; hi: bytes 2,3) as f16 pairs.
+template <int CVT> __device__ __forceinline__ void e4m3x4(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    if (CVT == 0) {
+        lo = tsr_mma::e4m3x2_f16(w, 0x1404), hi = tsr_mma::e4m3x2_f16(w, 0x3424);
+    } else {
+        __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+        __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+        lo = (uint32_t)a.x | (uint32_t)a.y << 16, hi = (uint32_t)b.x | (uint32_t)b.y << 16;
+    }
+}
+template <int CVT> __host__ __device__ constexpr float xmul() { return CVT == 0 ? 0.0625f : 0.00390625f; }
+template <int CVT> __host__ __device__ constexpr float ymul() { return CVT == 0 ? 4096.0f : 256.0f; }
+
+__device__ __forceinline__ __half2 h2(uint32_t u) { return *reinterpret_cast<__half2 *>(&u); }
+
+template <int CVT, int RPW, int U, int KS>
+__global__ void __launch_bounds__(256) gemv_h2(const Args p) {
+    constexpr int K = 16, STEP = 32 * K;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = warp % KS;
+    const int o0 = (blockIdx.x * (8 / KS) + warp / KS) * RPW;
+    if (KS == 1 && o0 >= p.n_out) return;
+    const uint8_t *row[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
+    float acc[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
+    tsr_pdl::enter();
+    for (int k0 = lane * K + seg * STEP * U; k0 < p.cols; k0 += STEP * U * KS) {
+        uint4 w[U][RPW];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (k0 + u * STEP < p.cols)
+#pragma unroll
+                for (int r = 0; r < RPW; r++) w[u][r] = tsr_mma::load_w(row[r] + (int64_t)(k0 + u * STEP));
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + u * STEP;
+            if (k >= p.cols) break;
+            float xv[K];
+            tsr_mma::load_x<K>(p.x, k, p.cols, xv);
+            __half2 xh[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) xh[i] = __floats2half2_rn(xv[2 * i] * xmul<CVT>(), xv[2 * i + 1] * xmul<CVT>());
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                const uint32_t wv[4] = {w[u][r].x, w[u][r].y, w[u][r].z, w[u][r].w};
+                __half2 a = __float2half2_rn(0.0f), b = a;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    uint32_t lo, hi;
+                    e4m3x4<CVT>(wv[j], lo, hi);
+                    a = __hfma2(h2(lo), xh[2 * j], a);
+                    b = __hfma2(h2(hi), xh[2 * j + 1], b);
+                }
+                const float2 f = __half22float2(__hadd2(a, b));
+                acc[r] += f.x + f.y;
+            }
+        }
+    }
+    __shared__ float part[KS > 1 ? 8 : 1][RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        float v = acc[r];
+        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+        if (KS > 1) {
+            if (lane == 0) part[warp][r] = v;
+            continue;
+        }
+        const int o = o0 + r;
+        if (lane == 0 && o < p.n_out) p.y[o] = v * p.scale[o] * ymul<CVT>();
+    }
+    if (KS > 1) {
+        __syncthreads();
+        if (seg != 0 || lane != 0) return;
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            float v = 0.0f;
+            for (int s = 0; s < KS; s++) v += part[warp + s][r];
+            const int o = o0 + r;
+            if (o < p.n_out) p.y[o] = v * p.scale[o] * ymul<CVT>();
+        }
+    }
+}
+
+template <int CVT, int RPW, int U, int KS> static void launch_h2(const Args &p, cudaStream_t st, bool pdl) {
+    const int rpb = 8 / KS * RPW;
+    CK(tsr_pdl::launch(gemv_h2<CVT, RPW, U, KS>, (unsigned)((p.n_out + rpb - 1) / rpb), 256, 0, st, pdl, p));
+}
+
+// configuration 0: production (launch_decode); 1..: the variants below
+struct Cfg {
+    int cvt, rpw, u, ks;
+};
+static const Cfg kCfgs[] = {{0, 0, 0, 0}, {0, 1, 2, 1}, {0, 2, 1, 1}, {0, 2, 2, 1}, {0, 4, 1, 1}, {0, 4, 2, 1},
+                            {0, 2, 1, 2}, {0, 4, 1, 2}, {0, 1, 2, 2}, {0, 2, 2, 2}, {1, 2, 1, 1}, {1, 2, 2, 1},
+                            {1, 4, 1, 1}, {1, 4, 2, 1}, {1, 2, 1, 2}, {1, 4, 1, 2}, {1, 2, 2, 2}};
+static const int kNumCfgs = sizeof kCfgs / sizeof kCfgs[0];
+
+static void launch(int ci, const Args &p, cudaStream_t st, bool pdl) {
+    switch (ci) {
+    case 0: CK(tsr_row::launch_decode<kFp8>(p, 1, st, pdl)); break;
+#define C(I, CV, R, U, KS)                                                                                   \
+    case I: launch_h2<CV, R, U, KS>(p, st, pdl); break;
+        C(1, 0, 1, 2, 1) C(2, 0, 2, 1, 1) C(3, 0, 2, 2, 1) C(4, 0, 4, 1, 1) C(5, 0, 4, 2, 1) C(6, 0, 2, 1, 2)
+        C(7, 0, 4, 1, 2) C(8, 0, 1, 2, 2) C(9, 0, 2, 2, 2) C(10, 1, 2, 1, 1) C(11, 1, 2, 2, 1) C(12, 1, 4, 1, 1)
+        C(13, 1, 4, 2, 1) C(14, 1, 2, 1, 2) C(15, 1, 4, 1, 2) C(16, 1, 2, 2, 2)
+#undef C
+    }
+}
+
+static double e4m3_to_f64(uint8_t b) {
+    const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    const double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return s ? -v : v;
+}
+static uint32_t rng = 12345;
+static uint32_t rnd(void) {
+    rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
+    return rng;
+}
+
+// Worst |y - f64| / sum |w x| over the shape, activations of magnitude amp.
+static double check(int ci, int n_out, int cols, float amp, cudaStream_t st) {
+    const int64_t ldw = cols;
+    uint8_t *hw = (uint8_t *)malloc((size_t)n_out * ldw);
+    float *hs = (float *)malloc(sizeof(float) * n_out), *hx = (float *)malloc(sizeof(float) * cols);
+    float *hy = (float *)malloc(sizeof(float) * n_out);
+    for (int o = 0; o < n_out; o++) {
+        hs[o] = 0.01f * (1 + (int)(rnd() % 100));
+        for (int c = 0; c < cols; c++) {
+            uint8_t b = (uint8_t)(rnd() & 0xff);
+            if ((b & 0x7f) == 0x7f) b &= 0xfe;
+            hw[(int64_t)o * ldw + c] = b;
+        }
+    }
+    for (int i = 0; i < cols; i++) hx[i] = amp * ((int)(rnd() % 2001) - 1000) / 1000.0f;
+    uint8_t *dw;
+    float *ds, *dx, *dy;
+    CK(cudaMalloc(&dw, (size_t)n_out * ldw));
+    CK(cudaMalloc(&ds, sizeof(float) * n_out));
+    CK(cudaMalloc(&dx, sizeof(float) * cols));
+    CK(cudaMalloc(&dy, sizeof(float) * n_out));
+    CK(cudaMemcpy(dw, hw, (size_t)n_out * ldw, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds, hs, sizeof(float) * n_out, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dx, hx, sizeof(float) * cols, cudaMemcpyHostToDevice));
+    Args a = {};
+    a.w = dw, a.scale = ds, a.x = dx, a.y = dy, a.n_out = n_out, a.cols = cols, a.ldw = ldw, a.ldx = cols;
+    launch(ci, a, st, false);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemcpy(hy, dy, sizeof(float) * n_out, cudaMemcpyDeviceToHost));
+    const float xm = ci == 0 ? 0.0625f : kCfgs[ci].cvt ? xmul<1>() : xmul<0>();
+    double worst = 0;
+    for (int o = 0; o < n_out; o++) {
+        double sum = 0, mag = 0;
+        for (int c = 0; c < cols; c++) {
+            const double wv = e4m3_to_f64(hw[(int64_t)o * ldw + c]) * hs[o];
+            const double xv = (double)__half2float(__float2half_rn(hx[c] * xm)) / xm;
+            sum += wv * xv, mag += fabs(wv * xv);
+        }
+        const double err = fabs(hy[o] - sum) / (mag + 1e-30);
+        if (!(err <= worst)) worst = err; // NaN counts as worst
+    }
+    cudaFree(dw), cudaFree(ds), cudaFree(dx), cudaFree(dy);
+    free(hw), free(hs), free(hx), free(hy);
+    return worst;
+}
+
+struct Shape {
+    const char *name;
+    int out, in;
+};
+static const Shape kShapes[] = {
+    {"qkv 6144x4096", 6144, 4096}, {"o 4096x4096", 4096, 4096}, {"gate/up 28672x4096", 28672, 4096},
+    {"down 4096x14336", 4096, 14336}, {"lm head 128256x4096", 128256, 4096},
+};
+static const int kNumShapes = 5;
+static uint8_t *g_pool;
+static size_t g_pool_bytes;
+
+static float one_ms(cudaStream_t st, int ci, const Shape &S, float *x, float *y, float *s) {
+    const size_t bytes = (size_t)S.out * S.in, copies = g_pool_bytes / bytes;
+    Args a = {};
+    a.scale = s, a.x = x, a.y = y, a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    const int reps = 60;
+    a.w = g_pool;
+    launch(ci, a, st, false);
+    CK(cudaEventRecord(e0, st));
+    for (int i = 0; i < reps; i++) {
+        a.w = g_pool + (size_t)((i + 1) % (copies < 64 ? copies : 64)) * bytes;
+        launch(ci, a, st, false);
+    }
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return ms / reps;
+}
+
+static float chain_ms(cudaStream_t st, const int *ci, bool pdl, float *xa, float *xb, float *s) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    size_t off = 0;
+    for (int i = 0; i < 32 * 4 + 1; i++) {
+        const int sh = i < 32 * 4 ? i % 4 : 4;
+        const Shape &S = kShapes[sh];
+        Args a = {};
+        a.w = g_pool + off, a.scale = s, a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
+        a.x = (i & 1) ? xb : xa, a.y = (i & 1) ? xa : xb;
+        off += (size_t)S.out * S.in;
+        launch(ci[sh], a, st, pdl);
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    float t[7];
+    for (int rep = 0; rep < 7; rep++) {
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        CK(cudaEventRecord(a, st));
+        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        cudaEventElapsedTime(&t[rep], a, b);
+        t[rep] /= 5;
+        cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    for (int i = 0; i < 7; i++)
+        for (int j = i + 1; j < 7; j++)
+            if (t[j] < t[i]) { float u = t[i]; t[i] = t[j]; t[j] = u; }
+    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+    return t[3];
+}
+
+__global__ void fill_kernel(uint8_t *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        reinterpret_cast<uint32_t *>(p)[i] = (h & 0x3f3f3f3fu) | 0x38003800u;
+    }
+}
+
+int main(void) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    printf("(1) worst error / sum|w x| (shapes 100x4096, 37x4112, 9x16, 5x14336; activations to 1, 100, 3000)\n");
+    const int shapes[][2] = {{100, 4096}, {37, 4112}, {9, 16}, {5, 14336}};
+    for (int ci = 0; ci < kNumCfgs; ci++) {
+        double worst = 0;
+        for (float amp : {1.0f, 100.0f, 3000.0f})
+            for (auto &s : shapes) {
+                const double e = check(ci, s[0], s[1], amp, st);
+                if (!(e <= worst)) worst = e;
+            }
+        printf("  cfg %2d: %.3g\n", ci, worst);
+    }
+    g_pool_bytes = (size_t)7700 << 20;
+    CK(cudaMalloc(&g_pool, g_pool_bytes));
+    fill_kernel<<<4096, 256, 0, st>>>(g_pool, g_pool_bytes, 7);
+    float *x, *y, *s;
+    CK(cudaMalloc(&x, 2 * 128256 * 4));
+    CK(cudaMalloc(&y, 128256 * 4));
+    CK(cudaMalloc(&s, 128256 * 4));
+    CK(cudaMemset(x, 0, 2 * 128256 * 4));
+    CK(cudaMemset(s, 0, 128256 * 4));
+    CK(cudaStreamSynchronize(st));
+    printf("\n(2) TB/s at one row (us)\n%-24s", "config");
+    for (int i = 0; i < kNumShapes; i++) printf(" | %-20s", kShapes[i].name);
+    printf("\n");
+    int best[kNumShapes];
+    float best_t[kNumShapes];
+    for (int i = 0; i < kNumShapes; i++) best[i] = 0, best_t[i] = 1e30f;
+    for (int ci = 0; ci < kNumCfgs; ci++) {
+        if (ci == 0) printf("%-24s", "production");
+        else printf("h2 cvt %d rpw %d u %d ks %d  ", kCfgs[ci].cvt, kCfgs[ci].rpw, kCfgs[ci].u, kCfgs[ci].ks);
+        for (int i = 0; i < kNumShapes; i++) {
+            const float t = one_ms(st, ci, kShapes[i], x, y, s);
+            if (t < best_t[i]) best_t[i] = t, best[i] = ci;
+            printf(" | %4.2f (%6.1f)        ", (double)kShapes[i].out * kShapes[i].in / t / 1e9, t * 1e3);
+        }
+        printf("\n");
+    }
+    const double bytes = 32.0 * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336) + 128256.0 * 4096;
+    int prod[kNumShapes] = {0, 0, 0, 0, 0};
+    int best_cvt0[kNumShapes];
+    for (int i = 0; i < kNumShapes; i++) {
+        float bt = 1e30f;
+        best_cvt0[i] = 0;
+        for (int ci = 1; ci < kNumCfgs; ci++)
+            if (kCfgs[ci].cvt == 0) {
+                const float t = one_ms(st, ci, kShapes[i], x, y, s);
+                if (t < bt) bt = t, best_cvt0[i] = ci;
+            }
+    }
+    printf("\n(3) one token's GEMVs as a graph (floor at 4.29 TB/s %.3f ms); best per shape:", bytes / 4.29e9);
+    for (int i = 0; i < kNumShapes; i++) printf(" %d", best[i]);
+    printf("; best bit-trick:");
+    for (int i = 0; i < kNumShapes; i++) printf(" %d", best_cvt0[i]);
+    printf("\n");
+    for (int round = 0; round < 2; round++)
+        for (bool pdl : {false, true})
+            printf("  pdl %d: production %.3f ms, best %.3f ms, best bit-trick %.3f ms\n", pdl,
+                   chain_ms(st, prod, pdl, x, x + 128256, s), chain_ms(st, best, pdl, x, x + 128256, s),
+                   chain_ms(st, best_cvt0, pdl, x, x + 128256, s));
+    return 0;
+}
