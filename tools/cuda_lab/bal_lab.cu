@@ -31,7 +31,7 @@
 
 #include "kernels/cuda/gemv_row.cuh"
 
-#include "tools/cuda_lab/lab_check.cuh"
+#include "tools/cuda_lab/lab_util.cuh"
 
 using tsr_mma::Args;
 using tsr_mma::kBf16;
@@ -160,87 +160,33 @@ static void launch(int wk, int ci, const Args &p, const Bal &b, cudaStream_t st,
 }
 
 static int64_t row_bytes(int wk, int cols) { return wk == kBf16 ? 2 * (int64_t)cols : (int64_t)cols; }
-static double e4m3_to_f64(uint8_t v) {
-    const int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
-    const double x = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
-    return s ? -x : x;
-}
-static double bf16_to_f64(const uint8_t *p) {
-    uint32_t u = (uint32_t)(p[0] | p[1] << 8) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t rng = 12345;
-static uint32_t rnd(void) {
-    rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
-    return rng;
-}
-
 static double check(int wk, int ci, int n_out, int cols, const Bal &b, cudaStream_t st) {
     const int64_t ldw = (row_bytes(wk, cols) + 15) / 16 * 16;
-    uint8_t *hw = (uint8_t *)calloc((size_t)n_out, (size_t)ldw);
-    float *hs = (float *)malloc(sizeof(float) * n_out), *hx = (float *)malloc(sizeof(float) * cols);
-    float *hy = (float *)malloc(sizeof(float) * n_out);
-    for (int o = 0; o < n_out; o++) {
-        hs[o] = 0.01f * (1 + (int)(rnd() % 100));
-        for (int c = 0; c < cols; c++) {
-            if (wk == kBf16) {
-                uint16_t h = (uint16_t)(0x3c00 + (rnd() % 0x400) - 0x200) ^ (uint16_t)(rnd() & 0x8000);
-                memcpy(hw + (int64_t)o * ldw + 2 * c, &h, 2);
-            } else {
-                uint8_t v = (uint8_t)(rnd() & 0xff);
-                if ((v & 0x7f) == 0x7f) v &= 0xfe;
-                hw[(int64_t)o * ldw + c] = v;
-            }
-        }
-    }
-    for (int i = 0; i < cols; i++) hx[i] = ((int)(rnd() % 2001) - 1000) / 250.0f;
-    uint8_t *dw;
-    float *ds, *dx, *dy;
-    CK(cudaMalloc(&dw, (size_t)n_out * ldw));
-    CK(cudaMalloc(&ds, sizeof(float) * n_out));
-    CK(cudaMalloc(&dx, sizeof(float) * cols));
-    CK(cudaMalloc(&dy, sizeof(float) * n_out));
-    CK(cudaMemcpy(dw, hw, (size_t)n_out * ldw, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ds, hs, sizeof(float) * n_out, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dx, hx, sizeof(float) * cols, cudaMemcpyHostToDevice));
-    CK(cudaMemset(dy, 0xff, sizeof(float) * n_out));
+    LabCase t = lab_case_new(wk == kFp8, n_out, cols, ldw, 1, 4.0f);
     Args a = {};
-    a.w = dw, a.scale = wk == kFp8 ? ds : nullptr, a.x = dx, a.y = dy, a.n_out = n_out, a.cols = cols, a.ldw = ldw;
+    a.w = t.dw, a.scale = wk == kFp8 ? t.ds : nullptr, a.x = t.dx, a.y = t.dy, a.n_out = n_out, a.cols = cols, a.ldw = ldw;
     a.ldx = cols;
     double worst = 0;
     for (int rep = 0; rep < 2; rep++) { // twice: the counters must have been left at zero
         launch(wk, ci, a, b, st, false);
         CK(cudaStreamSynchronize(st));
-        CK(cudaMemcpy(hy, dy, sizeof(float) * n_out, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(t.hy, t.dy, sizeof(float) * n_out, cudaMemcpyDeviceToHost));
         for (int o = 0; o < n_out; o++) {
             double sum = 0, mag = 0;
             for (int c = 0; c < cols; c++) {
-                const double wv = wk == kBf16 ? bf16_to_f64(hw + (int64_t)o * ldw + 2 * c)
-                                              : e4m3_to_f64(hw[(int64_t)o * ldw + c]) * hs[o];
-                double xv = hx[c];
+                const double wv = lab_case_w(t, wk == kFp8, o, c);
+                double xv = t.hx[c];
                 if (wk == kFp8) xv = (double)__half2float(__float2half_rn((float)(xv * 0.0625))) * 16;
                 sum += wv * xv, mag += fabs(wv * xv);
             }
-            const double err = fabs(hy[o] - sum) / (mag + 1e-30);
+            const double err = fabs(t.hy[o] - sum) / (mag + 1e-30);
             if (!(err <= worst)) worst = err;
         }
     }
-    cudaFree(dw), cudaFree(ds), cudaFree(dx), cudaFree(dy);
-    free(hw), free(hs), free(hx), free(hy);
+    lab_case_free(&t);
     return worst;
 }
 
-struct Shape {
-    const char *name;
-    int out, in;
-};
-static const Shape kShapes[] = {
-    {"qkv 6144x4096", 6144, 4096}, {"o 4096x4096", 4096, 4096}, {"gate/up 28672x4096", 28672, 4096},
-    {"down 4096x14336", 4096, 14336}, {"lm head 128256x4096", 128256, 4096},
-};
-static const int kNumShapes = 5;
 static uint8_t *g_pool;
 static size_t g_pool_bytes;
 
@@ -249,68 +195,20 @@ static float one_ms(cudaStream_t st, int wk, int ci, const Shape &S, float *x, f
     Args a = {};
     a.scale = wk == kFp8 ? s : nullptr, a.x = x, a.y = y, a.n_out = S.out, a.cols = S.in, a.ldw = row_bytes(wk, S.in);
     a.ldx = S.in;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    const int reps = 60;
-    a.w = g_pool;
-    launch(wk, ci, a, b, st, false);
-    CK(cudaEventRecord(e0, st));
-    for (int i = 0; i < reps; i++) {
-        a.w = g_pool + (size_t)((i + 1) % (copies < 64 ? copies : 64)) * bytes;
+    return lab_calls_ms(st, 60, [&](int i) {
+        a.w = g_pool + (size_t)(i % (copies < 64 ? copies : 64)) * bytes;
         launch(wk, ci, a, b, st, false);
-    }
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    return ms / reps;
+    });
 }
 
 static float chain_ms(cudaStream_t st, int wk, const int *ci, bool pdl, float *xa, float *xb, float *s, const Bal &b) {
-    cudaGraph_t g;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    size_t off = 0;
-    for (int i = 0; i < 32 * 4 + 1; i++) {
-        const int sh = i < 32 * 4 ? i % 4 : 4;
-        const Shape &S = kShapes[sh];
+    return lab_token_ms(st, g_pool, wk == kBf16 ? 2 : 1, [&](int i, const Shape &S, const uint8_t *w) {
         Args a = {};
-        a.w = g_pool + off, a.scale = wk == kFp8 ? s : nullptr, a.n_out = S.out, a.cols = S.in;
+        a.w = w, a.scale = wk == kFp8 ? s : nullptr, a.n_out = S.out, a.cols = S.in;
         a.ldw = row_bytes(wk, S.in), a.ldx = S.in;
         a.x = (i & 1) ? xb : xa, a.y = (i & 1) ? xa : xb;
-        off += (size_t)S.out * a.ldw;
-        launch(wk, ci[sh], a, b, st, pdl);
-    }
-    CK(cudaStreamEndCapture(st, &g));
-    cudaGraphExec_t ge;
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    float t[7];
-    for (int rep = 0; rep < 7; rep++) {
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0), cudaEventCreate(&e1);
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        cudaEventElapsedTime(&t[rep], e0, e1);
-        t[rep] /= 5;
-        cudaEventDestroy(e0), cudaEventDestroy(e1);
-    }
-    for (int i = 0; i < 7; i++)
-        for (int j = i + 1; j < 7; j++)
-            if (t[j] < t[i]) { float u = t[i]; t[i] = t[j]; t[j] = u; }
-    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
-    return t[3];
-}
-
-__global__ void fill_kernel(uint8_t *p, size_t n, uint32_t seed) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        reinterpret_cast<uint32_t *>(p)[i] = (h & 0x3f3f3f3fu) | 0x38003800u;
-    }
+        launch(wk, ci[&S - kShapes], a, b, st, pdl);
+    });
 }
 
 int main(void) {
@@ -338,7 +236,7 @@ int main(void) {
         }
     g_pool_bytes = (size_t)15400 << 20;
     CK(cudaMalloc(&g_pool, g_pool_bytes));
-    fill_kernel<<<4096, 256, 0, st>>>(g_pool, g_pool_bytes, 7);
+    lab_fill<<<4096, 256, 0, st>>>(g_pool, g_pool_bytes, 7);
     float *x, *s;
     CK(cudaMalloc(&x, 2 * 128256 * 4));
     CK(cudaMalloc(&s, 128256 * 4));
@@ -346,12 +244,10 @@ int main(void) {
     CK(cudaMemset(s, 0, 128256 * 4));
     CK(cudaStreamSynchronize(st));
     for (int wk = 0; wk < 2; wk++) {
-        printf("\n(2) %s: TB/s at one row (us)\n%-16s", wk ? "E4M3" : "bf16", "config");
-        for (int i = 0; i < kNumShapes; i++) printf(" | %-20s", kShapes[i].name);
-        printf("\n");
-        int best[kNumShapes];
-        float best_t[kNumShapes];
-        for (int i = 0; i < kNumShapes; i++) best[i] = 0, best_t[i] = 1e30f;
+        printf("\n(2) %s: TB/s at one row (us)\n", wk ? "E4M3" : "bf16");
+        lab_table_head("config", 16);
+        int best[kNumShapes] = {};
+        float best_t[kNumShapes] = {1e30f, 1e30f, 1e30f, 1e30f, 1e30f};
         for (int ci = 0; ci < kNumCfgs; ci++) {
             if (ci == 0) printf("%-16s", "production");
             else printf("bal rpw %d u %d   ", kCfgs[ci].rpw, kCfgs[ci].u);

@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "kernels/cuda/gemv_row.cuh"
-#include "tools/cuda_lab/lab_check.cuh"
+#include "tools/cuda_lab/lab_util.cuh"
 
 using namespace tsr_mma;
 
@@ -208,14 +208,6 @@ static void production(int wk, const Stage *h, int n, cudaStream_t st, bool pdl)
     }
 }
 
-__global__ void fill_kernel(uint8_t *p, size_t n, uint32_t seed) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        // bf16 pairs and E4M3 quads of modest magnitude, no NaN
-        reinterpret_cast<uint32_t *>(p)[i] = (h & 0x3f3f3f3fu) | 0x38003800u;
-    }
-}
 __global__ void fill_x(float *x, int n, uint32_t seed) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
@@ -272,7 +264,7 @@ int main(void) {
     CK(cudaMalloc(&buf, 16 * 16384 * sizeof(float) + 2 * 128256 * sizeof(float)));
     CK(cudaMalloc(&scale, 128256 * sizeof(float)));
     CK(cudaMalloc(&bar, sizeof(unsigned)));
-    fill_kernel<<<4096, 256, 0, st>>>(pool, pool_bytes, 7);
+    lab_fill<<<4096, 256, 0, st>>>(pool, pool_bytes, 7);
     fill_x<<<64, 256, 0, st>>>(buf, 16 * 16384, 11);
     fill_x<<<64, 256, 0, st>>>(scale, 128256, 13);
     CK(cudaStreamSynchronize(st));

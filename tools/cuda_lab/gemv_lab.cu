@@ -19,7 +19,7 @@
 #include "kernels/cuda/gemv_mma.cuh"
 #include "kernels/cuda/gemv_row.cuh"
 
-#include "tools/cuda_lab/lab_check.cuh"
+#include "tools/cuda_lab/lab_util.cuh"
 
 using namespace tsr_mma;
 
@@ -152,17 +152,6 @@ static void launch_old(int nr, const uint8_t *w, const float *x, float *y, int n
 }
 
 // ---- host reference
-static float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static double e4m3_to_f64(uint8_t b) {
-    const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-    double v = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1.0 + m / 8.0, e - 7);
-    return s ? -v : v;
-}
 static double bf16_round(double v) { // as cvt.rn.bf16 rounds a float
     float f = (float)v;
     uint32_t u;
@@ -171,95 +160,38 @@ static double bf16_round(double v) { // as cvt.rn.bf16 rounds a float
     memcpy(&f, &u, 4);
     return f;
 }
-static uint32_t rng = 12345;
-static uint32_t rnd(void) {
-    rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
-    return rng;
-}
-
 static int check(int wk, int nr, int ci, int n_out, int cols, cudaStream_t st) {
     const int64_t ldw = row_bytes(wk, cols);
-    uint8_t *hw = (uint8_t *)calloc((size_t)n_out, (size_t)ldw);
-    float *hs = (float *)malloc(sizeof(float) * n_out), *hx = (float *)malloc(sizeof(float) * 8 * cols);
-    float *hy = (float *)malloc(sizeof(float) * 8 * n_out);
-    for (int o = 0; o < n_out; o++) {
-        hs[o] = 0.01f * (1 + (int)(rnd() % 100));
-        for (int c = 0; c < cols; c++) {
-            if (wk == kBf16) {
-                uint16_t h = (uint16_t)(0x3c00 + (rnd() % 0x400) - 0x200) ^ (uint16_t)(rnd() & 0x8000);
-                memcpy(hw + (int64_t)o * ldw + 2 * c, &h, 2);
-            } else {
-                uint8_t b = (uint8_t)(rnd() & 0xff);
-                if ((b & 0x7f) == 0x7f) b &= 0xfe; // no NaN
-                hw[(int64_t)o * ldw + c] = b;
-            }
-        }
-    }
-    for (int i = 0; i < 8 * cols; i++) hx[i] = ((int)(rnd() % 2001) - 1000) / 250.0f;
-    uint8_t *dw;
-    float *ds, *dx, *dy;
-    CK(cudaMalloc(&dw, (size_t)n_out * ldw));
-    CK(cudaMalloc(&ds, sizeof(float) * n_out));
-    CK(cudaMalloc(&dx, sizeof(float) * 8 * cols));
-    CK(cudaMalloc(&dy, sizeof(float) * 8 * n_out));
-    CK(cudaMemcpy(dw, hw, (size_t)n_out * ldw, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ds, hs, sizeof(float) * n_out, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dx, hx, sizeof(float) * 8 * cols, cudaMemcpyHostToDevice));
-    CK(cudaMemset(dy, 0xff, sizeof(float) * 8 * n_out));
-    launch(wk, nr, false, ci, dw, wk == kFp8 ? ds : nullptr, dx, dy, n_out, cols, ldw, st);
+    LabCase t = lab_case_new(wk == kFp8, n_out, cols, ldw, 8, 4.0f);
+    launch(wk, nr, false, ci, t.dw, wk == kFp8 ? t.ds : nullptr, t.dx, t.dy, n_out, cols, ldw, st);
     CK(cudaStreamSynchronize(st));
-    CK(cudaMemcpy(hy, dy, sizeof(float) * 8 * n_out, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(t.hy, t.dy, sizeof(float) * 8 * n_out, cudaMemcpyDeviceToHost));
     double worst = 0;
     for (int r = 0; r < nr; r++)
         for (int o = 0; o < n_out; o++) {
             double sum = 0, mag = 0;
             for (int c = 0; c < cols; c++) {
-                double wv = wk == kBf16 ? bf16_to_f32(*(uint16_t *)(hw + (int64_t)o * ldw + 2 * c))
-                                        : e4m3_to_f64(hw[(int64_t)o * ldw + c]) * hs[o];
+                const double wv = lab_case_w(t, wk == kFp8, o, c);
                 // activations as the kernel rounds them: bf16, or f16 after * 2^-4
-                double xv = hx[(int64_t)r * cols + c];
+                double xv = t.hx[(int64_t)r * cols + c];
                 if (wk == kFp8) xv = (double)__half2float(__float2half_rn((float)(xv * 0.0625))) * 16;
                 else if (ci < kRowBase) xv = bf16_round(xv); // the row kernel multiplies f32 activations
                 sum += wv * xv, mag += fabs(wv * xv);
             }
-            const double err = fabs(hy[(int64_t)r * n_out + o] - sum) / (mag + 1e-30);
+            const double err = fabs(t.hy[(int64_t)r * n_out + o] - sum) / (mag + 1e-30);
             if (err > worst) worst = err;
         }
-    cudaFree(dw), cudaFree(ds), cudaFree(dx), cudaFree(dy);
-    free(hw), free(hs), free(hx), free(hy);
+    lab_case_free(&t);
     const int ok = worst < 1e-5; // f32 accumulation of exactly rounded products
     if (!ok) printf("FAIL %s rows %d cfg %d shape %dx%d: worst relative error %.3g\n", wk ? "fp8" : "bf16", nr, ci,
                     n_out, cols, worst);
     return ok;
 }
 
-// ---- bandwidth
-struct Shape {
-    const char *name;
-    int out, in;
-};
-static const Shape kShapes[] = {
-    {"qkv 6144x4096", 6144, 4096}, {"o 4096x4096", 4096, 4096}, {"gate/up 28672x4096", 28672, 4096},
-    {"down 4096x14336", 4096, 14336}, {"lm head 128256x4096", 128256, 4096},
-};
-static const int kNumShapes = 5;
+// ---- bandwidth (kShapes: lab_util.cuh)
 
 static uint8_t *g_pool; // weights of a whole model, 15 GB
 static size_t g_pool_bytes;
-
-static float time_ms(cudaStream_t st, int reps, void (*body)(cudaStream_t, int, void *), void *arg) {
-    cudaEvent_t a, b;
-    cudaEventCreate(&a), cudaEventCreate(&b);
-    body(st, 0, arg);
-    CK(cudaEventRecord(a, st));
-    for (int i = 0; i < reps; i++) body(st, i + 1, arg);
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return ms / reps;
-}
 
 struct One {
     int wk, nr, ci, out, in; // ci < 0: the old kernel
@@ -273,32 +205,6 @@ static void one_body(cudaStream_t st, int i, void *arg) {
     const uint8_t *w = g_pool + (size_t)(i % (copies < 64 ? copies : 64)) * bytes;
     if (p->ci < 0) launch_old(p->nr, w, p->x, p->y, p->out, p->in, st);
     else launch(p->wk, p->nr, false, p->ci, w, p->s, p->x, p->y, p->out, p->in, ldw, st);
-}
-
-// Milliseconds per replay of a captured graph: median of 7 timings of 5
-// replays each (the graph instantiated, run once to warm, then freed).
-static float replay_ms(cudaStream_t st, cudaGraph_t g) {
-    cudaGraphExec_t ge;
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    float t[7];
-    for (int rep = 0; rep < 7; rep++) {
-        cudaEvent_t a, b;
-        cudaEventCreate(&a), cudaEventCreate(&b);
-        CK(cudaEventRecord(a, st));
-        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        cudaEventElapsedTime(&t[rep], a, b);
-        t[rep] /= 5;
-        cudaEventDestroy(a), cudaEventDestroy(b);
-    }
-    for (int i = 0; i < 7; i++)
-        for (int j = i + 1; j < 7; j++)
-            if (t[j] < t[i]) { float u = t[i]; t[i] = t[j]; t[j] = u; }
-    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
-    return t[3];
 }
 
 // ---- one token's GEMVs as a graph
@@ -340,7 +246,7 @@ static float chain_ms(cudaStream_t st, Chain *c) {
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     chain_launches(st, c);
     CK(cudaStreamEndCapture(st, &g));
-    return replay_ms(st, g);
+    return lab_graph_ms(st, g);
 }
 
 // ---- a decode layer with the latency-bound kernels between the GEMVs
@@ -385,7 +291,7 @@ static float layers_ms(cudaStream_t st, cudaStream_t side, Chain *c, size_t pref
         launch(c->wk, c->nr, false, c->ci[sh], w, c->s, x, y, S.out, S.in, ldw, st);
     });
     CK(cudaStreamEndCapture(st, &g));
-    const float ms = replay_ms(st, g);
+    const float ms = lab_graph_ms(st, g);
     for (auto &e : ev) cudaEventDestroy(e);
     return ms;
 }
@@ -404,16 +310,7 @@ static float production_chain_ms(cudaStream_t st, int wk, int rows, bool pdl, fl
         CK(wk == kBf16 ? tsr_row::launch_decode<kBf16>(a, rows, st, pdl) : tsr_row::launch_decode<kFp8>(a, rows, st, pdl));
     });
     CK(cudaStreamEndCapture(st, &g));
-    return replay_ms(st, g);
-}
-
-__global__ void fill_kernel(uint8_t *p, size_t n, uint32_t seed) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        // bf16 pairs and E4M3 quads of modest magnitude, no NaN
-        reinterpret_cast<uint32_t *>(p)[i] = (h & 0x3f3f3f3fu) | 0x38003800u;
-    }
+    return lab_graph_ms(st, g);
 }
 
 int main(void) {
@@ -434,7 +331,7 @@ int main(void) {
     // (2) bandwidth
     g_pool_bytes = (size_t)15400 << 20;
     CK(cudaMalloc(&g_pool, g_pool_bytes));
-    fill_kernel<<<4096, 256, 0, st>>>(g_pool, g_pool_bytes, 7);
+    lab_fill<<<4096, 256, 0, st>>>(g_pool, g_pool_bytes, 7);
     float *x, *y, *s;
     CK(cudaMalloc(&x, 2 * 8 * 14336 * 4));
     CK(cudaMalloc(&y, 8 * 128256 * 4));
@@ -461,7 +358,7 @@ int main(void) {
                 float t[2] = {1e30f, 1e30f};
                 for (int k = 0; k < (ci >= kRowBase ? 1 : 2); k++) {
                     One o = {wk, k ? 8 : 1, ci, S.out, S.in, x, y, s};
-                    t[k] = time_ms(st, 40, one_body, &o);
+                    t[k] = lab_calls_ms(st, 40, [&](int i) { one_body(st, i, &o); });
                 }
                 if (ci >= 0 && ci < kRowBase && t[0] < best_t[i]) best_t[i] = t[0], best[wk][i] = ci;
                 if (ci >= 0 && t[0] < best_any_t[i]) best_any_t[i] = t[0], best_any[wk][i] = ci;

@@ -1,0 +1,164 @@
+// lab_util.cuh - what the GEMV labs share: random operands, host
+// references of the weight formats, a pool filler, and two timers.
+#ifndef TSR_LAB_UTIL_CUH
+#define TSR_LAB_UTIL_CUH
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/cuda_lab/lab_check.cuh"
+
+// xorshift32: the labs' reproducible operands.
+static uint32_t lab_rng = 12345;
+static inline uint32_t lab_rnd(void) {
+    lab_rng ^= lab_rng << 13, lab_rng ^= lab_rng >> 17, lab_rng ^= lab_rng << 5;
+    return lab_rng;
+}
+
+static inline double lab_e4m3_to_f64(uint8_t b) {
+    const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    const double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return s ? -v : v;
+}
+
+// The bf16 value at p (little-endian).
+static inline double lab_bf16_to_f64(const uint8_t *p) {
+    const uint32_t u = (uint32_t)(p[0] | p[1] << 8) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// A correctness case: n_out weight rows (ldw bytes apart; bf16 near +-1
+// when fp8 is 0, any finite E4M3 byte when 1) with row scales in
+// [0.01, 1], nx input rows of cols activations in [-amp, amp], on the host
+// (h*) and on the device (d*; dy filled with NaN).
+struct LabCase {
+    int64_t ldw;
+    uint8_t *hw, *dw;
+    float *hs, *hx, *hy, *ds, *dx, *dy;
+};
+static LabCase lab_case_new(int fp8, int n_out, int cols, int64_t ldw, int nx, float amp) {
+    LabCase c;
+    c.ldw = ldw;
+    c.hw = (uint8_t *)calloc((size_t)n_out, (size_t)ldw);
+    c.hs = (float *)malloc(sizeof(float) * n_out), c.hx = (float *)malloc(sizeof(float) * nx * cols);
+    c.hy = (float *)malloc(sizeof(float) * nx * n_out);
+    for (int o = 0; o < n_out; o++) {
+        c.hs[o] = 0.01f * (1 + (int)(lab_rnd() % 100));
+        for (int k = 0; k < cols; k++) {
+            if (!fp8) {
+                const uint16_t h = (uint16_t)(0x3c00 + (lab_rnd() % 0x400) - 0x200) ^ (uint16_t)(lab_rnd() & 0x8000);
+                memcpy(c.hw + (int64_t)o * ldw + 2 * k, &h, 2);
+            } else {
+                uint8_t b = (uint8_t)(lab_rnd() & 0xff);
+                if ((b & 0x7f) == 0x7f) b &= 0xfe; // no NaN
+                c.hw[(int64_t)o * ldw + k] = b;
+            }
+        }
+    }
+    for (int i = 0; i < nx * cols; i++) c.hx[i] = amp * ((int)(lab_rnd() % 2001) - 1000) / 1000.0f;
+    CK(cudaMalloc(&c.dw, (size_t)n_out * ldw));
+    CK(cudaMalloc(&c.ds, sizeof(float) * n_out));
+    CK(cudaMalloc(&c.dx, sizeof(float) * nx * cols));
+    CK(cudaMalloc(&c.dy, sizeof(float) * nx * n_out));
+    CK(cudaMemcpy(c.dw, c.hw, (size_t)n_out * ldw, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.ds, c.hs, sizeof(float) * n_out, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.dx, c.hx, sizeof(float) * nx * cols, cudaMemcpyHostToDevice));
+    CK(cudaMemset(c.dy, 0xff, sizeof(float) * nx * n_out));
+    return c;
+}
+// Weight (o, k) of a case as the kernels read it (E4M3 times its row scale).
+static double lab_case_w(const LabCase &c, int fp8, int o, int k) {
+    return fp8 ? lab_e4m3_to_f64(c.hw[(int64_t)o * c.ldw + k]) * c.hs[o] : lab_bf16_to_f64(c.hw + (int64_t)o * c.ldw + 2 * k);
+}
+static void lab_case_free(LabCase *c) {
+    cudaFree(c->dw), cudaFree(c->ds), cudaFree(c->dx), cudaFree(c->dy);
+    free(c->hw), free(c->hs), free(c->hx), free(c->hy);
+}
+
+// n bytes of bf16 pairs and E4M3 quads of modest magnitude, no NaN.
+__global__ void lab_fill(uint8_t *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        reinterpret_cast<uint32_t *>(p)[i] = (h & 0x3f3f3f3fu) | 0x38003800u;
+    }
+}
+
+// Milliseconds per call of body(i) for i = 1..reps, after body(0) warms.
+template <typename F> static float lab_calls_ms(cudaStream_t st, int reps, F body) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    body(0);
+    CK(cudaEventRecord(a, st));
+    for (int i = 0; i < reps; i++) body(i + 1);
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return ms / reps;
+}
+
+// Milliseconds per replay of a captured graph: median of 7 timings of 5
+// replays each (instantiated, run once to warm, then freed with g).
+static float lab_graph_ms(cudaStream_t st, cudaGraph_t g) {
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    float t[7];
+    for (int rep = 0; rep < 7; rep++)
+        t[rep] = lab_calls_ms(st, 5, [&](int) { CK(cudaGraphLaunch(ge, st)); });
+    for (int i = 0; i < 7; i++)
+        for (int j = i + 1; j < 7; j++)
+            if (t[j] < t[i]) {
+                const float u = t[i];
+                t[i] = t[j], t[j] = u;
+            }
+    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+    return t[3];
+}
+
+// The Llama-3-8B decode GEMVs: [out x in] weights.
+struct Shape {
+    const char *name;
+    int out, in;
+};
+static const Shape kShapes[] = {
+    {"qkv 6144x4096", 6144, 4096}, {"o 4096x4096", 4096, 4096}, {"gate/up 28672x4096", 28672, 4096},
+    {"down 4096x14336", 4096, 14336}, {"lm head 128256x4096", 128256, 4096},
+};
+static const int kNumShapes = 5;
+
+// The head of a table of one figure per shape: the first column width wide.
+static void lab_table_head(const char *first, int width) {
+    printf("%-*s", width, first);
+    for (int i = 0; i < kNumShapes; i++) printf(" | %-20s", kShapes[i].name);
+    printf("\n");
+}
+
+// One decode token's GEMVs (32 layers of q/k/v, o, gate/up, down, then the
+// LM head), each its own weights laid end to end in pool (es bytes a
+// weight), captured as one graph: ms per replay. launch(i, shape, w) issues
+// the i-th; inputs and outputs are the caller's.
+template <typename F> static float lab_token_ms(cudaStream_t st, const uint8_t *pool, int es, F launch) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    size_t off = 0;
+    for (int i = 0; i < 32 * 4 + 1; i++) {
+        const Shape &S = kShapes[i < 32 * 4 ? i % 4 : 4];
+        launch(i, S, pool + off);
+        off += (size_t)S.out * S.in * es;
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    return lab_graph_ms(st, g);
+}
+
+#endif // TSR_LAB_UTIL_CUH
