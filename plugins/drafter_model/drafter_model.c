@@ -12,6 +12,7 @@
  */
 #include <string.h>
 
+#include "kernels/cpu/ops.h"
 #include "slots/tsr_drafter.h"
 
 #ifdef DRAFTER_SELF_SPEC
@@ -131,13 +132,6 @@ static dm_seq *seq_for(drafter_model *d, int id) {
     return free_slot;
 }
 
-static int32_t argmax(const float *x, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 /* Run tokens after what s holds, recording them. */
 static int feed(drafter_model *d, dm_seq *s, const int32_t *tokens, int n) {
     int rc = d->ctx->host->seq_forward(d->ctx, s->s, tokens, n, d->logits);
@@ -168,7 +162,7 @@ static int dm_propose(void *inst, const tsr_draft_req *r, tsr_draft_out *out) {
     }
     if ((rc = feed(d, s, r->tokens + common, r->n_tokens - common)) != TSR_OK) return rc;
     for (int i = 0; i < k; i++) {
-        int32_t t = argmax(d->logits, d->vocab);
+        int32_t t = tsr_argmax(d->logits, d->vocab); /* NaN never chosen */
         out->tokens[out->n++] = t;
         if (i + 1 < k && (rc = feed(d, s, &t, 1)) != TSR_OK) return rc;
     }
