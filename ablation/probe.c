@@ -62,13 +62,19 @@ static void read_machine(tsr_probe_result *r) {
     }
 }
 
+/* One thread's part of a timed pass: sum n words at p, or (fma_iters > 0)
+ * run the multiply-add loop that many times. */
 typedef struct rd_job {
     const uint64_t *p;
     size_t n;
+    long fma_iters;
     uint64_t sum;
     atomic_int *go;
     double t0, t1;
 } rd_job;
+
+/* FLOPs of one iteration of fma_loop_avx2: 12 FMAs of 8 lanes. */
+#define FMA_FLOPS_PER_ITER (12 * 8 * 2)
 
 /* 64-bit loads: what any x86-64 (or other) CPU runs. */
 static uint64_t read_words(const uint64_t *p, size_t n) {
@@ -105,6 +111,24 @@ __attribute__((target("avx2"))) static uint64_t read_words_avx2(const uint64_t *
     _mm256_storeu_si256((__m256i *)lanes, s0);
     return (lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3]) + read_words(p + i, n - i);
 }
+
+/* The f32 multiply-add ceiling of a core: twelve independent chains of
+ * 8-lane FMAs in registers (more than latency x issue width on current
+ * x86-64), nothing else; a GEMM kernel can at best approach it. */
+__attribute__((target("avx2,fma"))) static uint64_t fma_loop_avx2(long iters) {
+    __m256 a[12];
+    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_ps(0.001f * (float)i);
+    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+    for (long k = 0; k < iters; k++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
+    for (int i = 1; i < 12; i++) a[0] = _mm256_add_ps(a[0], a[i]);
+    float f[8];
+    _mm256_storeu_ps(f, a[0]);
+    uint32_t u;
+    memcpy(&u, &f[0], 4);
+    return u;
+}
 #endif
 
 static void *rd_thread(void *arg) {
@@ -113,7 +137,8 @@ static void *rd_thread(void *arg) {
     }
     j->t0 = tsr_now_seconds();
 #if defined(__x86_64__)
-    j->sum = tsr_cpu_has_avx2_fma_f16c() ? read_words_avx2(j->p, j->n) : read_words(j->p, j->n);
+    if (j->fma_iters) j->sum = fma_loop_avx2(j->fma_iters); /* only asked where AVX2 + FMA run */
+    else j->sum = tsr_cpu_has_avx2_fma_f16c() ? read_words_avx2(j->p, j->n) : read_words(j->p, j->n);
 #else
     j->sum = read_words(j->p, j->n);
 #endif
@@ -121,9 +146,10 @@ static void *rd_thread(void *arg) {
     return NULL;
 }
 
-/* One timed pass of nt threads over buf: GB/s from the first start to the
- * last end. */
-static int read_pass(const uint64_t *buf, size_t words, int nt, double *gbs, uint64_t *sink) {
+/* One timed pass of nt threads over buf (words to read), or of the FMA loop
+ * (fma_iters a thread, buf unused): seconds from the first start to the
+ * last end; -1 if the threads cannot be started. */
+static double timed_pass(const uint64_t *buf, size_t words, long fma_iters, int nt, uint64_t *sink) {
     pthread_t th[256];
     rd_job jobs[256];
     atomic_int go = 0;
@@ -132,6 +158,7 @@ static int read_pass(const uint64_t *buf, size_t words, int nt, double *gbs, uin
     for (int t = 0; t < nt; t++) {
         jobs[t] = (rd_job){.p = buf + per * (size_t)t,
                            .n = t == nt - 1 ? words - per * (size_t)t : per,
+                           .fma_iters = fma_iters,
                            .go = &go};
         if (pthread_create(&th[t], NULL, rd_thread, &jobs[t])) break;
         started++;
@@ -148,8 +175,36 @@ static int read_pass(const uint64_t *buf, size_t words, int nt, double *gbs, uin
         if (jobs[t].t1 > t1) t1 = jobs[t].t1;
         *sink ^= jobs[t].sum;
     }
-    *gbs = (double)words * 8 / (t1 - t0) / 1e9;
+    return t1 - t0;
+}
+
+/* One timed read pass: GB/s. */
+static int read_pass(const uint64_t *buf, size_t words, int nt, double *gbs, uint64_t *sink) {
+    double sec = timed_pass(buf, words, 0, nt, sink);
+    if (sec < 0) return -1;
+    *gbs = (double)words * 8 / sec / 1e9;
     return 0;
+}
+
+/* The multiply-add ceiling on nt threads (GFLOP/s, median of repeats of
+ * about 0.1 s each); NAN where AVX2 + FMA do not run. */
+static void probe_fma(tsr_probe_result *r) {
+    r->fma_gflops = r->fma_gflops_min = r->fma_gflops_max = NAN;
+#if defined(__x86_64__)
+    if (!tsr_cpu_has_avx2_fma_f16c()) return;
+    double s[100];
+    uint64_t sink = 0;
+    const long iters = 30000000; /* 5.8 GFLOP a thread: ~0.06 s at this machine's 95 GFLOP/s a core */
+    for (int k = 0; k < r->repeats; k++) {
+        double sec = timed_pass(NULL, 0, iters, r->n_threads, &sink);
+        if (sec <= 0) return;
+        s[k] = (double)iters * FMA_FLOPS_PER_ITER * r->n_threads / sec / 1e9;
+    }
+    r->fma_gflops = median(s, r->repeats);
+    r->fma_gflops_min = s[0];
+    r->fma_gflops_max = s[r->repeats - 1];
+    if (sink == 0x1234) fputc(' ', stderr); /* keep the loop */
+#endif
 }
 
 /* The device's ceilings: read bandwidth over 4 GiB, 8192^3 matmuls. */
@@ -229,6 +284,7 @@ int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) 
     r->read_gbs_max = s[r->repeats - 1];
     free(buf);
     if (sink == 0x1234) fputc(' ', stderr); /* keep the reads */
+    probe_fma(r);
 
 #ifdef TSR_ABL_HAVE_CBLAS
     int n = r->gemm_n;
@@ -268,6 +324,16 @@ json_t *tsr_probe_to_json(const tsr_probe_result *r) {
     json_t *j = probe_json(r);
     json_t *g = j ? json_object_get(j, "gpu") : NULL;
     if (!g) return j;
+    json_t *f = json_pack("{s:o, s:o, s:o, s:i, s:s}", "gflops", num_or_null(r->fma_gflops), "gflops_min",
+                          num_or_null(r->fma_gflops_min), "gflops_max", num_or_null(r->fma_gflops_max), "threads",
+                          r->n_threads, "method",
+                          isfinite(r->fma_gflops)
+                              ? "12 independent chains of 8-lane f32 FMAs in registers on every thread, median of repeats"
+                              : "not measured: no AVX2 + FMA");
+    if (!f || json_object_set_new(j, "fma", f)) {
+        json_decref(j);
+        return NULL;
+    }
     json_object_set_new(g, "name", r->have_gpu ? json_string(r->gpu_name) : json_null());
     json_object_set_new(g, "read_gbs", num_or_null(r->gpu_read_gbs));
     json_object_set_new(g, "read_gbs_min", num_or_null(r->gpu_read_gbs_min));
@@ -326,6 +392,10 @@ int tsr_probe_from_json(const json_t *j, tsr_probe_result *r, tsr_error *err) {
     r->gemm_gflops_min = num(g, "gflops_min");
     r->gemm_gflops_max = num(g, "gflops_max");
     r->have_gemm = json_is_true(json_object_get(g, "available"));
+    const json_t *f = json_object_get(j, "fma"); /* absent in records written before it existed */
+    r->fma_gflops = json_is_object(f) ? num(f, "gflops") : NAN;
+    r->fma_gflops_min = json_is_object(f) ? num(f, "gflops_min") : NAN;
+    r->fma_gflops_max = json_is_object(f) ? num(f, "gflops_max") : NAN;
     r->n_threads = (int)num(mr, "threads");
     r->n_cores = (int)num(m, "cores");
     const json_t *cm = json_object_get(m, "cpu_model");

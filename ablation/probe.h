@@ -32,6 +32,9 @@ typedef struct tsr_probe_result {
     double gemm_gflops;       /* median, GFLOP/s */
     double gemm_gflops_min, gemm_gflops_max;
     int have_gemm;            /* 0: built without cblas (then the rate is 0) */
+    /* f32 multiply-adds in registers on every thread (AVX2 + FMA), median,
+     * GFLOP/s: the ceiling of a compute-bound prefill; NAN: not measured */
+    double fma_gflops, fma_gflops_min, fma_gflops_max;
     int n_threads;
     size_t buffer_bytes;
     int repeats, gemm_n;

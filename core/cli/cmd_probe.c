@@ -10,11 +10,12 @@ static void probe_usage(FILE *f) {
     fprintf(f, "usage: tessera probe [--out device.json] [--threads N] [--buffer-mib N] [--repeats N]\n"
                "                     [--gemm-n N]\n\n"
                "Measures memory read bandwidth (a streaming read of a buffer far larger than the\n"
-               "last-level cache, median of repeats) and the OpenBLAS sgemm rate, and records the\n"
-               "machine. With a CUDA device (and a CUDA build): its read bandwidth and cuBLASLt\n"
+               "last-level cache, median of repeats), the OpenBLAS sgemm rate and the f32\n"
+               "multiply-add peak (AVX2 + FMA in registers), and records the machine. With a\n"
+               "CUDA device (and a CUDA build): its read bandwidth and cuBLASLt\n"
                "bf16 and fp8 matmul rates; otherwise the GPU fields are null with a note.\n\n"
                "  --out FILE         write the record (JSON) there; default: standard output\n"
-               "  --threads N        reading and sgemm threads (default: every core)\n"
+               "  --threads N        reading, sgemm and FMA threads (default: every core)\n"
                "  --buffer-mib N     read buffer (default: 8 x the last-level cache, >= 256)\n"
                "  --repeats N        timed repetitions (default 5)\n"
                "  --gemm-n N         square sgemm size (default 1024)\n");
@@ -72,9 +73,9 @@ int tsr_cmd_probe(int argc, char **argv) {
     }
     fprintf(stderr,
             "tessera probe: read %.2f GB/s (median; %.2f sustained over a second; %d threads, %zu MiB), "
-            "sgemm %.1f GFLOP/s%s\n",
+            "sgemm %.1f GFLOP/s%s, FMA peak %.1f GFLOP/s\n",
             r.read_gbs, r.read_gbs_sustained, r.n_threads, r.buffer_bytes >> 20, r.gemm_gflops,
-            r.have_gemm ? "" : " (no cblas)");
+            r.have_gemm ? "" : " (no cblas)", r.fma_gflops);
     if (r.have_gpu)
         fprintf(stderr, "tessera probe: %s: read %.0f GB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s%s%s\n",
                 r.gpu_name, r.gpu_read_gbs, r.gpu_bf16_tflops, r.gpu_fp8_tflops,

@@ -233,6 +233,14 @@ static void test_probe(void **st) {
     assert_int_equal((int)num(mr, "buffer_bytes"), 16 << 20);
     assert_true(json_is_true(json_object_get(g, "available")));
     assert_true(num(g, "gflops") > 0.01);
+    json_t *f = json_object_get(j, "fma"); /* the multiply-add ceiling: measured, or null with the reason */
+    assert_true(json_is_object(f));
+    if (json_is_null(json_object_get(f, "gflops"))) {
+        assert_non_null(strstr(json_string_value(json_object_get(f, "method")), "not measured"));
+    } else {
+        assert_true(num(f, "gflops") > 0.1);
+        assert_true(num(f, "gflops_min") <= num(f, "gflops") && num(f, "gflops") <= num(f, "gflops_max"));
+    }
     assert_true(num(m, "cores") >= 1);
     assert_true(num(m, "memory_bytes") > 1e8);
     if (json_is_null(json_object_get(gpu, "name"))) { /* no device (or no CUDA build): said why */
