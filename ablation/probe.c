@@ -186,8 +186,8 @@ static int read_pass(const uint64_t *buf, size_t words, int nt, double *gbs, uin
     return 0;
 }
 
-/* The multiply-add ceiling on nt threads (GFLOP/s, median of repeats of
- * about 0.1 s each); NAN where AVX2 + FMA do not run. */
+/* The multiply-add ceiling on r->n_threads threads (GFLOP/s, median of
+ * repeats of about 0.06 s each); NAN where AVX2 + FMA do not run. */
 static void probe_fma(tsr_probe_result *r) {
     r->fma_gflops = r->fma_gflops_min = r->fma_gflops_max = NAN;
 #if defined(__x86_64__)
@@ -329,7 +329,7 @@ json_t *tsr_probe_to_json(const tsr_probe_result *r) {
                           r->n_threads, "method",
                           isfinite(r->fma_gflops)
                               ? "12 independent chains of 8-lane f32 FMAs in registers on every thread, median of repeats"
-                              : "not measured: no AVX2 + FMA");
+                              : "not measured: no AVX2 + FMA here, or read from a record without it");
     if (!f || json_object_set_new(j, "fma", f)) {
         json_decref(j);
         return NULL;
