@@ -328,7 +328,9 @@ json_t *tsr_probe_to_json(const tsr_probe_result *r) {
                           num_or_null(r->fma_gflops_min), "gflops_max", num_or_null(r->fma_gflops_max), "threads",
                           r->n_threads, "method",
                           isfinite(r->fma_gflops)
-                              ? "12 independent chains of 8-lane f32 FMAs in registers on every thread, median of repeats"
+                              ? "12 independent chains of 8-lane (AVX2) f32 FMAs in registers on every thread, median "
+                                "of repeats: the ceiling of this engine's AVX2 kernels (AVX-512 code, e.g. OpenBLAS's, "
+                                "can exceed it)"
                               : "not measured: no AVX2 + FMA here, or read from a record without it");
     if (!f || json_object_set_new(j, "fma", f)) {
         json_decref(j);
