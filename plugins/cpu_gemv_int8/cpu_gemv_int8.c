@@ -134,13 +134,13 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
         return TSR_ERR_NOMEM;
     }
     float *scale = (float *)(void *)(buf + qbytes);
+    const int64_t block_rows = QUANT_BLOCK_BYTES / src_rb > 0 ? (int64_t)(QUANT_BLOCK_BYTES / src_rb) : 1;
+    const int give_back = gemv_engine_can_give_back(ctx->host);
     int64_t r0 = 0;
     for (int i = 0; i < n; i++) {
         const tsr_weight *w = &ws[i];
-        int64_t block_rows = (int64_t)(QUANT_BLOCK_BYTES / src_rb);
-        if (block_rows < 1) block_rows = 1;
-        quant_job j = {ctx, w, src_rb, block_rows, gemv_engine_can_give_back(ctx->host),
-                       (int8_t *)buf + (uint64_t)r0 * (uint64_t)cols, scale + r0, 0, -1};
+        quant_job j = {ctx, w, src_rb, block_rows, give_back, (int8_t *)buf + (uint64_t)r0 * (uint64_t)cols,
+                       scale + r0, 0, -1};
         ctx->host->parallel_for(ctx, (w->rows + block_rows - 1) / block_rows, quant_rows, &j);
         if (j.nomem || j.bad_row >= 0) {
             if (j.nomem)
@@ -154,7 +154,7 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
             return j.nomem ? TSR_ERR_NOMEM : TSR_ERR_INVALID;
         }
         /* the pages that straddle two blocks, now that both are done */
-        if (j.give_back) ctx->host->weight_done(ctx, w->data, w->nbytes);
+        if (give_back) ctx->host->weight_done(ctx, w->data, w->nbytes);
         r0 += w->rows;
     }
     *m = (gemv_matrix){.dtype = TSR_DTYPE_I8, .rows = rows, .cols = cols, .row_bytes = (uint64_t)cols,
