@@ -64,14 +64,14 @@ static void read_machine(tsr_probe_result *r) {
 
 /* One thread's part of a timed pass: sum n words at p, or (fma_iters > 0)
  * run the multiply-add loop that many times. */
-typedef struct rd_job {
+typedef struct pass_job {
     const uint64_t *p;
     size_t n;
     long fma_iters;
     uint64_t sum;
     atomic_int *go;
     double t0, t1;
-} rd_job;
+} pass_job;
 
 /* FLOPs of one iteration of fma_loop_avx2: 12 FMAs of 8 lanes. */
 #define FMA_FLOPS_PER_ITER (12 * 8 * 2)
@@ -131,8 +131,8 @@ __attribute__((target("avx2,fma"))) static uint64_t fma_loop_avx2(long iters) {
 }
 #endif
 
-static void *rd_thread(void *arg) {
-    rd_job *j = arg;
+static void *pass_thread(void *arg) {
+    pass_job *j = arg;
     while (!atomic_load(j->go)) {
     }
     j->t0 = tsr_now_seconds();
@@ -151,16 +151,16 @@ static void *rd_thread(void *arg) {
  * last end; -1 if the threads cannot be started. */
 static double timed_pass(const uint64_t *buf, size_t words, long fma_iters, int nt, uint64_t *sink) {
     pthread_t th[256];
-    rd_job jobs[256];
+    pass_job jobs[256];
     atomic_int go = 0;
     size_t per = words / (size_t)nt;
     int started = 0;
     for (int t = 0; t < nt; t++) {
-        jobs[t] = (rd_job){.p = buf + per * (size_t)t,
+        jobs[t] = (pass_job){.p = buf + per * (size_t)t,
                            .n = t == nt - 1 ? words - per * (size_t)t : per,
                            .fma_iters = fma_iters,
                            .go = &go};
-        if (pthread_create(&th[t], NULL, rd_thread, &jobs[t])) break;
+        if (pthread_create(&th[t], NULL, pass_thread, &jobs[t])) break;
         started++;
     }
     atomic_store(&go, 1);
