@@ -16,7 +16,9 @@
  * they could read per second if memory kept up.
  * --prefill also times the kernels against the blocked GEMM (gemm_cpu.h) and
  * widened tiles + OpenBLAS sgemm at 4..256 rows (the cpu_gemv plugin's
- * blas_min_rows threshold), in ms per call and GFLOP/s.
+ * blas_min_rows threshold), in ms per call and GFLOP/s; --gemm ROWS COLS does
+ * that for another [ROWS x COLS] matrix (e.g. Llama-3.2-1B's down projection,
+ * 2048 x 8192, whose activation rows lie 32 KiB apart) and skips the gemv table.
  */
 #include <math.h>
 #include <stdio.h>
@@ -138,6 +140,7 @@ typedef struct pjob {
     uint32_t dtype;
     int64_t rows, tile;
     float **scratch;
+    float *xs; /* the blocked GEMM's packed activations, packed in every timed call */
 } pjob;
 
 static tsr_gemv_isa g_isa;
@@ -145,17 +148,29 @@ static tsr_gemv_isa g_isa;
 /* The blocked GEMM over NR-wide panels (scratch: one panel per thread). */
 static void run_gemm(void *arg, int64_t p0, int64_t p1, int tid) {
     pjob *p = arg;
-    tsr_gemm_panels(g_isa, p->dtype, p->a, p->rows, p0, p1, p->scratch[tid]);
+    tsr_gemm_panels(g_isa, p->dtype, p->a, p->xs, p->rows, p0, p1, p->scratch[tid]);
+}
+
+static void pack_x(void *arg, int64_t s0, int64_t s1, int tid) {
+    (void)tid;
+    pjob *p = arg;
+    tsr_gemm_pack_x(p->a, s0, s1, p->xs);
+}
+
+/* One call: for the blocked GEMM, its activations packed first (as cpu_gemv does). */
+static void pjob_call(tsr_threadpool *tp, pjob *p, int64_t items, tsr_work_fn fn) {
+    if (p->xs) tsr_threadpool_run(tp, (p->a->cols + TSR_GEMM_KC - 1) / TSR_GEMM_KC, pack_x, p);
+    tsr_threadpool_run(tp, items, fn, p);
 }
 
 static double median_pjob(tsr_threadpool *tp, pjob *p, int64_t items, tsr_work_fn fn, double seconds) {
     double tb[64];
     int n = 0;
-    tsr_threadpool_run(tp, items, fn, p);
+    pjob_call(tp, p, items, fn);
     double t_end = now() + seconds;
     while (n < 64 && (n < 3 || now() < t_end)) {
         double t0 = now();
-        tsr_threadpool_run(tp, items, fn, p);
+        pjob_call(tp, p, items, fn);
         tb[n++] = now() - t0;
     }
     qsort(tb, (size_t)n, sizeof *tb, cmp_d);
@@ -175,19 +190,27 @@ static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
 
 int main(int argc, char **argv) {
     int threads = 2, prefill = 0, only = -1, resident = 0;
+    int64_t prows = 4864, pcols = 896;
     double seconds = 0.4;
     tsr_gemv_isa isa = tsr_gemv_isa_best();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--prefill")) prefill = 1;
+        else if (!strcmp(argv[i], "--gemm") && i + 2 < argc) {
+            prefill = 1, only = 3, prows = atoll(argv[i + 1]), pcols = atoll(argv[i + 2]), i += 2;
+            if (prows < 1 || pcols < 1 || pcols % 256) {
+                fprintf(stderr, "bench_gemv: --gemm ROWS COLS: COLS a multiple of 256\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--resident")) resident = 1;
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-i") && i + 1 < argc) {
             i++;
             isa = !strcmp(argv[i], "portable") ? TSR_GEMV_ISA_PORTABLE : TSR_GEMV_ISA_AVX2;
         } else {
-            fprintf(stderr, "usage: %s [-t THREADS] [-i portable|avx2] [-s SECONDS] [--shape 0|1|2] [--resident] [--prefill]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-t THREADS] [-i portable|avx2] [-s SECONDS] [--shape 0|1|2] [--resident] [--prefill | --gemm ROWS COLS]\n", argv[0]);
             return 2;
         }
     }
@@ -255,7 +278,7 @@ int main(int argc, char **argv) {
     if (prefill) {
         const uint32_t pdt[] = {TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_Q8_0};
         const int prow[] = {2, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256};
-        int64_t rows = 4864, cols = 896;
+        int64_t rows = prows, cols = pcols;
         printf("\nprefill [%lld x %lld]: ms per call (GFLOP/s), kernels vs blocked GEMM vs widened 64-row tiles + sgemm\n",
                (long long)rows, (long long)cols);
         printf("%-7s %6s %18s %18s %18s %8s\n", "dtype", "rows", "kernel_ms", "gemm_ms", "sgemm_ms", "winner");
@@ -265,20 +288,21 @@ int main(int argc, char **argv) {
             uint8_t *w = aligned_alloc(64, rb * (uint64_t)rows);
             fill(pdt[d], w, rb * (uint64_t)rows, rows * cols);
             float *x = malloc((size_t)(256 * cols) * sizeof *x), *y = malloc((size_t)(256 * rows) * sizeof *y);
+            float *xs = aligned_alloc(64, (size_t)tsr_gemm_xpack_floats(256, cols) * sizeof *xs);
             for (int64_t i = 0; i < 256 * cols; i++) x[i] = rndf();
             float *scr[256], *pan[256];
             for (int t = 0; t < threads; t++) {
                 scr[t] = aligned_alloc(64, (size_t)(64 * cols) * sizeof(float));
-                pan[t] = aligned_alloc(64, (size_t)TSR_GEMM_WBUF_FLOATS * sizeof(float));
+                pan[t] = aligned_alloc(64, (size_t)tsr_gemm_scratch_floats(256) * sizeof(float));
             }
             for (size_t k = 0; k < sizeof prow / sizeof *prow; k++) {
                 job j = {.k = tsr_gemv_kernel(isa), .dtype = pdt[d]};
                 j.a = (tsr_gemv_args){w, rb, NULL, cols, x, cols, prow[k], y, rows, NULL};
                 uint8_t *cp[1] = {w};
                 double tk = median_time(tp, &j, cp, 1, rows, run_kernel, seconds / 2);
-                pjob pg = {&j.a, pdt[d], rows, 64, pan};
+                pjob pg = {&j.a, pdt[d], rows, 64, pan, xs};
                 double tg = median_pjob(tp, &pg, tsr_gemm_panel_count(rows), run_gemm, seconds / 2);
-                pjob pb = {&j.a, pdt[d], rows, 64, scr};
+                pjob pb = {&j.a, pdt[d], rows, 64, scr, NULL};
                 double tb = median_pjob(tp, &pb, (rows + 63) / 64, run_blas, seconds / 2);
                 double fl = 2.0 * (double)rows * (double)cols * prow[k] * 1e-9;
                 printf("%-7s %6d %9.3f (%6.1f) %9.3f (%6.1f) %9.3f (%6.1f) %8s\n", tsr_dtype_name(pdt[d]), prow[k],
@@ -287,7 +311,7 @@ int main(int argc, char **argv) {
                 fflush(stdout);
             }
             for (int t = 0; t < threads; t++) free(scr[t]), free(pan[t]);
-            free(w), free(x), free(y);
+            free(w), free(x), free(y), free(xs);
         }
     }
     tsr_threadpool_free(tp);

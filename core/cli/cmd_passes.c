@@ -5,7 +5,9 @@
  * tokens per pass pays off when it costs less than a decode passes).
  * Each pass runs greedy outputs (as generation does: graphs replayed where
  * the assembly asks for them), then the sequence is cut back, so every
- * sample sees the same context.
+ * sample sees the same context. With --prompt N it times instead a prompt
+ * of N tokens into an empty sequence (prefill as `tessera run` does it:
+ * chunks, the last row's output only), repeated on one loaded model.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,12 +21,15 @@
 
 static void passes_usage(FILE *f) {
     fprintf(f,
-            "usage: tessera passes [ASSEMBLY] [--model PATH] [--context N] [--rows LIST] [--reps N] [--profile]\n\n"
+            "usage: tessera passes [ASSEMBLY] [--model PATH] [--context N] [--rows LIST | --prompt N]\n"
+            "                      [--reps N] [--profile]\n\n"
             "Times forward passes of each row count after a context of N tokens (pseudo-random\n"
             "ids): median and min over the repetitions, and the ratio to one row.\n\n"
             "%s"
             "  --context N        tokens before the timed passes (default 512)\n"
             "  --rows LIST        comma-separated row counts (default 1,2,4,8,9)\n"
+            "  --prompt N         instead, time a prompt of N tokens into an empty sequence\n"
+            "                     (prefill, the last row's output only): ms and tokens/s\n"
             "  --reps N           timed repetitions of each (default 50, after 5 warm-up)\n"
             "  --profile          after each row count, the time per kind of op of its passes,\n"
             "                     waiting for the device after each op (no CUDA graphs)\n",
@@ -37,7 +42,7 @@ int tsr_cmd_passes(int argc, char **argv) {
         return 0;
     }
     tsr_model_opts o = {.progress = 1, .no_tokenizer = 1};
-    long context = 512, reps = 50;
+    long context = 512, reps = 50, prompt = 0;
     int rows[32], n_rows = 0;
     const char *rows_arg = "1,2,4,8,9";
     for (int i = 1; i < argc; i++) {
@@ -55,6 +60,8 @@ int tsr_cmd_passes(int argc, char **argv) {
         const char *a = argv[i], *v = argv[++i];
         if (!strcmp(a, "--context")) {
             if (tsr_cli_parse_int("passes", a, v, 1, 1 << 24, &context)) return 2;
+        } else if (!strcmp(a, "--prompt")) {
+            if (tsr_cli_parse_int("passes", a, v, 1, 1 << 24, &prompt)) return 2;
         } else if (!strcmp(a, "--reps")) {
             if (tsr_cli_parse_int("passes", a, v, 1, 100000, &reps)) return 2;
         } else if (!strcmp(a, "--rows")) {
@@ -83,7 +90,8 @@ int tsr_cmd_passes(int argc, char **argv) {
         fprintf(stderr, "tessera passes: %s\n", err.msg);
         return 1;
     }
-    const int vocab = tsr_model_get_config(m)->vocab, total = (int)context + TSR_GRAPH_MAX_ROWS;
+    const int vocab = tsr_model_get_config(m)->vocab;
+    const int total = prompt > 0 ? (int)prompt : (int)context + TSR_GRAPH_MAX_ROWS;
     int status = 1;
     tsr_seq *s = NULL;
     int32_t *ids = malloc((size_t)total * sizeof *ids), choices[TSR_GRAPH_MAX_ROWS];
@@ -95,8 +103,26 @@ int tsr_cmd_passes(int argc, char **argv) {
     uint32_t x = 12345;
     for (int i = 0; i < total; i++) ids[i] = (int32_t)((x = x * 1664525u + 1013904223u) >> 8) % vocab;
     if (total > tsr_model_ctx(m)) {
-        fprintf(stderr, "tessera passes: a context of %ld + %d rows exceeds the model's %d\n", context,
-                TSR_GRAPH_MAX_ROWS, tsr_model_ctx(m));
+        fprintf(stderr, "tessera passes: %d tokens (context and rows, or the prompt) exceed the model's %d\n",
+                total, tsr_model_ctx(m));
+        goto done;
+    }
+    if (prompt > 0) {
+        if (tsr_seq_new(m, total, &s, &err)) goto fail;
+        tsr_model_profile_reset(m);
+        for (long r = -2; r < reps; r++) {
+            double t0 = tsr_now_seconds();
+            if (tsr_seq_forward_greedy(s, ids, (int)prompt, choices, 0, &err) || tsr_seq_truncate(s, 0, &err))
+                goto fail;
+            if (r >= 0) t[r] = tsr_now_seconds() - t0;
+        }
+        const tsr_stat3 st = tsr_stat3_of(t, (int)reps);
+        printf("# %s, prompt of %ld tokens, %ld repetitions (median, min)\n",
+               tsr_engine_name(tsr_model_get_engine(m)), prompt, reps);
+        printf("prompt %ld: %8.3f ms (min %8.3f), %.1f tok/s (best %.1f)\n", prompt, st.med * 1e3, st.min * 1e3,
+               (double)prompt / st.med, (double)prompt / st.min);
+        if (o.profile) tsr_model_profile_print(m, stdout);
+        status = 0;
         goto done;
     }
     if (tsr_seq_new(m, total, &s, &err) || tsr_seq_forward_greedy(s, ids, (int)context, choices, 0, &err))

@@ -108,34 +108,34 @@ static void pack_panel(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int n
     }
 }
 
-/* Store one tile row: y[r0 + j] (+)= (lo, hi)[j] for j < nv. */
-INL void store_row(float *y, __m256 lo, __m256 hi, int nv, int add) {
+/* Store one tile row: out[j] = (in ? in[j] : 0) + (lo, hi)[j] for j < nv. */
+INL void store_row(float *out, const float *in, __m256 lo, __m256 hi, int nv) {
     if (nv == NR) {
-        if (add) {
-            lo = _mm256_add_ps(_mm256_loadu_ps(y), lo);
-            hi = _mm256_add_ps(_mm256_loadu_ps(y + 8), hi);
+        if (in) {
+            lo = _mm256_add_ps(_mm256_loadu_ps(in), lo);
+            hi = _mm256_add_ps(_mm256_loadu_ps(in + 8), hi);
         }
-        _mm256_storeu_ps(y, lo);
-        _mm256_storeu_ps(y + 8, hi);
+        _mm256_storeu_ps(out, lo);
+        _mm256_storeu_ps(out + 8, hi);
         return;
     }
     _Alignas(32) float t[NR];
     _mm256_store_ps(t, lo);
     _mm256_store_ps(t + 8, hi);
-    for (int j = 0; j < nv; j++) y[j] = add ? y[j] + t[j] : t[j];
+    for (int j = 0; j < nv; j++) out[j] = in ? in[j] + t[j] : t[j];
 }
 
-/* y[i0 + i, r0 + j] (+)= sum_k x[i0 + i, c0 + k] * wbuf[k, j] for i < m
- * (m a constant after inlining) and j < NR; only j < nv is stored. Named
- * accumulators, not an array: the compiler keeps them in registers. */
-INL void tile(int m, const tsr_gemv_args *a, int64_t i0, int64_t r0, int nv, int64_t c0, int64_t kc,
-              const float *wbuf, int add) {
+/* out[i * ldo + j] = (in ? in[i * ldi + j] : 0) + sum_k xt[i * KC + k] *
+ * wbuf[k, j] for i < m (a constant after inlining) and j < NR; only j < nv
+ * is stored. xt: the tile's first row in the packed slice (rows KC apart).
+ * Named accumulators, not an array: the compiler keeps them in registers. */
+INL void tile(int m, const float *xt, int nv, int64_t kc, const float *wbuf, const float *in, int64_t ldi,
+              float *out, int64_t ldo) {
     __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0, a4 = a0,
            b4 = a0, a5 = a0, b5 = a0;
-    const int64_t ldx = a->ldx;
-    /* rows past m are never read; their pointers stay on row 0 (no arithmetic past x) */
-    const float *x0 = a->x + i0 * ldx + c0, *x1 = m > 1 ? x0 + ldx : x0, *x2 = m > 2 ? x0 + 2 * ldx : x0,
-                *x3 = m > 3 ? x0 + 3 * ldx : x0, *x4 = m > 4 ? x0 + 4 * ldx : x0, *x5 = m > 5 ? x0 + 5 * ldx : x0;
+    /* rows past m are never read; their pointers stay on row 0 */
+    const float *x0 = xt, *x1 = m > 1 ? x0 + KC : x0, *x2 = m > 2 ? x0 + 2 * KC : x0, *x3 = m > 3 ? x0 + 3 * KC : x0,
+                *x4 = m > 4 ? x0 + 4 * KC : x0, *x5 = m > 5 ? x0 + 5 * KC : x0;
     const float *w = wbuf;
 #define ROW(I)                                                                                     \
     if (m > I) {                                                                                   \
@@ -149,14 +149,10 @@ INL void tile(int m, const tsr_gemv_args *a, int64_t i0, int64_t r0, int nv, int
         ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
     }
 #undef ROW
-    float *y = a->y + i0 * a->ldy + r0;
-    const int64_t ldy = a->ldy;
-    if (m > 0) store_row(y, a0, b0, nv, add);
-    if (m > 1) store_row(y + ldy, a1, b1, nv, add);
-    if (m > 2) store_row(y + 2 * ldy, a2, b2, nv, add);
-    if (m > 3) store_row(y + 3 * ldy, a3, b3, nv, add);
-    if (m > 4) store_row(y + 4 * ldy, a4, b4, nv, add);
-    if (m > 5) store_row(y + 5 * ldy, a5, b5, nv, add);
+#define OUT(I, A, B) \
+    if (m > I) store_row(out + I * ldo, in ? in + I * ldi : NULL, A, B, nv);
+    OUT(0, a0, b0) OUT(1, a1, b1) OUT(2, a2, b2) OUT(3, a3, b3) OUT(4, a4, b4) OUT(5, a5, b5)
+#undef OUT
 }
 
 /* Software prefetch of the slice packed next, spread over the tiles of the
@@ -189,15 +185,14 @@ INL void prefetch_step(prefetch *pf) {
     pf->done = end;
 }
 
-/* Panels per column block: for each block the column slices run outermost,
- * so that one slice of the activations (nx x KC floats) stays in L2 while
- * the block's panels take it in turn (nx x GP * NR outputs beside it). */
-#ifndef TSR_GEMM_GP
-#define TSR_GEMM_GP 8
-#endif
-
-void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t rows, int64_t p0, int64_t p1,
-                          float *wbuf) {
+/* Per block of GP panels, the column slices run outermost, so that one
+ * packed slice of the activations (nx x KC floats) stays in L2 while the
+ * block's panels take it in turn; the block's partial sums (nx x GP x NR
+ * floats) wait in the scratch until the last slice stores them into y. */
+void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, const float *xs, int64_t rows, int64_t p0,
+                          int64_t p1, float *scratch) {
+    float *wbuf = scratch, *ysum = scratch + NR * KC;
+    const int64_t lds = TSR_GEMM_GP * NR;
     /* Row tiles: MR rows each; a remainder of 1..3 rows borrows a full tile
      * and runs as two of 4-5 rows (enough accumulators to hide FMA latency). */
     int64_t full = a->nx / MR;
@@ -214,41 +209,49 @@ void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t rows, 
         int64_t q1 = q0 + TSR_GEMM_GP < p1 ? q0 + TSR_GEMM_GP : p1;
         for (int64_t c0 = 0; c0 < a->cols; c0 += KC) {
             int64_t kc = a->cols - c0 < KC ? a->cols - c0 : KC;
-            int add = c0 > 0;
+            const float *xsl = xs + (c0 / KC) * a->nx * KC;
+            const int first = c0 == 0, last = c0 + KC >= a->cols;
             for (int64_t p = q0; p < q1; p++) {
                 int64_t r0 = p * NR;
                 int nv = rows - r0 < NR ? (int)(rows - r0) : NR;
+                float *ys = ysum + (p - q0) * NR;
                 pack_panel(dtype, a, r0, nv, c0, kc, wbuf);
                 prefetch pf = {0}; /* the panel slice packed next */
                 if (p + 1 < q1) prefetch_plan(&pf, dtype, a, rows, r0 + NR, c0, ntiles);
-                else if (c0 + KC < a->cols) prefetch_plan(&pf, dtype, a, rows, q0 * NR, c0 + KC, ntiles);
+                else if (!last) prefetch_plan(&pf, dtype, a, rows, q0 * NR, c0 + KC, ntiles);
                 else if (q1 < p1) prefetch_plan(&pf, dtype, a, rows, q1 * NR, 0, ntiles);
+                /* sums of this slice: into the block's sums, or with them into y */
+                float *out = last ? a->y + r0 : ys;
+                const int64_t ldo = last ? a->ldy : lds;
+                const float *in = first ? NULL : ys;
+#define TILE(M, I0) tile(M, xsl + (I0) * KC, nv, kc, wbuf, in ? in + (I0) * lds : NULL, lds, out + (I0) * ldo, ldo)
                 int64_t i0 = 0;
                 for (int64_t t = 0; t < full; t++, i0 += MR) {
                     prefetch_step(&pf);
-                    tile(MR, a, i0, r0, nv, c0, kc, wbuf, add);
+                    TILE(MR, i0);
                 }
                 for (int h = 0; h < 2; h++) {
                     int m = h ? t2 : t1;
                     prefetch_step(&pf);
                     switch (m) {
-                    case 1: tile(1, a, i0, r0, nv, c0, kc, wbuf, add); break;
-                    case 2: tile(2, a, i0, r0, nv, c0, kc, wbuf, add); break;
-                    case 3: tile(3, a, i0, r0, nv, c0, kc, wbuf, add); break;
-                    case 4: tile(4, a, i0, r0, nv, c0, kc, wbuf, add); break;
-                    case 5: tile(5, a, i0, r0, nv, c0, kc, wbuf, add); break;
+                    case 1: TILE(1, i0); break;
+                    case 2: TILE(2, i0); break;
+                    case 3: TILE(3, i0); break;
+                    case 4: TILE(4, i0); break;
+                    case 5: TILE(5, i0); break;
                     default: break;
                     }
                     i0 += m;
                 }
+#undef TILE
             }
         }
     }
 }
 
 #else
-void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t rows, int64_t p0, int64_t p1,
-                          float *wbuf) {
-    tsr_gemm_panels_portable(dtype, a, rows, p0, p1, wbuf);
+void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, const float *xs, int64_t rows, int64_t p0,
+                          int64_t p1, float *scratch) {
+    tsr_gemm_panels_portable(dtype, a, xs, rows, p0, p1, scratch);
 }
 #endif

@@ -180,6 +180,7 @@ typedef struct run_job {
     int64_t group;            /* most items per take */
     int64_t least;            /* fewest items per take (but the last) */
     int threads;              /* workers sharing the items */
+    float *xs;                /* the GEMM's packed activations (tsr_gemm_pack_x) */
 } run_job;
 
 /* Items [*p0, *p1) for the next take, 0 when none are left. Guided: a
@@ -288,15 +289,44 @@ static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
 static void run_gemm(void *arg, int64_t i0, int64_t i1, int tid) {
     (void)i0, (void)i1, (void)tid;
     run_job *j = arg;
-    float *wbuf = j->ctx->host->alloc(j->ctx, (size_t)TSR_GEMM_WBUF_FLOATS * sizeof(float), 64);
-    if (!wbuf) {
+    float *scratch = j->ctx->host->alloc(j->ctx, (size_t)tsr_gemm_scratch_floats(j->args.nx) * sizeof(float), 64);
+    if (!scratch) {
         j->failed = 1;
         return;
     }
     int64_t panels = tsr_gemm_panel_count(j->m->rows), p0, p1;
     while (take_items(j, panels, &p0, &p1))
-        tsr_gemm_panels(j->cfg->isa, j->m->dtype, &j->args, j->m->rows, p0, p1, wbuf);
-    j->ctx->host->free(j->ctx, wbuf);
+        tsr_gemm_panels(j->cfg->isa, j->m->dtype, &j->args, j->xs, j->m->rows, p0, p1, scratch);
+    j->ctx->host->free(j->ctx, scratch);
+}
+
+/* Items are the activations' KC-column slices, packed for the GEMM. */
+static void pack_slices(void *arg, int64_t s0, int64_t s1, int tid) {
+    (void)tid;
+    run_job *j = arg;
+    tsr_gemm_pack_x(&j->args, s0, s1, j->xs);
+}
+
+/* The blocked GEMM: the activations packed (on every worker), then the
+ * panels taken in turn. */
+static int run_blocked(run_job *j) {
+    const tsr_plugin_ctx *ctx = j->ctx;
+    j->xs = ctx->host->alloc(ctx, (size_t)tsr_gemm_xpack_floats(j->args.nx, j->args.cols) * sizeof(float), 64);
+    if (!j->xs) {
+        ctx->host->set_error(ctx, "out of memory for %lld packed activation rows of %lld", (long long)j->args.nx,
+                             (long long)j->args.cols);
+        return TSR_ERR_NOMEM;
+    }
+    ctx->host->parallel_for(ctx, (j->args.cols + TSR_GEMM_KC - 1) / TSR_GEMM_KC, pack_slices, j);
+    j->group = TSR_GEMM_GP; /* takes of up to a block of panels, shrinking at the end; j->threads shapes them */
+    ctx->host->parallel_for(ctx, tsr_gemm_panel_count(j->m->rows), run_gemm, j); /* one call per worker */
+    ctx->host->free(ctx, j->xs);
+    if (j->failed) {
+        ctx->host->set_error(ctx, "out of memory for the GEMM's scratch (%lld floats)",
+                             (long long)tsr_gemm_scratch_floats(j->args.nx));
+        return TSR_ERR_NOMEM;
+    }
+    return TSR_OK;
 }
 
 int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
@@ -311,17 +341,7 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
                  .group = 1, .least = 1, .threads = ex && ex->n_threads > 0 ? ex->n_threads : 4};
     atomic_init(&j.next, 0);
     int64_t min_rows = tsr_dtype_block_elems(m->dtype) > 1 ? cfg->blas_min_rows_q : cfg->blas_min_rows;
-    if (!cfg->use_blas && min_rows > 0 && rows >= min_rows) {
-        /* takes of up to 8 panels (the GEMM's L2 block), shrinking at the end */
-        int64_t panels = tsr_gemm_panel_count(m->rows);
-        j.group = 8; /* j.threads shapes the takes only */
-        ctx->host->parallel_for(ctx, panels, run_gemm, &j); /* one call per worker: ranges unused */
-        if (j.failed) {
-            ctx->host->set_error(ctx, "out of memory for a %d x %d GEMM panel", TSR_GEMM_NR, TSR_GEMM_KC);
-            return TSR_ERR_NOMEM;
-        }
-        return TSR_OK;
-    }
+    if (!cfg->use_blas && min_rows > 0 && rows >= min_rows) return run_blocked(&j);
     /* sgemm's int dimensions: fall back to the kernels past them. */
     int blas = cfg->use_blas && min_rows > 0 && rows >= min_rows && m->cols <= INT32_MAX / 2 &&
                m->rows <= INT32_MAX / 2 && m->cols * cfg->tile_rows <= (int64_t)1 << 30;
