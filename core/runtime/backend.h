@@ -37,6 +37,9 @@ typedef struct tsr_backend {
      * the passes that follow as programmatic dependents of the kernel before
      * them (kernels/cuda/pdl.cuh) */
     void (*set_pdl)(int on);
+    /* the engine's thread pool (a tsr_threadpool) for the per-row ops of the
+     * passes this thread runs next (NULL where the backend has no use for it) */
+    void (*set_pool)(void *pool);
     /* x[r] = row ids[r] of table widened to f32; ids in backend memory. */
     int (*embed)(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids,
                  int rows, tsr_error *err);

@@ -1,10 +1,52 @@
-/* The CPU backend: host memory and kernels/cpu/ops.h. */
+/* The CPU backend: host memory and kernels/cpu/ops.h. The per-row ops of
+ * a pass of many rows (prefill: embedding, norms, RoPE, SiLU) are split
+ * over the engine's pool by rows; each row is computed as it would be
+ * alone, so results do not depend on the thread count. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../kernels/dtype.h"
+#include "../util/threadpool.h"
 #include "backend.h"
+
+/* The pool of the pass running on this thread (set_pool before each pass;
+ * per thread, as a draft model's pass may run beside the target's). */
+static __thread tsr_threadpool *t_pool;
+
+static void cpu_set_pool(void *pool) { t_pool = pool; }
+
+/* A per-row op: rows [r0, r1) of the op's arguments. */
+typedef struct row_job row_job;
+struct row_job {
+    void (*rows)(const row_job *j, int r0, int r1);
+    float *y, *x2;
+    const float *x, *w, *inv_freq;
+    const void *table;
+    const int32_t *ids;
+    const tsr_rope *rope;
+    uint64_t row_bytes;
+    uint32_t dtype;
+    int n, heads, pos0;
+    float eps;
+};
+
+static void row_work(void *arg, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    const row_job *j = arg;
+    j->rows(j, (int)i0, (int)i1);
+}
+
+/* Below this many floats an op's rows stay on the calling thread: waking
+ * the pool costs microseconds, a row of a few thousand floats less. */
+#define POOL_MIN_FLOATS 32768
+
+static void each_row(const row_job *j, int rows) {
+    if (t_pool && rows > 1 && (int64_t)rows * j->n >= POOL_MIN_FLOATS)
+        tsr_threadpool_run(t_pool, rows, row_work, (void *)j);
+    else
+        j->rows(j, 0, rows);
+}
 
 static void *cpu_alloc(size_t bytes, tsr_error *err) {
     void *p = calloc(1, bytes ? bytes : 1);
@@ -20,39 +62,60 @@ static int cpu_copy(void *dst, const void *src, size_t bytes, tsr_error *err) {
 
 static void *cpu_host_alloc(size_t bytes, tsr_error *err) { return cpu_alloc(bytes, err); }
 
+static void embed_rows(const row_job *j, int r0, int r1) {
+    for (int r = r0; r < r1; r++)
+        tsr_dequant_row(j->dtype, (const uint8_t *)j->table + j->row_bytes * (uint64_t)j->ids[r],
+                        j->y + (int64_t)r * j->n, j->n);
+}
+
 static int cpu_embed(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids,
                      int rows, tsr_error *err) {
     uint64_t row_bytes;
     if (tsr_dtype_row_bytes(dtype, hidden, &row_bytes) != 0)
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "embedding dtype %s with %d columns",
                              tsr_dtype_name(dtype), hidden);
-    for (int r = 0; r < rows; r++)
-        tsr_dequant_row(dtype, (const uint8_t *)table + row_bytes * (uint64_t)ids[r],
-                        x + (int64_t)r * hidden, hidden);
+    row_job j = {.rows = embed_rows, .y = x, .table = table, .ids = ids, .row_bytes = row_bytes, .dtype = dtype,
+                 .n = hidden};
+    each_row(&j, rows);
     return TSR_OK;
+}
+
+/* y = rmsnorm(x) * w; with x2, x += x2 first (the residual add) */
+static void norm_rows(const row_job *j, int r0, int r1) {
+    for (int r = r0; r < r1; r++) {
+        float *x = (float *)j->x + (int64_t)r * j->n;
+        if (j->x2) tsr_add(x, j->x2 + (int64_t)r * j->n, j->n);
+        tsr_rmsnorm(j->y + (int64_t)r * j->n, x, j->w, j->n, j->eps);
+    }
 }
 
 static int cpu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
                        tsr_error *err) {
     (void)err;
-    for (int r = 0; r < rows; r++) tsr_rmsnorm(y + (int64_t)r * n, x + (int64_t)r * n, w, n, eps);
+    row_job j = {.rows = norm_rows, .y = y, .x = x, .w = w, .n = n, .eps = eps};
+    each_row(&j, rows);
     return TSR_OK;
 }
 
 static int cpu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
                            tsr_error *err) {
     (void)err;
-    tsr_add(x, o, (int64_t)rows * n);
-    for (int r = 0; r < rows; r++) tsr_rmsnorm(y + (int64_t)r * n, x + (int64_t)r * n, w, n, eps);
+    row_job j = {.rows = norm_rows, .y = y, .x = x, .x2 = (float *)o, .w = w, .n = n, .eps = eps};
+    each_row(&j, rows);
     return TSR_OK;
+}
+
+static void rope_rows(const row_job *j, int r0, int r1) {
+    for (int r = r0; r < r1; r++) tsr_rope_apply(j->rope, j->y + (int64_t)r * j->n, j->heads, j->pos0 + r);
 }
 
 static int cpu_rope(const tsr_rope *rp, const float *inv_freq, float *x, int rows, int n_heads,
                     int pos0, const int32_t *dev_pos0, tsr_error *err) {
     (void)inv_freq;
     if (dev_pos0) return tsr_error_set(err, TSR_ERR_INVALID, "the CPU backend has no device positions");
-    for (int r = 0; r < rows; r++)
-        tsr_rope_apply(rp, x + (int64_t)r * n_heads * rp->head_dim, n_heads, pos0 + r);
+    row_job j = {.rows = rope_rows, .y = x, .rope = rp, .n = n_heads * rp->head_dim, .heads = n_heads,
+                 .pos0 = pos0};
+    each_row(&j, rows);
     return TSR_OK;
 }
 
@@ -62,10 +125,17 @@ static int cpu_silu_mul(float *y, const float *g, const float *u, int64_t n, tsr
     return TSR_OK;
 }
 
+static void silu_rows(const row_job *j, int r0, int r1) {
+    for (int r = r0; r < r1; r++) {
+        const float *gu = j->x + (int64_t)r * 2 * j->n;
+        tsr_silu_mul(j->y + (int64_t)r * j->n, gu, gu + j->n, j->n);
+    }
+}
+
 static int cpu_silu_mul_cat(float *y, const float *gu, int rows, int f, tsr_error *err) {
     (void)err;
-    for (int r = 0; r < rows; r++)
-        tsr_silu_mul(y + (int64_t)r * f, gu + (int64_t)r * 2 * f, gu + (int64_t)r * 2 * f + f, f);
+    row_job j = {.rows = silu_rows, .y = y, .x = gu, .n = f};
+    each_row(&j, rows);
     return TSR_OK;
 }
 
@@ -137,6 +207,7 @@ static const tsr_backend cpu_backend = {
     .add = cpu_add,
     .add_rows = cpu_add_rows,
     .sync = cpu_sync,
+    .set_pool = cpu_set_pool,
 };
 
 const tsr_backend *tsr_backend_cpu(void) { return &cpu_backend; }

@@ -235,6 +235,7 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     int rc;
     m->cur_ex = ex;
     if (be->set_pdl) be->set_pdl(ex->pdl);
+    if (be->set_pool) be->set_pool(tsr_engine_pool(m->engine));
     m->prof_phase = pos0 == 0 || rows > TSR_GRAPH_MAX_ROWS ? 0 : 1;
     if (m->embed_read) OP(TSR_PROF_EMBED, BE(embed_from_file(m, rows, err)));
     else OP(TSR_PROF_EMBED, BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, m->ids, rows, err)));

@@ -40,7 +40,9 @@
 #define TSR_GEMM_MR 6   /* input rows per register tile */
 #define TSR_GEMM_NR 16  /* outputs (weight rows) per register tile and packed panel */
 #define TSR_GEMM_KC 256 /* columns per packed panel: a multiple of every block size */
-#define TSR_GEMM_GP 8   /* panels per block: the block's sums are nx x GP x NR floats */
+#ifndef TSR_GEMM_GP
+#define TSR_GEMM_GP 8 /* panels per block: the block's sums are nx x GP x NR floats */
+#endif
 
 /* Floats of the packed activations of nx rows of `cols` (tsr_gemm_pack_x). */
 static inline int64_t tsr_gemm_xpack_floats(int64_t nx, int64_t cols) {
