@@ -105,15 +105,25 @@ void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
     }
 }
 
-float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
+/* max |x[c]| (0 for n = 0); *nan = 1 when x holds a NaN. */
+static float amax_of(const float *x, int64_t n, int *nan) {
+#if defined(__x86_64__)
+    if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2) return tsr_gemv_amax_avx2(x, n, nan);
+#endif
     float amax = 0.0f;
-    int nan = 0;
-    if (n <= 0) return 0.0f;
+    *nan = 0;
     for (int64_t c = 0; c < n; c++) {
-        float v = fabsf(src[c]);
-        if (v != v) nan = 1;
+        float v = fabsf(x[c]);
+        if (v != v) *nan = 1;
         else if (v > amax) amax = v;
     }
+    return amax;
+}
+
+float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
+    int nan;
+    if (n <= 0) return 0.0f;
+    float amax = amax_of(src, n, &nan);
     if (nan || amax == 0.0f || !isfinite(amax)) {
         memset(q, 0, (size_t)n);
         return nan ? NAN : amax;
@@ -163,17 +173,20 @@ tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa) {
 }
 
 float tsr_gemv_quant_x_i16(const float *x, int64_t n, int16_t *q) {
-    float amax = 0.0f;
-    for (int64_t c = 0; c < n; c++) {
-        float v = fabsf(x[c]);
-        if (v != v) return NAN;
-        if (v > amax) amax = v;
-    }
+    int nan;
+    float amax = amax_of(x, n, &nan);
+    if (nan) return NAN;
     if (amax == 0.0f || !isfinite(amax)) {
         if (n > 0) memset(q, 0, (size_t)n * sizeof *q);
         return amax;
     }
     float inv = 32767.0f / amax;
+#if defined(__x86_64__)
+    if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2) {
+        tsr_gemv_quant_i16_avx2(x, n, inv, q);
+        return amax / 32767.0f;
+    }
+#endif
     for (int64_t c = 0; c < n; c++) {
         float v = nearbyintf(x[c] * inv);
         q[c] = (int16_t)(v > 32767.0f ? 32767.0f : v < -32767.0f ? -32767.0f : v);

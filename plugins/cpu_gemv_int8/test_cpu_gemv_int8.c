@@ -5,7 +5,10 @@
  * sum_c |x_c| * scale_r / 2. Both ISAs, kernels and sgemm; NaN weights
  * refused naming the row; allocation failure at every step; every stored
  * byte handed back through weight_done (host api version 3) once quantised,
- * and nothing asked of an older host.
+ * and nothing asked of an older host. The two quantisers (weight rows to
+ * int8, activations to int16) bit for bit against the rule written out here
+ * (scale amax / bound, q = clamp(round-to-even(x * bound / amax)), zero rows,
+ * Inf and NaN), at lengths with and without SIMD tails.
  */
 #include <float.h>
 #include <math.h>
@@ -13,6 +16,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -430,6 +434,57 @@ static void test_group(void **state) {
     }
 }
 
+/* The quantisation rule, as documented, for a row of n: the scale, q. */
+static float quant_rule(const float *x, int64_t n, float bound, int32_t *q) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < n; c++) {
+        if (isnan(x[c])) return NAN;
+        if (fabsf(x[c]) > amax) amax = fabsf(x[c]);
+    }
+    for (int64_t c = 0; c < n; c++) q[c] = 0;
+    if (amax == 0.0f || isinf(amax)) return amax;
+    float inv = bound / amax;
+    for (int64_t c = 0; c < n; c++) {
+        float v = rintf(x[c] * inv);
+        q[c] = (int32_t)(v > bound ? bound : v < -bound ? -bound : v);
+    }
+    return amax / bound;
+}
+
+static void test_quantisers(void **state) {
+    (void)state;
+    const int64_t lens[] = {1, 7, 8, 9, 31, 33, 896, 4867};
+    enum { N = 4867 };
+    static float x[N];
+    static int32_t want[N];
+    static int16_t q16[N];
+    static int8_t q8[N];
+    rng = SEED;
+    for (size_t l = 0; l < sizeof lens / sizeof *lens; l++)
+        for (int kind = 0; kind < 5; kind++) { /* random, halves, zeros, an Inf, a NaN */
+            const int64_t n = lens[l];
+            for (int64_t c = 0; c < n; c++)
+                x[c] = kind == 1 ? (float)((c % 9) - 4) * 0.5f : kind == 2 ? 0.0f : rndf(-3.0f, 3.0f);
+            if (kind >= 3) x[n / 2] = kind == 3 ? -INFINITY : NAN;
+            for (int b = 0; b < 2; b++) {
+                const float bound = b ? 32767.0f : 127.0f;
+                float ws = quant_rule(x, n, bound, want);
+                float s = b ? tsr_gemv_quant_x_i16(x, n, q16) : tsr_gemv_quant_row_i8(x, n, q8);
+                if (isnan(ws)) {
+                    assert_true(isnan(s));
+                    continue;
+                }
+                if (memcmp(&s, &ws, sizeof s) != 0)
+                    fail_msg("bound %g, n %lld, kind %d: scale %g, want %g", (double)bound, (long long)n, kind,
+                             (double)s, (double)ws);
+                for (int64_t c = 0; c < n; c++)
+                    if ((b ? q16[c] : q8[c]) != want[c])
+                        fail_msg("bound %g, n %lld, kind %d: q[%lld] = %d, want %d", (double)bound, (long long)n,
+                                 kind, (long long)c, b ? q16[c] : q8[c], want[c]);
+            }
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
@@ -438,6 +493,7 @@ int main(void) {
         cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test(test_weight_done),
         cmocka_unit_test(test_group),
+        cmocka_unit_test(test_quantisers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
