@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "exp_avx2.h"
+#include "ops.h"
 #include "slots/tsr_plugin.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -235,25 +236,9 @@ void tsr_attn_quant_i8_avx2(int8_t *dst, float *scale, const float *src, int64_t
         *scale = 0.0f;
         return;
     }
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 fmax = _mm256_set1_ps(3.40282347e+38f);
-    __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 a = _mm256_and_ps(_mm256_loadu_ps(src + i), absmask);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, fmax, _CMP_NLE_UQ));
-        amax = _mm256_max_ps(a, amax);
-    }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, amax);
-    float m = 0.0f;
-    int isbad = _mm256_movemask_ps(bad) != 0;
-    for (int k = 0; k < 8; k++) m = lanes[k] > m ? lanes[k] : m;
-    for (int64_t k = i; k < n; k++) {
-        float a = fabsf(src[k]);
-        if (!(a <= 3.40282347e+38f)) isbad = 1;
-        else if (a > m) m = a;
-    }
+    int nan;
+    float m = tsr_absmax(src, n, &nan);
+    int isbad = nan || !(m <= 3.40282347e+38f); /* NaN or Inf */
     if (isbad || m == 0.0f) {
         memset(dst, 0, (size_t)n);
         *scale = isbad ? NAN : 0.0f;
@@ -261,7 +246,7 @@ void tsr_attn_quant_i8_avx2(int8_t *dst, float *scale, const float *src, int64_t
     }
     float invs = 127.0f / m;
     const __m256 inv = _mm256_set1_ps(invs);
-    i = 0;
+    int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i), inv));
         __m128i q16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));

@@ -498,30 +498,6 @@ int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float
     return 0;
 }
 
-/* max |x[c]| (0 for n = 0), as the portable scan; *nan = 1 when x holds a
- * NaN (the maximum is then meaningless). */
-float tsr_gemv_amax_avx2(const float *x, int64_t n, int *nan) {
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 m = _mm256_setzero_ps(), un = _mm256_setzero_ps();
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8) {
-        __m256 v = _mm256_and_ps(_mm256_loadu_ps(x + c), abs_mask);
-        un = _mm256_or_ps(un, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        m = _mm256_max_ps(m, v);
-    }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    float amax = _mm_cvtss_f32(h);
-    *nan = _mm256_movemask_ps(un) != 0;
-    for (; c < n; c++) {
-        float v = fabsf(x[c]);
-        if (v != v) *nan = 1;
-        else if (v > amax) amax = v;
-    }
-    return amax;
-}
-
 /* clamp(round_to_nearest_even(src[c..c+8) * inv), +-bound) as int32 lanes:
  * the portable loops' arithmetic (nearbyintf in the default rounding mode). */
 INL __m256i quant8(const float *src, __m256 vi, __m256 lo, __m256 hi) {

@@ -3,6 +3,7 @@
  * quantisation. The AVX2 path lives in gemv_avx2.c (built with its own flags).
  */
 #include "gemv_cpu.h"
+#include "ops.h"
 #include "cpu_features.h"
 
 #include <math.h>
@@ -105,25 +106,10 @@ void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
     }
 }
 
-/* max |x[c]| (0 for n = 0); *nan = 1 when x holds a NaN. */
-static float amax_of(const float *x, int64_t n, int *nan) {
-#if defined(__x86_64__)
-    if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2) return tsr_gemv_amax_avx2(x, n, nan);
-#endif
-    float amax = 0.0f;
-    *nan = 0;
-    for (int64_t c = 0; c < n; c++) {
-        float v = fabsf(x[c]);
-        if (v != v) *nan = 1;
-        else if (v > amax) amax = v;
-    }
-    return amax;
-}
-
 float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
     int nan;
     if (n <= 0) return 0.0f;
-    float amax = amax_of(src, n, &nan);
+    float amax = tsr_absmax(src, n, &nan);
     if (nan || amax == 0.0f || !isfinite(amax)) {
         memset(q, 0, (size_t)n);
         return nan ? NAN : amax;
@@ -174,7 +160,7 @@ tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa) {
 
 float tsr_gemv_quant_x_i16(const float *x, int64_t n, int16_t *q) {
     int nan;
-    float amax = amax_of(x, n, &nan);
+    float amax = tsr_absmax(x, n, &nan);
     if (nan) return NAN;
     if (amax == 0.0f || !isfinite(amax)) {
         if (n > 0) memset(q, 0, (size_t)n * sizeof *q);

@@ -29,6 +29,9 @@ void tsr_rope_apply(const tsr_rope *r, float *x, int n_heads, int pos);
 /* y = silu(g) * u, n elements; y may equal g. With AVX2 + FMA (ops_avx2.c)
  * e^-g comes from an 8-wide polynomial (about 2 ulp) instead of expf. */
 void tsr_silu_mul(float *y, const float *g, const float *u, int64_t n);
+/* max |x[i]| over n elements (0 for n <= 0); *nan = 1 when x holds a NaN
+ * (the maximum is then meaningless), else 0. Inf counts as a value. */
+float tsr_absmax(const float *x, int64_t n, int *nan);
 /* y += x */
 void tsr_add(float *y, const float *x, int64_t n);
 /* y += a * x */

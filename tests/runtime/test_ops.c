@@ -2,7 +2,7 @@
  * silu_mul against double precision over a sweep of inputs and tails, and
  * the special values (NaN, infinities, overflow of e^-g) as expf gives them;
  * rmsnorm and RoPE against double precision over lengths with SIMD tails;
- * argmax against the element-by-element scan. */
+ * argmax and absmax against the element-by-element scan. */
 #include <float.h>
 #include <math.h>
 #include <setjmp.h>
@@ -149,6 +149,35 @@ static void test_argmax(void **state) {
     }
 }
 
+/* tsr_absmax: the largest |x| and whether a NaN was seen, as a plain scan
+ * gives them, over lengths with SIMD tails and NaN, Inf and signed zeros
+ * anywhere (the maximum is only compared when no NaN was seen). */
+static void test_absmax(void **state) {
+    (void)state;
+    uint32_t h = 777;
+    float x[300];
+    for (int trial = 0; trial < 4000; trial++) {
+        const int n = trial % 61 + (trial % 4 == 0 ? 230 : 0);
+        for (int i = 0; i < n; i++) {
+            h = h * 1664525u + 1013904223u;
+            const uint32_t k = h >> 24;
+            x[i] = k < 2 ? NAN : k < 4 ? (k & 1 ? INFINITY : -INFINITY) : k < 12 ? -0.0f
+                                                                         : ((float)(h >> 8) * 0x1p-24f - 0.5f) * 6.0f;
+        }
+        int want_nan = 0;
+        float want = 0.0f;
+        for (int i = 0; i < n; i++) {
+            if (isnan(x[i])) want_nan = 1;
+            else if (fabsf(x[i]) > want) want = fabsf(x[i]);
+        }
+        int nan = -1;
+        float got = tsr_absmax(x, n, &nan);
+        assert_int_equal(nan, want_nan);
+        if (!want_nan && got != want)
+            fail_msg("n %d: absmax %g, want %g", n, (double)got, (double)want);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_silu_mul_accuracy),
@@ -156,6 +185,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_absmax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
