@@ -171,17 +171,8 @@ static double check(int wk, int ci, int n_out, int cols, const Bal &b, cudaStrea
         launch(wk, ci, a, b, st, false);
         CK(cudaStreamSynchronize(st));
         CK(cudaMemcpy(t.hy, t.dy, sizeof(float) * n_out, cudaMemcpyDeviceToHost));
-        for (int o = 0; o < n_out; o++) {
-            double sum = 0, mag = 0;
-            for (int c = 0; c < cols; c++) {
-                const double wv = lab_case_w(t, wk == kFp8, o, c);
-                double xv = t.hx[c];
-                if (wk == kFp8) xv = (double)__half2float(__float2half_rn((float)(xv * 0.0625))) * 16;
-                sum += wv * xv, mag += fabs(wv * xv);
-            }
-            const double err = fabs(t.hy[o] - sum) / (mag + 1e-30);
-            if (!(err <= worst)) worst = err;
-        }
+        const double e = lab_case_worst(t, wk == kFp8, n_out, cols);
+        if (!(e <= worst)) worst = e;
     }
     lab_case_free(&t);
     return worst;
@@ -234,15 +225,9 @@ int main(void) {
             printf("  %s rpw %d u %d: %.3g%s\n", wk ? "E4M3" : "bf16", kCfgs[ci].rpw, kCfgs[ci].u, worst,
                    worst < 1e-5 ? "" : "  FAIL");
         }
-    g_pool_bytes = (size_t)15400 << 20;
-    CK(cudaMalloc(&g_pool, g_pool_bytes));
-    lab_fill<<<4096, 256, 0, st>>>(g_pool, g_pool_bytes, 7);
-    float *x, *s;
-    CK(cudaMalloc(&x, 2 * 128256 * 4));
-    CK(cudaMalloc(&s, 128256 * 4));
-    CK(cudaMemset(x, 0, 2 * 128256 * 4));
-    CK(cudaMemset(s, 0, 128256 * 4));
-    CK(cudaStreamSynchronize(st));
+    const LabBufs lb = lab_bufs(st, (size_t)15400 << 20);
+    g_pool = lb.pool, g_pool_bytes = lb.pool_bytes;
+    float *x = lb.x, *s = lb.s;
     for (int wk = 0; wk < 2; wk++) {
         printf("\n(2) %s: TB/s at one row (us)\n", wk ? "E4M3" : "bf16");
         lab_table_head("config", 16);

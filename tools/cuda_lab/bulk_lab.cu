@@ -61,6 +61,23 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
                  : "memory");
 }
 
+// The producer (one lane): rows [r0, r1) in stages of c rows into a ring of
+// ns stages, each stage's copies counted on full[slot], a slot refilled once
+// its consumers have released it on empty[slot].
+__device__ void produce(const Args &p, int r0, int r1, int c, int ns, uint32_t row_bytes, uint8_t *stage_mem,
+                        uint64_t *full, uint64_t *empty) {
+    const int n_stages = (r1 - r0 + c - 1) / c;
+    for (int i = 0; i < n_stages; i++) {
+        const int slot = i % ns;
+        if (i >= ns) mbar_wait(&empty[slot], ((i / ns) - 1) & 1);
+        const int rows = min(c, r1 - (r0 + i * c));
+        mbar_expect_tx(&full[slot], row_bytes * rows);
+        uint8_t *dst = stage_mem + (size_t)slot * row_bytes * c;
+        for (int r = 0; r < rows; r++)
+            bulk_copy(dst + (size_t)r * row_bytes, p.w + (int64_t)(r0 + i * c + r) * p.ldw, row_bytes, &full[slot]);
+    }
+}
+
 // Block: warp 0 produces (its lane 0 issues the copies), warps 1..C consume
 // (C fewer than asked where two stages of C rows would not fit).
 // A stage is C whole rows (row c of a stage to consumer warp c); NS stages
@@ -82,16 +99,7 @@ __global__ void __launch_bounds__(32 * (C + 1)) gemv_bulk(const Args p, int ns) 
     }
     __syncthreads();
     if (warp == 0) {
-        if (lane != 0) return;
-        for (int i = 0; i < n_stages; i++) {
-            const int slot = i % ns;
-            if (i >= ns) mbar_wait(&empty[slot], ((i / ns) - 1) & 1);
-            const int rows = min(C, r1 - (r0 + i * C));
-            mbar_expect_tx(&full[slot], row_bytes * rows);
-            uint8_t *dst = stage_mem + (size_t)slot * stage_bytes;
-            for (int r = 0; r < rows; r++)
-                bulk_copy(dst + (size_t)r * row_bytes, p.w + (int64_t)(r0 + i * C + r) * p.ldw, row_bytes, &full[slot]);
-        }
+        if (lane == 0) produce(p, r0, r1, C, ns, row_bytes, stage_mem, full, empty);
         return;
     }
     const int c = warp - 1;
@@ -179,16 +187,7 @@ __global__ void __launch_bounds__(32 * (W + 1)) gemv_bulk2(const Args p, int ns)
     }
     __syncthreads();
     if (warp == 0) {
-        if (lane != 0) return;
-        for (int i = 0; i < n_stages; i++) {
-            const int slot = i % ns;
-            if (i >= ns) mbar_wait(&empty[slot], ((i / ns) - 1) & 1);
-            const int rows = min(C, r1 - (r0 + i * C));
-            mbar_expect_tx(&full[slot], row_bytes * rows);
-            uint8_t *dst = stage_mem + (size_t)slot * stage_bytes;
-            for (int r = 0; r < rows; r++)
-                bulk_copy(dst + (size_t)r * row_bytes, p.w + (int64_t)(r0 + i * C + r) * p.ldw, row_bytes, &full[slot]);
-        }
+        if (lane == 0) produce(p, r0, r1, C, ns, row_bytes, stage_mem, full, empty);
         return;
     }
     const int seg = warp - 1;
@@ -288,17 +287,7 @@ template <int WK> static double check(int v, int n_out, int cols, float amp, cud
     launch<WK>(v, a, st);
     CK(cudaStreamSynchronize(st));
     CK(cudaMemcpy(t.hy, t.dy, sizeof(float) * n_out, cudaMemcpyDeviceToHost));
-    double worst = 0;
-    for (int o = 0; o < n_out; o++) {
-        double sum = 0, mag = 0;
-        for (int k = 0; k < cols; k++) {
-            const double wv = fp8 ? lab_case_w(t, 1, o, k) : lab_case_w(t, 0, o, k);
-            const double xv = fp8 ? (double)__half2float(__float2half_rn(t.hx[k] * 0.0625f)) / 0.0625 : t.hx[k];
-            sum += wv * xv, mag += fabs(wv * xv);
-        }
-        const double err = fabs(t.hy[o] - sum) / (mag + 1e-30);
-        if (!(err <= worst)) worst = err;
-    }
+    const double worst = lab_case_worst(t, fp8, n_out, cols);
     lab_case_free(&t);
     return worst;
 }
@@ -364,17 +353,9 @@ int main(void) {
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
-    g_pool_bytes = (size_t)15400 << 20; // a token's bf16 weights
-    CK(cudaMalloc(&g_pool, g_pool_bytes));
-    lab_fill<<<4096, 256, 0, st>>>(g_pool, g_pool_bytes, 7);
-    float *x, *y, *s;
-    CK(cudaMalloc(&x, 2 * 128256 * 4));
-    CK(cudaMalloc(&y, 128256 * 4));
-    CK(cudaMalloc(&s, 128256 * 4));
-    CK(cudaMemset(x, 0, 2 * 128256 * 4));
-    CK(cudaMemset(s, 0, 128256 * 4));
-    CK(cudaStreamSynchronize(st));
-    run<kFp8>("E4M3", st, x, y, s);
-    run<kBf16>("bf16", st, x, y, s);
+    const LabBufs b = lab_bufs(st, (size_t)15400 << 20); // a token's bf16 weights
+    g_pool = b.pool, g_pool_bytes = b.pool_bytes;
+    run<kFp8>("E4M3", st, b.x, b.y, b.s);
+    run<kBf16>("bf16", st, b.x, b.y, b.s);
     return 0;
 }

@@ -204,16 +204,9 @@ int main(void) {
             }
         printf("  cfg %2d: %.3g\n", ci, worst);
     }
-    g_pool_bytes = (size_t)7700 << 20;
-    CK(cudaMalloc(&g_pool, g_pool_bytes));
-    lab_fill<<<4096, 256, 0, st>>>(g_pool, g_pool_bytes, 7);
-    float *x, *y, *s;
-    CK(cudaMalloc(&x, 2 * 128256 * 4));
-    CK(cudaMalloc(&y, 128256 * 4));
-    CK(cudaMalloc(&s, 128256 * 4));
-    CK(cudaMemset(x, 0, 2 * 128256 * 4));
-    CK(cudaMemset(s, 0, 128256 * 4));
-    CK(cudaStreamSynchronize(st));
+    const LabBufs b = lab_bufs(st, (size_t)7700 << 20);
+    g_pool = b.pool, g_pool_bytes = b.pool_bytes;
+    float *x = b.x, *y = b.y, *s = b.s;
     printf("\n(2) TB/s at one row (us)\n");
     lab_table_head("config", 24);
     int best[kNumShapes] = {};

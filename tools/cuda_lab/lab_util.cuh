@@ -81,6 +81,26 @@ static void lab_case_free(LabCase *c) {
     free(c->hw), free(c->hs), free(c->hx), free(c->hy);
 }
 
+// Worst |y - f64| / sum |w x| over the n_out outputs of input row r, read
+// back into c.hy by the caller; the f64 sums take the activations as
+// gemv_row does (f32 against bf16 weights; against E4M3, times 2^-4 rounded
+// to f16). A NaN output counts as the worst.
+static double lab_case_worst(const LabCase &c, int fp8, int n_out, int cols, int r = 0) {
+    double worst = 0;
+    for (int o = 0; o < n_out; o++) {
+        double sum = 0, mag = 0;
+        for (int k = 0; k < cols; k++) {
+            const double wv = lab_case_w(c, fp8, o, k);
+            double xv = c.hx[(int64_t)r * cols + k];
+            if (fp8) xv = (double)__half2float(__float2half_rn((float)(xv * 0.0625))) * 16;
+            sum += wv * xv, mag += fabs(wv * xv);
+        }
+        const double err = fabs(c.hy[(int64_t)r * n_out + o] - sum) / (mag + 1e-30);
+        if (!(err <= worst)) worst = err;
+    }
+    return worst;
+}
+
 // n bytes of bf16 pairs and E4M3 quads of modest magnitude, no NaN.
 __global__ void lab_fill(uint8_t *p, size_t n, uint32_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
@@ -88,6 +108,28 @@ __global__ void lab_fill(uint8_t *p, size_t n, uint32_t seed) {
         h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
         reinterpret_cast<uint32_t *>(p)[i] = (h & 0x3f3f3f3fu) | 0x38003800u;
     }
+}
+
+// The bandwidth labs' device buffers: a pool of weights filled by lab_fill,
+// two activation rows (zeros), an output row and a row of scales (zeros),
+// each for up to the LM head's 128,256 outputs.
+struct LabBufs {
+    uint8_t *pool;
+    size_t pool_bytes;
+    float *x, *y, *s;
+};
+static LabBufs lab_bufs(cudaStream_t st, size_t pool_bytes) {
+    LabBufs b;
+    b.pool_bytes = pool_bytes;
+    CK(cudaMalloc(&b.pool, pool_bytes));
+    lab_fill<<<4096, 256, 0, st>>>(b.pool, pool_bytes, 7);
+    CK(cudaMalloc(&b.x, 2 * 128256 * 4));
+    CK(cudaMalloc(&b.y, 128256 * 4));
+    CK(cudaMalloc(&b.s, 128256 * 4));
+    CK(cudaMemset(b.x, 0, 2 * 128256 * 4));
+    CK(cudaMemset(b.s, 0, 128256 * 4));
+    CK(cudaStreamSynchronize(st));
+    return b;
 }
 
 // Milliseconds per call of body(i) for i = 1..reps, after body(0) warms.
