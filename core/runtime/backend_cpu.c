@@ -20,8 +20,9 @@ static void cpu_set_pool(void *pool) { t_pool = pool; }
 typedef struct row_job row_job;
 struct row_job {
     void (*rows)(const row_job *j, int r0, int r1);
-    float *y, *x2;
-    const float *x, *w, *inv_freq;
+    float *y;        /* the output rows (RoPE: rotated in place) */
+    float *res;      /* add_rmsnorm's residual rows: res += add, then normalised */
+    const float *x, *add, *w;
     const void *table;
     const int32_t *ids;
     const tsr_rope *rope;
@@ -80,12 +81,12 @@ static int cpu_embed(float *x, const void *table, uint32_t dtype, int hidden, co
     return TSR_OK;
 }
 
-/* y = rmsnorm(x) * w; with x2, x += x2 first (the residual add) */
+/* y = rmsnorm(x) * w; with res, res += add first and res is normalised */
 static void norm_rows(const row_job *j, int r0, int r1) {
     for (int r = r0; r < r1; r++) {
-        float *x = (float *)j->x + (int64_t)r * j->n;
-        if (j->x2) tsr_add(x, j->x2 + (int64_t)r * j->n, j->n);
-        tsr_rmsnorm(j->y + (int64_t)r * j->n, x, j->w, j->n, j->eps);
+        const int64_t at = (int64_t)r * j->n;
+        if (j->res) tsr_add(j->res + at, j->add + at, j->n);
+        tsr_rmsnorm(j->y + at, j->res ? j->res + at : j->x + at, j->w, j->n, j->eps);
     }
 }
 
@@ -100,7 +101,7 @@ static int cpu_rmsnorm(float *y, const float *x, const float *w, int rows, int n
 static int cpu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int rows, int n, float eps,
                            tsr_error *err) {
     (void)err;
-    row_job j = {.rows = norm_rows, .y = y, .x = x, .x2 = (float *)o, .w = w, .n = n, .eps = eps};
+    row_job j = {.rows = norm_rows, .y = y, .res = x, .add = o, .w = w, .n = n, .eps = eps};
     each_row(&j, rows);
     return TSR_OK;
 }
