@@ -145,7 +145,7 @@ typedef struct pjob {
 
 static tsr_gemv_isa g_isa;
 
-/* The blocked GEMM over NR-wide panels (scratch: one panel per thread). */
+/* The blocked GEMM over NR-wide panels (scratch: tsr_gemm_scratch_floats a thread). */
 static void run_gemm(void *arg, int64_t p0, int64_t p1, int tid) {
     pjob *p = arg;
     tsr_gemm_panels(g_isa, p->dtype, p->a, p->xs, p->rows, p0, p1, p->scratch[tid]);
@@ -159,7 +159,7 @@ static void pack_x(void *arg, int64_t s0, int64_t s1, int tid) {
 
 /* One call: for the blocked GEMM, its activations packed first (as cpu_gemv does). */
 static void pjob_call(tsr_threadpool *tp, pjob *p, int64_t items, tsr_work_fn fn) {
-    if (p->xs) tsr_threadpool_run(tp, (p->a->cols + TSR_GEMM_KC - 1) / TSR_GEMM_KC, pack_x, p);
+    if (p->xs) tsr_threadpool_run(tp, tsr_gemm_slice_count(p->a->cols), pack_x, p);
     tsr_threadpool_run(tp, items, fn, p);
 }
 
@@ -189,7 +189,7 @@ static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
 }
 
 int main(int argc, char **argv) {
-    int threads = 2, prefill = 0, only = -1, resident = 0;
+    int threads = 2, prefill = 0, only = -1, resident = 0, table = 1; /* table: the gemv table (not with --gemm) */
     int64_t prows = 4864, pcols = 896;
     double seconds = 0.4;
     tsr_gemv_isa isa = tsr_gemv_isa_best();
@@ -198,9 +198,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--prefill")) prefill = 1;
         else if (!strcmp(argv[i], "--gemm") && i + 2 < argc) {
-            prefill = 1, only = 3, prows = atoll(argv[i + 1]), pcols = atoll(argv[i + 2]), i += 2;
-            if (prows < 1 || pcols < 1 || pcols % 256) {
-                fprintf(stderr, "bench_gemv: --gemm ROWS COLS: COLS a multiple of 256\n");
+            prefill = 1, table = 0, prows = atoll(argv[i + 1]), pcols = atoll(argv[i + 2]), i += 2;
+            if (prows < 1 || pcols < 1 || pcols % 32) {
+                fprintf(stderr, "bench_gemv: --gemm ROWS COLS: COLS a multiple of 32 (whole Q8_0 blocks)\n");
                 return 2;
             }
         }
@@ -228,9 +228,10 @@ int main(int argc, char **argv) {
     const uint32_t dtypes[] = {TSR_DTYPE_F32, TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_I8, DT_I8X16,
                                TSR_DTYPE_Q8_0, DT_Q8X16, TSR_DTYPE_Q4_K, TSR_DTYPE_Q6_K};
     const int nxs[] = {1, 2, 4, 8};
-    printf("%-7s %-14s %9s %9s | %8s %8s %8s %8s | %8s %8s %8s %8s\n", "dtype", "shape", "MiB", "ceilGB/s",
-           "GB/s@1", "GB/s@2", "GB/s@4", "GB/s@8", "%ceil@1", "%ceil@2", "%ceil@4", "%ceil@8");
-    for (int s = 0; s < 3; s++)
+    if (table)
+        printf("%-7s %-14s %9s %9s | %8s %8s %8s %8s | %8s %8s %8s %8s\n", "dtype", "shape", "MiB", "ceilGB/s",
+               "GB/s@1", "GB/s@2", "GB/s@4", "GB/s@8", "%ceil@1", "%ceil@2", "%ceil@4", "%ceil@8");
+    for (int s = 0; s < 3 && table; s++)
         for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
             uint32_t dt = dtypes[d] == DT_I8X16 ? TSR_DTYPE_I8 : dtypes[d] == DT_Q8X16 ? TSR_DTYPE_Q8_0 : dtypes[d];
             if (only >= 0 && s != only) continue;

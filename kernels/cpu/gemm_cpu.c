@@ -86,15 +86,14 @@ void tsr_gemm_panels_portable(uint32_t dtype, const tsr_gemv_args *a, const floa
                 int64_t r0 = p * TSR_GEMM_NR;
                 int nv = rows - r0 < TSR_GEMM_NR ? (int)(rows - r0) : TSR_GEMM_NR;
                 float *ys = ysum + (p - q0) * TSR_GEMM_NR;
+                /* sums of this slice: into the block's sums, or with them into y */
+                float *out = last ? a->y + r0 : ys;
+                const int64_t ldo = last ? a->ldy : lds;
                 pack_portable(dtype, a, r0, nv, c0, kc, wbuf);
                 for (int64_t i0 = 0; i0 < a->nx; i0 += TSR_GEMM_MR) {
                     int m = a->nx - i0 < TSR_GEMM_MR ? (int)(a->nx - i0) : TSR_GEMM_MR;
-                    const float *in = c0 > 0 ? ys + i0 * lds : NULL;
-                    if (last)
-                        tile_portable(xsl + i0 * TSR_GEMM_KC, m, nv, kc, wbuf, in, lds, a->y + i0 * a->ldy + r0,
-                                      a->ldy);
-                    else
-                        tile_portable(xsl + i0 * TSR_GEMM_KC, m, nv, kc, wbuf, in, lds, ys + i0 * lds, lds);
+                    tile_portable(xsl + i0 * TSR_GEMM_KC, m, nv, kc, wbuf, c0 > 0 ? ys + i0 * lds : NULL, lds,
+                                  out + i0 * ldo, ldo);
                 }
             }
         }

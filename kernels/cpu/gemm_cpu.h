@@ -44,9 +44,12 @@
 #define TSR_GEMM_GP 8 /* panels per block: the block's sums are nx x GP x NR floats */
 #endif
 
+/* Number of KC-column slices of rows of `cols`: tsr_gemm_pack_x's items. */
+static inline int64_t tsr_gemm_slice_count(int64_t cols) { return (cols + TSR_GEMM_KC - 1) / TSR_GEMM_KC; }
+
 /* Floats of the packed activations of nx rows of `cols` (tsr_gemm_pack_x). */
 static inline int64_t tsr_gemm_xpack_floats(int64_t nx, int64_t cols) {
-    return nx * ((cols + TSR_GEMM_KC - 1) / TSR_GEMM_KC) * TSR_GEMM_KC;
+    return nx * tsr_gemm_slice_count(cols) * TSR_GEMM_KC;
 }
 
 /* Floats of the per-thread scratch tsr_gemm_panels needs for nx input rows

@@ -317,7 +317,7 @@ static int run_blocked(run_job *j) {
                              (long long)j->args.cols);
         return TSR_ERR_NOMEM;
     }
-    ctx->host->parallel_for(ctx, (j->args.cols + TSR_GEMM_KC - 1) / TSR_GEMM_KC, pack_slices, j);
+    ctx->host->parallel_for(ctx, tsr_gemm_slice_count(j->args.cols), pack_slices, j);
     j->group = TSR_GEMM_GP; /* takes of up to a block of panels, shrinking at the end; j->threads shapes them */
     ctx->host->parallel_for(ctx, tsr_gemm_panel_count(j->m->rows), run_gemm, j); /* one call per worker */
     ctx->host->free(ctx, j->xs);
