@@ -505,8 +505,10 @@ INL __m256i quant8(const float *src, __m256 vi, __m256 lo, __m256 hi) {
     return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
 }
 
-/* q[c] = clamp(round_to_nearest_even(src[c] * inv), +-127), as the portable loop. */
-void tsr_gemv_quant_i8_avx2(const float *src, int64_t n, float inv, int8_t *q) {
+/* q[c] = clamp(round_to_nearest_even(src[c] * inv), +-127), as the portable
+ * loop, for the first n / 8 * 8 values; returns how many (the caller's loop
+ * does the rest). */
+int64_t tsr_gemv_quant_i8_avx2(const float *src, int64_t n, float inv, int8_t *q) {
     const __m256 vi = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
     int64_t c = 0;
     for (; c + 8 <= n; c += 8) {
@@ -514,14 +516,11 @@ void tsr_gemv_quant_i8_avx2(const float *src, int64_t n, float inv, int8_t *q) {
         __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
         _mm_storel_epi64((__m128i *)(void *)(q + c), _mm_packs_epi16(i16, i16));
     }
-    for (; c < n; c++) {
-        float v = nearbyintf(src[c] * inv);
-        q[c] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
-    }
+    return c;
 }
 
-/* q[c] = clamp(round_to_nearest_even(src[c] * inv), +-32767), as the portable loop. */
-void tsr_gemv_quant_i16_avx2(const float *src, int64_t n, float inv, int16_t *q) {
+/* The same to +-32767 into int16. */
+int64_t tsr_gemv_quant_i16_avx2(const float *src, int64_t n, float inv, int16_t *q) {
     const __m256 vi = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-32767.0f), hi = _mm256_set1_ps(32767.0f);
     int64_t c = 0;
     for (; c + 8 <= n; c += 8) {
@@ -529,10 +528,7 @@ void tsr_gemv_quant_i16_avx2(const float *src, int64_t n, float inv, int16_t *q)
         _mm_storeu_si128((__m128i *)(void *)(q + c),
                          _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1)));
     }
-    for (; c < n; c++) {
-        float v = nearbyintf(src[c] * inv);
-        q[c] = (int16_t)(v > 32767.0f ? 32767.0f : v < -32767.0f ? -32767.0f : v);
-    }
+    return c;
 }
 
 /* --- int8 x int16: vpmaddwd, int32 sums flushed to f32 every 1024 ----------- */

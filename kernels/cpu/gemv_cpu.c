@@ -116,13 +116,11 @@ float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
     }
     float s = amax / 127.0f;
     float inv = 127.0f / amax;
+    int64_t c = 0;
 #if defined(__x86_64__)
-    if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2) {
-        tsr_gemv_quant_i8_avx2(src, n, inv, q);
-        return s;
-    }
+    if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2) c = tsr_gemv_quant_i8_avx2(src, n, inv, q); /* the rest below */
 #endif
-    for (int64_t c = 0; c < n; c++) {
+    for (; c < n; c++) {
         float v = nearbyintf(src[c] * inv);
         if (v > 127.0f) v = 127.0f;
         if (v < -127.0f) v = -127.0f;
@@ -167,13 +165,11 @@ float tsr_gemv_quant_x_i16(const float *x, int64_t n, int16_t *q) {
         return amax;
     }
     float inv = 32767.0f / amax;
+    int64_t c = 0;
 #if defined(__x86_64__)
-    if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2) {
-        tsr_gemv_quant_i16_avx2(x, n, inv, q);
-        return amax / 32767.0f;
-    }
+    if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2) c = tsr_gemv_quant_i16_avx2(x, n, inv, q); /* the rest below */
 #endif
-    for (int64_t c = 0; c < n; c++) {
+    for (; c < n; c++) {
         float v = nearbyintf(x[c] * inv);
         q[c] = (int16_t)(v > 32767.0f ? 32767.0f : v < -32767.0f ? -32767.0f : v);
     }

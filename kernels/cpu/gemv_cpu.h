@@ -131,7 +131,7 @@ void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
 int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a);
 void tsr_gemv_permute_x_avx2(uint32_t dtype, const tsr_gemv_args *a, float *xp);
 int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst); /* 0: not handled */
-void tsr_gemv_quant_i8_avx2(const float *src, int64_t n, float inv, int8_t *q);
-void tsr_gemv_quant_i16_avx2(const float *src, int64_t n, float inv, int16_t *q);
+int64_t tsr_gemv_quant_i8_avx2(const float *src, int64_t n, float inv, int8_t *q);   /* values done */
+int64_t tsr_gemv_quant_i16_avx2(const float *src, int64_t n, float inv, int16_t *q); /* values done */
 
 #endif /* TSR_KERNELS_GEMV_CPU_H */

@@ -10,7 +10,7 @@ void tsr_silu_mul_avx2(float *y, const float *g, const float *u, int64_t n);
 float tsr_sumsq_avx2(const float *x, int n);
 void tsr_scale_mul_avx2(float *y, const float *x, float s, const float *w, int n);
 void tsr_rotate_halves_avx2(float *x, const float *c, const float *s, int n_heads, int hd);
-float tsr_absmax_avx2(const float *x, int64_t n, int *nan);
+int64_t tsr_absmax_avx2(const float *x, int64_t n, float *amax, int *nan);
 #define HAS_AVX2() tsr_cpu_has_avx2_fma_f16c()
 #else
 #define HAS_AVX2() 0
@@ -97,12 +97,13 @@ void tsr_silu_mul(float *y, const float *g, const float *u, int64_t n) {
 }
 
 float tsr_absmax(const float *x, int64_t n, int *nan) {
-#if defined(__x86_64__)
-    if (HAS_AVX2()) return tsr_absmax_avx2(x, n, nan);
-#endif
     float amax = 0.0f;
+    int64_t i = 0;
     *nan = 0;
-    for (int64_t i = 0; i < n; i++) {
+#if defined(__x86_64__)
+    if (HAS_AVX2()) i = tsr_absmax_avx2(x, n, &amax, nan); /* whole blocks of 8; the rest below */
+#endif
+    for (; i < n; i++) {
         float v = fabsf(x[i]);
         if (v != v) *nan = 1;
         else if (v > amax) amax = v;

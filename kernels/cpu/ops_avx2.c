@@ -82,9 +82,10 @@ void tsr_rotate_halves_avx2(float *x, const float *c, const float *s, int n_head
     }
 }
 
-/* tsr_absmax: eight lanes of maxima and of NaN flags, the tail as the
- * portable scan (the maximum is exact in any order). */
-float tsr_absmax_avx2(const float *x, int64_t n, int *nan) {
+/* tsr_absmax over the first n / 8 * 8 elements: eight lanes of maxima and of
+ * NaN flags (the maximum is exact in any order); returns how many it read,
+ * the caller's scan does the rest. */
+int64_t tsr_absmax_avx2(const float *x, int64_t n, float *amax, int *nan) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 m = _mm256_setzero_ps(), un = _mm256_setzero_ps();
     int64_t c = 0;
@@ -96,13 +97,8 @@ float tsr_absmax_avx2(const float *x, int64_t n, int *nan) {
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    float amax = _mm_cvtss_f32(h);
+    *amax = _mm_cvtss_f32(h);
     *nan = _mm256_movemask_ps(un) != 0;
-    for (; c < n; c++) {
-        float v = fabsf(x[c]);
-        if (v != v) *nan = 1;
-        else if (v > amax) amax = v;
-    }
-    return amax;
+    return c;
 }
 #endif
