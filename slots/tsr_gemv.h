@@ -12,13 +12,14 @@
 
 #include "tsr_plugin.h"
 
-/* Version 3: tsr_weight.scale (the dequantisation scales of FP8
+/* Version 4: run_glu (the gate/up projection and SiLU-and-multiply in one
+ * call). Version 3: tsr_weight.scale (the dequantisation scales of FP8
  * checkpoints). A plugin of version >= 3 reads w->scale (through
  * tsr_weight_scale_of) and applies it, or answers TSR_ERR_UNSUPPORTED with a
  * message for a scaled weight it cannot apply; the host never hands a scaled
  * weight to a plugin of version < 3 (it refuses the model, naming the plugin
  * and the tensor). */
-#define TSR_GEMV_IFACE_VERSION 3
+#define TSR_GEMV_IFACE_VERSION 4
 
 /* The scales of a weight stored as F8_E4M3 with scale companions (per
  * tensor, per output row, or per block; docs/FORMATS.md has the checkpoint
@@ -100,6 +101,20 @@ typedef struct tsr_gemv_i {
      * differently: cpu_gemv copies the first into memory of 2 MiB pages and
      * reads the second in place. */
     int (*prepare_group)(void *inst, const tsr_weight *ws, int n, void **out);
+
+    /* --- version 4 --- */
+    /* optional (default: TSR_ERR_UNSUPPORTED): for a handle that
+     * prepare_group made of two matrices of equal rows f, [gate; up],
+     *     y[r, i] = silu(g) * u,  g = (W_gate x[r])_i, u = (W_up x[r])_i,
+     * silu(g) = g / (1 + e^-g): f outputs per row, bit for bit what run()
+     * followed by the host backend's silu_mul_cat on the same device gives,
+     * without the [rows, 2f] products in between (on a GPU: one launch
+     * less per layer). TSR_ERR_UNSUPPORTED, with nothing done and no error
+     * set, for a handle or row count the plugin does not fuse: the host then
+     * calls run() and its own SiLU. The host calls it for the stacked
+     * gate/up projection of dense layers. */
+    int (*run_glu)(void *inst, const void *prepared, int rows, const float *x, float *y,
+                   const tsr_exec *ex);
 } tsr_gemv_i;
 
 #endif /* TSR_GEMV_H */

@@ -50,6 +50,13 @@ static inline int tsr_gemv_prepare_group(const tsr_slot_ref *s, const tsr_weight
     int (*f)(void *, const tsr_weight *, int, void **) = TSR_SLOT_MEMBER(s, tsr_gemv_i, prepare_group);
     return f ? f(s->inst, ws, n, out) : TSR_ERR_UNSUPPORTED;
 }
+/* default: TSR_ERR_UNSUPPORTED (the caller runs run() and its SiLU) */
+static inline int tsr_gemv_run_glu(const tsr_slot_ref *s, const void *prepared, int rows, const float *x,
+                                   float *y, const tsr_exec *ex) {
+    int (*f)(void *, const void *, int, const float *, float *, const tsr_exec *) =
+        TSR_SLOT_MEMBER(s, tsr_gemv_i, run_glu);
+    return f ? f(s->inst, prepared, rows, x, y, ex) : TSR_ERR_UNSUPPORTED;
+}
 /* default: w->nbytes */
 static inline uint64_t tsr_gemv_bytes(const tsr_slot_ref *s, const void *prepared, const tsr_weight *w) {
     uint64_t (*f)(void *, const void *) = TSR_SLOT_MEMBER(s, tsr_gemv_i, bytes);

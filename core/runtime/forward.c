@@ -69,12 +69,23 @@ static int ffn(tsr_model *m, const void *wg, const void *wu, const void *wd, int
     return TSR_OK;
 }
 
+/* The stacked gate/up projection of x into g: silu(gate) * up at once
+ * where the plugin fuses them (run_glu: the same values; *fused = 1), else
+ * the two products side by side into m->gu (*fused = 0). */
+static int gate_up(tsr_model *m, const void *wgu, int rows, const float *x, float *g, int *fused,
+                   tsr_error *err) {
+    int rc = tsr_gemv_run_glu(m->gemv, wgu, rows, x, g, EX);
+    *fused = rc == TSR_OK;
+    if (rc == TSR_ERR_UNSUPPORTED) return gemv(m, wgu, rows, x, m->gu, err);
+    return rc == TSR_OK ? TSR_OK : tsr_model_slot_error(m, m->gemv, rc, err, "gemv glu");
+}
+
 /* The same with gate and up stacked into one matrix (prepare_group). */
 static int ffn_stacked(tsr_model *m, const void *wgu, const void *wd, int rows, int f, const float *x,
                        float *g, float *y, tsr_error *err) {
-    int rc;
-    OP(TSR_PROF_GATE_UP, if ((rc = gemv(m, wgu, rows, x, m->gu, err))) return rc);
-    OP(TSR_PROF_SILU, BE(m->be->silu_mul_cat(g, m->gu, rows, f, err)));
+    int rc, fused;
+    OP(TSR_PROF_GATE_UP, if ((rc = gate_up(m, wgu, rows, x, g, &fused, err))) return rc);
+    if (!fused) OP(TSR_PROF_SILU, BE(m->be->silu_mul_cat(g, m->gu, rows, f, err)));
     OP(TSR_PROF_DOWN, if ((rc = gemv(m, wd, rows, g, y, err))) return rc);
     return TSR_OK;
 }

@@ -43,7 +43,7 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
         return TSR_ERR_NOMEM;
     }
     *m = (gemv_matrix){.dtype = ws[0].dtype, .rows = rows, .cols = ws[0].cols, .row_bytes = row_bytes,
-                       .bytes = row_bytes * (uint64_t)rows};
+                       .bytes = row_bytes * (uint64_t)rows, .glu_rows = gemv_engine_glu_rows(ws, n)};
     if ((rc = gemv_engine_weights(&g->cfg, g->ctx, ws, n, resident, row_bytes, &m->data, &m->owned)) != TSR_OK) {
         g->ctx->host->free(g->ctx, m);
         return rc;
@@ -73,6 +73,12 @@ static int cg_run(void *inst, const void *prepared, int rows, const float *x, fl
     return gemv_engine_run(&g->cfg, g->ctx, prepared, rows, x, y, ex);
 }
 
+static int cg_run_glu(void *inst, const void *prepared, int rows, const float *x, float *y,
+                      const tsr_exec *ex) {
+    cpu_gemv *g = inst;
+    return gemv_engine_run_glu(&g->cfg, g->ctx, prepared, rows, x, y, ex);
+}
+
 static uint64_t cg_bytes(void *inst, const void *prepared) {
     (void)inst;
     return ((const gemv_matrix *)prepared)->bytes;
@@ -86,6 +92,7 @@ static const tsr_gemv_i cpu_gemv_iface = {
     .run = cg_run,
     .bytes = cg_bytes,
     .prepare_group = cg_prepare_group,
+    .run_glu = cg_run_glu,
 };
 
 static const tsr_plugin_desc cpu_gemv_desc = {

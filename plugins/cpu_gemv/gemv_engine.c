@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/util/checked.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/dtype.h"
 
 /* Present when BLAS is OpenBLAS; weak so another BLAS still links. */
@@ -170,6 +171,10 @@ int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, c
     return TSR_OK;
 }
 
+/* Most gate rows per take of run_glu (a multiple of 8): its scratch holds
+ * 2 x this many floats per input row. */
+#define GLU_TAKE 256
+
 typedef struct run_job {
     const gemv_engine_cfg *cfg;
     const tsr_plugin_ctx *ctx;
@@ -179,15 +184,23 @@ typedef struct run_job {
     atomic_int_fast64_t next; /* the first item (GEMM panel, weight row) not yet taken */
     int64_t group;            /* most items per take */
     int64_t least;            /* fewest items per take (but the last) */
+    int64_t align;            /* every take but the last a multiple of this (>= 1) */
     int threads;              /* workers sharing the items */
     float *xs;                /* the GEMM's packed activations (tsr_gemm_pack_x) */
+    tsr_gemv_i8_kernel_fn i8; /* int16 activations: their kernel and arguments (else cfg->kernel, args) */
+    tsr_gemv_i8_args i8args;
+    int64_t glu;              /* run_glu: the gate rows f (then f up rows); 0: run */
 } run_job;
 
 /* Items [*p0, *p1) for the next take, 0 when none are left. Guided: a
  * take is a share of what is left (1 / (2 x workers)), at most j->group
  * items, at least j->least (or what is left), so that the takes shrink
  * towards the end of the call and the workers finish within about an item
- * of each other. */
+ * of each other. Every take but the last is a multiple of j->align, so
+ * that each starts at a multiple of it whatever the timing: the kernels
+ * that take four rows at a time (and run_glu's SiLU, eight at a time) then
+ * group the same rows in every call, and a row's sum never depends on
+ * which worker was faster. */
 static int take_items(run_job *j, int64_t items, int64_t *p0, int64_t *p1) {
     int_fast64_t at = atomic_load(&j->next);
     int64_t n;
@@ -195,6 +208,8 @@ static int take_items(run_job *j, int64_t items, int64_t *p0, int64_t *p1) {
         if (at >= items) return 0;
         n = (items - at) / (2 * (int64_t)j->threads);
         n = n < j->least ? j->least : n > j->group ? j->group : n;
+        n -= n % j->align;
+        if (n < j->align) n = j->align;
         if (n > items - at) n = items - at;
     } while (!atomic_compare_exchange_weak(&j->next, &at, at + n));
     *p0 = at;
@@ -208,30 +223,74 @@ static int take_items(run_job *j, int64_t items, int64_t *p0, int64_t *p1) {
  * instead of making the other wait at the end of every call. */
 static void rows_in_takes(run_job *j) {
     const int64_t least = (int64_t)((65536 + j->m->row_bytes - 1) / j->m->row_bytes);
-    j->least = least < 1 ? 1 : least;
-    j->group = j->m->rows;
+    j->group = j->glu ? GLU_TAKE : j->m->rows;
+    j->least = least < 1 ? 1 : least > j->group ? j->group : least;
+    j->align = 8;
     atomic_store(&j->next, 0);
 }
 
-/* Decode and verification: weight rows taken in guided shares (take_items). */
-static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
-    (void)r0, (void)r1, (void)tid;
-    run_job *j = arg;
-    int64_t a, b;
-    while (take_items(j, j->m->rows, &a, &b)) j->cfg->kernel(j->m->dtype, &j->args, a, b);
+/* Weight rows [a, b) by the job's kernel into y (input row i at y + i * ldy):
+ * the weights, their scales and y shifted so that the kernel sees rows
+ * [0, b - a). */
+static void rows_into(const run_job *j, int64_t a, int64_t b, float *y, int64_t ldy) {
+    const uint64_t off = (uint64_t)a * j->m->row_bytes;
+    if (j->i8) {
+        tsr_gemv_i8_args ia = j->i8args;
+        ia.w = (const int8_t *)((const uint8_t *)ia.w + off);
+        ia.wscale = ia.wscale ? ia.wscale + a : NULL;
+        ia.y = y, ia.ldy = ldy;
+        j->i8(&ia, 0, b - a);
+    } else {
+        tsr_gemv_args ga = j->args;
+        ga.w += off;
+        ga.scale = ga.scale ? ga.scale + a : NULL;
+        ga.y = y, ga.ldy = ldy;
+        j->cfg->kernel(j->m->dtype, &ga, 0, b - a);
+    }
 }
 
-typedef struct i8_job {
-    run_job *rows;    /* the takes of weight rows */
-    tsr_gemv_i8_kernel_fn kernel;
-    tsr_gemv_i8_args args;
-} i8_job;
-
-static void run_i8(void *arg, int64_t r0, int64_t r1, int tid) {
-    (void)r0, (void)r1, (void)tid;
-    i8_job *j = arg;
+/* run_glu: takes of gate rows [a, b); each computes those rows and the up
+ * rows [f + a, f + b) into the worker's scratch (one row of 2 x GLU_TAKE
+ * floats per input row), then silu(gate) * up into y ([nx, f]). */
+static void run_glu_takes(run_job *j) {
+    const int64_t f = j->glu, nx = j->args.nx;
+    float *buf = j->ctx->host->alloc(j->ctx, (size_t)(nx * 2 * GLU_TAKE) * sizeof(float), 64);
+    if (!buf) {
+        j->failed = 1;
+        return;
+    }
     int64_t a, b;
-    while (take_items(j->rows, j->rows->m->rows, &a, &b)) j->kernel(&j->args, a, b);
+    while (take_items(j, f, &a, &b)) {
+        const int64_t n = b - a;
+        rows_into(j, a, b, buf, 2 * n);
+        rows_into(j, f + a, f + b, buf + n, 2 * n);
+        for (int64_t i = 0; i < nx; i++)
+            tsr_silu_mul(j->args.y + i * f + a, buf + i * 2 * n, buf + i * 2 * n + n, n);
+    }
+    j->ctx->host->free(j->ctx, buf);
+}
+
+/* Decode and verification: weight rows taken in guided shares (take_items). */
+static void run_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    (void)r0, (void)r1, (void)tid;
+    run_job *j = arg;
+    if (j->glu) {
+        run_glu_takes(j);
+        return;
+    }
+    int64_t a, b;
+    while (take_items(j, j->m->rows, &a, &b))
+        if (j->i8) j->i8(&j->i8args, a, b);
+        else j->cfg->kernel(j->m->dtype, &j->args, a, b);
+}
+
+/* run_rows over the pool (one call per worker: ranges unused). */
+static int run_takes(run_job *j) {
+    rows_in_takes(j);
+    j->ctx->host->parallel_for(j->ctx, j->m->rows, run_rows, j);
+    if (!j->failed) return TSR_OK;
+    j->ctx->host->set_error(j->ctx, "out of memory for the gate/up scratch of %d rows", j->args.nx);
+    return TSR_ERR_NOMEM;
 }
 
 /* 1: done (or failed: *rc set); 0: x holds NaN/Inf, take the f32 path. */
@@ -253,12 +312,10 @@ static int run_x_i16(run_job *rj, int rows, const float *x, float *y, int *rc) {
             return 0;
         }
     }
-    i8_job j = {rj, m->dtype == TSR_DTYPE_Q8_0 ? rj->cfg->q8_0_i16_kernel : rj->cfg->i8_kernel,
-                {(const int8_t *)m->data, m->scale, m->cols, xq, xs, rows, y, m->rows}};
-    rows_in_takes(rj);
-    ctx->host->parallel_for(ctx, m->rows, run_i8, &j); /* one call per worker: ranges unused */
+    rj->i8 = m->dtype == TSR_DTYPE_Q8_0 ? rj->cfg->q8_0_i16_kernel : rj->cfg->i8_kernel;
+    rj->i8args = (tsr_gemv_i8_args){(const int8_t *)m->data, m->scale, m->cols, xq, xs, rows, y, rj->args.ldy};
+    *rc = run_takes(rj);
     ctx->host->free(ctx, xq);
-    *rc = TSR_OK;
     return 1;
 }
 
@@ -329,18 +386,49 @@ static int run_blocked(run_job *j) {
     return TSR_OK;
 }
 
+/* A job over m for rows input rows of x into y ([rows, ldy]). */
+static void job_init(run_job *j, const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
+                     int rows, const float *x, float *y, int64_t ldy, const tsr_exec *ex) {
+    *j = (run_job){.cfg = cfg, .ctx = ctx, .m = m,
+                   .args = {.w = m->data, .row_bytes = m->row_bytes, .scale = m->scale, .cols = m->cols,
+                            .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = ldy},
+                   .group = 1, .least = 1, .align = 1, .threads = ex && ex->n_threads > 0 ? ex->n_threads : 4};
+    atomic_init(&j->next, 0);
+}
+
+/* Input rows from which the prefill path (GEMM or sgemm) takes over; 0: never. */
+static int64_t prefill_rows(const gemv_engine_cfg *cfg, const gemv_matrix *m) {
+    return tsr_dtype_block_elems(m->dtype) > 1 ? cfg->blas_min_rows_q : cfg->blas_min_rows;
+}
+
+/* The kernels (few input rows) in takes: with int16 activations where the
+ * matrix has them and x is finite, else with f32 ones. */
+static int run_kernels(run_job *j, int rows, const float *x, float *y) {
+    const gemv_engine_cfg *cfg = j->cfg;
+    const gemv_matrix *m = j->m;
+    int rc;
+    const int x_i16 = m->x_i16 && ((m->dtype == TSR_DTYPE_I8 && m->scale && cfg->i8_kernel) ||
+                                   (m->dtype == TSR_DTYPE_Q8_0 && cfg->q8_0_i16_kernel));
+    if (x_i16 && run_x_i16(j, rows, x, y, &rc))
+        return rc;
+    /* the kernels' permuted activations, made once for all takes (else each take makes its own) */
+    const int64_t np = tsr_gemv_permuted_x_floats(cfg->isa, m->dtype, &j->args);
+    float *xp = np > 0 ? j->ctx->host->alloc(j->ctx, (size_t)np * sizeof *xp, 64) : NULL;
+    if (xp) tsr_gemv_permute_x(cfg->isa, m->dtype, &j->args, xp), j->args.xp = xp;
+    rc = run_takes(j);
+    j->ctx->host->free(j->ctx, xp);
+    return rc;
+}
+
 int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
                     int rows, const float *x, float *y, const tsr_exec *ex) {
     if (rows < 1 || !x || !y) {
         ctx->host->set_error(ctx, "run: %d input rows (need >= 1) or a NULL buffer", rows);
         return TSR_ERR_INVALID;
     }
-    run_job j = {.cfg = cfg, .ctx = ctx, .m = m,
-                 .args = {.w = m->data, .row_bytes = m->row_bytes, .scale = m->scale, .cols = m->cols,
-                          .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = m->rows},
-                 .group = 1, .least = 1, .threads = ex && ex->n_threads > 0 ? ex->n_threads : 4};
-    atomic_init(&j.next, 0);
-    int64_t min_rows = tsr_dtype_block_elems(m->dtype) > 1 ? cfg->blas_min_rows_q : cfg->blas_min_rows;
+    run_job j;
+    job_init(&j, cfg, ctx, m, rows, x, y, m->rows, ex);
+    int64_t min_rows = prefill_rows(cfg, m);
     if (!cfg->use_blas && min_rows > 0 && rows >= min_rows) return run_blocked(&j);
     /* sgemm's int dimensions: fall back to the kernels past them. */
     int blas = cfg->use_blas && min_rows > 0 && rows >= min_rows && m->cols <= INT32_MAX / 2 &&
@@ -355,17 +443,15 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
         }
         return TSR_OK;
     }
-    int rc;
-    const int x_i16 = m->x_i16 && ((m->dtype == TSR_DTYPE_I8 && m->scale && cfg->i8_kernel) ||
-                                   (m->dtype == TSR_DTYPE_Q8_0 && cfg->q8_0_i16_kernel));
-    if (x_i16 && run_x_i16(&j, rows, x, y, &rc))
-        return rc;
-    /* the kernels' permuted activations, made once for all takes (else each take makes its own) */
-    const int64_t np = tsr_gemv_permuted_x_floats(cfg->isa, m->dtype, &j.args);
-    float *xp = np > 0 ? ctx->host->alloc(ctx, (size_t)np * sizeof *xp, 64) : NULL;
-    if (xp) tsr_gemv_permute_x(cfg->isa, m->dtype, &j.args, xp), j.args.xp = xp;
-    rows_in_takes(&j);
-    ctx->host->parallel_for(ctx, m->rows, run_kernel, &j); /* one call per worker: ranges unused */
-    ctx->host->free(ctx, xp);
-    return TSR_OK;
+    return run_kernels(&j, rows, x, y);
+}
+
+int gemv_engine_run_glu(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
+                        int rows, const float *x, float *y, const tsr_exec *ex) {
+    const int64_t min_rows = prefill_rows(cfg, m);
+    if (!m->glu_rows || rows < 1 || !x || !y || (min_rows > 0 && rows >= min_rows)) return TSR_ERR_UNSUPPORTED;
+    run_job j;
+    job_init(&j, cfg, ctx, m, rows, x, y, m->glu_rows, ex);
+    j.glu = m->glu_rows;
+    return run_kernels(&j, rows, x, y);
 }

@@ -35,6 +35,7 @@ typedef struct gemv_matrix {
     uint64_t bytes;     /* bytes read per full pass */
     void *owned;        /* host allocation behind data and scale, or NULL */
     int x_i16;          /* I8 (with scale) or Q8_0: decode with int16 activations (lossy) */
+    int64_t glu_rows;   /* f when stacked from two matrices of f rows ([gate; up]: run_glu), else 0 */
 } gemv_matrix;
 
 /* Reads ctx params "weights" (copy, the default when absent; map), "isa" (auto, avx2, portable), "prefill" (gemm: the
@@ -80,5 +81,22 @@ int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, c
  * pool's thread count, which sizes the GEMM's shares. */
 int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
                     int rows, const float *x, float *y, const tsr_exec *ex);
+
+/* The gemv slot's run_glu (tsr_gemv.h) over a matrix with glu_rows f:
+ * y[rows, f] = silu(gate) * up, the rows of run() (the same kernels and
+ * takes, so the same sums) and tsr_silu_mul's arithmetic (takes aligned to
+ * 8 gate rows: its vector part covers the same elements as over whole
+ * rows). TSR_ERR_UNSUPPORTED, nothing set, where run() would take the
+ * prefill path or m is no gate/up pair (gemv_engine_glu_rows). */
+int gemv_engine_run_glu(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
+                        int rows, const float *x, float *y, const tsr_exec *ex);
+
+/* Two matrices of equal rows f stacked (prepare_group with n = 2), f a
+ * multiple of 4: f, for gemv_matrix.glu_rows; else 0 (not fused). With f a
+ * multiple of 4 the up rows start where run()'s would, on a multiple of 4,
+ * so the kernels that take four rows at a time group them alike. */
+static inline int64_t gemv_engine_glu_rows(const tsr_weight *ws, int n) {
+    return n == 2 && ws[0].rows == ws[1].rows && ws[0].rows % 4 == 0 ? ws[0].rows : 0;
+}
 
 #endif /* CPU_GEMV_ENGINE_H */

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/gemv_cpu.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/dtype.h"
 #include "test_host.h"
 
@@ -437,6 +438,73 @@ static void test_group(void **state) {
     }
 }
 
+/* run_glu against run() on the same stacked [gate; up] handle followed by
+ * tsr_silu_mul over each whole row: equal bit for bit (the takes align to
+ * 8 gate rows, so neither the four-row kernels nor the SiLU's vector part
+ * group rows differently), for row counts of several takes and with tails;
+ * nothing written past y; TSR_ERR_UNSUPPORTED (no error set) for handles
+ * that are no gate/up pair and for row counts of the prefill path. */
+static void test_glu(void **state) {
+    (void)state;
+    const gcase gl[] = {
+        {TSR_DTYPE_F32, 600, 96},  {TSR_DTYPE_F32, 76, 172}, {TSR_DTYPE_F16, 600, 520},
+        {TSR_DTYPE_BF16, 900, 512}, {TSR_DTYPE_I8, 300, 200}, {TSR_DTYPE_Q8_0, 172, 96},
+        {TSR_DTYPE_Q4_K, 40, 256},
+    };
+    for (size_t ci = 0; ci < sizeof gl / sizeof *gl; ci++) {
+        const gcase *gc = &gl[ci];
+        const int64_t f = gc->rows, cols = gc->cols;
+        rng = SEED + 101 + ci;
+        uint64_t rb;
+        uint8_t *w[2] = {make_weights(gc->dtype, f, cols, &rb), make_weights(gc->dtype, f, cols, &rb)};
+        tsr_weight ws[3] = {{"blk.gate", gc->dtype, f, cols, w[0], rb * (uint64_t)f, NULL},
+                            {"blk.up", gc->dtype, f, cols, w[1], rb * (uint64_t)f, NULL}};
+        ws[2] = ws[1];
+        const int nmax = 3;
+        float *x = malloc((size_t)(nmax * cols) * sizeof *x), *gu = malloc((size_t)(nmax * 2 * f) * sizeof *gu);
+        float *want = malloc((size_t)(nmax * f) * sizeof *want), *ybuf = malloc((size_t)(nmax * f + GUARD) * sizeof *ybuf);
+        assert_true(x && gu && want && ybuf);
+        for (int64_t i = 0; i < nmax * cols; i++) x[i] = rndf(-2, 2);
+        th_n_params = 0;
+        th_set_int("blas_min_rows", 4);
+        th_set_int("blas_min_rows_quant", 4);
+        inst_box b;
+        assert_int_equal(open_inst(&b), TSR_OK);
+        void *g = NULL, *g3 = NULL, *odd = NULL;
+        assert_int_equal(b.g->prepare_group(b.inst, ws, 2, &g), TSR_OK);
+        tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 2};
+        for (int nx = 1; nx <= nmax; nx += 2) {
+            assert_int_equal(b.g->run(b.inst, g, nx, x, gu, &ex), TSR_OK);
+            for (int i = 0; i < nx; i++) tsr_silu_mul(want + i * f, gu + i * 2 * f, gu + i * 2 * f + f, f);
+            for (int64_t i = 0; i < nx * f + GUARD; i++) memcpy(ybuf + i, &guard_bits, 4);
+            assert_int_equal(b.g->run_glu(b.inst, g, nx, x, ybuf, &ex), TSR_OK);
+            if (memcmp(ybuf, want, (size_t)(nx * f) * sizeof *want) != 0)
+                fail_msg("%s %lld x %lld, %d rows: run_glu differs from run + silu", tsr_dtype_name(gc->dtype),
+                         (long long)f, (long long)cols, nx);
+            for (int i = 0; i < GUARD; i++) assert_memory_equal(ybuf + nx * f + i, &guard_bits, 4);
+        }
+        /* not fused: the prefill path's row counts, three matrices, two of unequal rows, f not a
+         * multiple of 4 */
+        th_err[0] = 0;
+        assert_int_equal(b.g->run_glu(b.inst, g, 4, x, ybuf, &ex), TSR_ERR_UNSUPPORTED);
+        assert_int_equal(b.g->prepare_group(b.inst, ws, 3, &g3), TSR_OK);
+        assert_int_equal(b.g->run_glu(b.inst, g3, 1, x, ybuf, &ex), TSR_ERR_UNSUPPORTED);
+        tsr_weight uneq[2] = {ws[0], ws[1]};
+        uneq[1].rows = f - 1, uneq[1].nbytes = rb * (uint64_t)(f - 1);
+        assert_int_equal(b.g->prepare_group(b.inst, uneq, 2, &odd), TSR_OK);
+        assert_int_equal(b.g->run_glu(b.inst, odd, 1, x, ybuf, &ex), TSR_ERR_UNSUPPORTED);
+        b.g->release(b.inst, odd);
+        uneq[0].rows = f - 1, uneq[0].nbytes = uneq[1].nbytes;
+        assert_int_equal(b.g->prepare_group(b.inst, uneq, 2, &odd), TSR_OK);
+        assert_int_equal(b.g->run_glu(b.inst, odd, 1, x, ybuf, &ex), TSR_ERR_UNSUPPORTED);
+        assert_string_equal(th_err, "");
+        b.g->release(b.inst, g), b.g->release(b.inst, g3), b.g->release(b.inst, odd);
+        close_inst(&b);
+        assert_int_equal(atomic_load(&th_live), 0);
+        free(w[0]), free(w[1]), free(x), free(gu), free(want), free(ybuf);
+    }
+}
+
 /* Fail the Nth host allocation for every N: prepare and the GEMM and sgemm
  * paths fail with NOMEM or succeed, and nothing leaks. */
 static void test_alloc_failure(void **state) {
@@ -483,6 +551,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test(test_group),
+        cmocka_unit_test(test_glu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -108,7 +108,8 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
     }
     if (ws[0].dtype == TSR_DTYPE_Q8_0) { /* int8 already, with a scale per 32: kept as stored */
         *m = (gemv_matrix){.dtype = TSR_DTYPE_Q8_0, .rows = rows, .cols = cols, .row_bytes = src_rb,
-                           .bytes = src_rb * (uint64_t)rows, .x_i16 = g->x_i16};
+                           .bytes = src_rb * (uint64_t)rows, .x_i16 = g->x_i16,
+                           .glu_rows = gemv_engine_glu_rows(ws, n)};
         if ((rc = gemv_engine_weights(&g->cfg, ctx, ws, n, resident, src_rb, &m->data, &m->owned)) != TSR_OK) {
             ctx->host->free(ctx, m);
             return rc;
@@ -159,7 +160,7 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
     }
     *m = (gemv_matrix){.dtype = TSR_DTYPE_I8, .rows = rows, .cols = cols, .row_bytes = (uint64_t)cols,
                        .data = buf, .scale = scale, .bytes = (uint64_t)rows * (uint64_t)cols + sbytes,
-                       .owned = buf, .x_i16 = g->x_i16};
+                       .owned = buf, .x_i16 = g->x_i16, .glu_rows = gemv_engine_glu_rows(ws, n)};
     *out = m;
     return TSR_OK;
 }
@@ -184,6 +185,12 @@ static int gi_run(void *inst, const void *prepared, int rows, const float *x, fl
     return gemv_engine_run(&g->cfg, g->ctx, prepared, rows, x, y, ex);
 }
 
+static int gi_run_glu(void *inst, const void *prepared, int rows, const float *x, float *y,
+                      const tsr_exec *ex) {
+    cpu_gemv_int8 *g = inst;
+    return gemv_engine_run_glu(&g->cfg, g->ctx, prepared, rows, x, y, ex);
+}
+
 static uint64_t gi_bytes(void *inst, const void *prepared) {
     (void)inst;
     return ((const gemv_matrix *)prepared)->bytes;
@@ -197,6 +204,7 @@ static const tsr_gemv_i cpu_gemv_int8_iface = {
     .run = gi_run,
     .bytes = gi_bytes,
     .prepare_group = gi_prepare_group,
+    .run_glu = gi_run_glu,
 };
 
 static const tsr_plugin_desc cpu_gemv_int8_desc = {

@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/gemv_cpu.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/dtype.h"
 #include "plugins/cpu_gemv/test_host.h"
 
@@ -434,6 +435,62 @@ static void test_group(void **state) {
     }
 }
 
+/* run_glu on the decode path (int16 activations, int8 from bf16 and Q8_0 as
+ * stored; x with a NaN: the f32 path) equals run() on the same stacked
+ * [gate; up] handle followed by tsr_silu_mul over each whole row, bit for bit. */
+static void test_glu(void **state) {
+    (void)state;
+    const int64_t f = 520, cols = 256; /* several takes; f % 8 = 0, 520 = 65 x 8 */
+    for (int q8 = 0; q8 < 2; q8++) {
+        rng = SEED + 21 + q8;
+        uint8_t *w[2];
+        float *wf = malloc((size_t)(f * cols) * sizeof *wf);
+        tsr_weight ws[2];
+        for (int i = 0; i < 2; i++) {
+            if (q8) {
+                w[i] = malloc((size_t)(f * cols / 32 * 34));
+                for (int64_t b = 0; b < f * cols / 32; b++) {
+                    uint16_t h = tsr_f32_to_f16(rndf(0.001f, 0.02f));
+                    memcpy(w[i] + 34 * b, &h, 2);
+                    for (int k = 0; k < 32; k++) w[i][34 * b + 2 + k] = (uint8_t)(int8_t)lrintf(rndf(-127, 127));
+                }
+            } else {
+                w[i] = make(TSR_DTYPE_BF16, f, cols, wf);
+            }
+            ws[i] = (tsr_weight){i ? "blk.up" : "blk.gate", q8 ? TSR_DTYPE_Q8_0 : TSR_DTYPE_BF16, f, cols, w[i],
+                                 q8 ? (uint64_t)(f * cols / 32 * 34) : (uint64_t)(f * cols * 2), NULL};
+        }
+        float *x = malloc(3 * cols * sizeof *x), *gu = malloc(3 * 2 * f * sizeof *gu);
+        float *want = malloc(3 * f * sizeof *want), *y = malloc(3 * f * sizeof *y);
+        assert_true(wf && x && gu && want && y);
+        for (int64_t i = 0; i < 3 * cols; i++) x[i] = rndf(-3, 3);
+        const tsr_gemv_i *g = tsr_plugin_entry()->iface;
+        th_n_params = 0;
+        th_set_int("blas_min_rows", 4);
+        th_set_int("blas_min_rows_quant", 4);
+        int rc;
+        void *inst = open_inst(&rc), *grp = NULL;
+        assert_int_equal(rc, TSR_OK);
+        assert_int_equal(g->prepare_group(inst, ws, 2, &grp), TSR_OK);
+        for (int nan = 0; nan < 2; nan++) {
+            x[cols + 7] = nan ? NAN : 0.5f;
+            for (int nx = 1; nx <= 3; nx += 2) {
+                assert_int_equal(g->run(inst, grp, nx, x, gu, NULL), TSR_OK);
+                for (int i = 0; i < nx; i++) tsr_silu_mul(want + i * f, gu + i * 2 * f, gu + i * 2 * f + f, f);
+                assert_int_equal(g->run_glu(inst, grp, nx, x, y, NULL), TSR_OK);
+                if (memcmp(y, want, (size_t)(nx * f) * sizeof *y) != 0)
+                    fail_msg("q8 %d, NaN %d, %d rows: run_glu differs from run + silu", q8, nan, nx);
+            }
+        }
+        assert_int_equal(g->run_glu(inst, grp, 4, x, y, NULL), TSR_ERR_UNSUPPORTED); /* the prefill path */
+        g->release(inst, grp);
+        free(inst);
+        assert_int_equal(atomic_load(&th_live), 0);
+        for (int i = 0; i < 2; i++) free(w[i]);
+        free(wf), free(x), free(gu), free(want), free(y);
+    }
+}
+
 /* The quantisation rule, as documented, for a row of n: the scale, q. */
 static float quant_rule(const float *x, int64_t n, float bound, int32_t *q) {
     float amax = 0.0f;
@@ -493,6 +550,7 @@ int main(void) {
         cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test(test_weight_done),
         cmocka_unit_test(test_group),
+        cmocka_unit_test(test_glu),
         cmocka_unit_test(test_quantisers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
