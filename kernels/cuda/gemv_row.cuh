@@ -23,12 +23,21 @@
 // f32. E4M3 is moved into f16 by the same bit trick as gemv_mma (the value
 // times 2^-8); the result is multiplied back by kind_mul.
 //
+// GLU (launch_glu): the matrix is a gate/up pair stacked by rows (f = n_out
+// / 2 gate rows, then the f up rows); the first half of each block's row
+// groups take gate rows, the second half the matching up rows, each as
+// above, and the block writes y[i] = silu(gate_i) * up_i (silu.cuh) for its
+// f-range: the same sums, scales and SiLU as the plain kernel followed by
+// the core's silu_mul_cat, bit for bit, with one launch and no [2f] vector
+// in between.
+//
 // Preconditions (row_reads): cols a multiple of 8 (bf16) or 16 (E4M3); w, ldw
 // and x 16-byte aligned.
 #ifndef TSR_GEMV_ROW_CUH
 #define TSR_GEMV_ROW_CUH
 
 #include "gemv_mma.cuh"
+#include "silu.cuh"
 
 namespace tsr_row {
 
@@ -67,13 +76,19 @@ __device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, floa
 }
 
 // KS: warps per row group (the header); their sums added in warp order.
-template <int WK, int RPW, int U, int KS = 1>
+// GLU: gate rows and their up rows in one block (the header).
+template <int WK, int RPW, int U, int KS = 1, bool GLU = false>
 __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     constexpr int K = Piece<WK>::k, ES = WK == kBf16 ? 2 : 1, STEP = 32 * K;
+    constexpr int G = 8 / KS, HG = G / 2; // row groups per block; GLU: the gate half
     static_assert(8 % KS == 0, "a block of 8 warps holds whole groups of KS");
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = warp % KS;
-    const int o0 = (blockIdx.x * (8 / KS) + warp / KS) * RPW;
-    if (KS == 1 && o0 >= p.n_out) return; // with KS > 1 every warp reaches the barrier
+    static_assert(!GLU || G % 2 == 0, "GLU pairs the block's row groups");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = warp % KS, grp = warp / KS;
+    const int f = p.n_out / 2; // GLU: gate rows [0, f), up rows [f, 2f)
+    const int o0 = !GLU           ? (blockIdx.x * G + grp) * RPW
+                   : grp < HG     ? (blockIdx.x * HG + grp) * RPW
+                                  : f + (blockIdx.x * HG + grp - HG) * RPW;
+    if (!GLU && KS == 1 && o0 >= p.n_out) return; // else every warp reaches the barrier
     const uint8_t *row[RPW]; // rows past n_out read the last row (not stored)
 #pragma unroll
     for (int r = 0; r < RPW; r++) row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
@@ -108,17 +123,30 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
         }
     }
     const float mul = tsr_mma::kind_mul<WK>();
-    __shared__ float part[KS > 1 ? 8 : 1][RPW];
+    __shared__ float part[KS > 1 || GLU ? 8 : 1][RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
         float v = acc[r];
         for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-        if (KS > 1) {
+        if (KS > 1 || GLU) {
             if (lane == 0) part[warp][r] = v;
             continue;
         }
         const int o = o0 + r;
         if (lane == 0 && o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
+    }
+    if (GLU) { // thread t: gate row group t / RPW's row t % RPW and its up row
+        __syncthreads();
+        const int t = threadIdx.x, gi = t / RPW, r = t % RPW;
+        const int i = (blockIdx.x * HG + gi) * RPW + r;
+        if (t >= HG * RPW || i >= f) return;
+        float g = KS > 1 ? 0.0f : part[gi][r], u = KS > 1 ? 0.0f : part[gi + HG][r];
+        if (KS > 1) // in warp order, as the plain kernel adds them
+            for (int s = 0; s < KS; s++) g += part[gi * KS + s][r], u += part[(gi + HG) * KS + s][r];
+        g = g * (p.scale ? p.scale[i] : 1.0f) * mul;
+        u = u * (p.scale ? p.scale[f + i] : 1.0f) * mul;
+        p.y[i] = tsr_silu_mul(g, u);
+        return;
     }
     if (KS > 1) {
         __syncthreads();
@@ -139,11 +167,12 @@ inline bool row_reads(int WK, const Args &p) {
            ((reinterpret_cast<uintptr_t>(p.w) | reinterpret_cast<uintptr_t>(p.x)) & 15) == 0;
 }
 
-template <int WK, int RPW, int U, int KS = 1>
+template <int WK, int RPW, int U, int KS = 1, bool GLU = false>
 inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl) {
-    const int rows_per_block = 8 / KS * RPW;
-    const unsigned grid = (unsigned)((p.n_out + rows_per_block - 1) / rows_per_block);
-    return tsr_pdl::launch(gemv_row<WK, RPW, U, KS>, grid, 256, 0, st, pdl, p);
+    const int per_block = 8 / KS * RPW / (GLU ? 2 : 1); // outputs
+    const int outs = GLU ? p.n_out / 2 : p.n_out;
+    const unsigned grid = (unsigned)((outs + per_block - 1) / per_block);
+    return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU>, grid, 256, 0, st, pdl, p);
 }
 
 // The decode GEMV of 1..8 rows: one row through gemv_row where it reads the
@@ -170,6 +199,22 @@ template <int WK> inline cudaError_t launch_decode(const Args &p, int rows, cuda
         if (p.n_out > 4096) return launch_cfg<WK, 2, 1>(p, st, pdl);
     }
     return tsr_mma::launch<WK>(p, rows, st, pdl);
+}
+
+// Whether launch_glu takes a one-row pass over this gate/up pair (p.n_out
+// = 2f rows): where launch_decode's one row goes to gemv_row (E4M3 pairs of
+// at most 4,096 rows go to gemv_mma there, whose sums differ in rounding).
+template <int WK> inline bool glu_reads(const Args &p) {
+    return p.n_out >= 2 && p.n_out % 2 == 0 && row_reads(WK, p) && (WK == kBf16 || p.n_out > 4096);
+}
+
+// One row of a gate/up pair: y[f] = silu(gate) * up, with the configuration
+// launch_decode picks for the 2f rows, so the same sums. Requires glu_reads.
+template <int WK> inline cudaError_t launch_glu(const Args &p, cudaStream_t st, bool pdl) {
+    if (WK == kBf16)
+        return p.n_out >= 16384 ? launch_cfg<WK, 1, 2, 4, true>(p, st, pdl)
+                                : launch_cfg<WK, 2, 2, 2, true>(p, st, pdl);
+    return p.n_out >= 16384 ? launch_cfg<WK, 4, 1, 1, true>(p, st, pdl) : launch_cfg<WK, 2, 1, 1, true>(p, st, pdl);
 }
 
 } // namespace tsr_row

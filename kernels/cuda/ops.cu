@@ -9,6 +9,7 @@
 
 #include "cuda_ops.h"
 #include "pdl.cuh"
+#include "silu.cuh"
 
 namespace {
 
@@ -186,8 +187,7 @@ __global__ void silu_mul_cat_k(float *y, const float *gu, int f) {
     const float *g = gu + (int64_t)blockIdx.y * 2 * f;
     float *out = y + (int64_t)blockIdx.y * f;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < f; i += gridDim.x * blockDim.x) {
-        const float a = g[i];
-        out[i] = a / (1.0f + __expf(-a)) * g[f + i];
+        out[i] = tsr_silu_mul(g[i], g[f + i]);
     }
 }
 
@@ -250,8 +250,7 @@ __global__ void silu_mul_k(float *y, const float *g, const float *u, int64_t n) 
     tsr_pdl::enter();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float a = g[i];
-        y[i] = a / (1.0f + __expf(-a)) * u[i];
+        y[i] = tsr_silu_mul(g[i], u[i]);
     }
 }
 

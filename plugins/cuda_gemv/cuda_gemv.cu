@@ -4,7 +4,9 @@
 // - cuda_gemv_cublaslt (the CUDA baseline): every call is one cuBLASLt
 //   matmul, bf16 x bf16 -> f32 with f32 accumulation;
 // - cuda_gemv (CUDA_GEMV_DECODE): for one row (decode) a kernel streaming
-//   whole weight rows, two or four warps per row group (kernels/cuda/gemv_row.cuh); for
+//   whole weight rows, two or four warps per row group (kernels/cuda/gemv_row.cuh),
+//   which for the stacked gate/up projection also applies the SiLU
+//   (run_glu: one launch less per layer; param glu); for
 //   2..8 rows (verification of drafts) a tensor-core GEMV
 //   (kernels/cuda/gemv_mma.cuh) that streams each weight once for all input
 //   rows, 8 rows costing about what 1 does; cuBLASLt above 8 rows (prefill).
@@ -57,12 +59,14 @@ struct Gemv {
     __nv_bfloat16 *graph_xb; // the same for captured passes: fixed at init
     size_t graph_xb_elems;
     int decode_rows;     // rows up to which the tensor-core kernel runs
+    int glu;             // param glu: run_glu fuses one row's gate/up and SiLU (CUDA_GEMV_DECODE)
     Algo plans[kPlans];  // cuBLASLt plans by shape (a heuristic query costs ~0.1 ms)
 };
 
 struct Weight {
     int64_t rows, cols;
     int64_t ld;          // cols rounded up to 32 (64-byte rows, as gemv_mma reads them); the padding is zero
+    int pair;            // stacked from two matrices of equal rows (gate/up: run_glu)
     __nv_bfloat16 *w;    // [rows, cols] device
 };
 
@@ -89,6 +93,19 @@ int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cud
     a.x = x, a.y = y;
     a.n_out = (int)w->rows, a.cols = (int)w->cols, a.ldw = w->ld * 2, a.ldx = a.cols;
     return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, rows, st, pdl), "decode gemv launch");
+}
+
+// One row of a gate/up pair with its SiLU (kernels/cuda/gemv_row.cuh's
+// launch_glu); TSR_ERR_UNSUPPORTED, nothing launched, where run() would not
+// take gemv_row for it.
+int run_glu(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st, bool pdl) {
+    tsr_mma::Args a = {};
+    a.w = reinterpret_cast<const uint8_t *>(w->w);
+    a.x = x, a.y = y;
+    a.n_out = (int)w->rows, a.cols = (int)w->cols, a.ldw = w->ld * 2, a.ldx = a.cols;
+    if (!g->glu || !w->pair || rows != 1 || g->decode_rows < 1 || !tsr_row::glu_reads<tsr_mma::kBf16>(a))
+        return TSR_ERR_UNSUPPORTED;
+    return cuda_err(g, tsr_row::launch_glu<tsr_mma::kBf16>(a, st, pdl), "gate/up gemv launch");
 }
 
 // Whether run_decode takes these rows (x read as it is).
@@ -210,6 +227,8 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
 #ifdef CUDA_GEMV_DECODE
     const tsr_param *p = ctx->host->param(ctx, "decode_rows");
     g->decode_rows = p ? (int)p->v.i : kMaxDecodeRows;
+    p = ctx->host->param(ctx, "glu");
+    g->glu = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
 #endif
     const tsr_model_desc *md = ctx->model;
     if (md) { // the widest input of any projection, for captured passes
@@ -268,6 +287,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     if (!w) return TSR_ERR_NOMEM;
     w->rows = rows;
     w->cols = ws[0].cols;
+    w->pair = n == 2 && ws[0].rows == ws[1].rows;
     w->ld = tsr_mma::row_bytes(tsr_mma::kBf16, w->cols) / 2;
     const size_t elems = (size_t)rows * (size_t)w->ld;
     int rc = h->dev_alloc(g->ctx, elems * 2, reinterpret_cast<void **>(&w->w));
@@ -354,6 +374,16 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     return run_lt(g, w, rows, xb, y, st, ex->step != nullptr);
 }
 
+int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
+#ifdef CUDA_GEMV_DECODE
+    return run_glu(static_cast<Gemv *>(inst), static_cast<const Weight *>(prepared), rows, x, y,
+                   static_cast<cudaStream_t>(ex->stream), ex->pdl != 0);
+#else
+    (void)inst, (void)prepared, (void)rows, (void)x, (void)y, (void)ex;
+    return TSR_ERR_UNSUPPORTED; // the baseline: cuBLASLt, then the core's SiLU
+#endif
+}
+
 uint64_t g_bytes(void *inst, const void *prepared) {
     (void)inst;
     const Weight *w = static_cast<const Weight *>(prepared);
@@ -361,7 +391,7 @@ uint64_t g_bytes(void *inst, const void *prepared) {
 }
 
 const tsr_gemv_i iface = {
-    sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group,
+    sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group, g_run_glu,
 };
 
 const tsr_plugin_desc desc = {

@@ -7,7 +7,9 @@
 //   activations rounded to f16 after a 2^-4 scaling, f16 mma with f32 sums,
 //   times s_o; each weight read once for all rows. One row of most shapes
 //   goes to kernels/cuda/gemv_row.cuh instead (whole rows streamed, the same
-//   rounding, products summed in f32 on CUDA cores).
+//   rounding, products summed in f32 on CUDA cores), which for the stacked
+//   gate/up projection also applies the SiLU (run_glu: one launch less per
+//   layer; param glu).
 // - more rows (prefill): by default 2,048 weight rows at a time widened to
 //   bf16 (exact) for cuBLASLt's bf16 GEMM; with `prefill: fp8` a cuBLASLt FP8
 //   matmul (activations quantised per tensor on the device, s_x = max|x| /
@@ -82,6 +84,7 @@ struct Gemv {
     int have_graph;       // graph scratch reserved (a model was described at init)
     int64_t graph_ld, graph_out; // what the graph scratch holds per row
     int decode_rows;
+    int glu; // param glu: run_glu fuses one row's gate/up and SiLU
     int out_bf16;         // cuBLASLt writes bf16 (prefill_out: bf16), else f32
     int fp8_prefill;      // prefill: fp8 (cuBLASLt FP8), else bf16 tiles
     Algo plans[kPlans];
@@ -94,6 +97,7 @@ struct Weight {
     int64_t rows_pad;     // rows rounded up to 16 for cuBLASLt; extra rows zero, scale 0
     uint8_t *w;           // [rows_pad, ld] e4m3, device
     float *scale;         // [rows_pad] s_o, device
+    int pair;             // stacked from two matrices of equal rows (gate/up: run_glu)
 };
 
 int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
@@ -440,6 +444,8 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
     }
     const tsr_param *p = h->param(ctx, "decode_rows");
     g->decode_rows = p ? (int)p->v.i : kMaxDecodeRows;
+    p = h->param(ctx, "glu");
+    g->glu = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
     p = h->param(ctx, "prefill_out");
     g->out_bf16 = p && p->type == TSR_PARAM_STRING && p->v.s && !strcmp(p->v.s, "bf16");
     p = h->param(ctx, "prefill");
@@ -610,6 +616,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     Weight *w = static_cast<Weight *>(h->alloc(g->ctx, sizeof(Weight), 64));
     if (!w) return TSR_ERR_NOMEM;
     w->rows = rows, w->cols = cols, w->ld = ld, w->rows_pad = rows_pad;
+    w->pair = n == 2 && ws[0].rows == ws[1].rows;
     int rc = h->dev_alloc(g->ctx, (size_t)bytes, reinterpret_cast<void **>(&w->w));
     if (rc == TSR_OK) rc = h->dev_alloc(g->ctx, (size_t)rows_pad * sizeof(float), reinterpret_cast<void **>(&w->scale));
     uint8_t *q = static_cast<uint8_t *>(calloc((size_t)bytes, 1));          // zero padding
@@ -734,6 +741,22 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     return run_lt(g, w, rows, x, y, sc, st, captured);
 }
 
+// One row of a gate/up pair with its SiLU (gemv_row.cuh's launch_glu), x
+// read as it is; TSR_ERR_UNSUPPORTED, nothing launched, where run() would
+// not take gemv_row for it (or would pad x first).
+int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    const Weight *w = static_cast<const Weight *>(prepared);
+    tsr_mma::Args a = {};
+    a.w = w->w, a.scale = w->scale, a.x = x, a.y = y;
+    a.n_out = (int)w->rows, a.cols = (int)w->cols, a.ldw = w->ld, a.ldx = (int)w->cols;
+    if (!g->glu || !w->pair || rows != 1 || g->decode_rows < 1 || !tsr_mma::reads_x(x, (int)w->cols, (int)w->cols) ||
+        !tsr_row::glu_reads<tsr_mma::kFp8>(a))
+        return TSR_ERR_UNSUPPORTED;
+    return cuda_err(g, tsr_row::launch_glu<tsr_mma::kFp8>(a, static_cast<cudaStream_t>(ex->stream), ex->pdl != 0),
+                    "fp8 gate/up gemv launch");
+}
+
 uint64_t g_bytes(void *inst, const void *prepared) {
     (void)inst;
     const Weight *w = static_cast<const Weight *>(prepared);
@@ -741,7 +764,7 @@ uint64_t g_bytes(void *inst, const void *prepared) {
 }
 
 const tsr_gemv_i iface = {
-    sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group,
+    sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group, g_run_glu,
 };
 
 const tsr_plugin_desc desc = {

@@ -6,7 +6,9 @@
  * wider rows); 2..8 rows: the tensor-core GEMV of
  * kernels/cuda/gemv_mma.cuh) through the plugins' run(), eagerly and
  * replayed from a CUDA graph (ctest label "gpu"; skipped cleanly where no
- * CUDA device is present).
+ * CUDA device is present). run_glu (one row of a stacked gate/up pair with
+ * its SiLU in the GEMV's kernel) against run() followed by the core's
+ * silu_mul_cat kernel: equal bit for bit, eagerly and from a graph.
  *
  * Weights are chosen so that both plugins hold them exactly: each is
  * s * (an E4M3 value) with s = 2^-6 and every row holds +-448 s, so that
@@ -36,6 +38,7 @@
 #include "core/host/slot_calls.h"
 #ifdef TESSERA_CUDA
 #include "core/cuda/device.h"
+#include "kernels/cuda/cuda_ops.h"
 #endif
 
 #ifdef TESSERA_CUDA
@@ -156,6 +159,65 @@ static void gemv_case(env *v, int n_out, int cols, int rows) {
     free(w), free(x), free(y);
 }
 
+/* run_glu of one row through [gate; up] (f rows each, prepare_group)
+ * against run() + the core's SiLU, bit for bit (want_fused), or refused
+ * with TSR_ERR_UNSUPPORTED (not want_fused: shapes whose one-row GEMV is
+ * not gemv_row's, where the host runs the two). */
+static void glu_case(env *v, int f, int cols, int want_fused) {
+    const int n = 2 * f;
+    float *w = malloc(sizeof(float) * (size_t)n * cols), *x = malloc(sizeof(float) * (size_t)cols);
+    float *want = malloc(sizeof(float) * (size_t)f), *got = malloc(sizeof(float) * (size_t)f);
+    assert_true(w && x && want && got);
+    for (int64_t i = 0; i < (int64_t)n * cols; i++) w[i] = (float)((urand() - 0.5) * 0x1p-3);
+    tsr_weight tw[2] = {{"blk.gate", TSR_DTYPE_F32, f, cols, w, sizeof(float) * (uint64_t)f * cols, NULL},
+                        {"blk.up", TSR_DTYPE_F32, f, cols, w + (int64_t)f * cols, sizeof(float) * (uint64_t)f * cols,
+                         NULL}};
+    void *h = NULL, *h3 = NULL;
+    tsr_weight three[3] = {tw[0], tw[1], tw[1]};
+    assert_int_equal(tsr_gemv_prepare_group(v->gemv, tw, 2, &h), TSR_OK);
+    assert_int_equal(tsr_gemv_prepare_group(v->gemv, three, 3, &h3), TSR_OK);
+    tsr_error err;
+    tsr_error_clear(&err);
+    float *dx = tsr_cuda_malloc(sizeof(float) * (size_t)cols, &err), *dgu = tsr_cuda_malloc(sizeof(float) * (size_t)n, &err);
+    float *dy = tsr_cuda_malloc(sizeof(float) * (size_t)f, &err), *dg = tsr_cuda_malloc(sizeof(float) * (size_t)f, &err);
+    assert_true(dx && dgu && dy && dg);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < cols; i++) x[i] = (float)(urand() * 16 - 8);
+        assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * (size_t)cols, &err), TSR_OK);
+        assert_int_equal(tsr_gemv_run(v->gemv, h, 1, dx, dgu, &v->ex), TSR_OK);
+        assert_int_equal(tsr_cu_silu_mul_cat(dg, dgu, 1, f, 0, v->ex.stream), 0);
+        assert_int_equal(tsr_cuda_download(want, dg, sizeof(float) * (size_t)f, &err), TSR_OK);
+        assert_int_equal(tsr_gemv_run_glu(v->gemv, h3, 1, dx, dy, &v->ex), TSR_ERR_UNSUPPORTED);
+        int rc;
+        if (pass == 0) {
+            rc = tsr_gemv_run_glu(v->gemv, h, 1, dx, dy, &v->ex);
+        } else { /* captured once, replayed */
+            tsr_exec ex = v->ex;
+            ex.step = v->dev_step;
+            void *graph = NULL;
+            assert_int_equal(tsr_cuda_capture_begin(&err), TSR_OK);
+            rc = tsr_gemv_run_glu(v->gemv, h, 1, dx, dy, &ex);
+            assert_int_equal(tsr_cuda_capture_end(&graph, &err), TSR_OK);
+            if (rc == TSR_OK) assert_int_equal(tsr_cuda_graph_launch(graph, &err), TSR_OK);
+            tsr_cuda_graph_free(graph);
+        }
+        if (!want_fused) {
+            assert_int_equal(rc, TSR_ERR_UNSUPPORTED);
+            break;
+        }
+        if (rc != TSR_OK) fail_msg("run_glu [%d x %d]: %d %s", n, cols, rc, tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
+        assert_int_equal(tsr_cuda_download(got, dy, sizeof(float) * (size_t)f, &err), TSR_OK);
+        if (memcmp(got, want, sizeof(float) * (size_t)f) != 0)
+            fail_msg("%s run_glu [%d x %d] %s: differs from run + silu", v->gemv->plugin, n, cols,
+                     pass ? "graph replay" : "eager");
+        assert_int_equal(tsr_gemv_run_glu(v->gemv, h, 2, dx, dy, &v->ex), TSR_ERR_UNSUPPORTED); /* one row only */
+    }
+    printf("# %s run_glu [%d x %d]: %s\n", v->gemv->plugin, n, cols, want_fused ? "equal to run + silu" : "refused");
+    tsr_gemv_release(v->gemv, h), tsr_gemv_release(v->gemv, h3);
+    tsr_cuda_free(dx), tsr_cuda_free(dgu), tsr_cuda_free(dy), tsr_cuda_free(dg);
+    free(w), free(x), free(want), free(got);
+}
+
 static void plugin_cases(const char *plugin) {
     env v;
     env_open(&v, plugin);
@@ -171,6 +233,11 @@ static void plugin_cases(const char *plugin) {
     gemv_case(&v, 16390, 80, 1);
     gemv_case(&v, 5001, 48, 1);
     gemv_case(&v, 4093, 208, 1);
+    /* run_glu at each of launch_glu's configurations by height, partial blocks */
+    const int fp8 = strstr(plugin, "fp8") != NULL;
+    glu_case(&v, 999, 256, !fp8); /* E4M3: gemv_mma's height, refused */
+    glu_case(&v, 2501, 80, 1);
+    glu_case(&v, 8195, 64, 1);
     tsr_cuda_free(v.dev_step);
     tsr_engine_free(v.e);
 }
