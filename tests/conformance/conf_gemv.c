@@ -3,7 +3,8 @@
  * verification, prefill), one case per dtype with NaN and Inf in x; output
  * guarded, inputs checked untouched, NMSE against ref_gemv. Plugins with
  * prepare_group: three matrices stacked, against the reference's products
- * of each alone.
+ * of each alone; with run_glu: a gate/up pair, against silu(gate) * up of
+ * the reference's products.
  */
 #include <math.h>
 #include <stdio.h>
@@ -248,6 +249,77 @@ out:
     conf_guarded_free(y);
 }
 
+/* run_glu (gemv interface 4, optional) on a gate/up pair stacked by
+ * prepare_group: silu(gate) * up, against the reference's products of each
+ * matrix put through SiLU in double precision; TSR_ERR_UNSUPPORTED (the host
+ * then runs run() and its SiLU) reported as unsupported. */
+static void glu_cases(conf_env *env, gemv_pair *p, uint32_t dt, uint64_t *rng) {
+    int (*grp)(void *, const tsr_weight *, int, void **) = CONF_MEMBER(p->ci, tsr_gemv_i, prepare_group);
+    int (*glu)(void *, const void *, int, const float *, float *, const tsr_exec *) =
+        CONF_MEMBER(p->ci, tsr_gemv_i, run_glu);
+    if (!grp || !glu) return;
+    enum { F = 64, IN = 256, ROWS = 5 };
+    char what[128];
+    snprintf(what, sizeof what, "gemv run_glu %d+%d x %d %s", F, F, IN, tsr_dtype_name(dt));
+    tsr_weight ws[2];
+    unsigned char *wb[2] = {0};
+    void *rh[2] = {0}, *h = NULL;
+    float *x = malloc((size_t)ROWS * IN * sizeof *x), *yr = malloc((size_t)2 * ROWS * F * sizeof *yr);
+    float *y = conf_guarded_alloc((int64_t)ROWS * F), *want = malloc((size_t)ROWS * F * sizeof *want);
+    int ok = x && yr && y && want;
+    for (int i = 0; ok && i < 2; i++) {
+        uint64_t nb;
+        ok = (wb[i] = make_weights(dt, F, IN, rng, &nb)) != NULL;
+        if (ok) ws[i] = (tsr_weight){i ? "conf.up" : "conf.gate", dt, F, IN, wb[i], nb, NULL};
+        ok = ok && CONF_MEMBER(p->ref, tsr_gemv_i, prepare)(CONF_INST(p->ref), &ws[i], &rh[i]) == TSR_OK;
+    }
+    if (!ok) {
+        conf_report(env, CONF_FAIL, what, "harness: no memory, or the reference refused a matrix");
+        goto out;
+    }
+    for (int64_t i = 0; i < ROWS * IN; i++) x[i] = 4.0f * conf_randf(rng);
+    p->ci->err[0] = '\0';
+    int rc = grp(CONF_INST(p->ci), ws, 2, &h);
+    if (rc != TSR_OK) {
+        conf_report(env, rc == TSR_ERR_UNSUPPORTED ? CONF_UNSUPPORTED : CONF_FAIL, what, "prepare_group: status %d (%s): %s",
+                    rc, tsr_status_str(rc), p->ci->err);
+        goto out;
+    }
+    for (int rows = 1; rows <= ROWS; rows += ROWS - 1) {
+        snprintf(what, sizeof what, "gemv run_glu rows=%d %d+%d x %d %s", rows, F, F, IN, tsr_dtype_name(dt));
+        int bad_ref = 0;
+        for (int i = 0; i < 2; i++) bad_ref |= gemv_run(p->ref, rh[i], rows, x, yr + (int64_t)i * ROWS * F) != TSR_OK;
+        for (int64_t k = 0; k < (int64_t)rows * F; k++) {
+            const double g = yr[k], u = yr[(int64_t)ROWS * F + k];
+            want[k] = (float)(g / (1.0 + exp(-g)) * u);
+        }
+        double nmse = 0.0;
+        int64_t bad = 0;
+        /* a product of two outputs each within a lossy plugin's bound e: its
+         * relative error is at most the sum of theirs, NMSE <= (2 sqrt(e))^2 */
+        const double tol = env->m->exact ? GEMV_TOL_EXACT : 4 * GEMV_TOL_LOSSY;
+        tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 2};
+        p->ci->err[0] = '\0';
+        rc = glu(CONF_INST(p->ci), h, rows, x, y, &ex);
+        if (bad_ref) conf_report(env, CONF_FAIL, what, "reference failed: %s", p->ref->err);
+        else if (rc == TSR_ERR_UNSUPPORTED) conf_report(env, CONF_UNSUPPORTED, what, "not fused at this row count");
+        else if (rc != TSR_OK) conf_report(env, CONF_FAIL, what, "status %d (%s): %s", rc, tsr_status_str(rc), p->ci->err);
+        else if (!conf_guard_intact(y, (int64_t)rows * F)) conf_report(env, CONF_FAIL, what, "wrote outside y");
+        else if (conf_compare(y, want, (int64_t)rows * F, env->m->exact, &nmse, &bad))
+            conf_report(env, CONF_FAIL, what, "NaN/Inf parity at %lld", (long long)bad);
+        else if (!(nmse <= tol)) conf_report(env, CONF_FAIL, what, "nmse %.3g > %.0e (gate and up swapped?)", nmse, tol);
+        else conf_report(env, CONF_PASS, what, "nmse %.3g <= %.0e", nmse, tol);
+    }
+out:
+    release(p->ci, h);
+    for (int i = 0; i < 2; i++) {
+        release(p->ref, rh[i]);
+        free(wb[i]);
+    }
+    free(x), free(yr), free(want);
+    conf_guarded_free(y);
+}
+
 void conf_run_gemv(conf_env *env) {
     tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = 256, .n_heads = 4, .n_kv_heads = 4,
                          .head_dim = 64, .ffn = 768, .vocab = 256, .max_ctx = 256};
@@ -266,7 +338,7 @@ void conf_run_gemv(conf_env *env) {
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                 weight_cases(env, &p, dtypes[d], shapes[s].out, shapes[s].in, s == 1, &rng);
         for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
-            if (declares_dtype(env->m, dtypes[d])) group_cases(env, &p, dtypes[d], &rng);
+            if (declares_dtype(env->m, dtypes[d])) group_cases(env, &p, dtypes[d], &rng), glu_cases(env, &p, dtypes[d], &rng);
         if (p.ci->live_allocs > 1)
             conf_report(env, CONF_FAIL, "gemv release", "%lld host allocations (%llu bytes) still held after "
                          "every prepared handle was released", (long long)p.ci->live_allocs - 1,

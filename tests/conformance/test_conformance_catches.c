@@ -108,6 +108,11 @@ static void test_nan(void **s) {
     expect x = {"bad_gemv_nan", "NaN/Inf parity", 1, 1};
     run_one(&x);
 }
+static void test_glu(void **s) {
+    (void)s;
+    expect x = {"bad_gemv_glu", "gate and up swapped?", 1, 1};
+    run_one(&x);
+}
 static void test_drafter(void **s) {
     (void)s;
     expect x = {"bad_drafter_ids", "not a valid id", 0, 0};
@@ -122,7 +127,7 @@ static void test_expert(void **s) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_guard),  cmocka_unit_test(test_drift),  cmocka_unit_test(test_nan),
-        cmocka_unit_test(test_drafter), cmocka_unit_test(test_expert),
+        cmocka_unit_test(test_glu),     cmocka_unit_test(test_drafter), cmocka_unit_test(test_expert),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
