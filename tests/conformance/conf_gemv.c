@@ -180,6 +180,22 @@ out:
     free(wcopy);
 }
 
+/* The verdict on n outputs y of a call that returned rc against want (the
+ * reference's, bad_ref if it failed): guard bytes, NaN/Inf parity, NMSE
+ * within tol (hint: what a larger one suggests). */
+static void judge(conf_env *env, gemv_pair *p, const char *what, int bad_ref, int rc, const float *y,
+                  const float *want, int64_t n, double tol, const char *hint) {
+    double nmse = 0.0;
+    int64_t bad = 0;
+    if (bad_ref) conf_report(env, CONF_FAIL, what, "reference failed: %s", p->ref->err);
+    else if (rc != TSR_OK) conf_report(env, CONF_FAIL, what, "status %d (%s): %s", rc, tsr_status_str(rc), p->ci->err);
+    else if (!conf_guard_intact(y, n)) conf_report(env, CONF_FAIL, what, "wrote outside y");
+    else if (conf_compare(y, want, n, env->m->exact, &nmse, &bad))
+        conf_report(env, CONF_FAIL, what, "NaN/Inf parity at %lld", (long long)bad);
+    else if (!(nmse <= tol)) conf_report(env, CONF_FAIL, what, "nmse %.3g > %.0e (%s)", nmse, tol, hint);
+    else conf_report(env, CONF_PASS, what, "nmse %.3g <= %.0e", nmse, tol);
+}
+
 /* prepare_group (gemv interface 2, optional): q/k/v-like matrices of one
  * dtype stacked by rows give, row for row, each matrix's products (the
  * reference runs each alone); TSR_ERR_UNSUPPORTED is the plugin's answer
@@ -226,18 +242,10 @@ static void group_cases(conf_env *env, gemv_pair *p, uint32_t dt, uint64_t *rng)
             for (int r = 0; r < rows; r++)
                 memcpy(want + (int64_t)r * all + off, yr + (int64_t)r * outs[i], (size_t)outs[i] * sizeof *yr);
         }
-        double nmse = 0.0;
-        int64_t bad = 0;
-        const double tol = env->m->exact ? GEMV_TOL_EXACT : GEMV_TOL_LOSSY;
         p->ci->err[0] = '\0';
         rc = gemv_run(p->ci, h, rows, x, y);
-        if (bad_ref) conf_report(env, CONF_FAIL, what, "reference failed: %s", p->ref->err);
-        else if (rc != TSR_OK) conf_report(env, CONF_FAIL, what, "status %d (%s): %s", rc, tsr_status_str(rc), p->ci->err);
-        else if (!conf_guard_intact(y, (int64_t)rows * all)) conf_report(env, CONF_FAIL, what, "wrote outside y");
-        else if (conf_compare(y, want, (int64_t)rows * all, env->m->exact, &nmse, &bad))
-            conf_report(env, CONF_FAIL, what, "NaN/Inf parity at %lld", (long long)bad);
-        else if (!(nmse <= tol)) conf_report(env, CONF_FAIL, what, "nmse %.3g > %.0e (matrices out of order?)", nmse, tol);
-        else conf_report(env, CONF_PASS, what, "nmse %.3g <= %.0e", nmse, tol);
+        judge(env, p, what, bad_ref, rc, y, want, (int64_t)rows * all,
+              env->m->exact ? GEMV_TOL_EXACT : GEMV_TOL_LOSSY, "matrices out of order?");
     }
 out:
     release(p->ci, h);
@@ -293,22 +301,17 @@ static void glu_cases(conf_env *env, gemv_pair *p, uint32_t dt, uint64_t *rng) {
             const double g = yr[k], u = yr[(int64_t)ROWS * F + k];
             want[k] = (float)(g / (1.0 + exp(-g)) * u);
         }
-        double nmse = 0.0;
-        int64_t bad = 0;
-        /* a product of two outputs each within a lossy plugin's bound e: its
-         * relative error is at most the sum of theirs, NMSE <= (2 sqrt(e))^2 */
-        const double tol = env->m->exact ? GEMV_TOL_EXACT : 4 * GEMV_TOL_LOSSY;
         tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 2};
         p->ci->err[0] = '\0';
         rc = glu(CONF_INST(p->ci), h, rows, x, y, &ex);
-        if (bad_ref) conf_report(env, CONF_FAIL, what, "reference failed: %s", p->ref->err);
-        else if (rc == TSR_ERR_UNSUPPORTED) conf_report(env, CONF_UNSUPPORTED, what, "not fused at this row count");
-        else if (rc != TSR_OK) conf_report(env, CONF_FAIL, what, "status %d (%s): %s", rc, tsr_status_str(rc), p->ci->err);
-        else if (!conf_guard_intact(y, (int64_t)rows * F)) conf_report(env, CONF_FAIL, what, "wrote outside y");
-        else if (conf_compare(y, want, (int64_t)rows * F, env->m->exact, &nmse, &bad))
-            conf_report(env, CONF_FAIL, what, "NaN/Inf parity at %lld", (long long)bad);
-        else if (!(nmse <= tol)) conf_report(env, CONF_FAIL, what, "nmse %.3g > %.0e (gate and up swapped?)", nmse, tol);
-        else conf_report(env, CONF_PASS, what, "nmse %.3g <= %.0e", nmse, tol);
+        if (!bad_ref && rc == TSR_ERR_UNSUPPORTED) {
+            conf_report(env, CONF_UNSUPPORTED, what, "not fused at this row count");
+            continue;
+        }
+        /* a product of two outputs each within a lossy plugin's bound e: its
+         * relative error is at most the sum of theirs, NMSE <= (2 sqrt(e))^2 */
+        judge(env, p, what, bad_ref, rc, y, want, (int64_t)rows * F,
+              env->m->exact ? GEMV_TOL_EXACT : 4 * GEMV_TOL_LOSSY, "gate and up swapped?");
     }
 out:
     release(p->ci, h);
