@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/util/threadpool.h"
+#include "kernels/cpu/ops.h"
 #include "slots/tsr_gemv.h"
 
 static char th_err[1024];
@@ -103,6 +104,19 @@ static void th_set_str(const char *name, const char *v) {
             return;
         }
     th_params[th_n_params++] = (tsr_param){.name = name, .type = TSR_PARAM_STRING, .v.s = v};
+}
+
+/* run_glu of nx rows of x through the gate/up handle h (f rows each) into
+ * y against run() into gu (nx x 2f floats) followed by tsr_silu_mul over
+ * each whole row into want (nx x f): TSR_OK when equal bit for bit, 1 when
+ * they differ, or the failing call's status. */
+static int th_glu_check(const tsr_gemv_i *g, void *inst, const void *h, int nx, const float *x, int64_t f,
+                        const tsr_exec *ex, float *gu, float *want, float *y) {
+    int rc = g->run(inst, h, nx, x, gu, ex);
+    if (rc != TSR_OK) return rc;
+    for (int i = 0; i < nx; i++) tsr_silu_mul(want + i * f, gu + i * 2 * f, gu + i * 2 * f + f, f);
+    if ((rc = g->run_glu(inst, h, nx, x, y, ex)) != TSR_OK) return rc;
+    return memcmp(y, want, (size_t)(nx * f) * sizeof *y) != 0;
 }
 
 #endif /* CPU_GEMV_TEST_HOST_H */
