@@ -191,30 +191,36 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl) {
 //   but made the one-row pass slower as programmatic dependents (3.13 ->
 //   3.21 ms), so E4M3 keeps one warp per row group.
 // pdl: launched as a programmatic dependent of the kernel before it.
+
+// Whether one row of a matrix of n_out rows goes to gemv_row (E4M3 matrices
+// of at most 4,096 rows go to gemv_mma).
+inline bool row_kernel_for(int WK, int n_out) { return WK == kBf16 || n_out > 4096; }
+
+// One row through gemv_row at the configuration for p.n_out rows (above),
+// as plain rows or (GLU) as a gate/up pair, which then gets the same sums.
+// Requires row_kernel_for.
+template <int WK, bool GLU> inline cudaError_t launch_row(const Args &p, cudaStream_t st, bool pdl) {
+    if (WK == kBf16)
+        return p.n_out >= 16384 ? launch_cfg<WK, 1, 2, 4, GLU>(p, st, pdl) : launch_cfg<WK, 2, 2, 2, GLU>(p, st, pdl);
+    return p.n_out >= 16384 ? launch_cfg<WK, 4, 1, 1, GLU>(p, st, pdl) : launch_cfg<WK, 2, 1, 1, GLU>(p, st, pdl);
+}
+
 template <int WK> inline cudaError_t launch_decode(const Args &p, int rows, cudaStream_t st, bool pdl) {
-    if (rows == 1 && row_reads(WK, p)) {
-        if (WK == kBf16)
-            return p.n_out >= 16384 ? launch_cfg<WK, 1, 2, 4>(p, st, pdl) : launch_cfg<WK, 2, 2, 2>(p, st, pdl);
-        if (p.n_out >= 16384) return launch_cfg<WK, 4, 1>(p, st, pdl);
-        if (p.n_out > 4096) return launch_cfg<WK, 2, 1>(p, st, pdl);
-    }
+    if (rows == 1 && row_reads(WK, p) && row_kernel_for(WK, p.n_out)) return launch_row<WK, false>(p, st, pdl);
     return tsr_mma::launch<WK>(p, rows, st, pdl);
 }
 
 // Whether launch_glu takes a one-row pass over this gate/up pair (p.n_out
-// = 2f rows): where launch_decode's one row goes to gemv_row (E4M3 pairs of
-// at most 4,096 rows go to gemv_mma there, whose sums differ in rounding).
+// = 2f rows): where launch_decode's one row goes to gemv_row (gemv_mma's
+// sums differ in rounding).
 template <int WK> inline bool glu_reads(const Args &p) {
-    return p.n_out >= 2 && p.n_out % 2 == 0 && row_reads(WK, p) && (WK == kBf16 || p.n_out > 4096);
+    return p.n_out >= 2 && p.n_out % 2 == 0 && row_reads(WK, p) && row_kernel_for(WK, p.n_out);
 }
 
-// One row of a gate/up pair: y[f] = silu(gate) * up, with the configuration
-// launch_decode picks for the 2f rows, so the same sums. Requires glu_reads.
+// One row of a gate/up pair: y[f] = silu(gate) * up, through launch_decode's
+// configuration for the 2f rows. Requires glu_reads.
 template <int WK> inline cudaError_t launch_glu(const Args &p, cudaStream_t st, bool pdl) {
-    if (WK == kBf16)
-        return p.n_out >= 16384 ? launch_cfg<WK, 1, 2, 4, true>(p, st, pdl)
-                                : launch_cfg<WK, 2, 2, 2, true>(p, st, pdl);
-    return p.n_out >= 16384 ? launch_cfg<WK, 4, 1, 1, true>(p, st, pdl) : launch_cfg<WK, 2, 1, 1, true>(p, st, pdl);
+    return launch_row<WK, true>(p, st, pdl);
 }
 
 } // namespace tsr_row

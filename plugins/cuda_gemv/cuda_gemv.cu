@@ -85,24 +85,27 @@ int lt_err(Gemv *g, cublasStatus_t s, const char *what) {
 #ifdef CUDA_GEMV_DECODE
 constexpr int kMaxDecodeRows = 8;
 
-// 1..8 rows: kernels/cuda/gemv_row.cuh's launch_decode (whole rows streamed
-// for one row, the tensor-core GEMV of gemv_mma.cuh for 2..8).
-int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st, bool pdl) {
+// The decode kernels' arguments for x (rows cols apart, read as they are) through w into y.
+tsr_mma::Args decode_args(const Weight *w, const float *x, float *y) {
     tsr_mma::Args a = {};
     a.w = reinterpret_cast<const uint8_t *>(w->w);
     a.x = x, a.y = y;
     a.n_out = (int)w->rows, a.cols = (int)w->cols, a.ldw = w->ld * 2, a.ldx = a.cols;
-    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, rows, st, pdl), "decode gemv launch");
+    return a;
+}
+
+// 1..8 rows: kernels/cuda/gemv_row.cuh's launch_decode (whole rows streamed
+// for one row, the tensor-core GEMV of gemv_mma.cuh for 2..8).
+int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st, bool pdl) {
+    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(decode_args(w, x, y), rows, st, pdl),
+                    "decode gemv launch");
 }
 
 // One row of a gate/up pair with its SiLU (kernels/cuda/gemv_row.cuh's
 // launch_glu); TSR_ERR_UNSUPPORTED, nothing launched, where run() would not
 // take gemv_row for it.
 int run_glu(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st, bool pdl) {
-    tsr_mma::Args a = {};
-    a.w = reinterpret_cast<const uint8_t *>(w->w);
-    a.x = x, a.y = y;
-    a.n_out = (int)w->rows, a.cols = (int)w->cols, a.ldw = w->ld * 2, a.ldx = a.cols;
+    const tsr_mma::Args a = decode_args(w, x, y);
     if (!g->glu || !w->pair || rows != 1 || g->decode_rows < 1 || !tsr_row::glu_reads<tsr_mma::kBf16>(a))
         return TSR_ERR_UNSUPPORTED;
     return cuda_err(g, tsr_row::launch_glu<tsr_mma::kBf16>(a, st, pdl), "gate/up gemv launch");

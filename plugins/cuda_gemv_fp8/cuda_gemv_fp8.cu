@@ -234,15 +234,22 @@ void scratch_free(Gemv *g, Scratch *s) {
 
 // ---- decode ---------------------------------------------------------------
 
+// The decode kernels' arguments for x (rows ldx floats apart, cols of them
+// read) through w into y.
+tsr_mma::Args decode_args(const Weight *w, const float *x, int ldx, int cols, float *y) {
+    tsr_mma::Args a = {};
+    a.w = w->w, a.scale = w->scale, a.x = x, a.y = y;
+    a.n_out = (int)w->rows, a.cols = cols, a.ldw = w->ld, a.ldx = ldx;
+    return a;
+}
+
 // 1..8 rows through kernels/cuda/gemv_row.cuh's launch_decode (the
 // tensor-core GEMV of gemv_mma.cuh, or for one row of most shapes a kernel
 // streaming whole rows; x rows ldx floats apart, read as they are, zero past
 // cols or cols % 4 == 0).
 int run_decode(Gemv *g, const Weight *w, int rows, const float *x, int ldx, int cols, float *y, cudaStream_t st,
                bool pdl) {
-    tsr_mma::Args a = {};
-    a.w = w->w, a.scale = w->scale, a.x = x, a.y = y;
-    a.n_out = (int)w->rows, a.cols = cols, a.ldw = w->ld, a.ldx = ldx;
+    const tsr_mma::Args a = decode_args(w, x, ldx, cols, y);
     // runtime.pdl for one row only: 2..8 rows (the tensor-core kernel) as
     // programmatic dependents made an 8-row pass slower on the H200 (4.52 ->
     // 4.82 ms at the Llama-3-8B shape, BENCHMARKS.md), one row faster.
@@ -747,9 +754,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
 int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
     Gemv *g = static_cast<Gemv *>(inst);
     const Weight *w = static_cast<const Weight *>(prepared);
-    tsr_mma::Args a = {};
-    a.w = w->w, a.scale = w->scale, a.x = x, a.y = y;
-    a.n_out = (int)w->rows, a.cols = (int)w->cols, a.ldw = w->ld, a.ldx = (int)w->cols;
+    const tsr_mma::Args a = decode_args(w, x, (int)w->cols, (int)w->cols, y);
     if (!g->glu || !w->pair || rows != 1 || g->decode_rows < 1 || !tsr_mma::reads_x(x, (int)w->cols, (int)w->cols) ||
         !tsr_row::glu_reads<tsr_mma::kFp8>(a))
         return TSR_ERR_UNSUPPORTED;
