@@ -23,7 +23,9 @@
 //   fp8:  a chunk is 64 k; each 4-byte word becomes two f16 pairs (lo, hi)
 //         by moving bits (E4M3 -> f16 is exact: f16 = e4m3 * 2^-8, also for
 //         subnormals); mma i in 0..3 takes A = {lo(w_i), lo(v_i), hi(w_i),
-//         hi(v_i)} and B = the f16 activations of the same 4 elements. The
+//         hi(v_i)} and B = the f16 activations of the same 4 elements
+//         (the columns those bytes hold: E4M3 rows are stored permuted
+//         within 512-column steps, e4m3_stored_col below). The
 //         activations are multiplied by 2^-4 before they are rounded to f16
 //         (range to ~1e6, at least bf16's precision above 2^-10); both
 //         powers of two are undone exactly on the f32 result.
@@ -116,6 +118,37 @@ __device__ __forceinline__ void load_x(const float *xr, int k0, int cols, float 
     }
 }
 
+// E4M3 rows are stored with their columns permuted within each whole step
+// of 512 (the columns past the last whole step stay in place): byte
+// 16 i + 4 q + j of a step holds column 128 q + 4 i + j (i < 32; q, j < 4).
+// A lane reading 16 stored bytes at 16 i of a step then needs x[128 q + 4 i
+// .. + 3] for q < 4: four 16-byte loads that across a warp's lanes are each
+// one 512-byte run, where 16 consecutive columns a lane put the lanes 64
+// bytes apart (four times the L1 wavefronts for the same activations, which
+// bounded the one-row E4M3 GEMV: tools/cuda_lab/perm_lab.cu, BENCHMARKS.md).
+// The product is the same; cuda_gemv_fp8 stores its weights so and permutes
+// the activations it hands cuBLASLt the same way.
+__host__ __device__ inline int64_t e4m3_stored_col(int64_t c, int64_t cols) {
+    if (c >= cols / 512 * 512) return c;
+    const int64_t r = c & 511;
+    return c - r + 16 * ((r >> 2) & 31) + 4 * (r >> 7) + (r & 3);
+}
+
+// The 16 activations of input row xr for the 16 stored E4M3 bytes at off (a
+// multiple of 16) of a row of cols columns; zero at or past cols.
+__device__ __forceinline__ void load_x_e4m3(const float *xr, int off, int cols, float *v) {
+    if (off >= cols / 512 * 512) {
+        load_x<16>(xr, off, cols, v);
+        return;
+    }
+    const float *b = xr + (off & ~511) + ((off & 511) >> 2);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float4 f = __ldg(reinterpret_cast<const float4 *>(b + 128 * q));
+        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+}
+
 // The lane's 16 bytes at byte off of its two rows against input row g's
 // activations of the same k (zero for lanes whose g is not an input row).
 template <int WK>
@@ -132,7 +165,7 @@ __device__ __forceinline__ void chunk_mma(const Args &p, float *acc, const uint4
         float xv[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) xv[i] = 0.f;
-        if (has_x) load_x<16>(xr, off, p.cols, xv);
+        if (has_x) load_x_e4m3(xr, off, p.cols, xv);
         const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {

@@ -17,6 +17,10 @@
 // read the activations once per RPW weight rows (E4M3 rows are half as long,
 // so one row per warp leaves too little in flight).
 //
+// E4M3 rows are stored with their columns permuted within 512-column steps
+// (gemv_mma.cuh, e4m3_stored_col), so that the 16 activations of a lane's 16
+// weights come as four loads of one 512-byte run across the warp each.
+//
 // Numbers: bf16 weights times f32 activations; E4M3 weights times the
 // activations multiplied by 2^-4 and rounded to f16, as gemv_mma rounds them
 // (so one row and 2..8 rows agree for E4M3); products exact in f32, summed in
@@ -114,7 +118,8 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             const int k = k0 + u * STEP;
             if (k >= p.cols) break;
             float xv[K];
-            tsr_mma::load_x<K>(p.x, k, p.cols, xv);
+            if (WK == kFp8) tsr_mma::load_x_e4m3(p.x, k, p.cols, xv);
+            else tsr_mma::load_x<K>(p.x, k, p.cols, xv);
             if (WK == kFp8)
 #pragma unroll
                 for (int i = 0; i < K; i++) xv[i] = __half2float(__float2half_rn(xv[i] * 0.0625f));
@@ -189,7 +194,13 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl) {
 //   on q/k/v (2.19), gemv_mma's 16 warps per tile on the 4,096-row ones (o
 //   1.84, down 2.70). KS 2 read faster alone (2.31, 1.90, 3.38, 2.81, 4.12)
 //   but made the one-row pass slower as programmatic dependents (3.13 ->
-//   3.21 ms), so E4M3 keeps one warp per row group.
+//   3.21 ms), so E4M3 keeps one warp per row group. With the columns
+//   permuted (twelfth session, tools/cuda_lab/perm_lab.cu): 2.33, 1.98,
+//   3.60, 2.81, 4.15 with the same choices; KS 2 on the shorter matrices and
+//   2 rows a warp on the tall ones read faster alone again (2.47, 2.11, -,
+//   3.04, -; gate/up 3.56 with 2 rows a warp) and again made the engine's
+//   one-row pass slower (2.78 -> 3.00-3.03 ms; 2 rows a warp on the tall
+//   ones alone: 2.84).
 // pdl: launched as a programmatic dependent of the kernel before it.
 
 // Whether one row of a matrix of n_out rows goes to gemv_row (E4M3 matrices

@@ -149,8 +149,9 @@ __device__ __forceinline__ float act_scale(unsigned amax_bits) {
     return s;
 }
 
-// xq[r, c] = e4m3(x[r, c] / s_x) (nearest even, saturating), 0 for
-// cols <= c < ld; stat[1] = s_x for cuBLASLt's B scale.
+// xq[r, c'] = e4m3(x[r, c] / s_x) (nearest even, saturating) with c' the
+// stored place of column c (the weights' order, tsr_mma::e4m3_stored_col),
+// 0 for cols <= c < ld; stat[1] = s_x for cuBLASLt's B scale.
 __global__ void quant_kernel(uint8_t *__restrict__ xq, unsigned *__restrict__ stat, const float *__restrict__ x,
                              int64_t rows, int64_t cols, int64_t ld) {
     const float s = act_scale(stat[0]);
@@ -159,7 +160,7 @@ __global__ void quant_kernel(uint8_t *__restrict__ xq, unsigned *__restrict__ st
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / ld, c = i % ld;
         const float v = c < cols ? x[r * cols + c] / s : 0.0f;
-        xq[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+        xq[r * ld + tsr_mma::e4m3_stored_col(c, cols)] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
     }
 }
 
@@ -189,13 +190,14 @@ __global__ void widen_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__r
     }
 }
 
-// x [rows, cols] f32 -> bf16 [rows, ld], zero past cols
+// x [rows, cols] f32 -> bf16 [rows, ld] in the weights' column order
+// (tsr_mma::e4m3_stored_col), zero past cols
 __global__ void to_bf16_kernel(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ x, int64_t rows,
                                int64_t cols, int64_t ld) {
     const int64_t n = rows * ld;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / ld, c = i % ld;
-        dst[i] = __float2bfloat16_rn(c < cols ? x[r * cols + c] : 0.0f);
+        dst[r * ld + tsr_mma::e4m3_stored_col(c, cols)] = __float2bfloat16_rn(c < cols ? x[r * cols + c] : 0.0f);
     }
 }
 
@@ -523,12 +525,14 @@ struct Quant {
     const tsr_plugin_ctx *ctx; // for the scales of stored F8_E4M3 weights
 };
 
-// A stored F8_E4M3 row (an FP8 checkpoint) is kept as it is: its bytes, and
-// its scale (1 without one). make_weight admits only one scale per row.
+// A stored F8_E4M3 row (an FP8 checkpoint) is kept as it is: its bytes (in
+// the kernels' column order, tsr_mma::e4m3_stored_col), and its scale (1
+// without one). make_weight admits only one scale per row.
 void copy_fp8_row(const Quant *j, const tsr_weight *tw, int64_t r, int64_t i) {
     const tsr_weight_scale *sc = tsr_weight_scale_of(j->ctx, tw);
-    memcpy(j->q + (size_t)i * (size_t)j->ld, static_cast<const uint8_t *>(tw->data) + (size_t)r * (size_t)j->cols,
-           (size_t)j->cols);
+    const uint8_t *src = static_cast<const uint8_t *>(tw->data) + (size_t)r * (size_t)j->cols;
+    uint8_t *dst = j->q + (size_t)i * (size_t)j->ld;
+    for (int64_t c = 0; c < j->cols; c++) dst[tsr_mma::e4m3_stored_col(c, j->cols)] = src[c];
     j->scale[i] = sc ? sc->data[r / sc->block_rows] : 1.0f;
 }
 
@@ -571,7 +575,7 @@ void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
         float s = amax / kE4M3Max;
         if (s < FLT_MIN) s = FLT_MIN;
         uint8_t *dst = j->q + (size_t)i * (size_t)j->ld;
-        for (int64_t c = 0; c < j->cols; c++) dst[c] = tsr_f32_to_f8e4m3(row[c] / s);
+        for (int64_t c = 0; c < j->cols; c++) dst[tsr_mma::e4m3_stored_col(c, j->cols)] = tsr_f32_to_f8e4m3(row[c] / s);
         j->scale[i] = s;
     }
     free(row);

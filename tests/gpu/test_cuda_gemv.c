@@ -72,9 +72,9 @@ static void env_open(env *v, const char *plugin) {
     fprintf(f, "name: gemv\ndevice: cuda\nslots:\n  gemv: %s\n  attention: cuda_attention\n"
                "  kv_cache: cuda_kv_cache\n  drafter: drafter_none\n  expert_cache: expert_resident\n", plugin);
     fclose(f);
-    /* its sizes bound the graph scratch: columns and outputs <= 1000 */
-    tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = 1000, .n_heads = 4, .n_kv_heads = 2,
-                         .head_dim = 16, .ffn = 1000, .vocab = 1000, .max_ctx = 128,
+    /* its sizes bound the graph scratch: columns and outputs <= 2048 */
+    tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = 2048, .n_heads = 4, .n_kv_heads = 2,
+                         .head_dim = 16, .ffn = 2048, .vocab = 2048, .max_ctx = 128,
                          .weight_dtype = TSR_DTYPE_F32};
     tsr_engine_opts o = {.n_threads = 1};
     tsr_error err;
@@ -233,9 +233,17 @@ static void plugin_cases(const char *plugin) {
     gemv_case(&v, 16390, 80, 1);
     gemv_case(&v, 5001, 48, 1);
     gemv_case(&v, 4093, 208, 1);
+    /* E4M3 rows hold whole 512-column steps permuted (gemv_mma.cuh): three
+     * steps and a 16-column tail, one row and the tensor-core rows */
+    gemv_case(&v, 77, 1552, 1);
+    gemv_case(&v, 77, 1552, 5);
+    gemv_case(&v, 2000, 1024, 1);
+    gemv_case(&v, 5003, 1040, 1);
+    gemv_case(&v, 16390, 1024, 1);
     /* run_glu at each of launch_glu's configurations by height, partial blocks */
     const int fp8 = strstr(plugin, "fp8") != NULL;
     glu_case(&v, 999, 256, !fp8); /* E4M3: gemv_mma's height, refused */
+    glu_case(&v, 2501, 1040, 1);
     glu_case(&v, 2501, 80, 1);
     glu_case(&v, 8195, 64, 1);
     tsr_cuda_free(v.dev_step);
