@@ -21,14 +21,14 @@
 //         x0..x3 (bf16 pairs): mma j in {0,1} takes A = {w[2j], v[2j],
 //         w[2j+1], v[2j+1]}, B = {x[2j], x[2j+1]}.
 //   fp8:  a chunk is 64 k; each 4-byte word becomes two f16 pairs (lo, hi)
-//         by moving bits (E4M3 -> f16 is exact: f16 = e4m3 * 2^-8, also for
+//         by the hardware conversion (E4M3 -> f16 is exact, also for
 //         subnormals); mma i in 0..3 takes A = {lo(w_i), lo(v_i), hi(w_i),
 //         hi(v_i)} and B = the f16 activations of the same 4 elements
 //         (the columns those bytes hold: E4M3 rows are stored permuted
 //         within 512-column steps, e4m3_stored_col below). The
 //         activations are multiplied by 2^-4 before they are rounded to f16
-//         (range to ~1e6, at least bf16's precision above 2^-10); both
-//         powers of two are undone exactly on the f32 result.
+//         (range to ~1e6, at least bf16's precision above 2^-10); the power
+//         of two is undone exactly on the f32 result.
 // The block is MT tiles of 16 rows times KW warps that split each row's
 // chunks between them (see gemv_mma's work split); the KW partial sums are
 // added in shared memory.
@@ -74,11 +74,17 @@ __device__ __forceinline__ uint32_t pack_f16(float a, float b) {
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
-// Two E4M3 bytes (sel picks them: 0x1404 bytes 0,1; 0x3424 bytes 2,3) as an
-// f16 pair equal to the E4M3 values times 2^-8.
-__device__ __forceinline__ uint32_t e4m3x2_f16(uint32_t w, uint32_t sel) {
-    const uint32_t v = __byte_perm(w, 0u, sel); // each byte in the high half of a 16-bit lane
-    return (v & 0x80008000u) | ((v >> 1) & 0x3F803F80u);
+// Two E4M3 bytes of w (hi: bytes 2, 3, else 0, 1; the lower byte in the low
+// half) as an f16 pair of the same values (exact: every E4M3 value,
+// subnormals included, is an f16 value), by the hardware conversion: one
+// instruction a pair, where moving the bits took four (PRMT, SHF, two LOP3)
+// and cost a one-row pass 6% at the Llama-3-8B shape once the activations'
+// loads no longer bounded it (2.78 -> 2.62 ms, the same sums: BENCHMARKS.md).
+__device__ __forceinline__ uint32_t e4m3_pair(uint32_t w, bool hi) {
+    uint32_t r;
+    const unsigned short b = (unsigned short)(hi ? w >> 16 : w & 0xffffu);
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(b));
+    return r;
 }
 
 __device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -171,14 +177,14 @@ __device__ __forceinline__ void chunk_mma(const Args &p, float *acc, const uint4
         for (int i = 0; i < 4; i++) {
             const uint32_t x0 = pack_f16(xv[4 * i] * 0.0625f, xv[4 * i + 1] * 0.0625f);
             const uint32_t x1 = pack_f16(xv[4 * i + 2] * 0.0625f, xv[4 * i + 3] * 0.0625f);
-            mma_f16(acc, e4m3x2_f16(aw[i], 0x1404), e4m3x2_f16(bw[i], 0x1404), e4m3x2_f16(aw[i], 0x3424),
-                    e4m3x2_f16(bw[i], 0x3424), x0, x1);
+            mma_f16(acc, e4m3_pair(aw[i], false), e4m3_pair(bw[i], false), e4m3_pair(aw[i], true),
+                    e4m3_pair(bw[i], true), x0, x1);
         }
     }
 }
 
-// The result multiplier the bit tricks leave: 1 for bf16, 2^8 * 2^4 for fp8.
-template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == kBf16 ? 1.0f : 4096.0f; }
+// The result multiplier the activations' scaling leaves: 1 for bf16, 2^4 for fp8.
+template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == kBf16 ? 1.0f : 16.0f; }
 
 // Work split: each row's 64-byte chunks are dealt to the tile's KW warps in
 // turn (chunk c to warp c % KW), each warp issuing the loads of U chunks

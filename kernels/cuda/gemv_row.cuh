@@ -24,8 +24,8 @@
 // Numbers: bf16 weights times f32 activations; E4M3 weights times the
 // activations multiplied by 2^-4 and rounded to f16, as gemv_mma rounds them
 // (so one row and 2..8 rows agree for E4M3); products exact in f32, summed in
-// f32. E4M3 is moved into f16 by the same bit trick as gemv_mma (the value
-// times 2^-8); the result is multiplied back by kind_mul.
+// f32. E4M3 is moved into f16 by the same hardware conversion as gemv_mma
+// (exact); the result is multiplied back by kind_mul.
 //
 // GLU (launch_glu): the matrix is a gate/up pair stacked by rows (f = n_out
 // / 2 gate rows, then the f up rows); the first half of each block's row
@@ -67,7 +67,7 @@ __device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, floa
     } else {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const uint32_t lo = tsr_mma::e4m3x2_f16(wv[j], 0x1404), hi = tsr_mma::e4m3x2_f16(wv[j], 0x3424);
+            const uint32_t lo = tsr_mma::e4m3_pair(wv[j], false), hi = tsr_mma::e4m3_pair(wv[j], true);
             const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
             const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
             acc = fmaf(a.x, xv[4 * j], acc);

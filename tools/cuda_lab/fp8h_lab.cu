@@ -32,10 +32,18 @@
 using tsr_mma::Args;
 using tsr_mma::kFp8;
 
+// The production kernels' conversion when this lab was written (gemv_mma.cuh
+// now uses the hardware conversion): two E4M3 bytes (sel: 0x1404 bytes 0,1;
+// 0x3424 bytes 2,3) as an f16 pair equal to the E4M3 values times 2^-8.
+__device__ __forceinline__ uint32_t e4m3x2_f16(uint32_t w, uint32_t sel) {
+    const uint32_t v = __byte_perm(w, 0u, sel); // each byte in the high half of a 16-bit lane
+    return (v & 0x80008000u) | ((v >> 1) & 0x3F803F80u);
+}
+
 // Two E4M3 bytes (lo: bytes 0,1; hi: bytes 2,3) as f16 pairs.
 template <int CVT> __device__ __forceinline__ void e4m3x4(uint32_t w, uint32_t &lo, uint32_t &hi) {
     if (CVT == 0) {
-        lo = tsr_mma::e4m3x2_f16(w, 0x1404), hi = tsr_mma::e4m3x2_f16(w, 0x3424);
+        lo = e4m3x2_f16(w, 0x1404), hi = e4m3x2_f16(w, 0x3424);
     } else {
         __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
         __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
