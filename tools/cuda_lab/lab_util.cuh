@@ -70,6 +70,9 @@ static LabCase lab_case_new(int fp8, int n_out, int cols, int64_t ldw, int nx, f
     CK(cudaMemcpy(c.ds, c.hs, sizeof(float) * n_out, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(c.dx, c.hx, sizeof(float) * nx * cols, cudaMemcpyHostToDevice));
     CK(cudaMemset(c.dy, 0xff, sizeof(float) * nx * n_out));
+    // copies from pageable memory may return before they land, and the labs
+    // launch on non-blocking streams, which do not wait for them
+    CK(cudaDeviceSynchronize());
     return c;
 }
 // Weight (o, k) of a case as the kernels read it (E4M3 times its row scale).
