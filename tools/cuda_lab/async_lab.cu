@@ -203,26 +203,16 @@ int main(void) {
     for (int wk = 1; wk >= 0; wk--) {
         const double es = wk ? 1 : 2;
         printf("\n(2) %s: TB/s at one row (us)\n", wk ? "E4M3" : "bf16");
-        lab_table_head("config", 20);
-        int best[kNumShapes] = {};
-        float best_t[kNumShapes] = {1e30f, 1e30f, 1e30f, 1e30f, 1e30f};
-        for (int ci = 0; ci < kNumCfgs; ci++) {
-            if (ci == 0) printf("%-20s", "production");
-            else printf("rpw %d stages %d      ", kCfgs[ci].rpw, kCfgs[ci].s);
-            for (int i = 0; i < kNumShapes; i++) {
-                const float t = one_ms(st, wk, ci, kShapes[i]);
-                if (t < best_t[i]) best_t[i] = t, best[i] = ci;
-                printf(" | %4.2f (%6.1f)        ", es * kShapes[i].out * kShapes[i].in / t / 1e9, t * 1e3);
-            }
-            printf("\n");
-        }
-        const double bytes =
-            es * (32.0 * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336) + 128256.0 * 4096);
+        int best[kNumShapes];
+        lab_sweep(
+            kNumCfgs, 1, es,
+            [&](int ci) {
+                if (ci == 0) printf("%-20s", "production");
+                else printf("rpw %d stages %d      ", kCfgs[ci].rpw, kCfgs[ci].s);
+            },
+            [&](int ci, const Shape &S) { return one_ms(st, wk, ci, S); }, best);
         const int prod[kNumShapes] = {0, 0, 0, 0, 0};
-        printf("(3) %s: one token's GEMVs as a graph (floor at 4.29 TB/s %.3f ms); best per shape:", wk ? "E4M3" : "bf16",
-               bytes / 4.29e9);
-        for (int i = 0; i < kNumShapes; i++) printf(" %d", best[i]);
-        printf("\n");
+        lab_chain_head(wk ? "E4M3" : "bf16", es, best);
         for (int round = 0; round < 2; round++)
             for (bool pdl : {false, true})
                 printf("  pdl %d: production %.3f ms, best %.3f ms, best early %.3f ms\n", pdl,

@@ -206,4 +206,37 @@ template <typename F> static float lab_token_ms(cudaStream_t st, const uint8_t *
     return lab_graph_ms(st, g);
 }
 
+// Bytes of one token's GEMVs (lab_token_ms's 129 matrices), es bytes a weight.
+static inline double lab_token_bytes(double es) {
+    return es * (32.0 * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336) + 128256.0 * 4096);
+}
+
+// The table of TB/s at one row (us) of configurations 0..n-1 over the shapes,
+// rounds times: label(ci) prints a row's name (20 columns), ms(ci, shape)
+// times it; best[i] is left the fastest configuration of shape i.
+template <typename L, typename T> static void lab_sweep(int n, int rounds, double es, L label, T ms, int *best) {
+    lab_table_head("config", 20);
+    float best_t[kNumShapes];
+    for (int i = 0; i < kNumShapes; i++) best_t[i] = 1e30f, best[i] = 0;
+    for (int round = 0; round < rounds; round++)
+        for (int ci = 0; ci < n; ci++) {
+            label(ci);
+            for (int i = 0; i < kNumShapes; i++) {
+                const float t = ms(ci, kShapes[i]);
+                if (t < best_t[i]) best_t[i] = t, best[i] = ci;
+                printf(" | %4.2f (%6.1f)        ", es * kShapes[i].out * kShapes[i].in / t / 1e9, t * 1e3);
+            }
+            printf("\n");
+        }
+}
+
+// The heading of a lab's section (3): one token's GEMVs of weight kind
+// `kind` (es bytes a weight), its floor, and the best configuration per shape.
+static void lab_chain_head(const char *kind, double es, const int *best) {
+    printf("(3) %s: one token's GEMVs as a graph (floor at 4.29 TB/s %.3f ms); best per shape:", kind,
+           lab_token_bytes(es) / 4.29e9);
+    for (int i = 0; i < kNumShapes; i++) printf(" %d", best[i]);
+    printf("\n");
+}
+
 #endif // TSR_LAB_UTIL_CUH
