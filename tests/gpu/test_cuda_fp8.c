@@ -337,6 +337,11 @@ static void test_kernels(void **state) {
     }
     kernel_case(&k, TSR_DTYPE_BF16, stack, 3, 77, 20, 0, 1);
     kernel_case(&k, TSR_DTYPE_F32, one_c, 1, 1000, 24, 0, 1);
+    /* rows of three whole 512-column steps (stored permuted, gemv_mma.cuh:
+     * e4m3_stored_col) and a 16-column tail: the decode kernels and the
+     * prefill's activations permuted the same way (eager: wider than the
+     * graph scratch of this model) */
+    for (int rows = 1; rows <= 24; rows += 4) kernel_case(&k, TSR_DTYPE_F32, one_a, 1, 1552, rows, 0, 0);
 
     /* refusals: a NaN weight (named), a dtype it does not quantise */
     float bad[2 * 16];
