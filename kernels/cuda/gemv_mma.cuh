@@ -134,10 +134,18 @@ __device__ __forceinline__ void load_x(const float *xr, int k0, int cols, float 
 // bounded the one-row E4M3 GEMV: tools/cuda_lab/perm_lab.cu, BENCHMARKS.md).
 // The product is the same; cuda_gemv_fp8 stores its weights so and permutes
 // the activations it hands cuBLASLt the same way.
+//
+// One rule both ways: bits 2..8 of a column within its step are q (2 bits)
+// over i (5), of a stored byte i over q; e4m3_step_rot turns the one into
+// the other (to_byte) or back.
+__host__ __device__ constexpr int64_t e4m3_step_rot(int64_t r, bool to_byte) {
+    const int64_t f = (r >> 2) & 127, s = to_byte ? 2 : 5;
+    return (r & ~(int64_t)511) | ((((f << s) | (f >> (7 - s))) & 127) << 2) | (r & 3);
+}
+
+// The stored byte of column c of a row of cols columns.
 __host__ __device__ inline int64_t e4m3_stored_col(int64_t c, int64_t cols) {
-    if (c >= cols / 512 * 512) return c;
-    const int64_t r = c & 511;
-    return c - r + 16 * ((r >> 2) & 31) + 4 * (r >> 7) + (r & 3);
+    return c >= cols / 512 * 512 ? c : e4m3_step_rot(c, true);
 }
 
 // The 16 activations of input row xr for the 16 stored E4M3 bytes at off (a
@@ -147,10 +155,12 @@ __device__ __forceinline__ void load_x_e4m3(const float *xr, int off, int cols, 
         load_x<16>(xr, off, cols, v);
         return;
     }
-    const float *b = xr + (off & ~511) + ((off & 511) >> 2);
+    // bytes off + 4 q hold columns b + 128 q
+    const float *b = xr + e4m3_step_rot(off, false);
+    constexpr int64_t kQ = e4m3_step_rot(4, false);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        const float4 f = __ldg(reinterpret_cast<const float4 *>(b + 128 * q));
+        const float4 f = __ldg(reinterpret_cast<const float4 *>(b + kQ * q));
         v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
     }
 }
