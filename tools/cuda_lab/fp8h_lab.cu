@@ -189,12 +189,7 @@ static float one_ms(cudaStream_t st, int ci, const Shape &S, float *x, float *y,
 }
 
 static float chain_ms(cudaStream_t st, const int *ci, bool pdl, float *xa, float *xb, float *s) {
-    return lab_token_ms(st, g_pool, 1, [&](int i, const Shape &S, const uint8_t *w) {
-        Args a = {};
-        a.w = w, a.scale = s, a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
-        a.x = (i & 1) ? xb : xa, a.y = (i & 1) ? xa : xb;
-        launch(ci[&S - kShapes], a, st, pdl);
-    });
+    return lab_token_args_ms<Args>(st, g_pool, 1, s, xa, xb, [&](const Args &a, int si) { launch(ci[si], a, st, pdl); });
 }
 
 int main(void) {

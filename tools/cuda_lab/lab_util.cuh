@@ -206,6 +206,21 @@ template <typename F> static float lab_token_ms(cudaStream_t st, const uint8_t *
     return lab_graph_ms(st, g);
 }
 
+// lab_token_ms with each GEMV's arguments (A: the kernels' Args) made here:
+// rows of S.in weights es bytes each, row scales s, one activation row that
+// goes back and forth between xa and xb (each GEMV's output the next one's
+// input); launch(a, shape index) issues it.
+template <typename A, typename F>
+static float lab_token_args_ms(cudaStream_t st, const uint8_t *pool, int es, const float *s, float *xa, float *xb,
+                               F launch) {
+    return lab_token_ms(st, pool, es, [&](int i, const Shape &S, const uint8_t *w) {
+        A a = {};
+        a.w = w, a.scale = s, a.n_out = S.out, a.cols = S.in, a.ldw = (int64_t)S.in * es, a.ldx = S.in;
+        a.x = (i & 1) ? xb : xa, a.y = (i & 1) ? xa : xb;
+        launch(a, (int)(&S - kShapes));
+    });
+}
+
 // Bytes of one token's GEMVs (lab_token_ms's 129 matrices), es bytes a weight.
 static inline double lab_token_bytes(double es) {
     return es * (32.0 * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336) + 128256.0 * 4096);

@@ -176,13 +176,8 @@ static float one_ms(cudaStream_t st, int ci, const Shape &S) {
 }
 
 static float chain_ms(cudaStream_t st, const int *ci, bool pdl) {
-    float *xa = g_b.x, *xb = g_b.x + 128256;
-    return lab_token_ms(st, g_b.pool, 1, [&](int i, const Shape &S, const uint8_t *w) {
-        Args a = {};
-        a.w = w, a.scale = g_b.s, a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
-        a.x = (i & 1) ? xb : xa, a.y = (i & 1) ? xa : xb;
-        launch(ci[&S - kShapes], a, st, pdl);
-    });
+    return lab_token_args_ms<Args>(st, g_b.pool, 1, g_b.s, g_b.x, g_b.x + 128256,
+                                   [&](const Args &a, int si) { launch(ci[si], a, st, pdl); });
 }
 
 int main(void) {

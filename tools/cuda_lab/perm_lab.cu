@@ -191,14 +191,8 @@ static float one_ms(cudaStream_t st, int wk, int ci, const Shape &S) {
 }
 
 static float chain_ms(cudaStream_t st, int wk, const int *ci, bool pdl) {
-    float *xa = g_b.x, *xb = g_b.x + 128256;
-    const int es = wk ? 1 : 2;
-    return lab_token_ms(st, g_b.pool, es, [&](int i, const Shape &S, const uint8_t *w) {
-        Args a = {};
-        a.w = w, a.scale = g_b.s, a.n_out = S.out, a.cols = S.in, a.ldw = (int64_t)S.in * es, a.ldx = S.in;
-        a.x = (i & 1) ? xb : xa, a.y = (i & 1) ? xa : xb;
-        launch_wk(wk, ci[&S - kShapes], a, st, pdl);
-    });
+    return lab_token_args_ms<Args>(st, g_b.pool, wk ? 1 : 2, g_b.s, g_b.x, g_b.x + 128256,
+                                   [&](const Args &a, int si) { launch_wk(wk, ci[si], a, st, pdl); });
 }
 
 int main(void) {
