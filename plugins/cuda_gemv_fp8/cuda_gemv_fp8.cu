@@ -57,6 +57,12 @@ struct Algo {
 
 // Device scratch of one kind of pass (eager: grown on demand; graph: fixed
 // at init, so captured pointers stay valid).
+// The activation statistics' words: max|x| first, then s_x on its own 16
+// bytes. cuBLASLt refused every FP8 algorithm at run time (status 15, with
+// nothing in its log) while the B scale pointer was stat + 1 (4 bytes
+// past an aligned address): the scale wants a 16-byte aligned address.
+constexpr int kScaleWord = 4, kStatWords = 8;
+
 struct Scratch {
     float *xpad;          // f32 activations with rows ld apart (decode, when x's rows are not)
     size_t xpad_elems;
@@ -64,7 +70,7 @@ struct Scratch {
     size_t xq_bytes;
     void *d;              // cuBLASLt output [rows, rows_pad], f32 or bf16
     size_t d_bytes;
-    unsigned *stat;       // [0]: max|x| as f32 bits, [1]: s_x as f32 bits
+    unsigned *stat;       // kStatWords: [0] max|x| as f32 bits, [kScaleWord] s_x as f32 bits
     __nv_bfloat16 *xb;    // bf16 activations [rows, ld] (prefill: bf16 tiles)
     size_t xb_bytes;
     __nv_bfloat16 *tile;  // kTileRows weight rows widened to bf16 (prefill: bf16 tiles)
@@ -151,11 +157,11 @@ __device__ __forceinline__ float act_scale(unsigned amax_bits) {
 
 // xq[r, c'] = e4m3(x[r, c] / s_x) (nearest even, saturating) with c' the
 // stored place of column c (the weights' order, tsr_mma::e4m3_stored_col),
-// 0 for cols <= c < ld; stat[1] = s_x for cuBLASLt's B scale.
+// 0 for cols <= c < ld; stat[kScaleWord] = s_x for cuBLASLt's B scale.
 __global__ void quant_kernel(uint8_t *__restrict__ xq, unsigned *__restrict__ stat, const float *__restrict__ x,
                              int64_t rows, int64_t cols, int64_t ld) {
     const float s = act_scale(stat[0]);
-    if (blockIdx.x == 0 && threadIdx.x == 0) stat[1] = __float_as_uint(s);
+    if (blockIdx.x == 0 && threadIdx.x == 0) stat[kScaleWord] = __float_as_uint(s);
     const int64_t n = rows * ld;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / ld, c = i % ld;
@@ -279,7 +285,7 @@ int plan(Gemv *g, const Weight *w, int rows, Algo *a) {
         return rc;
     // the B scale pointer is set before each call (eager and graph scratch
     // differ); a placeholder now so the heuristic plans a scaled matmul
-    const void *bs = g->eager.stat ? g->eager.stat + 1 : g->graph.stat + 1;
+    const void *bs = (g->eager.stat ? g->eager.stat : g->graph.stat) + kScaleWord;
     if ((rc = lt_err(g, cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs),
                      "B scale")))
         return rc;
@@ -384,7 +390,7 @@ int run_lt(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch
            bool capturing) {
     const int64_t nx = (int64_t)rows * w->cols, nq = (int64_t)rows * w->ld, ny = (int64_t)rows * w->rows;
     // 1. s_x: max|x| / 448 on the device (a capped grid: fewer atomics on one word)
-    int rc = cuda_err(g, cudaMemsetAsync(sc->stat, 0, 2 * sizeof(unsigned), st), "zero amax");
+    int rc = cuda_err(g, cudaMemsetAsync(sc->stat, 0, kStatWords * sizeof(unsigned), st), "zero amax");
     if (rc != TSR_OK) return rc;
     amax_kernel<<<grid_for(nx, 256, 512), 256, 0, st>>>(sc->stat, x, nx);
     // 2. x -> e4m3, rows padded to ld
@@ -405,7 +411,7 @@ int run_lt(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch
         }
         a->m = w->rows_pad, a->n = rows, a->k = w->ld;
     }
-    const void *bs = sc->stat + 1;
+    const void *bs = sc->stat + kScaleWord;
     rc = lt_err(g, cublasLtMatmulDescSetAttribute(a->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs),
                 "B scale");
     const float one = 1.0f, zero = 0.0f;
@@ -462,7 +468,7 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
     int rc;
     if ((rc = lt_err(g, cublasLtCreate(&g->lt), "cublasLtCreate"))) return rc;
     if ((rc = h->dev_alloc(ctx, kWorkspace, &g->workspace))) return rc;
-    if ((rc = h->dev_alloc(ctx, 2 * sizeof(unsigned), reinterpret_cast<void **>(&g->eager.stat)))) return rc;
+    if ((rc = h->dev_alloc(ctx, kStatWords * sizeof(unsigned), reinterpret_cast<void **>(&g->eager.stat)))) return rc;
     const tsr_model_desc *md = ctx->model;
     if (md) { // the widest input and output of any projection, for captured passes
         int64_t cols = md->hidden, out = md->hidden;
@@ -492,7 +498,7 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
         if ((rc = h->dev_alloc(ctx, s->xpad_elems * sizeof(float), reinterpret_cast<void **>(&s->xpad))) ||
             (rc = h->dev_alloc(ctx, s->xq_bytes, reinterpret_cast<void **>(&s->xq))) ||
             (rc = h->dev_alloc(ctx, s->d_bytes, &s->d)) ||
-            (rc = h->dev_alloc(ctx, 2 * sizeof(unsigned), reinterpret_cast<void **>(&s->stat))))
+            (rc = h->dev_alloc(ctx, kStatWords * sizeof(unsigned), reinterpret_cast<void **>(&s->stat))))
             return rc;
         g->have_graph = 1;
     }

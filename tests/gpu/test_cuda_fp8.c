@@ -18,8 +18,9 @@
  *    Weights holding NaN, unsupported dtypes and bytes() are checked too.
  * 2. Models. The transformers fixtures (llama, qwen2, qwen3) and stories260K
  *    through assemblies/cuda-fast-fp8.yaml, as one prefill pass and as a
- *    one-token prefill followed by passes of 1 and 3 rows (graphs), against
- *    transformers' logits:
+ *    one-token prefill followed by passes of 1 and 3 rows (graphs), and as
+ *    one prefill pass with prefill: fp8 (activations quantised per tensor
+ *    for cuBLASLt's FP8 GEMM), against transformers' logits:
  *      |logit - reference| <= TOL_ABS + TOL_REL * max|reference logit of the row|
  *    argmax equal wherever the reference's top-2 margin exceeds twice that,
  *    and the mean KL(reference || fp8) and the perplexity ratio within the
@@ -136,6 +137,25 @@ static void *make_matrix(uint32_t dtype, int64_t rows, int64_t cols, float *wf, 
     return d;
 }
 
+/* The assembly for the gemv's params into path (4096 bytes): NULL,
+ * assemblies/cuda-fast-fp8.yaml; else that assembly with params (a flow
+ * mapping) for the gemv, written to a temporary file the caller unlinks. */
+static void asm_path_for(char *path, const char *params) {
+    if (!params) {
+        snprintf(path, 4096, "%s/assemblies/cuda-fast-fp8.yaml", gpu_src_dir());
+        return;
+    }
+    snprintf(path, 4096, "/tmp/test_cuda_fp8_XXXXXX.yaml");
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    fprintf(f, "name: cuda-fp8-variant\ndevice: cuda\nslots:\n  gemv: {plugin: cuda_gemv_fp8, params: %s}\n"
+               "  attention: cuda_attention\n  kv_cache: cuda_kv_cache\n  drafter: drafter_none\n"
+               "  expert_cache: expert_resident\nruntime:\n  cuda_graphs: true\n  pdl: true\n", params);
+    fclose(f);
+}
+
 typedef struct kenv {
     int decode_rows;   /* rows up to which the decode kernels run (the param) */
     int out_bf16;      /* prefill_out: bf16 */
@@ -152,19 +172,7 @@ typedef struct kenv {
  * (an assembly written to a temporary file). */
 static void kenv_open(kenv *k, const char *params) {
     char path[4096];
-    if (!params) {
-        snprintf(path, sizeof path, "%s/assemblies/cuda-fast-fp8.yaml", gpu_src_dir());
-    } else {
-        snprintf(path, sizeof path, "/tmp/test_cuda_fp8_XXXXXX.yaml");
-        int fd = mkstemps(path, 5);
-        assert_true(fd >= 0);
-        FILE *f = fdopen(fd, "w");
-        assert_non_null(f);
-        fprintf(f, "name: cuda-fp8-variant\ndevice: cuda\nslots:\n  gemv: {plugin: cuda_gemv_fp8, params: %s}\n"
-                   "  attention: cuda_attention\n  kv_cache: cuda_kv_cache\n  drafter: drafter_none\n"
-                   "  expert_cache: expert_resident\n", params);
-        fclose(f);
-    }
+    asm_path_for(path, params);
     tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = 1000, .n_heads = 4, .n_kv_heads = 2,
                          .head_dim = 16, .ffn = 96, .vocab = 1000, .max_ctx = 128,
                          .weight_dtype = TSR_DTYPE_F32};
@@ -391,9 +399,9 @@ static void test_kernel_params(void **state) {
 /* ---- models ---- */
 
 static void check_model(const char *model, const char *ref_path, const char *ids_name, const char *logits_name,
-                        int step) {
+                        int step, const char *params) {
     char asm_path[4096];
-    snprintf(asm_path, sizeof asm_path, "%s/assemblies/cuda-fast-fp8.yaml", gpu_src_dir());
+    asm_path_for(asm_path, params);
     gpu_ref ref;
     gpu_ref_open(&ref, ref_path, ids_name, logits_name);
     const int n = ref.n, vocab = ref.vocab;
@@ -404,7 +412,9 @@ static void check_model(const char *model, const char *ref_path, const char *ids
     tsr_error_clear(&err);
     tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .no_tokenizer = 1};
     tsr_model *m;
-    if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s with cuda-fast-fp8: %s", model, err.msg);
+    const int loaded = tsr_model_load(&o, &m, &err);
+    if (params) unlink(asm_path);
+    if (loaded != TSR_OK) fail_msg("%s with cuda-fast-fp8 %s: %s", model, params ? params : "", err.msg);
     tsr_seq *s;
     assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
     if (gpu_run_passes(s, ids, n, vocab, step, got, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
@@ -413,7 +423,8 @@ static void check_model(const char *model, const char *ref_path, const char *ids
     if (step > 0 && n > 2 * step + 1 && replays == 0)
         fail_msg("%s: no pass was replayed as a graph (%llu captured)", model, (unsigned long long)captures);
     char what[4200];
-    snprintf(what, sizeof what, "%s via cuda-fast-fp8, passes of %d rows", model, step ? step : n);
+    snprintf(what, sizeof what, "%s via cuda-fast-fp8%s%s, passes of %d rows", model, params ? " " : "",
+             params ? params : "", step ? step : n);
     const gpu_quality q = gpu_check_quality(what, &ref, got, TOL_ABS, TOL_REL, "cuda_gemv_fp8");
     printf("# %s: max |diff| %.4g (%.0f%% of the bound), argmax equal on %d/%d rows with a clear margin; mean KL "
            "%.3g (bound %g), perplexity ratio %.4f (bound %g); graphs captured %llu, replayed %llu\n",
@@ -436,11 +447,13 @@ static void test_models(void **state) {
     for (size_t i = 0; i < 3; i++) {
         snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), families[i]);
         snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
-        for (int step = 0; step <= 3; step += step ? 2 : 1) check_model(dir, ref, "input_ids", "logits", step);
+        for (int step = 0; step <= 3; step += step ? 2 : 1) check_model(dir, ref, "input_ids", "logits", step, NULL);
+        check_model(dir, ref, "input_ids", "logits", 0, "{prefill: fp8}"); /* the prompt through cuBLASLt FP8 */
     }
     snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
     snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
-    for (int step = 0; step <= 3; step += step ? 2 : 1) check_model(dir, ref, "input_ids_1", "logits_1", step);
+    for (int step = 0; step <= 3; step += step ? 2 : 1) check_model(dir, ref, "input_ids_1", "logits_1", step, NULL);
+    check_model(dir, ref, "input_ids_1", "logits_1", 0, "{prefill: fp8}");
 }
 
 int main(void) {
