@@ -100,29 +100,7 @@ __global__ void __launch_bounds__(256) gemv_h2(const Args p) {
             }
         }
     }
-    __shared__ float part[KS > 1 ? 8 : 1][RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        float v = acc[r];
-        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-        if (KS > 1) {
-            if (lane == 0) part[warp][r] = v;
-            continue;
-        }
-        const int o = o0 + r;
-        if (lane == 0 && o < p.n_out) p.y[o] = v * p.scale[o] * ymul<CVT>();
-    }
-    if (KS > 1) {
-        __syncthreads();
-        if (seg != 0 || lane != 0) return;
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            float v = 0.0f;
-            for (int s = 0; s < KS; s++) v += part[warp + s][r];
-            const int o = o0 + r;
-            if (o < p.n_out) p.y[o] = v * p.scale[o] * ymul<CVT>();
-        }
-    }
+    lab_row_store<RPW, KS>(p, acc, warp, lane, seg, o0, ymul<CVT>());
 }
 
 template <int CVT, int RPW, int U, int KS> static void launch_h2(const Args &p, cudaStream_t st, bool pdl) {

@@ -206,6 +206,39 @@ template <typename F> static float lab_token_ms(cudaStream_t st, const uint8_t *
     return lab_graph_ms(st, g);
 }
 
+// The end of the labs' gemv_row variants (kernels/cuda/gemv_row.cuh, plain
+// rows): each lane's sums acc[RPW] added across the warp; with KS warps a
+// row group (seg the warp's place in it), their sums through shared memory
+// in warp order; y[o0 + r] = sum * scale[o] (scale null: 1) * mul. Called by
+// every thread of the block (it holds a barrier when KS > 1).
+template <int RPW, int KS, typename A>
+__device__ __forceinline__ void lab_row_store(const A &p, const float *acc, int warp, int lane, int seg, int o0,
+                                              float mul) {
+    __shared__ float part[KS > 1 ? 8 : 1][RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        float v = acc[r];
+        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+        if (KS > 1) {
+            if (lane == 0) part[warp][r] = v;
+            continue;
+        }
+        const int o = o0 + r;
+        if (lane == 0 && o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
+    }
+    if (KS > 1) {
+        __syncthreads();
+        if (seg != 0 || lane != 0) return;
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            float v = 0.0f;
+            for (int s = 0; s < KS; s++) v += part[warp + s][r];
+            const int o = o0 + r;
+            if (o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
+        }
+    }
+}
+
 // lab_token_ms with each GEMV's arguments (A: the kernels' Args) made here:
 // rows of S.in weights es bytes each, row scales s, one activation row that
 // goes back and forth between xa and xb (each GEMV's output the next one's

@@ -81,27 +81,10 @@ __global__ void __launch_bounds__(256) gemv_row_mma(const Args p) {
     }
     // C[g][g] sits in lane 4 g + g / 2, element g % 2
     const int g = lane >> 2, t = lane & 3;
-    __shared__ float part[KS > 1 ? 8 : 1][RPW];
+    float acc[RPW];
 #pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        float v = t == g >> 1 ? c[r][g & 1] : 0.0f;
-        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-        if (KS > 1) {
-            if (lane == 0) part[warp][r] = v;
-            continue;
-        }
-        if (lane == 0 && o0 + r < p.n_out) p.y[o0 + r] = v * p.scale[o0 + r] * 16.0f;
-    }
-    if (KS > 1) {
-        __syncthreads();
-        if (seg != 0 || lane != 0) return;
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            float v = 0.0f;
-            for (int s = 0; s < KS; s++) v += part[warp + s][r];
-            if (o0 + r < p.n_out) p.y[o0 + r] = v * p.scale[o0 + r] * 16.0f;
-        }
-    }
+    for (int r = 0; r < RPW; r++) acc[r] = t == g >> 1 ? c[r][g & 1] : 0.0f;
+    lab_row_store<RPW, KS>(p, acc, warp, lane, seg, o0, 16.0f);
 }
 
 // configuration 0: production (launch_decode); then (mma, rows a warp, steps in flight, warps a row group)

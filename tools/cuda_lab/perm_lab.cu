@@ -76,30 +76,7 @@ __global__ void __launch_bounds__(256) gemv_perm(const Args p) {
             for (int r = 0; r < RPW; r++) acc[r] = tsr_row::dot_piece<WK>(w[u][r], xv, acc[r]);
         }
     }
-    const float mul = tsr_mma::kind_mul<WK>();
-    __shared__ float part[KS > 1 ? 8 : 1][RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        float v = acc[r];
-        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-        if (KS > 1) {
-            if (lane == 0) part[warp][r] = v;
-            continue;
-        }
-        const int o = o0 + r;
-        if (lane == 0 && o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
-    }
-    if (KS > 1) {
-        __syncthreads();
-        if (seg != 0 || lane != 0) return;
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            float v = 0.0f;
-            for (int s = 0; s < KS; s++) v += part[warp + s][r];
-            const int o = o0 + r;
-            if (o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
-        }
-    }
+    lab_row_store<RPW, KS>(p, acc, warp, lane, seg, o0, tsr_mma::kind_mul<WK>());
 }
 
 template <int WK, int RPW, int U, int KS> static void launch_perm(const Args &p, cudaStream_t st, bool pdl) {
