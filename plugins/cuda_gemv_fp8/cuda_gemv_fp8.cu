@@ -55,14 +55,14 @@ struct Algo {
     int n_cands, verified;
 };
 
-// Device scratch of one kind of pass (eager: grown on demand; graph: fixed
-// at init, so captured pointers stay valid).
 // The activation statistics' words: max|x| first, then s_x on its own 16
 // bytes. cuBLASLt refused every FP8 algorithm at run time (status 15, with
 // nothing in its log) while the B scale pointer was stat + 1 (4 bytes
 // past an aligned address): the scale wants a 16-byte aligned address.
 constexpr int kScaleWord = 4, kStatWords = 8;
 
+// Device scratch of one kind of pass (eager: grown on demand; graph: fixed
+// at init, so captured pointers stay valid).
 struct Scratch {
     float *xpad;          // f32 activations with rows ld apart (decode, when x's rows are not)
     size_t xpad_elems;
