@@ -80,10 +80,7 @@ __global__ void __launch_bounds__(256) gemv_async(const Args p) {
         const int k = j * STEP + lane * K;
         if (k < p.cols) {
             float xv[K];
-            tsr_mma::load_x<K>(p.x, k, p.cols, xv);
-            if (WK == kFp8)
-#pragma unroll
-                for (int i = 0; i < K; i++) xv[i] = __half2float(__float2half_rn(xv[i] * 0.0625f));
+            lab_piece_x<WK, K>(p.x, k, p.cols, xv);
 #pragma unroll
             for (int r = 0; r < RPW; r++) acc[r] = tsr_row::dot_piece<WK>(mine[((j % S) * RPW + r) * 32], xv, acc[r]);
         }
@@ -190,29 +187,19 @@ static float chain_ms(cudaStream_t st, int wk, const int *ci, bool early, bool p
 }
 
 int main(void) {
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    printf("(1) correctness (worst |y - f64| / sum |w x|)\n");
-    check_all(st);
-    g_b = lab_bufs(st, (size_t)15400 << 20);
-    for (int wk = 1; wk >= 0; wk--) {
-        const double es = wk ? 1 : 2;
-        printf("\n(2) %s: TB/s at one row (us)\n", wk ? "E4M3" : "bf16");
-        int best[kNumShapes];
-        lab_sweep(
-            kNumCfgs, 1, es,
+    const cudaStream_t st = lab_start(check_all, (size_t)15400 << 20, &g_b);
+    for (int wk = 1; wk >= 0; wk--)
+        lab_study(
+            wk ? "E4M3" : "bf16", wk ? 1 : 2, kNumCfgs, 1,
             [&](int ci) {
                 if (ci == 0) printf("%-20s", "production");
                 else printf("rpw %d stages %d      ", kCfgs[ci].rpw, kCfgs[ci].s);
             },
-            [&](int ci, const Shape &S) { return one_ms(st, wk, ci, S); }, best);
-        const int prod[kNumShapes] = {0, 0, 0, 0, 0};
-        lab_chain_head(wk ? "E4M3" : "bf16", es, best);
-        for (int round = 0; round < 2; round++)
-            for (bool pdl : {false, true})
+            [&](int ci, const Shape &S) { return one_ms(st, wk, ci, S); },
+            [&](const int *prod, const int *best, bool pdl) {
                 printf("  pdl %d: production %.3f ms, best %.3f ms, best early %.3f ms\n", pdl,
                        chain_ms(st, wk, prod, false, pdl), chain_ms(st, wk, best, false, pdl),
                        chain_ms(st, wk, best, true, pdl));
-    }
+            });
     return 0;
 }

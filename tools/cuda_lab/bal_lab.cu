@@ -82,10 +82,7 @@ __global__ void __launch_bounds__(256) gemv_bal(const Args p, const Bal b) {
                 if (s + i >= s1) break;
                 if (k >= p.cols) continue;
                 float xv[K];
-                tsr_mma::load_x<K>(p.x, k, p.cols, xv);
-                if (WK == kFp8)
-#pragma unroll
-                    for (int j = 0; j < K; j++) xv[j] = __half2float(__float2half_rn(xv[j] * 0.0625f));
+                lab_piece_x<WK, K>(p.x, k, p.cols, xv);
 #pragma unroll
                 for (int r = 0; r < RPW; r++) acc[r] = tsr_row::dot_piece<WK>(wv[i][r], xv, acc[r]);
             }

@@ -113,10 +113,7 @@ __global__ void __launch_bounds__(32 * (C + 1)) gemv_bulk(const Args p, int ns) 
             for (int k = lane * K; k < p.cols; k += STEP) {
                 const uint4 w = *reinterpret_cast<const uint4 *>(row + (size_t)k * ES);
                 float xv[K];
-                tsr_mma::load_x<K>(p.x, k, p.cols, xv);
-                if (WK == kFp8)
-#pragma unroll
-                    for (int q = 0; q < K; q++) xv[q] = __half2float(__float2half_rn(xv[q] * 0.0625f));
+                lab_piece_x<WK, K>(p.x, k, p.cols, xv);
                 acc = tsr_row::dot_piece<WK>(w, xv, acc);
             }
             __syncwarp();

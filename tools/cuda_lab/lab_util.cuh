@@ -206,6 +206,16 @@ template <typename F> static float lab_token_ms(cudaStream_t st, const uint8_t *
     return lab_graph_ms(st, g);
 }
 
+// The K activations from column k of x as the labs' gemv_row variants with
+// columns in order take them (tsr_mma::load_x; E4M3: times 2^-4, rounded
+// to f16, as gemv_row rounds them).
+template <int WK, int K> __device__ __forceinline__ void lab_piece_x(const float *x, int k, int cols, float *xv) {
+    tsr_mma::load_x<K>(x, k, cols, xv);
+    if (WK == tsr_mma::kFp8)
+#pragma unroll
+        for (int i = 0; i < K; i++) xv[i] = __half2float(__float2half_rn(xv[i] * 0.0625f));
+}
+
 // The end of the labs' gemv_row variants (kernels/cuda/gemv_row.cuh, plain
 // rows): each lane's sums acc[RPW] added across the warp; with KS warps a
 // row group (seg the warp's place in it), their sums through shared memory
@@ -285,6 +295,34 @@ static void lab_chain_head(const char *kind, double es, const int *best) {
            lab_token_bytes(es) / 4.29e9);
     for (int i = 0; i < kNumShapes; i++) printf(" %d", best[i]);
     printf("\n");
+}
+
+// A lab's sections (2) and (3) for one weight kind (es bytes a weight): the
+// sweep of n configurations (label and ms as lab_sweep, rounds times), then
+// one token's GEMVs with production's configuration (0 on every shape)
+// against the best per shape, twice each way (ordinary, PDL):
+// report(prod, best, pdl) times and prints a line.
+template <typename L, typename T, typename R>
+static void lab_study(const char *kind, double es, int n, int rounds, L label, T ms, R report) {
+    printf("\n(2) %s: TB/s at one row (us)\n", kind);
+    int best[kNumShapes];
+    lab_sweep(n, rounds, es, label, ms, best);
+    const int prod[kNumShapes] = {0, 0, 0, 0, 0};
+    lab_chain_head(kind, es, best);
+    for (int round = 0; round < 2; round++)
+        for (bool pdl : {false, true}) report(prod, best, pdl);
+}
+
+// A lab's start: a non-blocking stream, section (1) (check(st): each
+// configuration's error against f64), then the bandwidth buffers with a
+// pool of pool_bytes of weights into *b.
+template <typename C> static cudaStream_t lab_start(C check, size_t pool_bytes, LabBufs *b) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    printf("(1) correctness (worst |y - f64| / sum |w x|)\n");
+    check(st);
+    *b = lab_bufs(st, pool_bytes);
+    return st;
 }
 
 #endif // TSR_LAB_UTIL_CUH

@@ -164,25 +164,18 @@ static float chain_ms(cudaStream_t st, const int *ci, bool pdl) {
 }
 
 int main(void) {
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    printf("(1) correctness (worst |y - f64| / sum |w x|)\n");
-    check_all(st);
-    g_b = lab_bufs(st, (size_t)8000 << 20);
-    printf("\n(2) E4M3: TB/s at one row (us)\n");
-    int best[kNumShapes];
-    lab_sweep(
-        kNumCfgs, 2, 1,
+    const cudaStream_t st = lab_start(check_all, (size_t)8000 << 20, &g_b);
+    lab_study(
+        "E4M3", 1, kNumCfgs, 2,
         [&](int ci) {
             if (ci == 0) printf("%-20s", "production");
             else printf("%s r%d u%d ks%d         ", kCfgs[ci].mma ? "mma" : "fma", kCfgs[ci].rpw, kCfgs[ci].u,
                         kCfgs[ci].ks);
         },
-        [&](int ci, const Shape &S) { return one_ms(st, ci, S); }, best);
-    const int prod[kNumShapes] = {0, 0, 0, 0, 0};
-    lab_chain_head("E4M3", 1, best);
-    for (int round = 0; round < 2; round++)
-        for (bool pdl : {false, true})
-            printf("  pdl %d: production %.3f ms, best %.3f ms\n", pdl, chain_ms(st, prod, pdl), chain_ms(st, best, pdl));
+        [&](int ci, const Shape &S) { return one_ms(st, ci, S); },
+        [&](const int *prod, const int *best, bool pdl) {
+            printf("  pdl %d: production %.3f ms, best %.3f ms\n", pdl, chain_ms(st, prod, pdl),
+                   chain_ms(st, best, pdl));
+        });
     return 0;
 }

@@ -173,28 +173,18 @@ static float chain_ms(cudaStream_t st, int wk, const int *ci, bool pdl) {
 }
 
 int main(void) {
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    printf("(1) correctness (worst |y - f64| / sum |w x|)\n");
-    check_all(st);
-    g_b = lab_bufs(st, (size_t)15400 << 20);
-    for (int wk = 0; wk < 2; wk++) {
-        const double es = wk ? 1 : 2;
-        printf("\n(2) %s: TB/s at one row (us)\n", wk ? "E4M3" : "bf16");
-        int best[kNumShapes];
-        lab_sweep(
-            kNumCfgs, 2, es,
+    const cudaStream_t st = lab_start(check_all, (size_t)15400 << 20, &g_b);
+    for (int wk = 0; wk < 2; wk++)
+        lab_study(
+            wk ? "E4M3" : "bf16", wk ? 1 : 2, kNumCfgs, 2,
             [&](int ci) {
                 if (ci == 0) printf("%-20s", "production");
                 else printf("rpw %d u %d ks %d     ", kCfgs[wk][ci].rpw, kCfgs[wk][ci].u, kCfgs[wk][ci].ks);
             },
-            [&](int ci, const Shape &S) { return one_ms(st, wk, ci, S); }, best);
-        const int prod[kNumShapes] = {0, 0, 0, 0, 0};
-        lab_chain_head(wk ? "E4M3" : "bf16", es, best);
-        for (int round = 0; round < 2; round++)
-            for (bool pdl : {false, true})
+            [&](int ci, const Shape &S) { return one_ms(st, wk, ci, S); },
+            [&](const int *prod, const int *best, bool pdl) {
                 printf("  pdl %d: production %.3f ms, best %.3f ms\n", pdl, chain_ms(st, wk, prod, pdl),
                        chain_ms(st, wk, best, pdl));
-    }
+            });
     return 0;
 }
