@@ -6,8 +6,9 @@
 # rate and its share of the floor (read GB/s over the bytes a token reads) at
 # the probe before and at the mean of the sustained rates before and after,
 # and, where the assembly drafts, the tokens a decode pass and the share a
-# pass (accepted drafts give more than one token for one read of the weights). This VM's bandwidth moves by a third within minutes,
-# so a probe taken minutes before a run says little about that run.
+# pass (accepted drafts give more than one token for one read of the
+# weights). This VM's bandwidth moves by a third within minutes, so a probe
+# taken minutes before a run says little about that run.
 # With PREFILL_GFLOP (the FLOPs of one prompt token, in GFLOP) it also prints
 # the prompt rate against the probes' f32 multiply-add peak (the ceiling of
 # a compute-bound prefill; this VM's moves by 10-20% too).

@@ -475,7 +475,8 @@ static void test_glu(void **state) {
             x[cols + 7] = nan ? NAN : 0.5f;
             for (int nx = 1; nx <= 3; nx += 2) {
                 const int rc = th_glu_check(g, inst, grp, nx, x, f, NULL, gu, want, y);
-                if (rc != TSR_OK) fail_msg("q8 %d, NaN %d, %d rows: run_glu differs from run + silu (%d)", q8, nan, nx, rc);
+                if (rc != TSR_OK)
+                    fail_msg("q8 %d, NaN %d, %d rows: run_glu differs from run + silu (%d)", q8, nan, nx, rc);
             }
         }
         assert_int_equal(g->run_glu(inst, grp, 4, x, y, NULL), TSR_ERR_UNSUPPORTED); /* the prefill path */
