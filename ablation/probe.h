@@ -1,7 +1,7 @@
 /*
  * probe.h - this machine's ceilings: memory read bandwidth (a streaming read
- * of a buffer far larger than the last-level cache by n threads, median of
- * repeats) and the CPU GEMM rate (OpenBLAS sgemm), with a record of the
+ * of a buffer far larger than the last-level cache by n threads, the fastest
+ * of a few read loops, median of repeats) and the CPU GEMM rate (OpenBLAS sgemm), with a record of the
  * machine (CPU model, cores, memory); on a CUDA build with a device, the
  * device's read bandwidth and cuBLASLt bf16 and fp8 matmul rates (GPU
  * fields are null otherwise, with a note saying why).
@@ -29,6 +29,7 @@ typedef struct tsr_probe_result {
      * pass; the median of 10 ms passes does not weigh the slow ones by the
      * time they take) */
     double read_gbs_sustained;
+    char read_loop[96];       /* the read loop that was fastest (probe.c), or "" */
     double gemm_gflops;       /* median, GFLOP/s */
     double gemm_gflops_min, gemm_gflops_max;
     int have_gemm;            /* 0: built without cblas (then the rate is 0) */

@@ -72,9 +72,9 @@ int tsr_cmd_probe(int argc, char **argv) {
         return 1;
     }
     fprintf(stderr,
-            "tessera probe: read %.2f GB/s (median; %.2f sustained over a second; %d threads, %zu MiB), "
+            "tessera probe: read %.2f GB/s (median; %.2f sustained over a second; %d threads, %zu MiB; %s), "
             "sgemm %.1f GFLOP/s%s, FMA peak %.1f GFLOP/s\n",
-            r.read_gbs, r.read_gbs_sustained, r.n_threads, r.buffer_bytes >> 20, r.gemm_gflops,
+            r.read_gbs, r.read_gbs_sustained, r.n_threads, r.buffer_bytes >> 20, r.read_loop, r.gemm_gflops,
             r.have_gemm ? "" : " (no cblas)", r.fma_gflops);
     if (r.have_gpu)
         fprintf(stderr, "tessera probe: %s: read %.0f GB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s%s%s\n",

@@ -41,9 +41,23 @@
 #define CHAINS(N, U1) ((N) == 1 ? (U1) : (N) == 2 ? 4 : 2)
 /* the output of input row g + i and weight row r */
 #define Y_AT(g, i) a->y[(int64_t)((g) + (i)) * a->ldy + r]
+/* Bytes ahead of the weight stream that software prefetch asks for. 3 KiB
+ * measured best of 1, 2, 3 and 4 KiB on a 2-core Xeon VM whose hardware
+ * prefetchers follow these streams poorly (Q8_0 and bf16 decode passes 7-9%
+ * faster than at 1 KiB, Llama-3.2-1B bf16 15-20%: BENCHMARKS.md, fourteenth
+ * session); on the EPYC of earlier sessions 1 and 4 KiB measured the same. */
 #ifndef PF_DIST
-#define PF_DIST 1024 /* bytes ahead of the weight stream that software prefetch asks for */
+#define PF_DIST 3072
 #endif
+
+/* The first PF_DIST bytes of a take of weight rows, asked for at once: the
+ * kernels' software prefetch runs PF_DIST ahead of their loads, so without
+ * this a take's first lines would come one demand miss after another (a
+ * worker starts a new stream at each take, several times per call). */
+INL void prefetch_start(const uint8_t *w, uint64_t bytes) {
+    if (bytes > PF_DIST) bytes = PF_DIST;
+    for (uint64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)w + o, _MM_HINT_T0);
+}
 
 INL float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -319,6 +333,7 @@ static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
 static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    if (r1 > r0) prefetch_start(a->w + (uint64_t)r0 * a->row_bytes, (uint64_t)(r1 - r0) * a->row_bytes);
     if ((dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8) && run_permuted(dtype, a, r0, r1))
         return;
     switch (dtype) {
@@ -568,6 +583,8 @@ INL void i8_dot(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int n
 
 void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     float out[XG];
+    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols,
+                                (uint64_t)(r1 - r0) * (uint64_t)a->cols);
     for (int64_t r = r0; r < r1; r++) {
         const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;
         EACH_GROUP(a->nx, STORE_I8, XQ_CALL, i8_dot, a->cols)
@@ -610,6 +627,7 @@ INL void q8i16_dot(const uint8_t *w, const int16_t *x, int64_t ldx, int64_t nb, 
 void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     const int64_t nb = a->cols / 32;
     float out[XG];
+    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)nb * 34, (uint64_t)(r1 - r0) * (uint64_t)nb * 34);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *w = (const uint8_t *)a->w + (uint64_t)r * (uint64_t)nb * 34;
         EACH_GROUP(a->nx, STORE_XS, XQ_CALL, q8i16_dot, nb)
