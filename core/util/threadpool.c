@@ -5,6 +5,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "clock.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define cpu_relax() _mm_pause()
@@ -15,27 +17,41 @@
 #endif
 
 /* How a thread waits for the next job (a worker) or for the workers to
- * finish (the caller) before it sleeps on a condition variable: first
- * TSR_POOL_SPINS polls with a pause (a few microseconds), then
+ * finish (the caller) before it sleeps on a condition variable: first it
+ * polls with a pause for TSR_POOL_SPIN_US microseconds, then
  * TSR_POOL_YIELDS polls that each give the CPU to any other runnable thread
  * (tens of microseconds when the machine is idle, nothing wasted when it is
  * oversubscribed). Decode calls the pool a few hundred times per token with
- * microseconds between calls; waking a sleeping thread costs tens of
- * microseconds (more in a VM), so threads that wait briefly stay ready. */
-#ifndef TSR_POOL_SPINS
-#define TSR_POOL_SPINS 256
+ * microseconds between calls, and a few tens of microseconds where one
+ * thread alone runs a short attention; waking a sleeping thread costs tens
+ * of microseconds (more in a VM), so threads that wait briefly stay ready.
+ * The spin is timed, not counted: a pause takes ~140 cycles on recent Intel
+ * cores and a few on others, so the 256 pauses spun before lasted ~10 us on
+ * a Xeon VM, shorter than such an attention (the o projection after it then
+ * took 67 instead of 47 us: BENCHMARKS.md, fourteenth session). */
+#ifndef TSR_POOL_SPIN_US
+#define TSR_POOL_SPIN_US 50
 #endif
 #ifndef TSR_POOL_YIELDS
 #define TSR_POOL_YIELDS 64
 #endif
 
-/* 1 while poll number i (from 0) should go on: pause, then yield. */
-static int poll_again(int i) {
-    if (i < TSR_POOL_SPINS) {
-        cpu_relax();
-        return 1;
+/* A wait's polls: 1 while poll number i (from 0) should go on (pause, then
+ * yield); t0 holds the time of the first poll. */
+typedef struct poller {
+    double t0;
+    int yields;
+} poller;
+
+static int poll_again(poller *p, int i) {
+    if (p->yields == 0) {
+        if (i == 0) p->t0 = tsr_now_seconds();
+        if ((i & 15) != 15 || tsr_now_seconds() - p->t0 < TSR_POOL_SPIN_US * 1e-6) {
+            cpu_relax();
+            return 1;
+        }
     }
-    if (i < TSR_POOL_SPINS + TSR_POOL_YIELDS) {
+    if (p->yields++ < TSR_POOL_YIELDS) {
         sched_yield();
         return 1;
     }
@@ -75,10 +91,11 @@ typedef struct worker_arg {
 
 /* The next generation after seen, or seen when told to stop. */
 static uint64_t wait_job(tsr_threadpool *tp, uint64_t seen) {
+    poller pl = {0, 0};
     for (int i = 0;; i++) {
         uint64_t g = atomic_load(&tp->generation);
         if (g != seen || atomic_load(&tp->stop)) return g;
-        if (!poll_again(i)) break;
+        if (!poll_again(&pl, i)) break;
     }
     pthread_mutex_lock(&tp->mu);
     atomic_fetch_add(&tp->sleepers, 1);
@@ -182,7 +199,8 @@ void tsr_threadpool_run(tsr_threadpool *tp, int64_t n, tsr_work_fn fn, void *arg
     if (i1 > i0) fn(arg, i0, i1, 0);
     tls_in_pool = 0;
 
-    for (int i = 0; atomic_load(&tp->pending) > 0 && poll_again(i); i++) continue;
+    poller pl = {0, 0};
+    for (int i = 0; atomic_load(&tp->pending) > 0 && poll_again(&pl, i); i++) continue;
     if (atomic_load(&tp->pending) > 0) {
         pthread_mutex_lock(&tp->mu);
         atomic_store(&tp->main_waits, 1);
