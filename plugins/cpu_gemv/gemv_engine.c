@@ -172,8 +172,10 @@ int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, c
 }
 
 /* Most gate rows per take of run_glu (a multiple of 8): its scratch holds
- * 2 x this many floats per input row. */
-#define GLU_TAKE 256
+ * 2 x this many floats per input row. Each take starts two streams (gate
+ * and up rows); 1,024 instead of 256 rows cut a Q8_0 gate/up call of the
+ * 0.5B shape from 345 to 314 us on a Xeon VM (fewer stream starts). */
+#define GLU_TAKE 1024
 
 typedef struct run_job {
     const gemv_engine_cfg *cfg;
