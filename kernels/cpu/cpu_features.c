@@ -15,12 +15,30 @@ static int detect(void) {
     __cpuid_count(7, 0, a, b, c, d);
     return (b >> 5) & 1; /* AVX2 */
 }
+
+/* AVX-512F on top of detect()'s set: cpuid 7 EBX bit 16, and XCR0 bits 5-7
+ * (opmask, upper halves of ZMM0-15, ZMM16-31) saved by the OS. */
+static int detect512(void) {
+    if (!detect()) return 0;
+    unsigned a, b, c, d, lo, hi;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((b >> 16) & 1)) return 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6) == 0xe6;
+}
 #else
 static int detect(void) { return 0; }
+static int detect512(void) { return 0; }
 #endif
 
 int tsr_cpu_has_avx2_fma_f16c(void) {
     static int have = -1;
     if (have < 0) have = detect();
+    return have;
+}
+
+int tsr_cpu_has_avx512f(void) {
+    static int have = -1;
+    if (have < 0) have = detect512();
     return have;
 }

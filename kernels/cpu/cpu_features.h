@@ -8,5 +8,8 @@
 
 /* 1 if AVX2, FMA and F16C are present and the OS saves the AVX state. */
 int tsr_cpu_has_avx2_fma_f16c(void);
+/* 1 if that and AVX-512F are present and the OS saves the opmask and ZMM
+ * state. */
+int tsr_cpu_has_avx512f(void);
 
 #endif

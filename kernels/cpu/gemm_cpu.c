@@ -1,6 +1,7 @@
 /*
  * gemm_cpu.c - dispatch and the portable path of gemm_cpu.h. The AVX2 path
- * lives in gemm_avx2.c (built with its own flags); both share the loop order:
+ * and the AVX-512 one (two panels a tile) live in gemm_avx2.c (built with its
+ * own flags); all share the loop order:
  *
  *   for each block of GP panels
  *     for each KC slice of the columns          (the packed activations' slice: L2)
@@ -28,6 +29,10 @@ void tsr_gemm_pack_x(const tsr_gemv_args *a, int64_t s0, int64_t s1, float *xs) 
 void tsr_gemm_panels(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a, const float *xs, int64_t rows,
                      int64_t p0, int64_t p1, float *scratch) {
 #if defined(__x86_64__)
+    if (isa == TSR_GEMV_ISA_AVX512) {
+        tsr_gemm_panels_avx512(dtype, a, xs, rows, p0, p1, scratch);
+        return;
+    }
     if (isa == TSR_GEMV_ISA_AVX2) {
         tsr_gemm_panels_avx2(dtype, a, xs, rows, p0, p1, scratch);
         return;

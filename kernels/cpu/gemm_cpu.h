@@ -53,9 +53,10 @@ static inline int64_t tsr_gemm_xpack_floats(int64_t nx, int64_t cols) {
 }
 
 /* Floats of the per-thread scratch tsr_gemm_panels needs for nx input rows
- * (64-byte aligned): a widened panel, then the block's partial sums. */
+ * (64-byte aligned): two widened panels (the AVX-512 tile takes a pair; the
+ * other paths one), then the block's partial sums. */
 static inline int64_t tsr_gemm_scratch_floats(int64_t nx) {
-    return (int64_t)TSR_GEMM_NR * TSR_GEMM_KC + nx * TSR_GEMM_GP * TSR_GEMM_NR;
+    return 2 * (int64_t)TSR_GEMM_NR * TSR_GEMM_KC + nx * TSR_GEMM_GP * TSR_GEMM_NR;
 }
 
 /* Number of NR-wide panels of a matrix of `rows` weight rows: the work items. */
@@ -80,6 +81,8 @@ void tsr_gemm_panels(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a, c
 /* Internal: per-ISA entry points (gemm_cpu.c, gemm_avx2.c). */
 void tsr_gemm_panels_portable(uint32_t dtype, const tsr_gemv_args *a, const float *xs, int64_t rows, int64_t p0,
                               int64_t p1, float *scratch);
+void tsr_gemm_panels_avx512(uint32_t dtype, const tsr_gemv_args *a, const float *xs, int64_t rows, int64_t p0,
+                            int64_t p1, float *scratch);
 void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, const float *xs, int64_t rows, int64_t p0,
                           int64_t p1, float *scratch);
 

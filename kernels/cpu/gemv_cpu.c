@@ -22,6 +22,7 @@ const char *tsr_gemv_isa_name(tsr_gemv_isa isa) {
     switch (isa) {
     case TSR_GEMV_ISA_PORTABLE: return "portable";
     case TSR_GEMV_ISA_AVX2: return "avx2";
+    case TSR_GEMV_ISA_AVX512: return "avx512";
     default: return "unknown";
     }
 }
@@ -32,6 +33,8 @@ int tsr_gemv_isa_runs(tsr_gemv_isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case TSR_GEMV_ISA_AVX2:
         return tsr_cpu_has_avx2_fma_f16c();
+    case TSR_GEMV_ISA_AVX512:
+        return tsr_cpu_has_avx512f();
 #endif
     default: return 0;
     }
@@ -39,12 +42,18 @@ int tsr_gemv_isa_runs(tsr_gemv_isa isa) {
 
 tsr_gemv_isa tsr_gemv_isa_best(void) {
     static int best = -1; /* benign race: every thread computes the same value */
-    if (best < 0) best = tsr_gemv_isa_runs(TSR_GEMV_ISA_AVX2) ? TSR_GEMV_ISA_AVX2 : TSR_GEMV_ISA_PORTABLE;
+    if (best < 0)
+        best = tsr_gemv_isa_runs(TSR_GEMV_ISA_AVX512) ? TSR_GEMV_ISA_AVX512
+               : tsr_gemv_isa_runs(TSR_GEMV_ISA_AVX2) ? TSR_GEMV_ISA_AVX2
+                                                       : TSR_GEMV_ISA_PORTABLE;
     return (tsr_gemv_isa)best;
 }
 
+/* The ISA of the GEMV kernels for isa: AVX-512 has only its GEMM tile. */
+static tsr_gemv_isa kernel_isa(tsr_gemv_isa isa) { return isa == TSR_GEMV_ISA_AVX512 ? TSR_GEMV_ISA_AVX2 : isa; }
+
 tsr_gemv_kernel_fn tsr_gemv_kernel(tsr_gemv_isa isa) {
-    switch (isa) {
+    switch (kernel_isa(isa)) {
     case TSR_GEMV_ISA_PORTABLE: return tsr_gemv_rows_portable;
 #if defined(__x86_64__)
     case TSR_GEMV_ISA_AVX2: return tsr_gemv_rows_avx2;
@@ -96,7 +105,7 @@ void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
             continue;
         }
 #if defined(__x86_64__)
-        if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2 && tsr_gemv_widen_row_avx2(dtype, row, a->cols, dst)) continue;
+        if (tsr_gemv_isa_best() != TSR_GEMV_ISA_PORTABLE && tsr_gemv_widen_row_avx2(dtype, row, a->cols, dst)) continue;
 #endif
         tsr_dequant_row(dtype, row, dst, a->cols);
         if (dtype == TSR_DTYPE_I8 && a->scale) {
@@ -118,7 +127,7 @@ float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
     float inv = 127.0f / amax;
     int64_t c = 0;
 #if defined(__x86_64__)
-    if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2) c = tsr_gemv_quant_i8_avx2(src, n, inv, q); /* the rest below */
+    if (tsr_gemv_isa_best() != TSR_GEMV_ISA_PORTABLE) c = tsr_gemv_quant_i8_avx2(src, n, inv, q); /* the rest below */
 #endif
     for (; c < n; c++) {
         float v = nearbyintf(src[c] * inv);
@@ -131,7 +140,7 @@ float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
 
 int64_t tsr_gemv_permuted_x_floats(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a) {
 #if defined(__x86_64__)
-    if (isa == TSR_GEMV_ISA_AVX2) return tsr_gemv_permuted_x_floats_avx2(dtype, a);
+    if (kernel_isa(isa) == TSR_GEMV_ISA_AVX2) return tsr_gemv_permuted_x_floats_avx2(dtype, a);
 #endif
     (void)isa, (void)dtype, (void)a;
     return 0;
@@ -139,7 +148,7 @@ int64_t tsr_gemv_permuted_x_floats(tsr_gemv_isa isa, uint32_t dtype, const tsr_g
 
 void tsr_gemv_permute_x(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a, float *xp) {
 #if defined(__x86_64__)
-    if (isa == TSR_GEMV_ISA_AVX2) tsr_gemv_permute_x_avx2(dtype, a, xp);
+    if (kernel_isa(isa) == TSR_GEMV_ISA_AVX2) tsr_gemv_permute_x_avx2(dtype, a, xp);
 #endif
     (void)isa, (void)dtype, (void)a, (void)xp;
 }
@@ -147,7 +156,7 @@ void tsr_gemv_permute_x(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a
 /* --- int8 x int16 ------------------------------------------------------------- */
 
 tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa) {
-    switch (isa) {
+    switch (kernel_isa(isa)) {
     case TSR_GEMV_ISA_PORTABLE: return tsr_gemv_i8_rows_portable;
 #if defined(__x86_64__)
     case TSR_GEMV_ISA_AVX2: return tsr_gemv_i8_rows_avx2;
@@ -167,7 +176,7 @@ float tsr_gemv_quant_x_i16(const float *x, int64_t n, int16_t *q) {
     float inv = 32767.0f / amax;
     int64_t c = 0;
 #if defined(__x86_64__)
-    if (tsr_gemv_isa_best() == TSR_GEMV_ISA_AVX2) c = tsr_gemv_quant_i16_avx2(x, n, inv, q); /* the rest below */
+    if (tsr_gemv_isa_best() != TSR_GEMV_ISA_PORTABLE) c = tsr_gemv_quant_i16_avx2(x, n, inv, q); /* the rest below */
 #endif
     for (; c < n; c++) {
         float v = nearbyintf(x[c] * inv);
@@ -196,7 +205,7 @@ void tsr_gemv_i8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1
 /* --- Q8_0 (as stored) x int16 ------------------------------------------------- */
 
 tsr_gemv_i8_kernel_fn tsr_gemv_q8_0_i16_kernel(tsr_gemv_isa isa) {
-    switch (isa) {
+    switch (kernel_isa(isa)) {
     case TSR_GEMV_ISA_PORTABLE: return tsr_gemv_q8_0_i16_rows_portable;
 #if defined(__x86_64__)
     case TSR_GEMV_ISA_AVX2: return tsr_gemv_q8_0_i16_rows_avx2;

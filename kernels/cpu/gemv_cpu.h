@@ -28,8 +28,9 @@
 
 typedef enum tsr_gemv_isa {
     TSR_GEMV_ISA_PORTABLE = 0,
-    TSR_GEMV_ISA_AVX2 = 1, /* AVX2 + FMA + F16C */
-    TSR_GEMV_ISA_COUNT = 2
+    TSR_GEMV_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    TSR_GEMV_ISA_AVX512 = 2, /* and AVX-512F: the AVX2 kernels, the GEMM's AVX-512 tile (gemm_cpu.h) */
+    TSR_GEMV_ISA_COUNT = 3
 } tsr_gemv_isa;
 
 /* Arguments of one kernel call. w points at row 0 of the matrix. */
@@ -52,7 +53,7 @@ typedef void (*tsr_gemv_kernel_fn)(uint32_t dtype, const tsr_gemv_args *a, int64
 
 /* The best ISA this CPU runs (cached after the first call). */
 tsr_gemv_isa tsr_gemv_isa_best(void);
-/* "portable", "avx2". */
+/* "portable", "avx2", "avx512". */
 const char *tsr_gemv_isa_name(tsr_gemv_isa isa);
 /* 1 if the running CPU can execute kernels of isa. */
 int tsr_gemv_isa_runs(tsr_gemv_isa isa);

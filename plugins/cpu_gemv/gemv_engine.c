@@ -36,12 +36,14 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
     tsr_gemv_isa want;
     if (!strcmp(isa, "auto")) {
         want = tsr_gemv_isa_best();
+    } else if (!strcmp(isa, "avx512")) {
+        want = TSR_GEMV_ISA_AVX512;
     } else if (!strcmp(isa, "avx2")) {
         want = TSR_GEMV_ISA_AVX2;
     } else if (!strcmp(isa, "portable")) {
         want = TSR_GEMV_ISA_PORTABLE;
     } else {
-        ctx->host->set_error(ctx, "param isa: '%s' is not one of auto, avx2, portable", isa);
+        ctx->host->set_error(ctx, "param isa: '%s' is not one of auto, avx512, avx2, portable", isa);
         return TSR_ERR_INVALID;
     }
     if (!tsr_gemv_isa_runs(want) || !tsr_gemv_kernel(want)) {

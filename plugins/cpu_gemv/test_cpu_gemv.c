@@ -157,7 +157,7 @@ static const gcase cases[] = {
     {TSR_DTYPE_I8, 45, 300},    {TSR_DTYPE_Q8_0, 40, 544}, {TSR_DTYPE_Q4_K, 18, 512},
 };
 /* 8 and 9 rows: GEMM row tiles of 4 + 4 and 5 + 4; 13: 6 + 4 + 3; 70: 11 x 6 + 4. */
-static const int nxs[] = {1, 2, 3, 4, 5, 8, 9, 13, 70};
+static const int nxs[] = {1, 2, 3, 4, 5, 8, 9, 13, 23, 70};
 
 /* The three paths of run(): the kernels, the blocked GEMM, sgemm. */
 static const char *const prefills[] = {"kernels", "gemm", "blas"};
@@ -223,10 +223,11 @@ static void test_table(void **state) {
     (void)state;
     rng = SEED;
     printf("seed %u, isa best: %s\n", SEED, tsr_gemv_isa_name(tsr_gemv_isa_best()));
-    const char *isas[] = {"portable", "avx2"};
+    const char *isas[] = {"portable", "avx2", "avx512"};
+    const tsr_gemv_isa ids[] = {TSR_GEMV_ISA_PORTABLE, TSR_GEMV_ISA_AVX2, TSR_GEMV_ISA_AVX512};
     int ran = 0, unsupported = 0;
-    for (int s = 0; s < 2; s++) {
-        if (!tsr_gemv_isa_runs(s == 0 ? TSR_GEMV_ISA_PORTABLE : TSR_GEMV_ISA_AVX2)) {
+    for (int s = 0; s < 3; s++) {
+        if (!tsr_gemv_isa_runs(ids[s])) {
             printf("isa %s: unsupported on this CPU, %zu cases skipped\n", isas[s], sizeof cases / sizeof *cases);
             unsupported++;
             continue;
@@ -253,9 +254,10 @@ static void test_nan_parity(void **state) {
     (void)state;
     rng = SEED + 1;
     const uint32_t dts[] = {TSR_DTYPE_F16, TSR_DTYPE_Q8_0, TSR_DTYPE_Q4_K, TSR_DTYPE_BF16};
-    const char *isas[] = {"portable", "avx2"};
-    for (int s = 0; s < 2; s++) {
-        if (s == 1 && !tsr_gemv_isa_runs(TSR_GEMV_ISA_AVX2)) continue;
+    const char *isas[] = {"portable", "avx2", "avx512"};
+    const tsr_gemv_isa ids[] = {TSR_GEMV_ISA_PORTABLE, TSR_GEMV_ISA_AVX2, TSR_GEMV_ISA_AVX512};
+    for (int s = 0; s < 3; s++) {
+        if (!tsr_gemv_isa_runs(ids[s])) continue;
         for (int mode = 0; mode < 3; mode++)
             for (size_t d = 0; d < 4; d++) {
                 th_n_params = 0;
