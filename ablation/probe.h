@@ -36,6 +36,7 @@ typedef struct tsr_probe_result {
     /* f32 multiply-adds in registers on every thread (AVX2 + FMA), median,
      * GFLOP/s: the ceiling of a compute-bound prefill; NAN: not measured */
     double fma_gflops, fma_gflops_min, fma_gflops_max;
+    int fma_avx512;           /* 1: measured with AVX-512 FMAs (the CPU has them), else AVX2 */
     int n_threads;
     size_t buffer_bytes;
     int repeats, gemm_n;
