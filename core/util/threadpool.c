@@ -28,7 +28,7 @@
  * The spin is timed, not counted: a pause takes ~140 cycles on recent Intel
  * cores and a few on others, so the 256 pauses spun before lasted ~10 us on
  * a Xeon VM, shorter than such an attention (the o projection after it then
- * took 67 instead of 47 us: BENCHMARKS.md, fourteenth session). */
+ * took 67 instead of 45 us: BENCHMARKS.md, fourteenth session). */
 #ifndef TSR_POOL_SPIN_US
 #define TSR_POOL_SPIN_US 50
 #endif
