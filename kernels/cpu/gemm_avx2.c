@@ -203,61 +203,26 @@ INL void row_tiles(int64_t nx, int mr, int64_t *full, int *t1, int *t2) {
     }
 }
 
-/* Per block of GP panels, the column slices run outermost, so that one
- * packed slice of the activations (nx x KC floats) stays in L2 while the
- * block's panels take it in turn; the block's partial sums (nx x GP x NR
- * floats) wait in the scratch until the last slice stores them into y. */
-void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, const float *xs, int64_t rows, int64_t p0,
-                          int64_t p1, float *scratch) {
-    float *wbuf = scratch, *ysum = scratch + NR * KC;
-    const int64_t lds = TSR_GEMM_GP * NR;
-    int64_t full;
-    int t1, t2;
-    row_tiles(a->nx, MR, &full, &t1, &t2);
-    int64_t ntiles = full + (t1 > 0) + (t2 > 0);
-    for (int64_t q0 = p0; q0 < p1; q0 += TSR_GEMM_GP) {
-        int64_t q1 = q0 + TSR_GEMM_GP < p1 ? q0 + TSR_GEMM_GP : p1;
-        for (int64_t c0 = 0; c0 < a->cols; c0 += KC) {
-            int64_t kc = a->cols - c0 < KC ? a->cols - c0 : KC;
-            const float *xsl = xs + (c0 / KC) * a->nx * KC;
-            const int first = c0 == 0, last = c0 + KC >= a->cols;
-            for (int64_t p = q0; p < q1; p++) {
-                int64_t r0 = p * NR;
-                int nv = rows - r0 < NR ? (int)(rows - r0) : NR;
-                float *ys = ysum + (p - q0) * NR;
-                pack_panel(dtype, a, r0, nv, c0, kc, wbuf);
-                prefetch pf = {0}; /* the panel slice packed next */
-                if (p + 1 < q1) prefetch_plan(&pf, dtype, a, rows, r0 + NR, c0, ntiles);
-                else if (!last) prefetch_plan(&pf, dtype, a, rows, q0 * NR, c0 + KC, ntiles);
-                else if (q1 < p1) prefetch_plan(&pf, dtype, a, rows, q1 * NR, 0, ntiles);
-                /* sums of this slice: into the block's sums, or with them into y */
-                float *out = last ? a->y + r0 : ys;
-                const int64_t ldo = last ? a->ldy : lds;
-                const float *in = first ? NULL : ys;
-#define TILE(M, I0) tile(M, xsl + (I0) * KC, nv, kc, wbuf, in ? in + (I0) * lds : NULL, lds, out + (I0) * ldo, ldo)
-                int64_t i0 = 0;
-                for (int64_t t = 0; t < full; t++, i0 += MR) {
-                    prefetch_step(&pf);
-                    TILE(MR, i0);
-                }
-                for (int h = 0; h < 2; h++) {
-                    int m = h ? t2 : t1;
-                    prefetch_step(&pf);
-                    switch (m) {
-                    case 1: TILE(1, i0); break;
-                    case 2: TILE(2, i0); break;
-                    case 3: TILE(3, i0); break;
-                    case 4: TILE(4, i0); break;
-                    case 5: TILE(5, i0); break;
-                    default: break;
-                    }
-                    i0 += m;
-                }
-#undef TILE
-            }
-        }
+/* The AVX2 tile of a run-time m < MR rows. */
+INL void tile_rem(int m, const float *xt, int nv, int64_t kc, const float *wbuf, const float *in, int64_t ldi,
+                  float *out, int64_t ldo) {
+    switch (m) {
+    case 1: tile(1, xt, nv, kc, wbuf, in, ldi, out, ldo); break;
+    case 2: tile(2, xt, nv, kc, wbuf, in, ldi, out, ldo); break;
+    case 3: tile(3, xt, nv, kc, wbuf, in, ldi, out, ldo); break;
+    case 4: tile(4, xt, nv, kc, wbuf, in, ldi, out, ldo); break;
+    case 5: tile(5, xt, nv, kc, wbuf, in, ldi, out, ldo); break;
+    default: break;
     }
 }
+
+#define PANELS_NAME tsr_gemm_panels_avx2
+#define PANELS_ATTR
+#define PANELS_STEP 1
+#define PANELS_MR MR
+#define PANELS_TILE tile
+#define PANELS_TILE_REM tile_rem
+#include "gemm_panels_impl.h"
 
 /* --- AVX-512: 12 input rows x 32 outputs (two panels) --------------------
  * A zmm holds a panel's 16 outputs of one k, so a pair of panels packed side
@@ -270,11 +235,12 @@ void tsr_gemm_panels_avx2(uint32_t dtype, const tsr_gemv_args *a, const float *x
 #define AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 /* out/in as in tile(), for i < m rows (a constant after inlining) and the
- * 2 x NR outputs of panels w0 (columns 0-15) and w1 (16-31); only j < nv
- * is stored. */
+ * 2 x NR outputs of the panel pair at wbuf (outputs 0-15, then at wbuf + NR
+ * x KC outputs 16-31); only j < nv is stored. */
 AVX512 static inline __attribute__((always_inline)) void tile512(int m, const float *xt, int nv, int64_t kc,
-                                                                 const float *w0p, const float *w1p, const float *in,
-                                                                 int64_t ldi, float *out, int64_t ldo) {
+                                                                 const float *wbuf, const float *in, int64_t ldi,
+                                                                 float *out, int64_t ldo) {
+    const float *w0p = wbuf, *w1p = wbuf + NR * KC;
     __m512 acc[MR5][2];
 #pragma GCC unroll 12
     for (int i = 0; i < MR5; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -307,69 +273,23 @@ AVX512 static inline __attribute__((always_inline)) void tile512(int m, const fl
     }
 }
 
-/* tsr_gemm_panels_avx2's loops, two panels at a time (the second packed
- * after the first in the scratch; a block's odd last panel runs against a
- * panel of zeros, its outputs not stored). */
-AVX512 void tsr_gemm_panels_avx512(uint32_t dtype, const tsr_gemv_args *a, const float *xs, int64_t rows,
-                                   int64_t p0, int64_t p1, float *scratch) {
-    float *wbuf = scratch, *ysum = scratch + 2 * NR * KC;
-    const int64_t lds = TSR_GEMM_GP * NR;
-    int64_t full;
-    int t1, t2;
-    row_tiles(a->nx, MR5, &full, &t1, &t2);
-    const int64_t ntiles = full + (t1 > 0) + (t2 > 0);
-    for (int64_t q0 = p0; q0 < p1; q0 += TSR_GEMM_GP) {
-        int64_t q1 = q0 + TSR_GEMM_GP < p1 ? q0 + TSR_GEMM_GP : p1;
-        for (int64_t c0 = 0; c0 < a->cols; c0 += KC) {
-            int64_t kc = a->cols - c0 < KC ? a->cols - c0 : KC;
-            const float *xsl = xs + (c0 / KC) * a->nx * KC;
-            const int first = c0 == 0, last = c0 + KC >= a->cols;
-            for (int64_t p = q0; p < q1; p += 2) {
-                int64_t r0 = p * NR;
-                int nv = rows - r0 < 2 * NR ? (int)(rows - r0) : 2 * NR;
-                if (p + 1 == q1 && nv > NR) nv = NR; /* the block's odd last panel */
-                float *ys = ysum + (p - q0) * NR;
-                pack_panel(dtype, a, r0, nv < NR ? nv : NR, c0, kc, wbuf);
-                pack_panel(dtype, a, r0 + NR, nv > NR ? nv - NR : 0, c0, kc, wbuf + NR * KC);
-                prefetch pf = {0}; /* the panel pair's slice packed next */
-                if (p + 2 < q1) prefetch_plan(&pf, dtype, a, rows, r0 + 2 * NR, c0, ntiles);
-                else if (!last) prefetch_plan(&pf, dtype, a, rows, q0 * NR, c0 + KC, ntiles);
-                else if (q1 < p1) prefetch_plan(&pf, dtype, a, rows, q1 * NR, 0, ntiles);
-                float *out = last ? a->y + r0 : ys;
-                const int64_t ldo = last ? a->ldy : lds;
-                const float *in = first ? NULL : ys;
-#define TILE5(M, I0)                                                                               \
-    tile512(M, xsl + (I0) * KC, nv, kc, wbuf, wbuf + NR * KC, in ? in + (I0) * lds : NULL, lds,     \
-            out + (I0) * ldo, ldo)
-                int64_t i0 = 0;
-                for (int64_t t = 0; t < full; t++, i0 += MR5) {
-                    prefetch_step(&pf);
-                    TILE5(MR5, i0);
-                }
-                for (int h = 0; h < 2; h++) {
-                    int m = h ? t2 : t1;
-                    prefetch_step(&pf);
-                    switch (m) {
-                    case 1: TILE5(1, i0); break;
-                    case 2: TILE5(2, i0); break;
-                    case 3: TILE5(3, i0); break;
-                    case 4: TILE5(4, i0); break;
-                    case 5: TILE5(5, i0); break;
-                    case 6: TILE5(6, i0); break;
-                    case 7: TILE5(7, i0); break;
-                    case 8: TILE5(8, i0); break;
-                    case 9: TILE5(9, i0); break;
-                    case 10: TILE5(10, i0); break;
-                    case 11: TILE5(11, i0); break;
-                    default: break;
-                    }
-                    i0 += m;
-                }
-#undef TILE5
-            }
-        }
-    }
+/* The AVX-512 tile of a run-time m < MR5 rows. */
+AVX512 static inline __attribute__((always_inline)) void tile512_rem(int m, const float *xt, int nv, int64_t kc,
+                                                                     const float *wbuf, const float *in, int64_t ldi,
+                                                                     float *out, int64_t ldo) {
+#define T5(M)                                                                                      \
+    case M: tile512(M, xt, nv, kc, wbuf, in, ldi, out, ldo); break;
+    switch (m) { T5(1) T5(2) T5(3) T5(4) T5(5) T5(6) T5(7) T5(8) T5(9) T5(10) T5(11) default: break; }
+#undef T5
 }
+
+#define PANELS_NAME tsr_gemm_panels_avx512
+#define PANELS_ATTR AVX512
+#define PANELS_STEP 2
+#define PANELS_MR MR5
+#define PANELS_TILE tile512
+#define PANELS_TILE_REM tile512_rem
+#include "gemm_panels_impl.h"
 
 #else
 void tsr_gemm_panels_avx512(uint32_t dtype, const tsr_gemv_args *a, const float *xs, int64_t rows, int64_t p0,
