@@ -21,12 +21,18 @@
 typedef struct cpu_gemv {
     const tsr_plugin_ctx *ctx;
     gemv_engine_cfg cfg;
+    gemv_arena arena; /* the copied weights (gemv_engine_weights) */
 } cpu_gemv;
 
 static int cg_init(void *inst, const tsr_plugin_ctx *ctx) {
     cpu_gemv *g = inst;
     g->ctx = ctx;
     return gemv_engine_init(&g->cfg, ctx);
+}
+
+static void cg_fini(void *inst) {
+    cpu_gemv *g = inst;
+    if (g->ctx) gemv_arena_free(&g->arena, g->ctx);
 }
 
 /* n matrices stacked by rows; resident: the host keeps them for the
@@ -44,7 +50,8 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
     }
     *m = (gemv_matrix){.dtype = ws[0].dtype, .rows = rows, .cols = ws[0].cols, .row_bytes = row_bytes,
                        .bytes = row_bytes * (uint64_t)rows, .glu_rows = gemv_engine_glu_rows(ws, n)};
-    if ((rc = gemv_engine_weights(&g->cfg, g->ctx, ws, n, resident, row_bytes, &m->data, &m->owned)) != TSR_OK) {
+    if ((rc = gemv_engine_weights(&g->cfg, &g->arena, g->ctx, ws, n, resident, row_bytes, &m->data, &m->block)) !=
+        TSR_OK) {
         g->ctx->host->free(g->ctx, m);
         return rc;
     }
@@ -64,7 +71,7 @@ static int cg_prepare_group(void *inst, const tsr_weight *ws, int n, void **out)
 
 static void cg_release(void *inst, void *prepared) {
     cpu_gemv *g = inst;
-    if (prepared) g->ctx->host->free(g->ctx, ((gemv_matrix *)prepared)->owned);
+    if (prepared) gemv_arena_put(&g->arena, g->ctx, ((gemv_matrix *)prepared)->block);
     g->ctx->host->free(g->ctx, prepared);
 }
 
@@ -104,7 +111,7 @@ static const tsr_plugin_desc cpu_gemv_desc = {
     .instance_size = sizeof(cpu_gemv),
     .caps = TSR_CAP_DEVICE_CPU | TSR_CAP_EXACT,
     .init = cg_init,
-    .fini = NULL,
+    .fini = cg_fini,
     .iface = &cpu_gemv_iface,
 };
 

@@ -139,10 +139,57 @@ static void copy_blocks(void *arg, int64_t b0, int64_t b1, int tid) {
     }
 }
 
-int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n,
-                        int resident, uint64_t row_bytes, const uint8_t **data, void **owned) {
+#define ARENA_PAGE ((uint64_t)2 << 20)
+#define ARENA_HEAD 64 /* the block's header, then its allocations */
+
+struct gemv_block {
+    gemv_block *next;
+    uint64_t size, used; /* bytes of the block, header included */
+    int live;            /* allocations not yet put back */
+};
+
+void *gemv_arena_get(gemv_arena *a, const tsr_plugin_ctx *ctx, uint64_t bytes, gemv_block **block) {
+    *block = NULL;
+    if (bytes > SIZE_MAX / 2) return NULL;
+    const uint64_t need = (bytes + 63) & ~(uint64_t)63;
+    gemv_block *b = a->blocks;
+    while (b && b->size - b->used < need) b = b->next;
+    if (!b) {
+        const uint64_t size = (ARENA_HEAD + need + ARENA_PAGE - 1) / ARENA_PAGE * ARENA_PAGE;
+        if (!(b = ctx->host->alloc(ctx, (size_t)size, 64))) return NULL;
+        *b = (gemv_block){.next = a->blocks, .size = size, .used = ARENA_HEAD};
+        a->blocks = b;
+    }
+    void *p = (uint8_t *)b + b->used;
+    b->used += need;
+    b->live++;
+    *block = b;
+    return p;
+}
+
+void gemv_arena_put(gemv_arena *a, const tsr_plugin_ctx *ctx, gemv_block *block) {
+    if (!block || --block->live > 0) return;
+    for (gemv_block **pp = &a->blocks; *pp; pp = &(*pp)->next)
+        if (*pp == block) {
+            *pp = block->next;
+            ctx->host->free(ctx, block);
+            return;
+        }
+}
+
+void gemv_arena_free(gemv_arena *a, const tsr_plugin_ctx *ctx) {
+    while (a->blocks) {
+        gemv_block *b = a->blocks;
+        a->blocks = b->next;
+        ctx->host->free(ctx, b);
+    }
+}
+
+int gemv_engine_weights(const gemv_engine_cfg *cfg, gemv_arena *arena, const tsr_plugin_ctx *ctx,
+                        const tsr_weight *ws, int n, int resident, uint64_t row_bytes, const uint8_t **data,
+                        gemv_block **block) {
     *data = n == 1 ? ws[0].data : NULL;
-    *owned = NULL;
+    *block = NULL;
     if (!cfg->copy_weights || !resident) return n == 1 ? TSR_OK : TSR_ERR_UNSUPPORTED;
     const char *name = ws[0].name ? ws[0].name : "(unnamed)";
     uint64_t total = 0, part;
@@ -151,7 +198,7 @@ int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, c
             total = UINT64_MAX;
             break;
         }
-    uint8_t *buf = total <= SIZE_MAX / 2 ? ctx->host->alloc(ctx, (size_t)total, 64) : NULL;
+    uint8_t *buf = total <= SIZE_MAX / 2 ? gemv_arena_get(arena, ctx, total, block) : NULL;
     if (!buf) {
         ctx->host->set_error(ctx, "%s%s: out of memory for a %llu-byte copy (param weights: map reads the "
                              "mapping instead)", name, n > 1 ? " and the matrices stacked with it" : "",
@@ -169,7 +216,6 @@ int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, c
         off += nb;
     }
     *data = buf;
-    *owned = buf;
     return TSR_OK;
 }
 

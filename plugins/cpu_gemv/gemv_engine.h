@@ -25,6 +25,29 @@ typedef struct gemv_engine_cfg {
     int copy_weights;          /* weights as stored: copied at prepare (1) or read through the mapping (0) */
 } gemv_engine_cfg;
 
+/* Resident weights packed into shared blocks of whole 2 MiB pages (host
+ * alloc asks the kernel to back those with transparent huge pages): each
+ * block is a matrix's size rounded up to 2 MiB, and the room left at its
+ * end takes later matrices that fit. Allocated alone, a matrix's tail past
+ * its last 2 MiB boundary stays in 4 KiB pages, and a matrix under 2 MiB
+ * (q/k/v, o of small models) lies in 4 KiB pages whole: on a Xeon VM a
+ * Q8_0 GEMV read 15.1 against 19.0 GB/s on one core in 4 KiB pages (TLB
+ * misses under nested paging; BENCHMARKS.md, fourteenth session). Blocks
+ * are freed when their last matrix is (gemv_arena_put) or at gemv_arena_free.
+ * Not thread-safe: the host prepares weights one call at a time. */
+typedef struct gemv_block gemv_block;
+typedef struct gemv_arena {
+    gemv_block *blocks; /* every block, newest first */
+} gemv_arena;
+
+/* bytes (64-byte aligned, zeroed) in a block with room, or a new block;
+ * *block: what to give back to gemv_arena_put. NULL when out of memory. */
+void *gemv_arena_get(gemv_arena *a, const tsr_plugin_ctx *ctx, uint64_t bytes, gemv_block **block);
+/* One allocation of block no longer used; the block is freed with its last. */
+void gemv_arena_put(gemv_arena *a, const tsr_plugin_ctx *ctx, gemv_block *block);
+/* Every block (plugin fini). */
+void gemv_arena_free(gemv_arena *a, const tsr_plugin_ctx *ctx);
+
 /* A prepared matrix: borrowed (cpu_gemv) or owned (cpu_gemv_int8) data. */
 typedef struct gemv_matrix {
     uint32_t dtype;
@@ -34,6 +57,7 @@ typedef struct gemv_matrix {
     const float *scale; /* [rows], I8 only */
     uint64_t bytes;     /* bytes read per full pass */
     void *owned;        /* host allocation behind data and scale, or NULL */
+    gemv_block *block;  /* the arena block behind data and scale, or NULL */
     int x_i16;          /* I8 (with scale) or Q8_0: decode with int16 activations (lossy) */
     int64_t glu_rows;   /* f when stacked from two matrices of f rows ([gate; up]: run_glu), else 0 */
 } gemv_matrix;
@@ -70,10 +94,11 @@ int gemv_engine_can_give_back(const tsr_host_api *h);
  * a decode token reads every weight once, from many rows at a time; behind
  * 4 KiB pages of the file mapping each thread's streams cross a page every
  * 4 KiB (a TLB miss, a prefetcher restart), and stacked matrices make one
- * GEMV (one wake-up of the pool) of several. *data: what to read; *owned:
- * the copy to free (host free), or NULL. */
-int gemv_engine_weights(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n,
-                        int resident, uint64_t row_bytes, const uint8_t **data, void **owned);
+ * GEMV (one wake-up of the pool) of several. *data: what to read; *block:
+ * the arena block of the copy (gemv_arena_put), or NULL. */
+int gemv_engine_weights(const gemv_engine_cfg *cfg, gemv_arena *arena, const tsr_plugin_ctx *ctx,
+                        const tsr_weight *ws, int n, int resident, uint64_t row_bytes, const uint8_t **data,
+                        gemv_block **block);
 
 /* y[rows, m->rows] = x[rows, m->cols] . W^T. With m->x_i16, the kernel path
  * quantises x to int16 per row first (tsr_gemv_i8_args); NaN or Inf in x

@@ -31,7 +31,8 @@
 typedef struct cpu_gemv_int8 {
     const tsr_plugin_ctx *ctx;
     gemv_engine_cfg cfg;
-    int x_i16; /* param x_int16 */
+    gemv_arena arena; /* weights kept for the model's life (prepare_group) */
+    int x_i16;        /* param x_int16 */
 } cpu_gemv_int8;
 
 static int gi_init(void *inst, const tsr_plugin_ctx *ctx) {
@@ -40,6 +41,11 @@ static int gi_init(void *inst, const tsr_plugin_ctx *ctx) {
     const tsr_param *p = ctx->host->param(ctx, "x_int16");
     g->x_i16 = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
     return gemv_engine_init(&g->cfg, ctx);
+}
+
+static void gi_fini(void *inst) {
+    cpu_gemv_int8 *g = inst;
+    if (g->ctx) gemv_arena_free(&g->arena, g->ctx);
 }
 
 /* Stored bytes quantised between two hand-backs of their pages. */
@@ -110,7 +116,8 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
         *m = (gemv_matrix){.dtype = TSR_DTYPE_Q8_0, .rows = rows, .cols = cols, .row_bytes = src_rb,
                            .bytes = src_rb * (uint64_t)rows, .x_i16 = g->x_i16,
                            .glu_rows = gemv_engine_glu_rows(ws, n)};
-        if ((rc = gemv_engine_weights(&g->cfg, ctx, ws, n, resident, src_rb, &m->data, &m->owned)) != TSR_OK) {
+        if ((rc = gemv_engine_weights(&g->cfg, &g->arena, ctx, ws, n, resident, src_rb, &m->data, &m->block)) !=
+            TSR_OK) {
             ctx->host->free(ctx, m);
             return rc;
         }
@@ -127,7 +134,9 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
         return TSR_ERR_NOMEM;
     }
     qbytes &= ~(uint64_t)63;
-    uint8_t *buf = ctx->host->alloc(ctx, (size_t)total, 64);
+    /* for the model's life: in the arena's huge pages; an expert prepared on demand: alone */
+    gemv_block *block = NULL;
+    uint8_t *buf = resident ? gemv_arena_get(&g->arena, ctx, total, &block) : ctx->host->alloc(ctx, (size_t)total, 64);
     if (!buf) {
         ctx->host->free(ctx, m);
         ctx->host->set_error(ctx, "%s: out of memory for its %llu-byte int8 copy", name,
@@ -150,7 +159,8 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
             else
                 ctx->host->set_error(ctx, "%s: row %lld holds NaN or Inf: int8 scales need finite weights",
                                      w->name ? w->name : name, (long long)j.bad_row);
-            ctx->host->free(ctx, buf);
+            if (block) gemv_arena_put(&g->arena, ctx, block);
+            else ctx->host->free(ctx, buf);
             ctx->host->free(ctx, m);
             return j.nomem ? TSR_ERR_NOMEM : TSR_ERR_INVALID;
         }
@@ -160,7 +170,8 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
     }
     *m = (gemv_matrix){.dtype = TSR_DTYPE_I8, .rows = rows, .cols = cols, .row_bytes = (uint64_t)cols,
                        .data = buf, .scale = scale, .bytes = (uint64_t)rows * (uint64_t)cols + sbytes,
-                       .owned = buf, .x_i16 = g->x_i16, .glu_rows = gemv_engine_glu_rows(ws, n)};
+                       .owned = block ? NULL : buf, .block = block, .x_i16 = g->x_i16,
+                       .glu_rows = gemv_engine_glu_rows(ws, n)};
     *out = m;
     return TSR_OK;
 }
@@ -177,6 +188,7 @@ static void gi_release(void *inst, void *prepared) {
     gemv_matrix *m = prepared;
     if (!m) return;
     g->ctx->host->free(g->ctx, m->owned);
+    gemv_arena_put(&g->arena, g->ctx, m->block);
     g->ctx->host->free(g->ctx, m);
 }
 
@@ -216,7 +228,7 @@ static const tsr_plugin_desc cpu_gemv_int8_desc = {
     .instance_size = sizeof(cpu_gemv_int8),
     .caps = TSR_CAP_DEVICE_CPU,
     .init = gi_init,
-    .fini = NULL,
+    .fini = gi_fini,
     .iface = &cpu_gemv_int8_iface,
 };
 
