@@ -18,9 +18,13 @@
 #include "kernels/cpu/attn_kernels.h"
 #include "slots/tsr_attention.h"
 
-/* Below this many multiply-adds (~12 us on one core here, twice the pool's
- * best-case wake-up) a call is not worth the thread pool. */
-#define INLINE_MADDS 524288.0
+/* Below this many multiply-adds (~5 us on one core) a call is not worth the
+ * thread pool. Since its workers spin for 50 us before sleeping
+ * (threadpool.c), a call between two GEMVs finds them awake: a Qwen2.5-0.5B
+ * decode row at 160 keys (287K multiply-adds, below the former 524K) took
+ * 15 instead of 23 us a layer on two threads of a Xeon VM, the pass 2.7%
+ * less (BENCHMARKS.md, fourteenth session). */
+#define INLINE_MADDS 131072.0
 
 typedef struct cpu_attn {
     const tsr_plugin_ctx *ctx;
