@@ -438,7 +438,11 @@ static json_t *probe_json(const tsr_probe_result *r) {
         "memory_read", "gbs", r->read_gbs, "gbs_min", r->read_gbs_min, "gbs_max", r->read_gbs_max,
         "gbs_sustained", r->read_gbs_sustained,
         "threads", r->n_threads, "buffer_bytes", (json_int_t)r->buffer_bytes, "repeats", r->repeats,
-        "method", "streaming read of the buffer split across threads by the fastest of the read loops this CPU runs (loop: the one taken), the buffer in transparent huge pages where the kernel gives them (as the engine holds weights); median of repeats; sustained: passes back to back for a second, bytes over the whole time",
+        "method",
+        "streaming read of the buffer split across threads by the fastest of the read loops this CPU runs "
+        "(loop: the one taken), the buffer in transparent huge pages where the kernel gives them (as the "
+        "engine holds weights); median of repeats; sustained: passes back to back for a second, bytes over "
+        "the whole time",
         "loop", r->read_loop,
         "gemm", "available", json_boolean(r->have_gemm), "gflops", r->gemm_gflops, "gflops_min",
         r->gemm_gflops_min, "gflops_max", r->gemm_gflops_max, "n", r->gemm_n, "threads",

@@ -627,7 +627,8 @@ INL void q8i16_dot(const uint8_t *w, const int16_t *x, int64_t ldx, int64_t nb, 
 void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     const int64_t nb = a->cols / 32;
     float out[XG];
-    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)nb * 34, (uint64_t)(r1 - r0) * (uint64_t)nb * 34);
+    const uint64_t rb = (uint64_t)nb * 34;
+    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * rb, (uint64_t)(r1 - r0) * rb);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *w = (const uint8_t *)a->w + (uint64_t)r * (uint64_t)nb * 34;
         EACH_GROUP(a->nx, STORE_XS, XQ_CALL, q8i16_dot, nb)

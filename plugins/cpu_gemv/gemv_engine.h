@@ -62,7 +62,8 @@ typedef struct gemv_matrix {
     int64_t glu_rows;   /* f when stacked from two matrices of f rows ([gate; up]: run_glu), else 0 */
 } gemv_matrix;
 
-/* Reads ctx params "weights" (copy, the default when absent; map), "isa" (auto, avx2, portable), "prefill" (gemm: the
+/* Reads ctx params "weights" (copy, the default when absent; map), "isa"
+ * (auto, avx512, avx2, portable), "prefill" (gemm: the
  * blocked GEMM of gemm_cpu.h, the default when absent; blas: widened tiles
  * through OpenBLAS sgemm), "blas_min_rows", "blas_min_rows_quant",
  * "blas_tile_rows"; sets up OpenBLAS to one thread (the host's pool is the
