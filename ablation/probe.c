@@ -402,9 +402,9 @@ json_t *tsr_probe_to_json(const tsr_probe_result *r) {
     json_t *j = probe_json(r);
     json_t *g = j ? json_object_get(j, "gpu") : NULL;
     if (!g) return j;
-    json_t *f = json_pack("{s:o, s:o, s:o, s:i, s:s}", "gflops", num_or_null(r->fma_gflops), "gflops_min",
+    json_t *f = json_pack("{s:o, s:o, s:o, s:i, s:s, s:s}", "gflops", num_or_null(r->fma_gflops), "gflops_min",
                           num_or_null(r->fma_gflops_min), "gflops_max", num_or_null(r->fma_gflops_max), "threads",
-                          r->n_threads, "method",
+                          r->n_threads, "isa", r->fma_avx512 ? "avx512" : "avx2", "method",
                           isfinite(r->fma_gflops)
                               ? (r->fma_avx512 ? "12 independent chains of 16-lane (AVX-512) f32 FMAs in registers on "
                                                  "every thread, median of repeats: the ceiling of this engine's GEMM "
@@ -485,6 +485,8 @@ int tsr_probe_from_json(const json_t *j, tsr_probe_result *r, tsr_error *err) {
     r->fma_gflops = json_is_object(f) ? num(f, "gflops") : NAN;
     r->fma_gflops_min = json_is_object(f) ? num(f, "gflops_min") : NAN;
     r->fma_gflops_max = json_is_object(f) ? num(f, "gflops_max") : NAN;
+    const json_t *fi = json_is_object(f) ? json_object_get(f, "isa") : NULL; /* absent before AVX-512: avx2 */
+    r->fma_avx512 = json_is_string(fi) && !strcmp(json_string_value(fi), "avx512");
     r->n_threads = (int)num(mr, "threads");
     r->n_cores = (int)num(m, "cores");
     const json_t *cm = json_object_get(m, "cpu_model");

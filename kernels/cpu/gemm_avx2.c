@@ -187,9 +187,10 @@ INL void prefetch_step(prefetch *pf) {
     pf->done = end;
 }
 
-/* Row tiles of a->nx input rows: `full` tiles of MR rows, then up to two
- * of t1 and t2 rows: a remainder of 1..3 rows borrows a full tile and runs
- * as two of 4-5 rows (enough accumulators to hide FMA latency). */
+/* Row tiles of nx input rows: `full` tiles of mr rows, then up to two of t1
+ * and t2 rows: a remainder of 1..3 rows borrows a full tile and runs as two
+ * of about (mr + rem) / 2 rows (enough accumulators to hide FMA latency;
+ * 4-5 rows for the AVX2 tile, 6-8 for the AVX-512 one). */
 INL void row_tiles(int64_t nx, int mr, int64_t *full, int *t1, int *t2) {
     *full = nx / mr;
     int rem = (int)(nx % mr);

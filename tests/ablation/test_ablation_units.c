@@ -464,6 +464,38 @@ static void test_attribution_and_reports(void **st) {
     tsr_abl_result_free(r);
 }
 
+/* A device record written and read back keeps what says how its ceilings
+ * were measured: the read loop taken and the FMA loop's ISA (records
+ * without them read back as "" and AVX2). */
+static void test_probe_record_roundtrip(void **state) {
+    (void)state;
+    tsr_probe_result r = {.read_gbs = 36.5, .read_gbs_sustained = 36.0, .gemm_gflops = 300, .fma_gflops = 470,
+                          .fma_avx512 = 1, .n_threads = 2, .n_cores = 2, .repeats = 5, .gemm_n = 1024};
+    snprintf(r.read_loop, sizeof r.read_loop, "%s", "32-byte loads, two chains of float adds");
+    snprintf(r.cpu_model, sizeof r.cpu_model, "%s", "test cpu");
+    r.gpu_read_gbs = r.gpu_read_gbs_min = r.gpu_read_gbs_max = r.gpu_bf16_tflops = r.gpu_fp8_tflops = NAN;
+    r.fma_gflops_min = r.fma_gflops_max = NAN;
+    for (int avx512 = 0; avx512 < 2; avx512++) {
+        r.fma_avx512 = avx512;
+        json_t *j = tsr_probe_to_json(&r);
+        assert_non_null(j);
+        tsr_probe_result b;
+        tsr_error err;
+        tsr_error_clear(&err);
+        assert_int_equal(tsr_probe_from_json(j, &b, &err), TSR_OK);
+        assert_near(b.read_gbs, 36.5, 1e-9);
+        assert_near(b.fma_gflops, 470, 1e-9);
+        assert_string_equal(b.read_loop, r.read_loop);
+        assert_int_equal(b.fma_avx512, avx512);
+        json_object_del(json_object_get(j, "fma"), "isa");
+        json_object_del(json_object_get(j, "memory_read"), "loop");
+        assert_int_equal(tsr_probe_from_json(j, &b, &err), TSR_OK);
+        assert_string_equal(b.read_loop, "");
+        assert_int_equal(b.fma_avx512, 0);
+        json_decref(j);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shapley_two),
@@ -479,6 +511,7 @@ int main(void) {
         cmocka_unit_test(test_prom_stats),
         cmocka_unit_test(test_bench_merge),
         cmocka_unit_test(test_attribution_and_reports),
+        cmocka_unit_test(test_probe_record_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
