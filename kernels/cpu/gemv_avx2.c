@@ -68,6 +68,35 @@ INL void prefetch_q8_pair(const uint8_t *blk) {
     _mm_prefetch((const char *)blk + PF_DIST + 64, _MM_HINT_T0);
 }
 
+/* Output rows per run (a multiple of 8, so that runs keep the kernels'
+ * groups of four rows where a take put them). Each run first asks for the
+ * lines of y it will write with write intent (prefetchw): a kernel's store
+ * to a line of y that is in no cache (y is written once per call, and the
+ * weights streamed since have pushed it out) cost the weight stream what a
+ * DRAM round trip costs, once per 16 rows. One-core lab over the LM head's
+ * rows (896 bf16 columns, y cold): 18.0 -> 18.8 GB/s, two cores 34.8 ->
+ * 36.8 GB/s, the read loop's rate; prefetching each line of y on its own a
+ * few rows ahead did not help, a run's lines at once did (BENCHMARKS.md,
+ * fifteenth session). */
+#define Y_RUN 1024
+
+/* Lines of y for output rows [r0, r1) of every input row, asked for with
+ * write intent. PREFETCHW is a no-op on CPUs that lack it (it lies in the
+ * prefetch hint space), so it is issued as an instruction, not through a
+ * target flag. */
+INL void prefetch_y(float *y, int64_t ldy, int nx, int64_t r0, int64_t r1) {
+    for (int i = 0; i < nx; i++)
+        for (int64_t r = r0; r < r1; r += 16) __asm__ volatile("prefetchw %0" ::"m"(y[i * ldy + r]));
+}
+
+/* The runs of rows [r0, r1): BODY(c0, c1) for each, its y asked for first. */
+#define EACH_Y_RUN(a, r0, r1, BODY)                                                            \
+    for (int64_t c0 = (r0); c0 < (r1); c0 += Y_RUN) {                                          \
+        const int64_t c1 = (r1) - c0 > Y_RUN ? c0 + Y_RUN : (r1);                              \
+        prefetch_y((a)->y, (a)->ldy, (a)->nx, c0, c1);                                         \
+        BODY(c0, c1);                                                                          \
+    }
+
 INL float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -341,8 +370,7 @@ static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
 
 static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 
-void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
-    if (r1 > r0) prefetch_start(a->w + (uint64_t)r0 * a->row_bytes, (uint64_t)(r1 - r0) * a->row_bytes);
+static void rows_run(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     if ((dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8) && run_permuted(dtype, a, r0, r1))
         return;
     switch (dtype) {
@@ -360,6 +388,13 @@ void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
     case TSR_DTYPE_Q4_K: rows_q4_k(a, r0, r1, NULL); break;
     default: rows_chunked(dtype, a, r0, r1); break;
     }
+}
+
+void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    if (r1 > r0) prefetch_start(a->w + (uint64_t)r0 * a->row_bytes, (uint64_t)(r1 - r0) * a->row_bytes);
+#define RUN(c0, c1) rows_run(dtype, a, c0, c1)
+    EACH_Y_RUN(a, r0, r1, RUN)
+#undef RUN
 }
 
 /* --- shuffle-free paths for bf16 and i8 -------------------------------------
@@ -594,10 +629,13 @@ void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     float out[XG];
     if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols,
                                 (uint64_t)(r1 - r0) * (uint64_t)a->cols);
-    for (int64_t r = r0; r < r1; r++) {
-        const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;
-        EACH_GROUP(a->nx, STORE_I8, XQ_CALL, i8_dot, a->cols)
+#define RUN(c0, c1)                                                                            \
+    for (int64_t r = c0; r < c1; r++) {                                                        \
+        const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;                              \
+        EACH_GROUP(a->nx, STORE_I8, XQ_CALL, i8_dot, a->cols)                                  \
     }
+    EACH_Y_RUN(a, r0, r1, RUN)
+#undef RUN
 }
 
 /* --- Q8_0 (as stored) x int16: per block two vpmaddwd; a lane's four
@@ -638,10 +676,13 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
     float out[XG];
     const uint64_t rb = (uint64_t)nb * 34;
     if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * rb, (uint64_t)(r1 - r0) * rb);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *w = (const uint8_t *)a->w + (uint64_t)r * (uint64_t)nb * 34;
-        EACH_GROUP(a->nx, STORE_XS, XQ_CALL, q8i16_dot, nb)
+#define RUN(c0, c1)                                                                            \
+    for (int64_t r = c0; r < c1; r++) {                                                        \
+        const uint8_t *w = (const uint8_t *)a->w + (uint64_t)r * rb;                           \
+        EACH_GROUP(a->nx, STORE_XS, XQ_CALL, q8i16_dot, nb)                                    \
     }
+    EACH_Y_RUN(a, r0, r1, RUN)
+#undef RUN
 }
 
 #else

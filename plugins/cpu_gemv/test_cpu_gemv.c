@@ -155,6 +155,8 @@ static const gcase cases[] = {
     /* several GEMM panels (16 rows) and column slices (256), both with tails */
     {TSR_DTYPE_BF16, 150, 700}, {TSR_DTYPE_F16, 67, 520}, {TSR_DTYPE_F32, 33, 300},
     {TSR_DTYPE_I8, 45, 300},    {TSR_DTYPE_Q8_0, 40, 544}, {TSR_DTYPE_Q4_K, 18, 512},
+    /* takes (a quarter of the rows at first) longer than the AVX2 kernels' runs of 1,024 output rows */
+    {TSR_DTYPE_BF16, 8200, 64}, {TSR_DTYPE_Q8_0, 4400, 64}, {TSR_DTYPE_F32, 4200, 40},
 };
 /* 8 and 9 rows: GEMM row tiles of 4 + 4 and 5 + 4; 13: 6 + 4 + 3; 70: 11 x 6 + 4. */
 static const int nxs[] = {1, 2, 3, 4, 5, 8, 9, 13, 23, 70};

@@ -146,7 +146,8 @@ static void test_table(void **state) {
                         check(dts[d], 29, 67, nx, isas[s], blas ? 2 : 0, x16);
                         check(dts[d], 7, 512, nx, isas[s], blas ? 2 : 0, x16);
                         check(dts[d], 3, 2100, nx, isas[s], blas ? 2 : 0, x16); /* > 1024: int32 flushes */
-                        ran += 3;
+                        check(dts[d], 2100, 32, nx, isas[s], blas ? 2 : 0, x16); /* > 1,024 output rows a take */
+                        ran += 4;
                     }
     }
     printf("%d cases passed\n", ran);
@@ -223,6 +224,7 @@ static void test_q8_0_as_stored(void **state) {
                     check_q8_0(29, 32, nx, isas[s], blas ? 2 : 0, x16);
                     check_q8_0(7, 96, nx, isas[s], blas ? 2 : 0, x16);
                     check_q8_0(3, 2240, nx, isas[s], blas ? 2 : 0, x16);
+                    check_q8_0(2100, 32, nx, isas[s], blas ? 2 : 0, x16); /* > 1,024 output rows a take */
                     ran += 3;
                 }
     }

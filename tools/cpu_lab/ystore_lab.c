@@ -1,0 +1,111 @@
+/*
+ * ystore_lab.c - what a cold output line costs a memory-bound bf16 GEMV.
+ *
+ * One thread streams a bf16 matrix (rows x cols, enough copies that every
+ * pass comes from DRAM) through the shape of cpu_gemv's decode kernel (a
+ * 64-byte step: two 32-byte loads split into even and odd halves, four FMA
+ * chains, prefetch 3 KiB ahead) against the read loop of `tessera probe`,
+ * in round-robin so that every variant sees the same moments of the VM:
+ *   read       the probe's loop (no output)
+ *   cold-y     one f32 store per row into y, whose lines are in no cache
+ *   ring-y     the same stores into a 4 KiB ring that stays cached
+ *   run-pfw    cold-y with y's lines of each run of 1,024 rows asked for
+ *              with write intent (prefetchw) at the run's start
+ *   row-pfw    cold-y with each line of y prefetchw'd 16 rows ahead
+ * Run two at once (taskset -c 0 / -c 1) for both cores.
+ *
+ *   gcc -O2 -mavx2 -mfma -mprfchw -o /tmp/ystore_lab tools/cpu_lab/ystore_lab.c
+ *   /tmp/ystore_lab [ROWS [COLS [SECONDS]]]      (default 16384 896 10)
+ */
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define PF 3072
+#define NV 5
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+__attribute__((noinline)) static float readloop(const uint8_t *w, long n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    for (long i = 0; i < n; i += 64) {
+        _mm_prefetch((const char *)w + i + PF, _MM_HINT_T0);
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps((const float *)(w + i)));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps((const float *)(w + i + 32)));
+    }
+    return hsum8(_mm256_add_ps(s0, s1));
+}
+static inline float row_dot(const uint8_t *w, const float *xp, int n) {
+    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int c = 0; c + 32 <= n; c += 32) {
+        _mm_prefetch((const char *)w + 2 * c + PF, _MM_HINT_T0);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(w + 2 * c));
+        __m256i u = _mm256_loadu_si256((const __m256i *)(w + 2 * c + 32));
+        a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(xp + c), a0);
+        a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), _mm256_loadu_ps(xp + c + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), _mm256_loadu_ps(xp + c + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(u, hm)), _mm256_loadu_ps(xp + c + 24), a3);
+    }
+    return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+/* v: 1 cold-y, 2 ring-y, 3 run-pfw, 4 row-pfw */
+__attribute__((noinline)) static void gemv(int v, const uint8_t *W, const float *xp, int n, long rows, float *y) {
+    for (long r = 0; r < rows; r++) {
+        if (v == 3 && (r & 1023) == 0)
+            for (long j = r; j < r + 1024 && j < rows; j += 16) _m_prefetchw(y + j);
+        if (v == 4 && (r & 15) == 0) _m_prefetchw(y + r + 16);
+        float s = row_dot(W + r * n * 2, xp, n);
+        y[v == 2 ? (r & 1023) : r] = s;
+    }
+}
+int main(int argc, char **argv) {
+    long rows = argc > 1 ? atol(argv[1]) : 16384;
+    int n = argc > 2 ? atoi(argv[2]) : 896;
+    double secs = argc > 3 ? atof(argv[3]) : 10;
+    size_t mb = (size_t)rows * n * 2;
+    int copies = (int)((1500L << 20) / mb + 1);
+    size_t tot = (mb * copies + (2 << 20)) / (2 << 20) * (2 << 20);
+    uint8_t *W = aligned_alloc(2 << 20, tot);
+    float *xp = aligned_alloc(64, n * 4), *y = malloc(rows * 4 + 64);
+    if (!W || !xp || !y) return 1;
+    madvise(W, tot, MADV_HUGEPAGE);
+    for (size_t i = 0; i < mb * copies / 2; i++) {
+        uint16_t h = 0x3c00 + (uint16_t)((i * 2654435761u >> 13) & 0x3ff);
+        memcpy(W + 2 * i, &h, 2);
+    }
+    for (int i = 0; i < n; i++) xp[i] = (float)((i * 37) % 101 - 50) / 50;
+    static const char *name[NV] = {"read", "cold-y", "ring-y", "run-pfw", "row-pfw"};
+    static double t[NV][4000];
+    int cnt = 0;
+    volatile float sink = 0;
+    for (double t0 = now(); now() - t0 < secs && cnt < 4000; cnt++)
+        for (int v = 0; v < NV; v++) {
+            const uint8_t *w = W + (size_t)((cnt * NV + v) % copies) * mb;
+            double a = now();
+            if (v == 0) sink += readloop(w, (long)mb);
+            else gemv(v, w, xp, n, rows, y);
+            t[v][cnt] = now() - a;
+        }
+    for (int v = 0; v < NV; v++) {
+        double *s = t[v];
+        for (int i = 0; i < cnt; i++)
+            for (int j = i + 1; j < cnt; j++)
+                if (s[j] < s[i]) { double q = s[i]; s[i] = s[j]; s[j] = q; }
+        printf("%-8s median %6.2f GB/s  (p25 %.2f, p75 %.2f; %d passes)\n", name[v], mb / s[cnt / 2] / 1e9,
+               mb / s[3 * cnt / 4] / 1e9, mb / s[cnt / 4] / 1e9, cnt);
+    }
+    return 0;
+}
