@@ -59,6 +59,18 @@ INL void prefetch_start(const uint8_t *w, uint64_t bytes) {
     for (uint64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)w + o, _MM_HINT_T0);
 }
 
+/* Decode's bf16 stream: into L2 PF_DIST ahead, into L1 only PF_NEAR ahead.
+ * Against one T0 prefetch PF_DIST ahead: one-core lab over the down
+ * projection's shape (896 x 4864 bf16) 13.5 -> 14.9 GB/s, the LM head's
+ * (x 896) even; decode passes on a Xeon VM 0.5B ~3%, 1B 71-75 against
+ * 75-76 ms. The same for the Q8_0 blocks was slower (BENCHMARKS.md,
+ * fifteenth session). */
+#define PF_NEAR 512
+INL void prefetch_two_level(const uint8_t *p) {
+    _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
+    _mm_prefetch((const char *)p + PF_NEAR, _MM_HINT_T0);
+}
+
 /* The software prefetch of a pair of Q8_0 blocks: 68 bytes a step, so one
  * prefetch a step would skip one line in 17 (a demand miss each); the line
  * 64 bytes further covers it. One-thread lab over the LM head's shape:
@@ -439,7 +451,7 @@ INL void bf16p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, in
     if (nx == 1) {
         __m256 a2 = _mm256_setzero_ps(), a3 = a2;
         for (; c + 32 <= n; c += 32) {
-            _mm_prefetch((const char *)(w + 2 * c) + PF_DIST, _MM_HINT_T0);
+            prefetch_two_level(w + 2 * c);
             __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(w + 2 * c));
             __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(w + 2 * c + 32));
             __m256 v0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
