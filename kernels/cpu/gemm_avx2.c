@@ -91,7 +91,7 @@ static void pack_panel(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int n
             const uint8_t *fs[8];
             for (int i = 0; i < 8; i++) {
                 if (h + i < nv) {
-                    tsr_dequant_row(dtype, src[i], tmp[i], kc);
+                    if (!tsr_gemv_widen_row_avx2(dtype, src[i], kc, tmp[i])) tsr_dequant_row(dtype, src[i], tmp[i], kc);
                     if (dtype == TSR_DTYPE_I8 && a->scale) {
                         __m256 s = _mm256_set1_ps(a->scale[r0 + h + i]);
                         int64_t k = 0;

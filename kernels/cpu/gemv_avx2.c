@@ -552,10 +552,25 @@ static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
     return 1;
 }
 
-/* --- widening for sgemm tiles: f16 with F16C, bf16 with a shift --------------- */
+/* --- widening for sgemm tiles and the GEMM's panels: f16 with F16C, bf16 with
+ * a shift, int8 and Q8_0 with sign extension (d * (float)q as tsr_dequant_row:
+ * the same values, eight at a time instead of one) ------------------------- */
 
 int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst) {
     int64_t c = 0;
+    if (dtype == TSR_DTYPE_I8) {
+        for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, ld_i8(src + c));
+        for (; c < n; c++) dst[c] = sc_i8(src + c);
+        return 1;
+    }
+    if (dtype == TSR_DTYPE_Q8_0) { /* n is a multiple of 32 (tsr_dequant_row's contract) */
+        for (; c + 32 <= n; c += 32) {
+            const uint8_t *blk = src + c / 32 * 34;
+            const __m256 d = _mm256_set1_ps(h2f(blk));
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(dst + c + 8 * k, _mm256_mul_ps(d, q8_part(blk, k)));
+        }
+        return c == n;
+    }
     if (dtype == TSR_DTYPE_F16) {
         for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, ld_f16(src + 2 * c));
         for (; c < n; c++) dst[c] = sc_f16(src + 2 * c);

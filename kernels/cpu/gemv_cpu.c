@@ -104,10 +104,11 @@ void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
             memcpy(dst, row, (size_t)a->cols * 4);
             continue;
         }
+        int widened = 0;
 #if defined(__x86_64__)
-        if (tsr_gemv_isa_best() != TSR_GEMV_ISA_PORTABLE && tsr_gemv_widen_row_avx2(dtype, row, a->cols, dst)) continue;
+        widened = tsr_gemv_isa_best() != TSR_GEMV_ISA_PORTABLE && tsr_gemv_widen_row_avx2(dtype, row, a->cols, dst);
 #endif
-        tsr_dequant_row(dtype, row, dst, a->cols);
+        if (!widened) tsr_dequant_row(dtype, row, dst, a->cols);
         if (dtype == TSR_DTYPE_I8 && a->scale) {
             float s = a->scale[r];
             for (int64_t c = 0; c < a->cols; c++) dst[c] *= s;
