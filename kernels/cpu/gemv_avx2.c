@@ -383,7 +383,8 @@ static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
 static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 
 static void rows_run(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
-    if ((dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8 || dtype == TSR_DTYPE_Q4_K) && run_permuted(dtype, a, r0, r1))
+    if ((dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8 || dtype == TSR_DTYPE_Q4_K || dtype == TSR_DTYPE_Q6_K) &&
+        run_permuted(dtype, a, r0, r1))
         return;
     switch (dtype) {
     case TSR_DTYPE_F32:
@@ -572,6 +573,52 @@ INL void q4kp_dot(const uint8_t *w, const float *xp, const float *xs, int64_t n,
     for (int i = 0; i < nx; i++) out[i] = hsum8(acc[i]) - mins[i];
 }
 
+/* Q6_K ({u8 ql[128]; u8 qh[64]; i8 sc[16]; f16 d} per 256): each 32
+ * consecutive weights are d * sc[16-group] * (q - 32), q six bits from a
+ * nibble of ql and two bits of qh. The 32 codes of a group are put together
+ * bytewise (16-bit shifts and byte masks), made signed (q - 32), and widened
+ * as the int8 path widens (lane j of part k = byte 4j + k, activations
+ * permuted alike), so that lanes 0-3 hold the first 16-group and lanes 4-7
+ * the second: one vector of the two groups' d * sc scales each. */
+INL void q6kp_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int nx, float *out) {
+    __m256 acc[XG];
+    for (int i = 0; i < nx; i++) acc[i] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    for (int64_t sb = 0; sb < n / 256; sb++) {
+        const uint8_t *blk = w + sb * 210;
+        for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)blk + PF_DIST + o, _MM_HINT_T0);
+        const float d = h2f(blk + 208);
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+            for (int g = 0; g < 4; g++) { /* elements 128 h + 32 g + [0, 32) */
+                const __m256i v = _mm256_sub_epi8(q[g], k32);
+                __m256 part[4];
+                for (int k = 0; k < 4; k++) part[k] = i8_part(v, k);
+                const int is = 8 * h + 2 * g; /* as dequant_q6_k: sc[is] for l < 16, sc[is + 1] after */
+                const __m256 ds = _mm256_setr_m128(_mm_set1_ps(d * (float)sc[is]), _mm_set1_ps(d * (float)sc[is + 1]));
+                for (int i = 0; i < nx; i++) {
+                    const float *xg = xp + i * ldx + sb * 256 + 128 * h + 32 * g;
+                    __m256 t = _mm256_mul_ps(part[0], _mm256_loadu_ps(xg));
+                    for (int k = 1; k < 4; k++) t = _mm256_fmadd_ps(part[k], _mm256_loadu_ps(xg + 8 * k), t);
+                    acc[i] = _mm256_fmadd_ps(ds, t, acc[i]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < nx; i++) out[i] = hsum8(acc[i]);
+}
+PERM_DRIVER(rows_q6kp, q6kp_dot)
+
 #define Q4KP_CALL(XS, g, N) q4kp_dot(row, xp + (int64_t)(g) * a->cols, (XS) + (int64_t)(g) * (a->cols / 32), a->cols, N, out)
 static void rows_q4kp(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp) {
     const float *xs = xp + (int64_t)a->nx * a->cols;
@@ -593,7 +640,7 @@ int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a) 
      * weights (dot_q4_k: d sc q - dmin m made once for all rows) cost fewer
      * products (bench_gemv, 896 x 4864, 4 rows: 7.2 against 6.1 GB/s) */
     if (dtype == TSR_DTYPE_Q4_K) return a->nx <= 2 ? n + n / 32 : 0;
-    return dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8 ? n : 0;
+    return dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8 || dtype == TSR_DTYPE_Q6_K ? n : 0;
 }
 
 void tsr_gemv_permute_x_avx2(uint32_t dtype, const tsr_gemv_args *a, float *xp) {
@@ -621,6 +668,7 @@ static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
     }
     if (dtype == TSR_DTYPE_BF16) rows_bf16p(a, r0, r1, xp, NULL);
     else if (dtype == TSR_DTYPE_Q4_K) rows_q4kp(a, r0, r1, xp);
+    else if (dtype == TSR_DTYPE_Q6_K) rows_q6kp(a, r0, r1, xp, NULL);
     else rows_i8p(a, r0, r1, xp, a->scale);
     free(own);
     return 1;
