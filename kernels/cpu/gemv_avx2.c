@@ -580,10 +580,24 @@ INL void q4kp_dot(const uint8_t *w, const float *xp, const float *xs, int64_t n,
  * as the int8 path widens (lane j of part k = byte 4j + k, activations
  * permuted alike), so that lanes 0-3 hold the first 16-group and lanes 4-7
  * the second: one vector of the two groups' d * sc scales each. */
+/* The signed codes (q - 32) of half h of a Q6_K block (ql, qh its 64 and
+ * 32 bytes): q[g] byte l is the code of element 128 h + 32 g + l. */
+INL void q6k_codes(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+    for (int g = 0; g < 4; g++) q[g] = _mm256_sub_epi8(q[g], k32);
+}
+
 INL void q6kp_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int nx, float *out) {
     __m256 acc[XG];
     for (int i = 0; i < nx; i++) acc[i] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
     for (int64_t sb = 0; sb < n / 256; sb++) {
         const uint8_t *blk = w + sb * 210;
         for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)blk + PF_DIST + o, _MM_HINT_T0);
@@ -591,17 +605,10 @@ INL void q6kp_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int
         const int8_t *sc = (const int8_t *)(blk + 192);
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)qh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+            q6k_codes(ql, qh, q);
             for (int g = 0; g < 4; g++) { /* elements 128 h + 32 g + [0, 32) */
-                const __m256i v = _mm256_sub_epi8(q[g], k32);
+                const __m256i v = q[g];
                 __m256 part[4];
                 for (int k = 0; k < 4; k++) part[k] = i8_part(v, k);
                 const int is = 8 * h + 2 * g; /* as dequant_q6_k: sc[is] for l < 16, sc[is + 1] after */
@@ -684,6 +691,49 @@ int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float
         for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, ld_i8(src + c));
         for (; c < n; c++) dst[c] = sc_i8(src + c);
         return 1;
+    }
+    if (dtype == TSR_DTYPE_Q4_K) { /* d1 * q - m1 as dequant_q4_k, 256 at a time */
+        for (; c + 256 <= n; c += 256) {
+            const uint8_t *blk = src + c / 256 * 144;
+            const float d = h2f(blk), dmin = h2f(blk + 2);
+            for (int p = 0; p < 4; p++) {
+                const __m128i m4 = _mm_set1_epi8(0x0f);
+                int sc, m;
+                for (int hn = 0; hn < 2; hn++) {
+                    q4k_scale_min(2 * p + hn, blk + 4, &sc, &m);
+                    const __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(dmin * (float)m);
+                    for (int hf = 0; hf < 2; hf++) {
+                        __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 16 + 32 * p + 16 * hf));
+                        q = hn ? _mm_and_si128(_mm_srli_epi16(q, 4), m4) : _mm_and_si128(q, m4);
+                        float *o = dst + c + 64 * p + 32 * hn + 16 * hf;
+                        _mm256_storeu_ps(o, _mm256_sub_ps(_mm256_mul_ps(d1, u8_to_ps(q)), m1));
+                        _mm256_storeu_ps(o + 8, _mm256_sub_ps(_mm256_mul_ps(d1, u8_to_ps(_mm_srli_si128(q, 8))), m1));
+                    }
+                }
+            }
+        }
+        return c == n;
+    }
+    if (dtype == TSR_DTYPE_Q6_K) { /* (d * sc) * (q - 32) as dequant_q6_k */
+        for (; c + 256 <= n; c += 256) {
+            const uint8_t *blk = src + c / 256 * 210;
+            const float d = h2f(blk + 208);
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            __m256i q[4];
+            for (int h = 0; h < 2; h++) {
+                q6k_codes(blk + 64 * h, blk + 128 + 32 * h, q);
+                for (int g = 0; g < 4; g++)
+                    for (int e = 0; e < 32; e += 8) {
+                        const int is = 8 * h + 2 * g + e / 16;
+                        __m128i b = e < 16 ? _mm256_castsi256_si128(q[g]) : _mm256_extracti128_si256(q[g], 1);
+                        if (e & 8) b = _mm_srli_si128(b, 8);
+                        const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+                        _mm256_storeu_ps(dst + c + 128 * h + 32 * g + e,
+                                         _mm256_mul_ps(_mm256_set1_ps(d * (float)sc[is]), v));
+                    }
+            }
+        }
+        return c == n;
     }
     if (dtype == TSR_DTYPE_Q8_0) { /* n is a multiple of 32 (tsr_dequant_row's contract) */
         for (; c + 32 <= n; c += 32) {
