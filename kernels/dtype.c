@@ -240,6 +240,64 @@ static void dequant_q6_k(const uint8_t *b, float *y, int64_t nb) {
     }
 }
 
+static uint8_t clamp_code(float v, float hi) { return (uint8_t)(v < 0 ? 0 : v > hi ? hi : v); }
+
+void tsr_quant_q4_k(const float *w, uint8_t *blk) {
+    float step[8], off[8], smax = 0, omax = 0;
+    for (int j = 0; j < 8; j++) {
+        float lo = w[32 * j], hi = lo;
+        for (int k = 1; k < 32; k++) lo = fminf(lo, w[32 * j + k]), hi = fmaxf(hi, w[32 * j + k]);
+        off[j] = lo < 0 ? -lo : 0;
+        step[j] = (hi + off[j]) / 15.0f;
+        smax = fmaxf(smax, step[j]), omax = fmaxf(omax, off[j]);
+    }
+    const uint16_t dh = tsr_f32_to_f16(smax / 63.0f), mh = tsr_f32_to_f16(omax / 63.0f);
+    const float d = tsr_f16_to_f32(dh), dmin = tsr_f16_to_f32(mh);
+    uint8_t sc[8], m[8];
+    memset(blk, 0, 144);
+    for (int j = 0; j < 8; j++) {
+        sc[j] = d > 0 ? clamp_code(roundf(step[j] / d), 63) : 0;
+        m[j] = dmin > 0 ? clamp_code(roundf(off[j] / dmin), 63) : 0;
+    }
+    memcpy(blk, &dh, 2), memcpy(blk + 2, &mh, 2);
+    for (int j = 0; j < 4; j++) { /* the layout q4k_scale_min reads */
+        blk[4 + j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        blk[8 + j] = (uint8_t)(m[j] | (m[j + 4] >> 4) << 6);
+        blk[12 + j] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+    }
+    for (int j = 0; j < 8; j++) {
+        const float st = d * sc[j], o = dmin * m[j];
+        for (int k = 0; k < 32; k++) {
+            const uint8_t q = st > 0 ? clamp_code(roundf((w[32 * j + k] + o) / st), 15) : 0;
+            blk[16 + 32 * (j / 2) + k] |= (uint8_t)(j % 2 ? q << 4 : q);
+        }
+    }
+}
+
+void tsr_quant_q6_k(const float *w, uint8_t *blk) {
+    float step[16], smax = 0;
+    for (int g = 0; g < 16; g++) {
+        float a = 0;
+        for (int k = 0; k < 16; k++) a = fmaxf(a, fabsf(w[16 * g + k]));
+        smax = fmaxf(smax, step[g] = a / 31.0f);
+    }
+    const uint16_t dh = tsr_f32_to_f16(smax / 127.0f);
+    const float d = tsr_f16_to_f32(dh);
+    memset(blk, 0, 210);
+    for (int g = 0; g < 16; g++) {
+        const uint8_t sc = d > 0 ? clamp_code(roundf(step[g] / d), 127) : 0;
+        blk[192 + g] = sc;
+        const float st = d * sc;
+        for (int k = 0; k < 16; k++) { /* element e: half h, group gi of 32, lane l (dequant_q6_k) */
+            const int e = 16 * g + k, h = e / 128, gi = (e % 128) / 32, l = e % 32;
+            const uint8_t q = st > 0 ? clamp_code(roundf(w[e] / st) + 32, 63) : 32;
+            blk[64 * h + (gi % 2) * 32 + l] |= (uint8_t)(gi < 2 ? q & 15 : (q & 15) << 4);
+            blk[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * gi));
+        }
+    }
+    memcpy(blk + 208, &dh, 2);
+}
+
 void tsr_dequant_row(uint32_t dtype, const void *src, float *dst, int64_t n) {
     TSR_ASSERT(dtype < TSR_DTYPE_COUNT && n >= 0 && n % dtype_table[dtype].block_elems == 0);
     const uint8_t *s = src;

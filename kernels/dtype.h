@@ -31,6 +31,16 @@ int tsr_dtype_row_bytes(uint32_t dtype, int64_t n, uint64_t *out);
  * f32. Exact for every stored value. */
 void tsr_dequant_row(uint32_t dtype, const void *src, float *dst, int64_t n);
 
+/* One block of 256 f32 weights quantised into a Q4_K block (144 bytes:
+ * per 32-weight sub-block a step (max - min) / 15 and an offset max(0, -min)
+ * as 6-bit multiples of the block's f16 d and dmin, codes round((w + offset)
+ * / step)) or a Q6_K block (210 bytes: per 16 weights a step max|w| / 31 as
+ * an int8 multiple of the f16 d, codes round(w / step) + 32), in GGML's
+ * layouts (what tsr_dequant_row reads). Plain min-max / absmax scales, not
+ * llama.cpp's searched ones: for files that benchmark K-quant kernels. */
+void tsr_quant_q4_k(const float *w, uint8_t *blk);
+void tsr_quant_q6_k(const float *w, uint8_t *blk);
+
 /* Scalar conversions. */
 float tsr_f16_to_f32(uint16_t h);
 uint16_t tsr_f32_to_f16(float f);   /* round to nearest even */

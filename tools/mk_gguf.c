@@ -1,10 +1,19 @@
 /*
  * mk_gguf - a GGUF file from a dense Llama, Qwen2 or Qwen3 safetensors checkpoint,
- * its matrices stored as Q8_0 (or f32), for benchmarks of block-quantised
- * decode at shapes no shipped GGUF has (the random checkpoints of
- * ../shared/tools/mk_random_checkpoint.py) and for tests.
+ * its matrices stored as Q8_0 (or f32, or a Q4_K_M-like mix), for
+ * benchmarks of block-quantised decode at shapes no shipped GGUF has (the
+ * random checkpoints of ../shared/tools/mk_random_checkpoint.py) and for
+ * tests.
  *
- *   mk_gguf SRC DST.gguf [--type q8_0|f32]
+ *   mk_gguf SRC DST.gguf [--type q8_0|f32|q4_k_m]
+ *
+ * q4_k_m: as llama.cpp's Q4_K_M lays types out: Q6_K for the output head
+ * (token_embd too, which serves as the head of tied models), attn_v and
+ * ffn_down, Q4_K for the other matrices whose rows are whole 256-element
+ * blocks, Q8_0 for the rest. Its Q4_K and Q6_K blocks are kernels/dtype.h's
+ * tsr_quant_q4_k / tsr_quant_q6_k (plain min-max / absmax per sub-block, not
+ * llama.cpp's searched scales): meant for speed, which does not depend on
+ * the values.
  *
  * SRC: a folder tessera reads (config.json + safetensors, f32/f16/bf16).
  * Every 2-D weight whose columns are whole 32-element blocks becomes the
@@ -26,7 +35,7 @@
 #include "core/format/model_file.h"
 #include "kernels/dtype.h"
 
-enum { GGML_F32 = 0, GGML_Q8_0 = 8 };
+enum { GGML_F32 = 0, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q6_K = 14, MIX_Q4_K_M = 1000 };
 enum { KV_U32 = 4, KV_F32 = 6, KV_STRING = 8 };
 #define ALIGN 32
 
@@ -98,6 +107,15 @@ static void write_data(FILE *f, const out_tensor *o, float *row, int8_t *q) {
             put(f, row, (size_t)cols * 4);
             continue;
         }
+        if (o->type == GGML_Q4_K || o->type == GGML_Q6_K) {
+            uint8_t blk[210];
+            for (int64_t b = 0; b < cols; b += 256) {
+                if (o->type == GGML_Q4_K) tsr_quant_q4_k(row + b, blk);
+                else tsr_quant_q6_k(row + b, blk);
+                put(f, blk, o->type == GGML_Q4_K ? 144 : 210);
+            }
+            continue;
+        }
         for (int64_t b = 0; b < cols; b += 32) {
             float amax = 0;
             for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(row[b + k]));
@@ -115,9 +133,10 @@ static void write_data(FILE *f, const out_tensor *o, float *row, int8_t *q) {
 
 int main(int argc, char **argv) {
     if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--type")))
-        die("usage: mk_gguf SRC DST.gguf [--type q8_0|f32]%s", "");
-    const uint32_t type = argc == 5 && !strcmp(argv[4], "f32") ? GGML_F32 : GGML_Q8_0;
-    if (argc == 5 && strcmp(argv[4], "f32") && strcmp(argv[4], "q8_0")) die("--type %s: q8_0 or f32", argv[4]);
+        die("usage: mk_gguf SRC DST.gguf [--type q8_0|f32|q4_k_m]%s", "");
+    const char *ty = argc == 5 ? argv[4] : "q8_0";
+    const uint32_t type = !strcmp(ty, "f32") ? GGML_F32 : !strcmp(ty, "q4_k_m") ? MIX_Q4_K_M : GGML_Q8_0;
+    if (strcmp(ty, "f32") && strcmp(ty, "q8_0") && strcmp(ty, "q4_k_m")) die("--type %s: q8_0, f32 or q4_k_m", ty);
     tsr_model_file *mf;
     tsr_error err = {0};
     if (tsr_model_file_open(argv[1], &mf, &err) != TSR_OK) die("%s", err.msg);
@@ -139,7 +158,15 @@ int main(int argc, char **argv) {
             die("%s: no GGUF name for it (dense llama/qwen2/qwen3 tensors only)", t->name);
         const int64_t rows = rows_of(t), cols = cols_of(t);
         o->type = t->n_dims == 2 && cols % 32 == 0 ? type : GGML_F32;
-        o->bytes = (uint64_t)rows * (o->type == GGML_F32 ? (uint64_t)cols * 4 : (uint64_t)cols / 32 * 34);
+        if (o->type == MIX_Q4_K_M) {
+            const int six = strstr(o->name, "output.") || strstr(o->name, "token_embd.") ||
+                            strstr(o->name, ".attn_v.") || strstr(o->name, ".ffn_down.");
+            o->type = cols % 256 ? GGML_Q8_0 : six ? GGML_Q6_K : GGML_Q4_K;
+        }
+        o->bytes = (uint64_t)rows * (o->type == GGML_F32    ? (uint64_t)cols * 4
+                                     : o->type == GGML_Q8_0 ? (uint64_t)cols / 32 * 34
+                                     : o->type == GGML_Q4_K ? (uint64_t)cols / 256 * 144
+                                                            : (uint64_t)cols / 256 * 210);
         if (llama && strstr(o->name, ".attn_q.")) o->permute_heads = c->n_heads;
         if (llama && strstr(o->name, ".attn_k.")) o->permute_heads = c->n_kv_heads;
         o->offset = at;

@@ -281,6 +281,40 @@ static void test_q6_k(void **state) {
     }
 }
 
+/* tsr_quant_q4_k / tsr_quant_q6_k read back by tsr_dequant_row: every
+ * weight within its sub-block's quantisation step (half a step of the
+ * codes, plus what rounding the scales to 6 or 8 bits and f16 moves), on
+ * blocks of different ranges and signs. A code or scale written into the
+ * wrong bits comes back steps away. */
+static void roundtrip(uint32_t dtype, double slack) {
+    uint32_t r = 12345;
+    for (int t = 0; t < 40; t++) {
+        float w[256], back[256];
+        uint8_t blk[210];
+        const float lo = t % 4 == 0 ? 0.5f : -1.0f - (float)(t % 7), hi = t % 5 == 0 ? -0.25f : 1.0f + (float)(t % 3);
+        for (int i = 0; i < 256; i++) {
+            r = r * 1664525u + 1013904223u;
+            w[i] = lo + (hi - lo) * (float)(r >> 8) / 16777216.0f * (i % 16 == 3 ? 1.0f : 0.5f + 0.5f * (float)(i % 32) / 32);
+        }
+        if (dtype == TSR_DTYPE_Q4_K) tsr_quant_q4_k(w, blk);
+        else tsr_quant_q6_k(w, blk);
+        tsr_dequant_row(dtype, blk, back, 256);
+        const int g = dtype == TSR_DTYPE_Q4_K ? 32 : 16, levels = dtype == TSR_DTYPE_Q4_K ? 15 : 62;
+        for (int s0 = 0; s0 < 256; s0 += g) {
+            float mn = w[s0], mx = w[s0];
+            for (int i = s0; i < s0 + g; i++) mn = fminf(mn, w[i]), mx = fmaxf(mx, w[i]);
+            const double span = dtype == TSR_DTYPE_Q4_K ? fmax(mx, 0) - fmin(mn, 0) : 2 * fmax(fabs(mn), fabs(mx));
+            for (int i = s0; i < s0 + g; i++)
+                if (fabs((double)back[i] - w[i]) > slack * span / levels)
+                    fail_msg("%s block %d weight %d: %.6g came back %.6g (step %.3g)", tsr_dtype_name(dtype), t,
+                             i, w[i], back[i], span / levels);
+        }
+    }
+}
+
+static void test_quant_q4_k(void **state) { (void)state, roundtrip(TSR_DTYPE_Q4_K, 1.0); }
+static void test_quant_q6_k(void **state) { (void)state, roundtrip(TSR_DTYPE_Q6_K, 1.0); }
+
 static void test_plain_rows(void **state) {
     (void)state;
     float out[4];
@@ -340,6 +374,7 @@ int main(void) {
         cmocka_unit_test(test_f32_to_f8e4m3),
         cmocka_unit_test(test_q8_0),                  cmocka_unit_test(test_q4_0),
         cmocka_unit_test(test_q4_k),                  cmocka_unit_test(test_q6_k),
+        cmocka_unit_test(test_quant_q4_k),            cmocka_unit_test(test_quant_q6_k),
         cmocka_unit_test(test_plain_rows),            cmocka_unit_test(test_sizes_and_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
