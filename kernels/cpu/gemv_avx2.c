@@ -272,6 +272,21 @@ INL void q4k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
     }
 }
 
+/* All eight (d sc_j, dmin m_j) of a Q4_K block at once: the 12 scale bytes
+ * as three words, each byte lane unpacked as q4k_scale_min unpacks one
+ * (sc_j, m_j): j < 4 the low six bits of bytes j and j + 4; j >= 4 a
+ * nibble of byte j + 4 with the top two bits of byte j - 4 or j. */
+INL void q4k_scales(const uint8_t *q, float d, float dmin, float *dsc, __m256 *dm) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, q, 4), memcpy(&w1, q + 4, 4), memcpy(&w2, q + 8, 4);
+    const uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+    const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+    const __m128i sc8 = _mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo), m8 = _mm_set_epi32(0, 0, (int)m_hi, (int)m_lo);
+    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc8))));
+    *dm = _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m8)));
+}
+
 INL __m256 u8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 
 INL void dot_q4_k(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u,
@@ -538,23 +553,22 @@ INL __m256 q4_part(__m256i v, int sh) {
 }
 
 INL void q4kp_dot(const uint8_t *w, const float *xp, const float *xs, int64_t n, int nx, float *out) {
-    __m256 acc[XG];
-    float mins[XG];
-    for (int i = 0; i < nx; i++) acc[i] = _mm256_setzero_ps(), mins[i] = 0.0f;
+    __m256 acc[XG], mins[XG];
+    for (int i = 0; i < nx; i++) acc[i] = mins[i] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < n / 256; sb++) {
         const uint8_t *blk = w + sb * 144;
         _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
         _mm_prefetch((const char *)blk + PF_DIST + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)blk + PF_DIST + 128, _MM_HINT_T0);
-        const float d = h2f(blk), dmin = h2f(blk + 2);
+        float dsc[8];
+        __m256 dm;
+        q4k_scales(blk + 4, h2f(blk), h2f(blk + 2), dsc, &dm);
+        for (int i = 0; i < nx; i++) mins[i] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xs + i * (n / 32) + sb * 8), mins[i]);
         for (int p = 0; p < 4; p++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16 + 32 * p));
             __m256 lo[4], hi[4];
             for (int k = 0; k < 4; k++) lo[k] = q4_part(v, 8 * k), hi[k] = q4_part(v, 8 * k + 4);
-            int sc0, m0, sc1, m1;
-            q4k_scale_min(2 * p, blk + 4, &sc0, &m0);
-            q4k_scale_min(2 * p + 1, blk + 4, &sc1, &m1);
-            const __m256 d0 = _mm256_set1_ps(d * (float)sc0), d1 = _mm256_set1_ps(d * (float)sc1);
+            const __m256 d0 = _mm256_broadcast_ss(dsc + 2 * p), d1 = _mm256_broadcast_ss(dsc + 2 * p + 1);
             const int64_t b = sb * 8 + 2 * p; /* the sub-block of the low nibbles */
             for (int i = 0; i < nx; i++) {
                 const float *x0 = xp + i * n + b * 32, *x1 = x0 + 32;
@@ -565,12 +579,10 @@ INL void q4kp_dot(const uint8_t *w, const float *xp, const float *xs, int64_t n,
                     s1 = _mm256_fmadd_ps(hi[k], _mm256_loadu_ps(x1 + 8 * k), s1);
                 }
                 acc[i] = _mm256_fmadd_ps(d1, s1, _mm256_fmadd_ps(d0, s0, acc[i]));
-                const float *xsi = xs + i * (n / 32) + b;
-                mins[i] += dmin * (float)m0 * xsi[0] + dmin * (float)m1 * xsi[1];
             }
         }
     }
-    for (int i = 0; i < nx; i++) out[i] = hsum8(acc[i]) - mins[i];
+    for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_sub_ps(acc[i], mins[i]));
 }
 
 /* Q6_K ({u8 ql[128]; u8 qh[64]; i8 sc[16]; f16 d} per 256): each 32
@@ -903,4 +915,5 @@ int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a) 
     return 0;
 }
 void tsr_gemv_permute_x_avx2(uint32_t dtype, const tsr_gemv_args *a, float *xp) { (void)dtype, (void)a, (void)xp; }
+
 #endif
