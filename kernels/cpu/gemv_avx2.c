@@ -425,7 +425,7 @@ void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
 #undef RUN
 }
 
-/* --- shuffle-free paths for bf16 and i8 -------------------------------------
+/* --- shuffle-free paths for bf16, i8, Q4_K (one or two rows) and Q6_K -------
  * Widening bytes or halves to 32-bit lanes takes a shuffle per 8 elements,
  * and the shuffle port, not memory, then bounds decode. Instead, a 32-byte
  * load is split with shifts: lane j of part k holds element G*j + k (G = 2
