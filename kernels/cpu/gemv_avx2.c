@@ -613,18 +613,21 @@ INL void q6kp_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int
     for (int64_t sb = 0; sb < n / 256; sb++) {
         const uint8_t *blk = w + sb * 210;
         for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)blk + PF_DIST + o, _MM_HINT_T0);
-        const float d = h2f(blk + 208);
-        const int8_t *sc = (const int8_t *)(blk + 192);
+        const __m256 d = _mm256_set1_ps(h2f(blk + 208));
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
             __m256i q[4];
             q6k_codes(ql, qh, q);
+            /* d * sc[8 h + t] for t < 8: as dequant_q6_k, sc[is] for l < 16, sc[is + 1] after */
+            const __m256 ds8 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                    _mm_loadl_epi64((const __m128i *)(const void *)(blk + 192 + 8 * h)))));
             for (int g = 0; g < 4; g++) { /* elements 128 h + 32 g + [0, 32) */
                 const __m256i v = q[g];
                 __m256 part[4];
                 for (int k = 0; k < 4; k++) part[k] = i8_part(v, k);
-                const int is = 8 * h + 2 * g; /* as dequant_q6_k: sc[is] for l < 16, sc[is + 1] after */
-                const __m256 ds = _mm256_setr_m128(_mm_set1_ps(d * (float)sc[is]), _mm_set1_ps(d * (float)sc[is + 1]));
+                /* lanes 0-3 (elements 4j + k < 16) take scale 2g, lanes 4-7 scale 2g + 1 */
+                const __m256 ds = _mm256_permutevar8x32_ps(ds8, _mm256_setr_epi32(2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1,
+                                                                                  2 * g + 1, 2 * g + 1, 2 * g + 1));
                 for (int i = 0; i < nx; i++) {
                     const float *xg = xp + i * ldx + sb * 256 + 128 * h + 32 * g;
                     __m256 t = _mm256_mul_ps(part[0], _mm256_loadu_ps(xg));
