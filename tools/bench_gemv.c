@@ -226,7 +226,7 @@ int main(int argc, char **argv) {
            resident ? "one matrix of ~384 KiB held in L2" : ">= 256 MiB of copies");
     const int64_t shapes[3][2] = {{4864, 896}, {151936, 896}, {896, 4864}};
     const uint32_t dtypes[] = {TSR_DTYPE_F32, TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_I8, DT_I8X16,
-                               TSR_DTYPE_Q8_0, DT_Q8X16, TSR_DTYPE_Q4_K, TSR_DTYPE_Q6_K};
+                               TSR_DTYPE_Q8_0, DT_Q8X16, TSR_DTYPE_Q4_0, TSR_DTYPE_Q4_K, TSR_DTYPE_Q6_K};
     const int nxs[] = {1, 2, 4, 8};
     if (table)
         printf("%-7s %-14s %9s %9s | %8s %8s %8s %8s | %8s %8s %8s %8s\n", "dtype", "shape", "MiB", "ceilGB/s",

@@ -326,6 +326,50 @@ INL void dot_q4_k(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int 
     for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
 }
 
+/* --- Q4_0: {f16 d; u8 qs[16]} per 32, low nibbles elements 0-15, high 16-31,
+ * w = d * (q - 8): each block's codes widened in registers (q - 8 exact in
+ * f32), its products scaled by d once, two blocks in flight ------------------ */
+
+/* One Q4_0 block's products for nx input rows into acc[i][h]. */
+#define Q4_0_BLOCK(blk, b, h)                                                                   \
+    do {                                                                                       \
+        const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)((blk) + 2));         \
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), k8);                             \
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), k8);          \
+        const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));                        \
+        const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));     \
+        const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));                        \
+        const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));     \
+        const __m256 d = _mm256_set1_ps(h2f(blk));                                             \
+        for (int i = 0; i < nx; i++) {                                                         \
+            const float *xp = x + i * ldx + (b) * 32;                                          \
+            __m256 s = _mm256_mul_ps(w0, _mm256_loadu_ps(xp));                                 \
+            __m256 t = _mm256_mul_ps(w1, _mm256_loadu_ps(xp + 8));                             \
+            s = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xp + 16), s);                              \
+            t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xp + 24), t);                              \
+            acc[i][h] = _mm256_fmadd_ps(d, _mm256_add_ps(s, t), acc[i][h]);                    \
+        }                                                                                      \
+    } while (0)
+
+INL void dot_q4_0(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u, float *out) {
+    (void)u;
+    __m256 acc[XG][2];
+    for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(0x0f), k8 = _mm_set1_epi8(8);
+    const int64_t nb = n / 32;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) { /* 36 bytes a step: one line in 16/9 steps, so two prefetches */
+        const uint8_t *blk = w + b * 18;
+        _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + PF_DIST + 32, _MM_HINT_T0);
+        Q4_0_BLOCK(blk, b, 0);
+        Q4_0_BLOCK(blk + 18, b + 1, 1);
+    }
+    if (b < nb) Q4_0_BLOCK(w + b * 18, b, 0);
+    for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
+}
+#undef Q4_0_BLOCK
+
 /* --- other block types: decoded 256 elements at a time on the stack ----------- */
 
 INL void dot_chunked(uint32_t dtype, const uint8_t *w, const float *x, int64_t ldx, int64_t n,
@@ -364,6 +408,7 @@ ROW_DRIVER(rows_bf16, dot_bf16, 4)
 ROW_DRIVER(rows_i8, dot_i8, 8)
 ROW_DRIVER(rows_q8_0, dot_q8_0, 4)
 ROW_DRIVER(rows_q4_k, dot_q4_k, 4)
+ROW_DRIVER(rows_q4_0, dot_q4_0, 4)
 
 /* Short rows: four weight rows per step against each input row in turn (the
  * four rows stay in L1 meanwhile), the rest one at a time. From a few hundred
@@ -414,6 +459,7 @@ static void rows_run(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t
     case TSR_DTYPE_I8: rows_i8(a, r0, r1, a->scale); break;
     case TSR_DTYPE_Q8_0: rows_q8_0(a, r0, r1, NULL); break;
     case TSR_DTYPE_Q4_K: rows_q4_k(a, r0, r1, NULL); break;
+    case TSR_DTYPE_Q4_0: rows_q4_0(a, r0, r1, NULL); break;
     default: rows_chunked(dtype, a, r0, r1); break;
     }
 }
@@ -747,6 +793,21 @@ int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float
                                          _mm256_mul_ps(_mm256_set1_ps(d * (float)sc[is]), v));
                     }
             }
+        }
+        return c == n;
+    }
+    if (dtype == TSR_DTYPE_Q4_0) { /* d * (float)(q - 8) as dequant_q4_0 */
+        const __m128i m4 = _mm_set1_epi8(0x0f), k8 = _mm_set1_epi8(8);
+        for (; c + 32 <= n; c += 32) {
+            const uint8_t *blk = src + c / 32 * 18;
+            const __m256 d = _mm256_set1_ps(h2f(blk));
+            const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
+            const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), k8);
+            const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), k8);
+            _mm256_storeu_ps(dst + c, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+            _mm256_storeu_ps(dst + c + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+            _mm256_storeu_ps(dst + c + 16, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+            _mm256_storeu_ps(dst + c + 24, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
         }
         return c == n;
     }

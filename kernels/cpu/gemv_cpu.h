@@ -8,7 +8,7 @@
  *     y[i * ldy + r] = scale[r] * sum_c W[r, c] * x[i * ldx + c]   (scale: I8 only)
  *
  * Weights are read as stored: plain types are converted in registers, GGUF
- * block types (Q8_0, Q4_K, Q6_K) are decoded block by block in registers; the other
+ * block types (Q8_0, Q4_0, Q4_K, Q6_K) are decoded block by block in registers; the other
  * block types go through tsr_dequant_row one 256-element chunk at a time on
  * the stack. Nothing wider than a chunk is ever materialised, and each weight
  * row is read from memory once for all nx input rows (verification and small
