@@ -132,9 +132,9 @@ INL __m256 ld_bf16(const uint8_t *p) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-INL __m256 ld_i8(const uint8_t *p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)));
-}
+/* The low 8 signed bytes of v as f32. */
+INL __m256 i8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+INL __m256 ld_i8(const uint8_t *p) { return i8_to_ps(_mm_loadl_epi64((const __m128i *)(const void *)p)); }
 
 INL float sc_f32(const uint8_t *p) {
     float f;
@@ -336,10 +336,8 @@ INL void dot_q4_k(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int 
         const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)((blk) + 2));         \
         const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), k8);                             \
         const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), k8);          \
-        const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));                        \
-        const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));     \
-        const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));                        \
-        const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));     \
+        const __m256 w0 = i8_to_ps(lo), w1 = i8_to_ps(_mm_srli_si128(lo, 8));                  \
+        const __m256 w2 = i8_to_ps(hi), w3 = i8_to_ps(_mm_srli_si128(hi, 8));                  \
         const __m256 d = _mm256_set1_ps(h2f(blk));                                             \
         for (int i = 0; i < nx; i++) {                                                         \
             const float *xp = x + i * ldx + (b) * 32;                                          \
@@ -609,7 +607,8 @@ INL void q4kp_dot(const uint8_t *w, const float *xp, const float *xs, int64_t n,
         float dsc[8];
         __m256 dm;
         q4k_scales(blk + 4, h2f(blk), h2f(blk + 2), dsc, &dm);
-        for (int i = 0; i < nx; i++) mins[i] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xs + i * (n / 32) + sb * 8), mins[i]);
+        for (int i = 0; i < nx; i++)
+            mins[i] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xs + i * (n / 32) + sb * 8), mins[i]);
         for (int p = 0; p < 4; p++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16 + 32 * p));
             __m256 lo[4], hi[4];
@@ -665,8 +664,7 @@ INL void q6kp_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int
             __m256i q[4];
             q6k_codes(ql, qh, q);
             /* d * sc[8 h + t] for t < 8: as dequant_q6_k, sc[is] for l < 16, sc[is + 1] after */
-            const __m256 ds8 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                                    _mm_loadl_epi64((const __m128i *)(const void *)(blk + 192 + 8 * h)))));
+            const __m256 ds8 = _mm256_mul_ps(d, ld_i8(blk + 192 + 8 * h));
             for (int g = 0; g < 4; g++) { /* elements 128 h + 32 g + [0, 32) */
                 const __m256i v = q[g];
                 __m256 part[4];
@@ -687,7 +685,8 @@ INL void q6kp_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int
 }
 PERM_DRIVER(rows_q6kp, q6kp_dot)
 
-#define Q4KP_CALL(XS, g, N) q4kp_dot(row, xp + (int64_t)(g) * a->cols, (XS) + (int64_t)(g) * (a->cols / 32), a->cols, N, out)
+#define Q4KP_CALL(XS, g, N) \
+    q4kp_dot(row, xp + (int64_t)(g) * a->cols, (XS) + (int64_t)(g) * (a->cols / 32), a->cols, N, out)
 static void rows_q4kp(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp) {
     const float *xs = xp + (int64_t)a->nx * a->cols;
     float out[XG];
@@ -804,10 +803,10 @@ int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float
             const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
             const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), k8);
             const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), k8);
-            _mm256_storeu_ps(dst + c, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
-            _mm256_storeu_ps(dst + c + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
-            _mm256_storeu_ps(dst + c + 16, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
-            _mm256_storeu_ps(dst + c + 24, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+            _mm256_storeu_ps(dst + c, _mm256_mul_ps(d, i8_to_ps(lo)));
+            _mm256_storeu_ps(dst + c + 8, _mm256_mul_ps(d, i8_to_ps(_mm_srli_si128(lo, 8))));
+            _mm256_storeu_ps(dst + c + 16, _mm256_mul_ps(d, i8_to_ps(hi)));
+            _mm256_storeu_ps(dst + c + 24, _mm256_mul_ps(d, i8_to_ps(_mm_srli_si128(hi, 8))));
         }
         return c == n;
     }
