@@ -223,6 +223,20 @@ PLAIN_DOT4(dot4_f16, ld_f16, sc_f16, 2)
 
 INL __m256 q8_part(const uint8_t *b, int k) { return ld_i8(b + 2 + 8 * k); }
 
+/* acc[i][h] += d * (q . x) over one 32-element block at column 32 b of
+ * each input row, q its four widened parts (Q8_0 and Q4_0 alike). */
+INL void block32_acc(const __m256 q[4], __m256 d, const float *x, int64_t ldx, int64_t b, int nx,
+                     __m256 acc[][2], int h) {
+    for (int i = 0; i < nx; i++) {
+        const float *xp = x + i * ldx + b * 32;
+        __m256 s = _mm256_mul_ps(q[0], _mm256_loadu_ps(xp));
+        __m256 t = _mm256_mul_ps(q[1], _mm256_loadu_ps(xp + 8));
+        s = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xp + 16), s);
+        t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xp + 24), t);
+        acc[i][h] = _mm256_fmadd_ps(d, _mm256_add_ps(s, t), acc[i][h]);
+    }
+}
+
 INL void dot_q8_0(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u,
                   float *out) {
     (void)u;
@@ -233,16 +247,8 @@ INL void dot_q8_0(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int 
         for (int h = 0; h < 2; h++) {
             const uint8_t *blk = w + (b + h) * 34;
             if (h == 0) prefetch_q8_pair(blk);
-            __m256 d = _mm256_set1_ps(h2f(blk));
-            __m256 q0 = q8_part(blk, 0), q1 = q8_part(blk, 1), q2 = q8_part(blk, 2), q3 = q8_part(blk, 3);
-            for (int i = 0; i < nx; i++) {
-                const float *xp = x + i * ldx + (b + h) * 32;
-                __m256 s = _mm256_mul_ps(q0, _mm256_loadu_ps(xp));
-                __m256 t = _mm256_mul_ps(q1, _mm256_loadu_ps(xp + 8));
-                s = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xp + 16), s);
-                t = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xp + 24), t);
-                acc[i][h] = _mm256_fmadd_ps(d, _mm256_add_ps(s, t), acc[i][h]);
-            }
+            const __m256 q[4] = {q8_part(blk, 0), q8_part(blk, 1), q8_part(blk, 2), q8_part(blk, 3)};
+            block32_acc(q, _mm256_set1_ps(h2f(blk)), x, ldx, b + h, nx, acc, h);
         }
     }
     for (; b < nb; b++) {
@@ -262,21 +268,12 @@ INL void dot_q8_0(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int 
 
 /* --- Q4_K: {f16 d, dmin; u8 scales[12]; u8 qs[128]} per 256 ------------------- */
 
-INL void q4k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-/* All eight (d sc_j, dmin m_j) of a Q4_K block at once: the 12 scale bytes
- * as three words, each byte lane unpacked as q4k_scale_min unpacks one
- * (sc_j, m_j): j < 4 the low six bits of bytes j and j + 4; j >= 4 a
- * nibble of byte j + 4 with the top two bits of byte j - 4 or j. */
-INL void q4k_scales(const uint8_t *q, float d, float dmin, float *dsc, __m256 *dm) {
+/* The eight (d sc_j, dmin m_j) of a Q4_K block into dsc[8], dmn[8]: the 12
+ * scale bytes as three words, each byte lane unpacked as dtype.c's
+ * q4k_scale_min unpacks one (sc_j, m_j): j < 4 the low six bits of bytes j
+ * and j + 4; j >= 4 a nibble of byte j + 4 with the top two bits of byte
+ * j - 4 or j. The products d * sc and dmin * m are dequant_q4_k's. */
+INL void q4k_scales(const uint8_t *q, float d, float dmin, float *dsc, float *dmn) {
     uint32_t w0, w1, w2;
     memcpy(&w0, q, 4), memcpy(&w1, q + 4, 4), memcpy(&w2, q + 8, 4);
     const uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
@@ -284,7 +281,7 @@ INL void q4k_scales(const uint8_t *q, float d, float dmin, float *dsc, __m256 *d
     const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
     const __m128i sc8 = _mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo), m8 = _mm_set_epi32(0, 0, (int)m_hi, (int)m_lo);
     _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc8))));
-    *dm = _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m8)));
+    _mm256_storeu_ps(dmn, _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m8))));
 }
 
 INL __m256 u8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
@@ -297,14 +294,12 @@ INL void dot_q4_k(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int 
     const __m128i m4 = _mm_set1_epi8(0x0f);
     for (int64_t sb = 0; sb < n / 256; sb++) {
         const uint8_t *blk = w + sb * 144;
-        float d = h2f(blk), dmin = h2f(blk + 2);
-        const uint8_t *scales = blk + 4, *qs = blk + 16;
+        const uint8_t *qs = blk + 16;
+        float dsc[8], dmn[8];
+        q4k_scales(blk + 4, h2f(blk), h2f(blk + 2), dsc, dmn);
         for (int p = 0; p < 4; p++) {
-            int sc, m;
-            q4k_scale_min(2 * p, scales, &sc, &m);
-            __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(dmin * (float)m);
-            q4k_scale_min(2 * p + 1, scales, &sc, &m);
-            __m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(dmin * (float)m);
+            const __m256 d1 = _mm256_broadcast_ss(dsc + 2 * p), m1 = _mm256_broadcast_ss(dmn + 2 * p);
+            const __m256 d2 = _mm256_broadcast_ss(dsc + 2 * p + 1), m2 = _mm256_broadcast_ss(dmn + 2 * p + 1);
             for (int h = 0; h < 2; h++) {
                 __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * p + 16 * h));
                 __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
@@ -330,43 +325,38 @@ INL void dot_q4_k(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int 
  * w = d * (q - 8): each block's codes widened in registers (q - 8 exact in
  * f32), its products scaled by d once, two blocks in flight ------------------ */
 
-/* One Q4_0 block's products for nx input rows into acc[i][h]. */
-#define Q4_0_BLOCK(blk, b, h)                                                                   \
-    do {                                                                                       \
-        const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)((blk) + 2));         \
-        const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), k8);                             \
-        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), k8);          \
-        const __m256 w0 = i8_to_ps(lo), w1 = i8_to_ps(_mm_srli_si128(lo, 8));                  \
-        const __m256 w2 = i8_to_ps(hi), w3 = i8_to_ps(_mm_srli_si128(hi, 8));                  \
-        const __m256 d = _mm256_set1_ps(h2f(blk));                                             \
-        for (int i = 0; i < nx; i++) {                                                         \
-            const float *xp = x + i * ldx + (b) * 32;                                          \
-            __m256 s = _mm256_mul_ps(w0, _mm256_loadu_ps(xp));                                 \
-            __m256 t = _mm256_mul_ps(w1, _mm256_loadu_ps(xp + 8));                             \
-            s = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xp + 16), s);                              \
-            t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xp + 24), t);                              \
-            acc[i][h] = _mm256_fmadd_ps(d, _mm256_add_ps(s, t), acc[i][h]);                    \
-        }                                                                                      \
-    } while (0)
+/* The four widened parts (d not applied) of a Q4_0 block: q - 8 for the
+ * low nibbles (elements 0-15), then the high (16-31). */
+INL void q4_0_parts(const uint8_t *blk, __m256 w[4]) {
+    const __m128i m4 = _mm_set1_epi8(0x0f), k8 = _mm_set1_epi8(8);
+    const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), k8);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), k8);
+    w[0] = i8_to_ps(lo), w[1] = i8_to_ps(_mm_srli_si128(lo, 8));
+    w[2] = i8_to_ps(hi), w[3] = i8_to_ps(_mm_srli_si128(hi, 8));
+}
 
 INL void dot_q4_0(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u, float *out) {
     (void)u;
-    __m256 acc[XG][2];
+    __m256 acc[XG][2], q[4];
     for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    const __m128i m4 = _mm_set1_epi8(0x0f), k8 = _mm_set1_epi8(8);
     const int64_t nb = n / 32;
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) { /* 36 bytes a step: one line in 16/9 steps, so two prefetches */
         const uint8_t *blk = w + b * 18;
         _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
         _mm_prefetch((const char *)blk + PF_DIST + 32, _MM_HINT_T0);
-        Q4_0_BLOCK(blk, b, 0);
-        Q4_0_BLOCK(blk + 18, b + 1, 1);
+        q4_0_parts(blk, q);
+        block32_acc(q, _mm256_set1_ps(h2f(blk)), x, ldx, b, nx, acc, 0);
+        q4_0_parts(blk + 18, q);
+        block32_acc(q, _mm256_set1_ps(h2f(blk + 18)), x, ldx, b + 1, nx, acc, 1);
     }
-    if (b < nb) Q4_0_BLOCK(w + b * 18, b, 0);
+    if (b < nb) {
+        q4_0_parts(w + b * 18, q);
+        block32_acc(q, _mm256_set1_ps(h2f(w + b * 18)), x, ldx, b, nx, acc, 0);
+    }
     for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
 }
-#undef Q4_0_BLOCK
 
 /* --- other block types: decoded 256 elements at a time on the stack ----------- */
 
@@ -441,9 +431,7 @@ static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
 static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 
 static void rows_run(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
-    if ((dtype == TSR_DTYPE_BF16 || dtype == TSR_DTYPE_I8 || dtype == TSR_DTYPE_Q4_K || dtype == TSR_DTYPE_Q6_K) &&
-        run_permuted(dtype, a, r0, r1))
-        return;
+    if (run_permuted(dtype, a, r0, r1)) return; /* the dtypes with a permuted-activation path */
     switch (dtype) {
     case TSR_DTYPE_F32:
         if (a->cols <= ROW4_MAX_COLS) rows4_f32(a, r0, r1);
@@ -604,9 +592,9 @@ INL void q4kp_dot(const uint8_t *w, const float *xp, const float *xs, int64_t n,
         _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
         _mm_prefetch((const char *)blk + PF_DIST + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)blk + PF_DIST + 128, _MM_HINT_T0);
-        float dsc[8];
-        __m256 dm;
-        q4k_scales(blk + 4, h2f(blk), h2f(blk + 2), dsc, &dm);
+        float dsc[8], dmn[8];
+        q4k_scales(blk + 4, h2f(blk), h2f(blk + 2), dsc, dmn);
+        const __m256 dm = _mm256_loadu_ps(dmn);
         for (int i = 0; i < nx; i++)
             mins[i] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xs + i * (n / 32) + sb * 8), mins[i]);
         for (int p = 0; p < 4; p++) {
@@ -755,13 +743,12 @@ int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float
     if (dtype == TSR_DTYPE_Q4_K) { /* d1 * q - m1 as dequant_q4_k, 256 at a time */
         for (; c + 256 <= n; c += 256) {
             const uint8_t *blk = src + c / 256 * 144;
-            const float d = h2f(blk), dmin = h2f(blk + 2);
+            float dsc[8], dmn[8];
+            q4k_scales(blk + 4, h2f(blk), h2f(blk + 2), dsc, dmn);
             for (int p = 0; p < 4; p++) {
                 const __m128i m4 = _mm_set1_epi8(0x0f);
-                int sc, m;
                 for (int hn = 0; hn < 2; hn++) {
-                    q4k_scale_min(2 * p + hn, blk + 4, &sc, &m);
-                    const __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(dmin * (float)m);
+                    const __m256 d1 = _mm256_broadcast_ss(dsc + 2 * p + hn), m1 = _mm256_broadcast_ss(dmn + 2 * p + hn);
                     for (int hf = 0; hf < 2; hf++) {
                         __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 16 + 32 * p + 16 * hf));
                         q = hn ? _mm_and_si128(_mm_srli_epi16(q, 4), m4) : _mm_and_si128(q, m4);
@@ -787,26 +774,20 @@ int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float
                         const int is = 8 * h + 2 * g + e / 16;
                         __m128i b = e < 16 ? _mm256_castsi256_si128(q[g]) : _mm256_extracti128_si256(q[g], 1);
                         if (e & 8) b = _mm_srli_si128(b, 8);
-                        const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
                         _mm256_storeu_ps(dst + c + 128 * h + 32 * g + e,
-                                         _mm256_mul_ps(_mm256_set1_ps(d * (float)sc[is]), v));
+                                         _mm256_mul_ps(_mm256_set1_ps(d * (float)sc[is]), i8_to_ps(b)));
                     }
             }
         }
         return c == n;
     }
     if (dtype == TSR_DTYPE_Q4_0) { /* d * (float)(q - 8) as dequant_q4_0 */
-        const __m128i m4 = _mm_set1_epi8(0x0f), k8 = _mm_set1_epi8(8);
         for (; c + 32 <= n; c += 32) {
             const uint8_t *blk = src + c / 32 * 18;
             const __m256 d = _mm256_set1_ps(h2f(blk));
-            const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
-            const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), k8);
-            const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), k8);
-            _mm256_storeu_ps(dst + c, _mm256_mul_ps(d, i8_to_ps(lo)));
-            _mm256_storeu_ps(dst + c + 8, _mm256_mul_ps(d, i8_to_ps(_mm_srli_si128(lo, 8))));
-            _mm256_storeu_ps(dst + c + 16, _mm256_mul_ps(d, i8_to_ps(hi)));
-            _mm256_storeu_ps(dst + c + 24, _mm256_mul_ps(d, i8_to_ps(_mm_srli_si128(hi, 8))));
+            __m256 q[4];
+            q4_0_parts(blk, q);
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(dst + c + 8 * k, _mm256_mul_ps(d, q[k]));
         }
         return c == n;
     }
