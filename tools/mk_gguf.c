@@ -108,11 +108,12 @@ static void write_data(FILE *f, const out_tensor *o, float *row, int8_t *q) {
             continue;
         }
         if (o->type == GGML_Q4_K || o->type == GGML_Q6_K) {
+            const uint32_t dt = o->type == GGML_Q4_K ? TSR_DTYPE_Q4_K : TSR_DTYPE_Q6_K;
             uint8_t blk[210];
             for (int64_t b = 0; b < cols; b += 256) {
-                if (o->type == GGML_Q4_K) tsr_quant_q4_k(row + b, blk);
+                if (dt == TSR_DTYPE_Q4_K) tsr_quant_q4_k(row + b, blk);
                 else tsr_quant_q6_k(row + b, blk);
-                put(f, blk, o->type == GGML_Q4_K ? 144 : 210);
+                put(f, blk, (size_t)tsr_dtype_block_bytes(dt));
             }
             continue;
         }
@@ -163,10 +164,13 @@ int main(int argc, char **argv) {
                             strstr(o->name, ".attn_v.") || strstr(o->name, ".ffn_down.");
             o->type = cols % 256 ? GGML_Q8_0 : six ? GGML_Q6_K : GGML_Q4_K;
         }
-        o->bytes = (uint64_t)rows * (o->type == GGML_F32    ? (uint64_t)cols * 4
-                                     : o->type == GGML_Q8_0 ? (uint64_t)cols / 32 * 34
-                                     : o->type == GGML_Q4_K ? (uint64_t)cols / 256 * 144
-                                                            : (uint64_t)cols / 256 * 210);
+        const uint32_t dt = o->type == GGML_F32    ? TSR_DTYPE_F32
+                            : o->type == GGML_Q8_0 ? TSR_DTYPE_Q8_0
+                            : o->type == GGML_Q4_K ? TSR_DTYPE_Q4_K
+                                                   : TSR_DTYPE_Q6_K;
+        uint64_t rb;
+        if (tsr_dtype_row_bytes(dt, cols, &rb) != 0) die("%s: rows of an unwritable size", t->name);
+        o->bytes = (uint64_t)rows * rb;
         if (llama && strstr(o->name, ".attn_q.")) o->permute_heads = c->n_heads;
         if (llama && strstr(o->name, ".attn_k.")) o->permute_heads = c->n_kv_heads;
         o->offset = at;
