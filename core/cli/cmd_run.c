@@ -20,7 +20,8 @@ static void run_usage(FILE *f) {
             "  --chat MESSAGE     a user message rendered with the model's chat template\n"
             "  -n N               tokens to generate (default 128, or what the context leaves)\n"
             "  --random-prompt N  a prompt of N pseudo-random token ids and no tokenizer (speed\n"
-            "                     runs on checkpoints without one); prints no text\n"
+            "                     runs on checkpoints without one); prints the generated\n"
+            "                     token ids, one a line, instead of text\n"
             "  --profile          time every op, waiting for the device after each (no CUDA\n"
             "                     graphs): a table per prefill and decode on stderr; the\n"
             "                     speeds printed are then not the engine's\n"
@@ -193,7 +194,10 @@ int tsr_cmd_run(int argc, char **argv) {
             fprintf(stderr, "\ntessera run: %s\n", tsr_error_format(&err, msg, sizeof msg));
             goto done;
         }
-        fwrite(ev.text, 1, ev.text_len, stdout);
+        if (random_prompt) /* no tokenizer: the ids, to compare assemblies' outputs */
+            for (int i = 0; i < ev.n_tokens; i++) printf("%d\n", ev.tokens[i].id);
+        else
+            fwrite(ev.text, 1, ev.text_len, stdout);
         fflush(stdout);
         if (ev.finish != TSR_FINISH_NONE) break;
     }
