@@ -269,6 +269,18 @@ __device__ __forceinline__ void load_raw(const T *p, int d0, int hd, bool vec, R
     }
 }
 
+// load_raw's vector case (dims whole and aligned, as cluster_kernel's are) through L2 only (ld.global.cg):
+// for a key loaded again after the programmatic-dependent wait, which must
+// not be served a line that L1 holds from before it.
+template <int DPL, typename T> __device__ __forceinline__ void load_raw_cg(const T *p, Raw<T, DPL> &r) {
+    using R = Raw<T, DPL>;
+    static_assert(R::N == 2 || R::N == 4 || R::N == 8 || R::N == 16, "whole 2, 4, 8 or 16 bytes");
+    if constexpr (R::N == 2) r.w[0] = __ldcg(reinterpret_cast<const unsigned short *>(p));
+    if constexpr (R::N == 4) r.w[0] = __ldcg(reinterpret_cast<const unsigned *>(p));
+    if constexpr (R::N == 8) *reinterpret_cast<uint2 *>(r.w) = __ldcg(reinterpret_cast<const uint2 *>(p));
+    if constexpr (R::N == 16) *reinterpret_cast<uint4 *>(r.w) = __ldcg(reinterpret_cast<const uint4 *>(p));
+}
+
 // Element i widened to f32 (E4M3 unscaled), zero past hd.
 template <typename T, int DPL>
 __device__ __forceinline__ float widen(const Raw<T, DPL> &r, int i, int d0, int hd) {
@@ -490,17 +502,64 @@ __global__ void __launch_bounds__(kCWarps * 32)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (rem % LINES) * 128));
         }
     }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kl = lane / kCLanes, part = lane % kCLanes; // the lane's key in a tile, its share of the row
+    const int d0 = lane * DPL;                            // values: the lane's dims
+    // A tile of kCTile keys: each lane's pieces of key tb + kl and its dims
+    // of every key's values (keys past t1 read key t1 again, never past the
+    // table or the cache, and weigh nothing). cg: through L2 only (__ldcg,
+    // for a key loaded again after the wait) instead of __ldg.
+    uint4 kc[CPL];
+    Raw<T, DPL> vr[kCTile];
+    float vsc[kCTile], ksc = 1.0f;
+    auto load_key = [&](int tb, bool cg) {
+        int64_t off, slot;
+        key_at<PAGED>(min(tb + kl, t1), ts, pg, &off, &slot);
+        const uint8_t *kp = reinterpret_cast<const uint8_t *>(K + off + kvh * hs);
+#pragma unroll
+        for (int c = 0; c < CPL; c++) {
+            const uint4 *a = reinterpret_cast<const uint4 *>(kp + (part + kCLanes * c) * 16);
+            kc[c] = cg ? __ldcg(a) : __ldg(a);
+        }
+        if constexpr (FP8) ksc = cg ? __ldcg(&pg.ks[slot * n_kv + kvh]) : pg.ks[slot * n_kv + kvh];
+    };
+    auto load_value = [&](int tb, int j, bool cg) {
+        int64_t vo, vs;
+        key_at<PAGED>(min(tb + j, t1), ts, pg, &vo, &vs);
+        if (cg) load_raw_cg<DPL>(V + vo + kvh * hs + d0, vr[j]);
+        else load_raw<DPL>(V + vo + kvh * hs + d0, d0, HD, true, vr[j]);
+        if constexpr (FP8) vsc[j] = cg ? __ldcg(&pg.vs[vs * n_kv + kvh]) : pg.vs[vs * n_kv + kvh];
+    };
+    auto load_tile = [&](int tb) {
+        load_key(tb, false);
+#pragma unroll
+        for (int j = 0; j < kCTile; j++) load_value(tb, j, false);
+    };
+    // pre (with l2_kv): the warp's first tile loaded into registers before
+    // the wait as well. Its keys were written by earlier passes but for the
+    // newest, `last`, which the kv append just before this kernel writes:
+    // wherever the tile reads that key it is loaded again after the wait,
+    // from L2 (L1 may hold the line read before). The same sums (token ids of
+    // 64 greedy steps after 700 identical either way); one-row passes of the
+    // Llama-3-8B shape on the H200 E4M3 2.594-2.615 -> 2.577-2.578 ms, bf16
+    // 4.082-4.091 -> 4.073-4.097 (BENCHMARKS.md, sixteenth session).
+    const int tb0 = t0 + warp * kCTile;
+    const bool pre = !PAGED && l2_kv && tb0 <= t1;
+    if (pre) load_tile(tb0);
     tsr_pdl::enter(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
+    if (pre && tb0 + kCTile - 1 >= last) {
+        if (min(tb0 + kl, t1) == last) load_key(tb0, true);
+#pragma unroll
+        for (int j = 0; j < kCTile; j++)
+            if (min(tb0 + j, t1) == last) load_value(tb0, j, true);
+    }
     __shared__ __align__(16) float q_s[GC][HD];
     __shared__ float w_m[kCWarps][GC], w_l[kCWarps][GC], w_acc[kCWarps][GC][HD];
     __shared__ float b_m[GC], b_l[GC], b_acc[GC][HD];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float *qr = q + ((int64_t)row * n_heads + (int64_t)kvh * group) * HD;
     for (int i = threadIdx.x; i < GC * HD; i += blockDim.x)
         q_s[i / HD][i % HD] = i / HD < group ? qr[i] * scale : 0.0f;
     __syncthreads();
-    const int kl = lane / kCLanes, part = lane % kCLanes; // the lane's key in a tile, its share of the row
-    const int d0 = lane * DPL;                            // values: the lane's dims
     float m[GC], l[GC], acc[GC][DPL];
 #pragma unroll
     for (int g = 0; g < GC; g++) {
@@ -509,23 +568,7 @@ __global__ void __launch_bounds__(kCWarps * 32)
         for (int i = 0; i < DPL; i++) acc[g][i] = 0.0f;
     }
     for (int tb = t0 + warp * kCTile; tb <= t1; tb += kCWarps * kCTile) {
-        // keys past t1 read key t1 again (never past the table or the cache) and weigh nothing
-        int64_t off, slot;
-        key_at<PAGED>(min(tb + kl, t1), ts, pg, &off, &slot);
-        const uint8_t *kp = reinterpret_cast<const uint8_t *>(K + off + kvh * hs);
-        uint4 kc[CPL];
-#pragma unroll
-        for (int c = 0; c < CPL; c++) kc[c] = __ldg(reinterpret_cast<const uint4 *>(kp + (part + kCLanes * c) * 16));
-        Raw<T, DPL> vr[kCTile];
-        float vsc[kCTile];
-#pragma unroll
-        for (int j = 0; j < kCTile; j++) {
-            int64_t vo, vs;
-            key_at<PAGED>(min(tb + j, t1), ts, pg, &vo, &vs);
-            load_raw<DPL>(V + vo + kvh * hs + d0, d0, HD, true, vr[j]);
-            if constexpr (FP8) vsc[j] = pg.vs[vs * n_kv + kvh];
-        }
-        const float ksc = FP8 ? pg.ks[slot * n_kv + kvh] : 1.0f;
+        if (!pre || tb != tb0) load_tile(tb);
         float s[GC];
 #pragma unroll
         for (int g = 0; g < GC; g++) s[g] = 0.0f;
