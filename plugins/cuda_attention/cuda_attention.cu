@@ -438,10 +438,15 @@ __global__ void __launch_bounds__(kMaxGroup * 32, 1)
 // the H200 counted ~290 instructions per key and warp, issue-bound at 8
 // warps a multiprocessor.) An online softmax per head; the warps of a block
 // merged through shared memory, then the splits through distributed shared
-// memory (each block reads the others' results, block r merging heads r,
-// r + n_splits, ...): no partial results in global memory, no counters, no
-// fences.
+// memory: block r merges heads r, r + n_splits, ..., each block writes its
+// result for a head into the merging block's shared memory, then arrives at
+// a cluster barrier; blocks with nothing to merge leave, the others wait and
+// merge from their own shared memory (no partial results in global memory,
+// no counters, no fences; pushing instead of each merging block reading the
+// others' results saves a round trip to remote shared memory and the second
+// barrier that kept every block alive until the reads were done).
 constexpr int kCWarps = 8, kCMaxSplits = 8, kCLanes = 4, kCTile = 32 / kCLanes;
+constexpr int kCPush = 14; // the most of n * ceil(g / n) for n splits and g heads in 1..8 (n 7, g 8)
 
 // Whether cluster_kernel takes a head size and KV layout: 16-byte pieces of
 // each key row (strides and bases aligned), head_dim 64 or 128.
@@ -502,6 +507,7 @@ __global__ void __launch_bounds__(kCWarps * 32)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (rem % LINES) * 128));
         }
     }
+    cl.barrier_arrive(); // matched by the wait before the first push into another block's shared memory
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kl = lane / kCLanes, part = lane % kCLanes; // the lane's key in a tile, its share of the row
     const int d0 = lane * DPL;                            // values: the lane's dims
@@ -555,7 +561,9 @@ __global__ void __launch_bounds__(kCWarps * 32)
     }
     __shared__ __align__(16) float q_s[GC][HD];
     __shared__ float w_m[kCWarps][GC], w_l[kCWarps][GC], w_acc[kCWarps][GC][HD];
-    __shared__ float b_m[GC], b_l[GC], b_acc[GC][HD];
+    // slots of the blocks' results for the heads this block merges: n_splits *
+    // ceil(group / n_splits) <= kCPush
+    __shared__ float p_m[kCPush], p_l[kCPush], p_acc[kCPush][HD];
     const float *qr = q + ((int64_t)row * n_heads + (int64_t)kvh * group) * HD;
     for (int i = threadIdx.x; i < GC * HD; i += blockDim.x)
         q_s[i / HD][i % HD] = i / HD < group ? qr[i] * scale : 0.0f;
@@ -613,7 +621,10 @@ __global__ void __launch_bounds__(kCWarps * 32)
             m[g] = mn;
         }
     }
-    // the block's warps merged through shared memory: warp w merges heads w, w + kCWarps, ...
+    // the block's warps merged through shared memory: warp w merges heads w,
+    // w + kCWarps, ... and pushes the block's result for the head into the
+    // shared memory of the block that merges the splits of that head (block
+    // g % n_splits, its slot [split][g / n_splits]: p_*)
 #pragma unroll
     for (int g = 0; g < GC; g++) {
 #pragma unroll
@@ -623,6 +634,8 @@ __global__ void __launch_bounds__(kCWarps * 32)
         for (int i = 0; i < DPL; i++) w_acc[warp][g][d0 + i] = acc[g][i];
     }
     __syncthreads();
+    const int hpb = (group + n_splits - 1) / n_splits; // heads whose splits a block merges
+    cl.barrier_wait(); // every block of the cluster has started (arrived at the top): its shared memory exists
     for (int g = warp; g < group; g += kCWarps) {
         float M = -INFINITY;
         for (int w = 0; w < kCWarps; w++) M = fmaxf(M, w_m[w][g]);
@@ -633,19 +646,26 @@ __global__ void __launch_bounds__(kCWarps * 32)
 #pragma unroll
             for (int i = 0; i < DPL; i++) a[i] = fmaf(e, w_acc[w][g][d0 + i], a[i]);
         }
-        if (lane == 0) b_m[g] = M, b_l[g] = L;
+        const unsigned dst = (unsigned)(g % n_splits);
+        const int slot = split * hpb + g / n_splits;
+        if (lane == 0) *cl.map_shared_rank(&p_m[slot], dst) = M, *cl.map_shared_rank(&p_l[slot], dst) = L;
+        float *pa = cl.map_shared_rank(&p_acc[slot][0], dst);
 #pragma unroll
-        for (int i = 0; i < DPL; i++) b_acc[g][d0 + i] = a[i];
+        for (int i = 0; i < DPL; i++) pa[d0 + i] = a[i];
     }
-    // the splits merged through distributed shared memory: block r, warp w
-    // merges head r + n_splits * w (and on), reading every block's result
-    cl.sync();
+    // the splits merged: block r, warp w merges head r + n_splits * w from
+    // the n_splits slots pushed to it. A block with no head to merge leaves
+    // at once (a cluster barrier waits for the threads that have not exited).
+    cl.barrier_arrive();
+    if (split >= group) return;
+    cl.barrier_wait();
     for (int g = split + n_splits * warp; g < group; g += n_splits * kCWarps) {
+        const int j = (g - split) / n_splits;
         float ms[kCMaxSplits];
         float M = -INFINITY;
 #pragma unroll
         for (int r = 0; r < kCMaxSplits; r++) {
-            ms[r] = r < n_splits ? *cl.map_shared_rank(&b_m[g], r) : -INFINITY;
+            ms[r] = r < n_splits ? p_m[r * hpb + j] : -INFINITY;
             M = fmaxf(M, ms[r]);
         }
         float L = 0.0f, a[DPL] = {};
@@ -653,8 +673,8 @@ __global__ void __launch_bounds__(kCWarps * 32)
         for (int r = 0; r < kCMaxSplits; r++) {
             if (r >= n_splits) break;
             const float e = ms[r] > -INFINITY ? __expf(ms[r] - M) : 0.0f; // a split without keys: 0
-            L += *cl.map_shared_rank(&b_l[g], r) * e;
-            const float *ra = cl.map_shared_rank(&b_acc[g][0], r);
+            L += p_l[r * hpb + j] * e;
+            const float *ra = &p_acc[r * hpb + j][0];
 #pragma unroll
             for (int i = 0; i < DPL; i++) a[i] = fmaf(e, ra[d0 + i], a[i]);
         }
@@ -662,7 +682,6 @@ __global__ void __launch_bounds__(kCWarps * 32)
 #pragma unroll
         for (int i = 0; i < DPL; i++) o[d0 + i] = a[i] / L;
     }
-    cl.sync(); // no block leaves while another reads its shared memory
 }
 
 // One cluster_kernel launch: clusters of the n_splits blocks of a (row, KV
