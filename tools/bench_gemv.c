@@ -2,7 +2,7 @@
  * bench_gemv - GB/s of the gemv kernels (kernels/cpu/gemv_cpu.h) against a
  * plain read loop over the same bytes, the ceiling of a memory-bound gemv.
  *
- * usage: bench_gemv [-t THREADS] [-i portable|avx2] [-s SECONDS] [--shape 0|1|2] [--prefill]
+ * usage: bench_gemv [-t THREADS] [-i portable|avx2] [-s SECONDS] [--shape 0|1|2] [--panel COLS] [--prefill]
  *
  * Per dtype and shape (Qwen2.5-0.5B's [4864 x 896] FFN up/gate, [151936 x 896]
  * output head and [896 x 4864] FFN down, the only one whose rows are whole
@@ -11,6 +11,13 @@
  * model's successive layers do. Each figure is the median over passes.
  * i8x16 is int8 weights with int16 activations (cpu_gemv_int8's decode),
  * q8x16 Q8_0 weights as stored with int16 activations (its Q8_0 decode).
+ * Copies lie in 2 MiB pages (MADV_HUGEPAGE), as the plugins hold resident
+ * weights. --panel COLS stores each copy as column panels of COLS (rounded
+ * up to whole blocks; the last panel the rest): panel p holds columns
+ * [p COLS, p COLS + COLS) of every row, row after row, and a call runs the
+ * kernel over each panel and adds the sums (one input row only: the other
+ * columns print 0) -- the layout that streams a matrix of wide rows as one
+ * contiguous run per panel (BENCHMARKS.md, sixteenth session).
  * --resident instead keeps one matrix of about 384 KiB (the first --shape's
  * columns) in the cores' L2 caches: the kernels' instruction ceilings, what
  * they could read per second if memory kept up.
@@ -25,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 
 #include <cblas.h>
 
@@ -81,6 +89,9 @@ typedef struct job {
     const float *xs;
     uint32_t dtype;
     tsr_gemv_args a;
+    int64_t panel;      /* --panel: columns a panel (0: rows whole) */
+    int64_t rows;
+    float *tmp[64];     /* per thread: a panel's sums before they are added */
     const uint8_t *buf; /* read loop */
     uint64_t nbytes;
     double sink[64];
@@ -89,9 +100,36 @@ typedef struct job {
 #define DT_I8X16 100 /* pseudo dtype: int8 weights x int16 activations */
 #define DT_Q8X16 101 /* pseudo dtype: Q8_0 weights as stored x int16 activations */
 
+static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid);
+
+/* --panel: the matrix stored as column panels [p][rows][panel cols] (the
+ * last panel the rest), each panel's sums added into y. */
+static void run_panels(job *j, int64_t r0, int64_t r1, int tid) {
+    job pj = *j;
+    pj.panel = 0;
+    const uint32_t dt = j->dtype == DT_I8X16 ? TSR_DTYPE_I8 : j->dtype == DT_Q8X16 ? TSR_DTYPE_Q8_0 : j->dtype;
+    const uint8_t *w = j->a.w;
+    for (int64_t c0 = 0; c0 < j->a.cols; c0 += j->panel) {
+        const int64_t pc = c0 + j->panel <= j->a.cols ? j->panel : j->a.cols - c0;
+        uint64_t rb;
+        tsr_dtype_row_bytes(dt, pc, &rb);
+        pj.a.w = w, pj.a.row_bytes = rb, pj.a.cols = pc, pj.a.x = j->a.x + c0;
+        pj.xq = j->xq + c0;
+        pj.a.y = c0 ? j->tmp[tid] : j->a.y;
+        run_kernel(&pj, r0, r1, tid);
+        if (c0)
+            for (int i = 0; i < j->a.nx; i++)
+                for (int64_t r = r0; r < r1; r++) j->a.y[i * j->a.ldy + r] += pj.a.y[i * j->a.ldy + r];
+        w += rb * (uint64_t)j->rows;
+    }
+}
+
 static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
-    (void)tid;
     job *j = arg;
+    if (j->panel) {
+        run_panels(j, r0, r1, tid);
+        return;
+    }
     if (j->dtype == DT_I8X16 || j->dtype == DT_Q8X16) {
         tsr_gemv_i8_args ia = {(const int8_t *)j->a.w, j->a.scale, j->a.cols, j->xq, j->xs, j->a.nx, j->a.y, j->a.ldy};
         (j->dtype == DT_I8X16 ? j->k8 : j->kq8)(&ia, r0, r1);
@@ -190,7 +228,7 @@ static void run_blas(void *arg, int64_t t0, int64_t t1, int tid) {
 
 int main(int argc, char **argv) {
     int threads = 2, prefill = 0, only = -1, resident = 0, table = 1; /* table: the gemv table (not with --gemm) */
-    int64_t prows = 4864, pcols = 896;
+    int64_t prows = 4864, pcols = 896, panel = 0;
     double seconds = 0.4;
     tsr_gemv_isa isa = tsr_gemv_isa_best();
     for (int i = 1; i < argc; i++) {
@@ -205,12 +243,13 @@ int main(int argc, char **argv) {
             }
         }
         else if (!strcmp(argv[i], "--resident")) resident = 1;
+        else if (!strcmp(argv[i], "--panel") && i + 1 < argc) panel = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-i") && i + 1 < argc) {
             i++;
             isa = !strcmp(argv[i], "portable") ? TSR_GEMV_ISA_PORTABLE : TSR_GEMV_ISA_AVX2;
         } else {
-            fprintf(stderr, "usage: %s [-t THREADS] [-i portable|avx2] [-s SECONDS] [--shape 0|1|2] [--resident] [--prefill | --gemm ROWS COLS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-t THREADS] [-i portable|avx2] [-s SECONDS] [--shape 0|1|2] [--panel COLS] [--resident] [--prefill | --gemm ROWS COLS]\n", argv[0]);
             return 2;
         }
     }
@@ -245,8 +284,10 @@ int main(int argc, char **argv) {
             if (ncopies > 64) ncopies = 64;
             uint8_t *copies[64];
             for (int c = 0; c < ncopies; c++) {
-                copies[c] = aligned_alloc(64, bytes);
+                const size_t hb = (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+                copies[c] = aligned_alloc(2u << 20, hb); /* in 2 MiB pages, as the plugins hold weights */
                 if (!copies[c]) return 1;
+                madvise(copies[c], hb, MADV_HUGEPAGE);
                 fill(dt, copies[c], bytes, rows * cols);
             }
             float *scale = malloc((size_t)rows * sizeof *scale);
@@ -260,11 +301,18 @@ int main(int argc, char **argv) {
                      .xq = xq, .xs = xs,
                      .dtype = dtypes[d], .nbytes = bytes};
             j.a = (tsr_gemv_args){copies[0], rb, scale, cols, x, cols, 1, y, rows, NULL};
+            int64_t bk = tsr_dtype_block_elems(dt) > 32 ? tsr_dtype_block_elems(dt) : 32;
+            j.panel = panel > 0 && panel < cols ? (panel + bk - 1) / bk * bk : 0, j.rows = rows;
+            for (int t = 0; t < threads && j.panel; t++) j.tmp[t] = malloc((size_t)(8 * rows) * sizeof(float));
             double tc = median_time(tp, &j, copies, ncopies, (int64_t)(bytes / 128), read_loop, seconds);
             double ceil_gbs = (double)bytes / tc * 1e-9;
             double gbs[4];
             for (int k = 0; k < 4; k++) {
                 j.a.nx = nxs[k];
+                if (j.panel && nxs[k] > 1) { /* the int16 kernels have no activation row stride: one row only */
+                    gbs[k] = 0;
+                    continue;
+                }
                 gbs[k] = (double)(rb * (uint64_t)rows) / median_time(tp, &j, copies, ncopies, rows, run_kernel, seconds) * 1e-9;
             }
             char shape[32];
@@ -275,6 +323,7 @@ int main(int argc, char **argv) {
             fflush(stdout);
             for (int c = 0; c < ncopies; c++) free(copies[c]);
             free(scale), free(x), free(y), free(xq);
+            for (int t = 0; t < threads && j.panel; t++) free(j.tmp[t]);
         }
     if (prefill) {
         const uint32_t pdt[] = {TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_Q8_0};
