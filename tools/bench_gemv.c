@@ -71,7 +71,10 @@ static void fill(uint32_t dtype, uint8_t *w, uint64_t n_bytes, int64_t n_elems) 
             uint16_t h = dtype == TSR_DTYPE_F16 ? tsr_f32_to_f16(rndf()) : tsr_f32_to_bf16(rndf());
             memcpy(w + 2 * i, &h, 2);
         }
-    else if (tsr_dtype_block_elems(dtype) > 1) {
+    else if (dtype == TSR_DTYPE_F8_E4M3) {
+        for (int64_t i = 0; i < n_elems; i++)
+            if ((w[i] & 0x7f) == 0x7f) w[i] ^= 1; /* no NaN code */
+    } else if (tsr_dtype_block_elems(dtype) > 1) {
         int bb = tsr_dtype_block_bytes(dtype);
         uint16_t h = tsr_f32_to_f16(0.01f);
         for (uint64_t b = 0; b < n_bytes / (uint64_t)bb; b++) {
@@ -264,7 +267,7 @@ int main(int argc, char **argv) {
     printf("bench_gemv: %d threads, isa %s, median of passes over %s\n", threads, tsr_gemv_isa_name(isa),
            resident ? "one matrix of ~384 KiB held in L2" : ">= 256 MiB of copies");
     const int64_t shapes[3][2] = {{4864, 896}, {151936, 896}, {896, 4864}};
-    const uint32_t dtypes[] = {TSR_DTYPE_F32, TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_I8, DT_I8X16,
+    const uint32_t dtypes[] = {TSR_DTYPE_F32, TSR_DTYPE_F16, TSR_DTYPE_BF16, TSR_DTYPE_F8_E4M3, TSR_DTYPE_I8, DT_I8X16,
                                TSR_DTYPE_Q8_0, DT_Q8X16, TSR_DTYPE_Q4_0, TSR_DTYPE_Q4_K, TSR_DTYPE_Q6_K};
     const int nxs[] = {1, 2, 4, 8};
     if (table)

@@ -2,7 +2,7 @@
  * gemm_cpu.h - blocked CPU GEMM over stored weight rows, for many input rows
  * (prefill):
  *
- *     y[i * ldy + r] = scale[r] * sum_c W[r, c] * x[i * ldx + c]   (scale: I8 only)
+ *     y[i * ldy + r] = scale[r] * sum_c W[r, c] * x[i * ldx + c]   (scale: I8 and F8_E4M3 only)
  *
  * the same contract as a gemv kernel (gemv_cpu.h, tsr_gemv_args), computed
  * the way BLIS computes a GEMM. The output columns (weight rows) are taken

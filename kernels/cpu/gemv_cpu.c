@@ -71,7 +71,7 @@ void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, 
     float buf[CHUNK];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
-        float rs = (dtype == TSR_DTYPE_I8 && a->scale) ? a->scale[r] : 1.0f;
+        float rs = tsr_gemv_row_scaled(dtype) && a->scale ? a->scale[r] : 1.0f;
         for (int g = 0; g < a->nx; g += GROUP) {
             int ng = a->nx - g < GROUP ? a->nx - g : GROUP;
             float acc[GROUP][8];
@@ -109,7 +109,7 @@ void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
         widened = tsr_gemv_isa_best() != TSR_GEMV_ISA_PORTABLE && tsr_gemv_widen_row_avx2(dtype, row, a->cols, dst);
 #endif
         if (!widened) tsr_dequant_row(dtype, row, dst, a->cols);
-        if (dtype == TSR_DTYPE_I8 && a->scale) {
+        if (tsr_gemv_row_scaled(dtype) && a->scale) {
             float s = a->scale[r];
             for (int64_t c = 0; c < a->cols; c++) dst[c] *= s;
         }

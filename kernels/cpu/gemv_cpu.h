@@ -5,7 +5,7 @@
  * one of the tsr_dtype layouts (row_bytes apart), the dot product of each row
  * with each of nx f32 input rows:
  *
- *     y[i * ldy + r] = scale[r] * sum_c W[r, c] * x[i * ldx + c]   (scale: I8 only)
+ *     y[i * ldy + r] = scale[r] * sum_c W[r, c] * x[i * ldx + c]   (scale: I8 and F8_E4M3 only)
  *
  * Weights are read as stored: plain types are converted in registers, GGUF
  * block types (Q8_0, Q4_0, Q4_K, Q6_K) are decoded block by block in registers; the other
@@ -33,11 +33,17 @@ typedef enum tsr_gemv_isa {
     TSR_GEMV_ISA_COUNT = 3
 } tsr_gemv_isa;
 
+/* 1 for the dtypes whose rows take tsr_gemv_args.scale: int8 (cpu_gemv_int8's
+ * per-row scales) and E4M3 (FP8 checkpoints' per-tensor or per-channel scales). */
+static inline int tsr_gemv_row_scaled(uint32_t dtype) {
+    return dtype == TSR_DTYPE_I8 || dtype == TSR_DTYPE_F8_E4M3;
+}
+
 /* Arguments of one kernel call. w points at row 0 of the matrix. */
 typedef struct tsr_gemv_args {
     const uint8_t *w;     /* [rows, row_bytes] as stored */
     uint64_t row_bytes;   /* bytes of one stored row */
-    const float *scale;   /* [rows] per-row scale, used for TSR_DTYPE_I8 only (NULL: 1) */
+    const float *scale;   /* [rows] per-row scale of I8 and F8_E4M3 rows (tsr_gemv_row_scaled; NULL: 1) */
     int64_t cols;         /* a multiple of the dtype's block size */
     const float *x;       /* [nx, ldx] */
     int64_t ldx;

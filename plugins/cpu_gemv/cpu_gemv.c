@@ -6,9 +6,11 @@
  * into memory backed by 2 MiB pages where the kernel gives them, giving the
  * mapped pages back (param weights: copy; with weights: map it keeps a
  * borrowed view of the mapping instead); prepare() (an expert prepared on
- * demand) keeps a borrowed view: f32/f16/bf16/i8 are converted in
+ * demand) keeps a borrowed view: f32/f16/bf16/i8/f8_e4m3 are converted in
  * registers, GGUF Q8_0 and Q4_K blocks are decoded in registers, the other
- * block types 256 elements at a time on the stack; the matrix is never
+ * block types 256 elements at a time on the stack; FP8 checkpoints' scales
+ * per tensor or per channel are applied per output row (blocks narrower
+ * than a row are refused: cpu_gemv_int8 and ref_gemv read them); the matrix is never
  * widened or converted in memory. run() splits the output rows
  * over the host's pool and reads each weight row once for every input row
  * (decode, verification). From blas_min_rows input rows on (prefill), the
@@ -48,10 +50,17 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
         g->ctx->host->set_error(g->ctx, "%s: out of memory", ws[0].name ? ws[0].name : "(unnamed)");
         return TSR_ERR_NOMEM;
     }
+    float *scale = gemv_engine_row_scales(g->ctx, ws, n, rows, &rc); /* FP8 checkpoints: one per row */
+    if (rc != TSR_OK) {
+        g->ctx->host->free(g->ctx, m);
+        return rc;
+    }
     *m = (gemv_matrix){.dtype = ws[0].dtype, .rows = rows, .cols = ws[0].cols, .row_bytes = row_bytes,
-                       .bytes = row_bytes * (uint64_t)rows, .glu_rows = gemv_engine_glu_rows(ws, n)};
+                       .bytes = row_bytes * (uint64_t)rows, .glu_rows = gemv_engine_glu_rows(ws, n),
+                       .scale = scale, .owned = scale};
     if ((rc = gemv_engine_weights(&g->cfg, &g->arena, g->ctx, ws, n, resident, row_bytes, &m->data, &m->block)) !=
         TSR_OK) {
+        g->ctx->host->free(g->ctx, scale);
         g->ctx->host->free(g->ctx, m);
         return rc;
     }
@@ -71,7 +80,10 @@ static int cg_prepare_group(void *inst, const tsr_weight *ws, int n, void **out)
 
 static void cg_release(void *inst, void *prepared) {
     cpu_gemv *g = inst;
-    if (prepared) gemv_arena_put(&g->arena, g->ctx, ((gemv_matrix *)prepared)->block);
+    if (prepared) {
+        gemv_arena_put(&g->arena, g->ctx, ((gemv_matrix *)prepared)->block);
+        g->ctx->host->free(g->ctx, ((gemv_matrix *)prepared)->owned); /* the row scales, if any */
+    }
     g->ctx->host->free(g->ctx, prepared);
 }
 

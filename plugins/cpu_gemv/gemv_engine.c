@@ -82,9 +82,8 @@ int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *
         ctx->host->set_error(ctx, "%s: dtype %s is not a weight type", name, tsr_dtype_name(w->dtype));
         return TSR_ERR_UNSUPPORTED;
     }
-    if (tsr_weight_scale_of(ctx, w)) { /* gemv interface 3: FP8 checkpoints */
-        ctx->host->set_error(ctx, "%s: %s weights with scales (FP8 checkpoints) are not read here; "
-                             "ref_gemv reads them", name, tsr_dtype_name(w->dtype));
+    if (tsr_weight_scale_of(ctx, w) && w->dtype != TSR_DTYPE_F8_E4M3) { /* the host scales E4M3 only */
+        ctx->host->set_error(ctx, "%s: %s weights with scales are not read here", name, tsr_dtype_name(w->dtype));
         return TSR_ERR_UNSUPPORTED;
     }
     uint64_t total;
@@ -112,6 +111,39 @@ int gemv_engine_check_group(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int
         *rows += ws[i].rows;
     }
     return TSR_OK;
+}
+
+float *gemv_engine_row_scales(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, int64_t rows, int *rc) {
+    *rc = TSR_OK;
+    int scaled = 0;
+    for (int i = 0; i < n; i++) {
+        const tsr_weight_scale *sc = tsr_weight_scale_of(ctx, &ws[i]);
+        if (!sc) continue;
+        scaled = 1;
+        if (sc->block_cols < ws[i].cols) {
+            ctx->host->set_error(ctx, "%s: f8_e4m3 weights with scales in blocks of %lld x %lld: this plugin "
+                                 "applies one scale per row (per-tensor and per-channel FP8 checkpoints); "
+                                 "cpu_gemv_int8 and ref_gemv read blocks", ws[i].name ? ws[i].name : "(unnamed)",
+                                 (long long)sc->block_rows, (long long)sc->block_cols);
+            *rc = TSR_ERR_UNSUPPORTED;
+            return NULL;
+        }
+    }
+    if (!scaled) return NULL;
+    float *s = ctx->host->alloc(ctx, (size_t)rows * sizeof *s, 64);
+    if (!s) {
+        ctx->host->set_error(ctx, "%s: out of memory for %lld row scales", ws[0].name ? ws[0].name : "(unnamed)",
+                             (long long)rows);
+        *rc = TSR_ERR_NOMEM;
+        return NULL;
+    }
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const tsr_weight_scale *sc = tsr_weight_scale_of(ctx, &ws[i]);
+        for (int64_t r = 0; r < ws[i].rows; r++) s[at + r] = sc ? sc->data[r / sc->block_rows] : 1.0f;
+        at += ws[i].rows;
+    }
+    return s;
 }
 
 int gemv_engine_can_give_back(const tsr_host_api *h) {

@@ -54,7 +54,7 @@ typedef struct gemv_matrix {
     int64_t rows, cols;
     uint64_t row_bytes;
     const uint8_t *data;
-    const float *scale; /* [rows], I8 only */
+    const float *scale; /* [rows], I8 and F8_E4M3 (tsr_gemv_row_scaled) only */
     uint64_t bytes;     /* bytes read per full pass */
     void *owned;        /* host allocation behind data and scale, or NULL */
     gemv_block *block;  /* the arena block behind data and scale, or NULL */
@@ -78,6 +78,13 @@ int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *
  * error naming the matrix. */
 int gemv_engine_check_group(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, uint64_t *row_bytes,
                             int64_t *rows);
+
+/* FP8 checkpoints' scales (tsr_weight_scale) of n matrices stacked by rows
+ * (rows in all) as one f32 per row, for tsr_gemv_args.scale: a host
+ * allocation (NULL with *rc TSR_OK when none of them is scaled), or NULL
+ * with set_error and *rc TSR_ERR_UNSUPPORTED where a scale changes along a
+ * row (blocks narrower than the matrix), TSR_ERR_NOMEM. */
+float *gemv_engine_row_scales(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, int64_t rows, int *rc);
 
 /* Whether the host gives mapped weight pages back (weight_done, host API 3). */
 int gemv_engine_can_give_back(const tsr_host_api *h);

@@ -147,6 +147,7 @@ static const gcase cases[] = {
     {TSR_DTYPE_F32, 37, 33},   {TSR_DTYPE_F32, 64, 256},  {TSR_DTYPE_F16, 37, 40},
     {TSR_DTYPE_F16, 19, 896},  {TSR_DTYPE_BF16, 37, 33},  {TSR_DTYPE_BF16, 23, 512},
     {TSR_DTYPE_I8, 37, 31},    {TSR_DTYPE_I8, 21, 200},   {TSR_DTYPE_F8_E4M3, 13, 64},
+    {TSR_DTYPE_F8_E4M3, 37, 1003}, {TSR_DTYPE_F8_E4M3, 150, 700},
     {TSR_DTYPE_Q8_0, 37, 96},  {TSR_DTYPE_BF16, 5, 4104},
     {TSR_DTYPE_Q8_0, 20, 896}, {TSR_DTYPE_Q4_0, 9, 64},   {TSR_DTYPE_Q4_K, 37, 256},
     {TSR_DTYPE_Q4_K, 11, 768}, {TSR_DTYPE_Q6_K, 7, 512},
@@ -545,8 +546,93 @@ static void test_alloc_failure(void **state) {
     free(w);
 }
 
+/* The test host as a host of version 4, whose weights may carry FP8
+ * checkpoints' scales (tsr_weight.scale). */
+static tsr_host_api th_api4;
+static tsr_plugin_ctx th_ctx4;
+static int open_inst4(inst_box *b) {
+    th_api4 = th_api;
+    th_api4.version = 4;
+    th_ctx4 = th_ctx;
+    th_ctx4.host = &th_api4;
+    b->d = tsr_plugin_entry();
+    b->g = b->d->iface;
+    b->inst = calloc(1, b->d->instance_size);
+    assert_non_null(b->inst);
+    th_err[0] = 0;
+    return b->d->init(b->inst, &th_ctx4);
+}
+
+/* E4M3 weights (random codes: subnormals, +-448, every exponent) on every
+ * ISA and path (kernels, blocked GEMM, sgemm): with a scale per row and
+ * per tensor (FP8 checkpoints) against the f64 reference times the scale;
+ * the NaN code turns its row's outputs to NaN and no other; scales in
+ * blocks along a row are refused, naming them. */
+static void test_f8(void **state) {
+    (void)state;
+    rng = SEED + 7;
+    const char *isas[] = {"portable", "avx2", "avx512"};
+    const tsr_gemv_isa ids[] = {TSR_GEMV_ISA_PORTABLE, TSR_GEMV_ISA_AVX2, TSR_GEMV_ISA_AVX512};
+    const int64_t rows = 37, cols = 1003;
+    const int nx = 3;
+    for (int s = 0; s < 3; s++) {
+        if (!tsr_gemv_isa_runs(ids[s])) continue;
+        for (int mode = 0; mode < 3; mode++) {
+            th_n_params = 0;
+            th_set_str("isa", isas[s]);
+            th_set_str("prefill", mode == 2 ? "blas" : "gemm");
+            th_set_int("blas_min_rows", mode ? 2 : 0);
+            inst_box b;
+            assert_int_equal(open_inst4(&b), TSR_OK);
+            uint64_t rb;
+            uint8_t *w = make_weights(TSR_DTYPE_F8_E4M3, rows, cols, &rb);
+            float x[nx * cols], y[nx * rows], sc_rows[rows], sc_tensor = 0.0371f;
+            double yref[nx * rows], tol[nx * rows];
+            for (int64_t i = 0; i < nx * cols; i++) x[i] = rndf(-1, 1);
+            for (int64_t r = 0; r < rows; r++) sc_rows[r] = rndf(0.001f, 0.1f);
+            reference(TSR_DTYPE_F8_E4M3, w, rb, rows, cols, x, nx, yref, tol);
+            const tsr_weight_scale per_row = {sc_rows, 1, cols}, per_tensor = {&sc_tensor, rows, cols};
+            const tsr_weight_scale *scs[] = {&per_row, &per_tensor};
+            for (int k = 0; k < 2; k++) {
+                tsr_weight tw = {"f8.weight", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows, scs[k]};
+                void *prep;
+                assert_int_equal(b.g->prepare(b.inst, &tw, &prep), TSR_OK);
+                assert_int_equal(b.g->run(b.inst, prep, nx, x, y, NULL), TSR_OK);
+                for (int64_t i = 0; i < nx * rows; i++) {
+                    const double sc = k ? sc_tensor : sc_rows[i % rows];
+                    if (!(fabs((double)y[i] - yref[i] * sc) <= tol[i] * sc))
+                        fail_msg("%s %s %s: y[%lld] = %.9g, reference %.9g", isas[s], prefills[mode],
+                                 k ? "per tensor" : "per row", (long long)i, (double)y[i], yref[i] * sc);
+                }
+                b.g->release(b.inst, prep);
+            }
+            w[5 * rb + 17] = 0x7f; /* the NaN code in row 5 */
+            tsr_weight tn = {"f8.weight", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows, NULL};
+            void *prep;
+            assert_int_equal(b.g->prepare(b.inst, &tn, &prep), TSR_OK);
+            assert_int_equal(b.g->run(b.inst, prep, nx, x, y, NULL), TSR_OK);
+            for (int64_t i = 0; i < nx * rows; i++)
+                if (i % rows == 5 ? !isnan(y[i]) : !isfinite(y[i]))
+                    fail_msg("%s %s: y[%lld] = %g with the NaN code in row 5", isas[s], prefills[mode], (long long)i,
+                             (double)y[i]);
+            b.g->release(b.inst, prep);
+            float sblk[3 * 8];
+            for (int i = 0; i < 3 * 8; i++) sblk[i] = 0.5f;
+            const tsr_weight_scale blocks = {sblk, 16, 128};
+            tsr_weight tb = {"f8.blocks", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows, &blocks};
+            assert_int_equal(b.g->prepare(b.inst, &tb, &prep), TSR_ERR_UNSUPPORTED);
+            if (!strstr(th_err, "f8.blocks") || !strstr(th_err, "blocks of 16 x 128"))
+                fail_msg("block scales refused without naming them: %s", th_err);
+            close_inst(&b);
+            assert_int_equal(atomic_load(&th_live), 0);
+            free(w);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f8),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_nan_parity),
         cmocka_unit_test(test_errors),

@@ -61,6 +61,7 @@ typedef struct quant_job {
     float *scale;
     volatile int nomem;
     volatile int64_t bad_row; /* first row with NaN/Inf seen, or -1 */
+    const tsr_weight_scale *wscale; /* the stored weight's scales (FP8 checkpoints), or NULL */
 } quant_job;
 
 /* Items are blocks of block_rows rows: quantise a block, then give back the
@@ -79,7 +80,8 @@ static void quant_rows(void *arg, int64_t b0, int64_t b1, int tid) {
         int64_t r0 = b * j->block_rows, r1 = r0 + j->block_rows < j->w->rows ? r0 + j->block_rows : j->w->rows;
         for (int64_t r = r0; r < r1; r++) {
             tsr_gemv_args one = {.w = src, .row_bytes = j->src_row_bytes, .cols = cols};
-            tsr_gemv_widen_rows(j->w->dtype, &one, r, r + 1, row); /* SIMD for f16/bf16; no row scale */
+            tsr_gemv_widen_rows(j->w->dtype, &one, r, r + 1, row); /* SIMD for f16/bf16/f8; no row scale */
+            if (j->wscale) tsr_weight_scale_row(j->wscale, r, cols, row); /* FP8 checkpoints, any scale style */
             float s = tsr_gemv_quant_row_i8(row, cols, j->q + (uint64_t)r * (uint64_t)cols);
             if (!isfinite(s)) {
                 j->bad_row = r;
@@ -150,7 +152,7 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
     for (int i = 0; i < n; i++) {
         const tsr_weight *w = &ws[i];
         quant_job j = {ctx, w, src_rb, block_rows, give_back, (int8_t *)buf + (uint64_t)r0 * (uint64_t)cols,
-                       scale + r0, 0, -1};
+                       scale + r0, 0, -1, tsr_weight_scale_of(ctx, w)};
         ctx->host->parallel_for(ctx, (w->rows + block_rows - 1) / block_rows, quant_rows, &j);
         if (j.nomem || j.bad_row >= 0) {
             if (j.nomem)

@@ -15,9 +15,13 @@
  *   logits of the original fixture, and the mean KL is printed.
  * - Bad companions are refused naming the tensor: scale shapes and dtypes,
  *   a missing scale, negative scales, static activation scales, unknown
- *   tensors, an unknown quant_method; the CPU gemv plugins other than
- *   ref_gemv answer TSR_ERR_UNSUPPORTED naming the weight, and a plugin of
+ *   tensors, an unknown quant_method; cpu_gemv answers TSR_ERR_UNSUPPORTED
+ *   naming the weight for scales in blocks along a row, and a plugin of
  *   gemv interface version 2 is refused by the host.
+ * - The fast CPU plugins on the same checkpoints: cpu_gemv (per tensor and
+ *   per channel) within rounding of the reference's logits, cpu_gemv_int8
+ *   (every style) bit for bit its logits on the dequantised checkpoint
+ *   (check_fast).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -84,6 +88,57 @@ static double mean_kl(const void *ref_raw, const float *got, int n, int vocab) {
     return sum / n;
 }
 
+/* The fast CPU gemv plugins on the same FP8 checkpoint, against the
+ * reference's logits ref: cpu_gemv (exact: the codes times their row's
+ * scale; per tensor and per channel, rows: 1) within rounding, the same
+ * argmax wherever the reference's top two are apart by more than that;
+ * cpu_gemv_int8 (every style: each row widened, times its scales, then
+ * quantised) bit for bit the logits it gives on the dequantised f32
+ * checkpoint (the same f32 weights before quantising; its own loss against
+ * the reference is the fixture's, printed: test_cpu_gemv_models bounds it
+ * on the fixed text). */
+static void check_fast(const char *dir, const char *deq, const char *name, int rows, const int32_t *ids, int n,
+                       const float *ref, int vocab) {
+    if (rows) {
+        tsr_model *mf = load(dir, "cpu-fast-gemv.yaml");
+        float *f = seq_logits(mf, ids, n);
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < (size_t)n * vocab; i++) {
+            const double d = fabs((double)f[i] - ref[i]);
+            if (!(d <= worst)) worst = d;
+            if (fabs(ref[i]) > scale) scale = fabs(ref[i]);
+        }
+        const double tol = 1e-3 * (1 + scale);
+        printf("# %s: cpu_gemv max |logits - reference| %.3g (bound %.3g)\n", name, worst, tol);
+        if (!(worst <= tol)) fail_msg("%s: cpu_gemv's logits differ from the reference's by %g", name, worst);
+        for (int t = 0; t < n; t++) {
+            const float *r = ref + (size_t)t * vocab, *g = f + (size_t)t * vocab;
+            int best = 0, second = -1;
+            for (int v = 1; v < vocab; v++)
+                if (r[v] > r[best]) second = best, best = v;
+                else if (second < 0 || r[v] > r[second]) second = v;
+            int got = 0;
+            for (int v = 1; v < vocab; v++)
+                if (g[v] > g[got]) got = v;
+            if (r[best] - r[second] > 2 * tol && got != best)
+                fail_msg("%s: position %d: cpu_gemv's argmax %d, the reference's %d", name, t, got, best);
+        }
+        free(f);
+        tsr_model_free(mf);
+    }
+    tsr_model *mi = load(dir, "cpu-fast-gemv-int8.yaml"), *md = load(deq, "cpu-fast-gemv-int8.yaml");
+    float *q = seq_logits(mi, ids, n), *qd = seq_logits(md, ids, n);
+    size_t differ = 0;
+    for (size_t i = 0; i < (size_t)n * vocab; i++) differ += memcmp(&q[i], &qd[i], 4) != 0;
+    printf("# %s: cpu_gemv_int8 logits %s those on the dequantised checkpoint; mean KL(reference || int8) "
+           "%.3g\n", name, differ ? "DIFFER from" : "bit-identical to", mean_kl(ref, q, n, vocab));
+    if (differ) fail_msg("%s: %zu of cpu_gemv_int8's logits differ from its logits on the dequantised f32 "
+                         "checkpoint", name, differ);
+    free(q), free(qd);
+    tsr_model_free(mi);
+    tsr_model_free(md);
+}
+
 static void check_style(const char *family, const char *style, const char *args) {
     char dir[4096], deq[4096], fix[4096], ref_path[4200], name[128];
     snprintf(name, sizeof name, "%s-%s", family[0] == '/' ? strrchr(family, '/') + 1 : family, style);
@@ -115,6 +170,7 @@ static void check_style(const char *family, const char *style, const char *args)
     printf("# %s: logits bit-identical to the dequantised f32 checkpoint; mean KL to transformers %.4g "
            "(bound %g)\n", name, kl, KL_BOUND);
     if (!(kl <= KL_BOUND)) fail_msg("%s: mean KL %g > %g", name, kl, KL_BOUND);
+    check_fast(dir, deq, name, !strstr(args, "block"), ids, n, a, vocab);
     free(a), free(b), free(ids);
     tsr_model_free(m8);
     tsr_model_free(md);
@@ -282,9 +338,8 @@ static void test_refusals(void **s) {
     /* static activation scales */
     fp8_make_ckpt("llama", "r-static", "--style tensor --static-input-scales", st, NULL, sizeof st);
     expect_refused(st, "cpu-reference.yaml", TSR_ERR_UNSUPPORTED, ".input_scale");
-    /* the other CPU gemv plugins do not apply scales: refused, not misread */
-    expect_refused(ch, "cpu-fast-gemv.yaml", TSR_ERR_UNSUPPORTED, "with scales");
-    expect_refused(ch, "cpu-fast-gemv-int8.yaml", TSR_ERR_UNSUPPORTED, "with scales");
+    /* cpu_gemv applies one scale per row: blocks along a row are refused, not misread */
+    expect_refused(blk, "cpu-fast-gemv.yaml", TSR_ERR_UNSUPPORTED, "blocks of 16 x 16");
 }
 
 /* A gemv plugin of interface version 2 (tests/plugins: test_gemv_v2, which
