@@ -303,7 +303,7 @@ int main(int argc, char **argv) {
             job j = {.k = tsr_gemv_kernel(isa), .k8 = tsr_gemv_i8_kernel(isa), .kq8 = tsr_gemv_q8_0_i16_kernel(isa),
                      .xq = xq, .xs = xs,
                      .dtype = dtypes[d], .nbytes = bytes};
-            j.a = (tsr_gemv_args){copies[0], rb, scale, cols, x, cols, 1, y, rows, NULL};
+            j.a = (tsr_gemv_args){copies[0], rb, scale, cols, x, cols, 1, y, rows, NULL, NULL, 0};
             int64_t bk = tsr_dtype_block_elems(dt) > 32 ? tsr_dtype_block_elems(dt) : 32;
             j.panel = panel > 0 && panel < cols ? (panel + bk - 1) / bk * bk : 0, j.rows = rows;
             for (int t = 0; t < threads && j.panel; t++) j.tmp[t] = malloc((size_t)(8 * rows) * sizeof(float));
@@ -350,7 +350,7 @@ int main(int argc, char **argv) {
             }
             for (size_t k = 0; k < sizeof prow / sizeof *prow; k++) {
                 job j = {.k = tsr_gemv_kernel(isa), .dtype = pdt[d]};
-                j.a = (tsr_gemv_args){w, rb, NULL, cols, x, cols, prow[k], y, rows, NULL};
+                j.a = (tsr_gemv_args){w, rb, NULL, cols, x, cols, prow[k], y, rows, NULL, NULL, 0};
                 uint8_t *cp[1] = {w};
                 double tk = median_time(tp, &j, cp, 1, rows, run_kernel, seconds / 2);
                 pjob pg = {&j.a, pdt[d], rows, 64, pan, xs};

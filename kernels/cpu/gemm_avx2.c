@@ -99,6 +99,7 @@ static void pack_panel(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int n
                             _mm256_store_ps(tmp[i] + k, _mm256_mul_ps(_mm256_load_ps(tmp[i] + k), s));
                         for (; k < kc; k++) tmp[i][k] *= a->scale[r0 + h + i];
                     }
+                    if (a->cscale) tsr_gemv_apply_cscale(a, r0 + h + i, c0, kc, tmp[i]);
                 } else {
                     memset(tmp[i], 0, (size_t)kc * sizeof(float));
                 }

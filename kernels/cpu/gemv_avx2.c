@@ -461,6 +461,28 @@ ROW_DRIVER(rows_f16, dot_f16, 4)
 ROW_DRIVER(rows_bf16, dot_bf16, 4)
 ROW_DRIVER(rows_i8, dot_i8, 8)
 ROW_DRIVER(rows_f8, dot_f8, 8)
+
+/* E4M3 with scales along the row (a->cscale, FP8 checkpoints' blocks): each
+ * block of columns summed as dot_f8 sums a row, then times its scale. */
+INL void dot_f8_blocks(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, const float *cs,
+                       int64_t bc, float *out) {
+    float part[XG];
+    for (int i = 0; i < nx; i++) out[i] = 0.0f;
+    for (int64_t c0 = 0, b = 0; c0 < n; c0 += bc, b++) {
+        dot_f8(w + c0, x + c0, ldx, n - c0 < bc ? n - c0 : bc, nx, 0, part);
+        for (int i = 0; i < nx; i++) out[i] = fmaf(cs[b], part[i], out[i]);
+    }
+}
+#define STORE_B(g, i) Y_AT(g, i) = out[i]
+#define F8B_CALL(F, g, N) F(row, a->x + (int64_t)(g) * a->ldx, a->ldx, a->cols, N, cs, a->cscale_cols, out)
+static void rows_f8_blocks(const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    float out[XG];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
+        const float *cs = tsr_gemv_cscale_row(a, r);
+        EACH_GROUP(a->nx, STORE_B, F8B_CALL, dot_f8_blocks)
+    }
+}
 ROW_DRIVER(rows_q8_0, dot_q8_0, 4)
 ROW_DRIVER(rows_q4_k, dot_q4_k, 4)
 ROW_DRIVER(rows_q4_0, dot_q4_0, 4)
@@ -510,7 +532,10 @@ static void rows_run(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t
         break;
     case TSR_DTYPE_BF16: rows_bf16(a, r0, r1, NULL); break;
     case TSR_DTYPE_I8: rows_i8(a, r0, r1, a->scale); break;
-    case TSR_DTYPE_F8_E4M3: rows_f8(a, r0, r1, a->scale); break;
+    case TSR_DTYPE_F8_E4M3:
+        if (a->cscale) rows_f8_blocks(a, r0, r1);
+        else rows_f8(a, r0, r1, a->scale);
+        break;
     case TSR_DTYPE_Q8_0: rows_q8_0(a, r0, r1, NULL); break;
     case TSR_DTYPE_Q4_K: rows_q4_k(a, r0, r1, NULL); break;
     case TSR_DTYPE_Q4_0: rows_q4_0(a, r0, r1, NULL); break;

@@ -5,7 +5,9 @@
  * one of the tsr_dtype layouts (row_bytes apart), the dot product of each row
  * with each of nx f32 input rows:
  *
- *     y[i * ldy + r] = scale[r] * sum_c W[r, c] * x[i * ldx + c]   (scale: I8 and F8_E4M3 only)
+ *     y[i * ldy + r] = scale[r] * sum_c W[r, c] * x[i * ldx + c]   (scale: I8 and F8_E4M3 only;
+ *                                                                   F8_E4M3 may instead scale
+ *                                                                   blocks of columns: cscale) 
  *
  * Weights are read as stored: plain types are converted in registers, GGUF
  * block types (Q8_0, Q4_0, Q4_K, Q6_K) are decoded block by block in registers; the other
@@ -53,7 +55,22 @@ typedef struct tsr_gemv_args {
     const float *xp;      /* NULL, or x as tsr_gemv_permute_x wrote it for this dtype and ISA:
                              callers that split one call's rows into many kernel calls
                              permute once instead of once per call */
+    const float *cscale;  /* F8_E4M3 only, NULL: none. Scales that change along a row (FP8
+                             checkpoints' blocks): W[r, c] is the code times
+                             cscale[r * ceil(cols / cscale_cols) + c / cscale_cols] */
+    int64_t cscale_cols;
 } tsr_gemv_args;
+
+/* Row r's column-block scales (a->cscale: tsr_gemv_args), or NULL. */
+static inline const float *tsr_gemv_cscale_row(const tsr_gemv_args *a, int64_t r) {
+    return a->cscale ? a->cscale + r * ((a->cols + a->cscale_cols - 1) / a->cscale_cols) : NULL;
+}
+
+/* dst[k] *= the column-block scale of W[r, c0 + k] for k < n (a->cscale set). */
+static inline void tsr_gemv_apply_cscale(const tsr_gemv_args *a, int64_t r, int64_t c0, int64_t n, float *dst) {
+    const float *s = tsr_gemv_cscale_row(a, r);
+    for (int64_t k = 0; k < n; k++) dst[k] *= s[(c0 + k) / a->cscale_cols];
+}
 
 typedef void (*tsr_gemv_kernel_fn)(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 

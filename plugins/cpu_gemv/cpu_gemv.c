@@ -9,8 +9,8 @@
  * demand) keeps a borrowed view: f32/f16/bf16/i8/f8_e4m3 are converted in
  * registers, GGUF Q8_0 and Q4_K blocks are decoded in registers, the other
  * block types 256 elements at a time on the stack; FP8 checkpoints' scales
- * per tensor or per channel are applied per output row (blocks narrower
- * than a row are refused: cpu_gemv_int8 and ref_gemv read them); the matrix is never
+ * are applied to each row's sum (per tensor, per channel) or to each
+ * block's (blocks along rows, e.g. 128 x 128); the matrix is never
  * widened or converted in memory. run() splits the output rows
  * over the host's pool and reads each weight row once for every input row
  * (decode, verification). From blas_min_rows input rows on (prefill), the
@@ -50,17 +50,12 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
         g->ctx->host->set_error(g->ctx, "%s: out of memory", ws[0].name ? ws[0].name : "(unnamed)");
         return TSR_ERR_NOMEM;
     }
-    float *scale = gemv_engine_row_scales(g->ctx, ws, n, rows, &rc); /* FP8 checkpoints: one per row */
-    if (rc != TSR_OK) {
-        g->ctx->host->free(g->ctx, m);
-        return rc;
-    }
     *m = (gemv_matrix){.dtype = ws[0].dtype, .rows = rows, .cols = ws[0].cols, .row_bytes = row_bytes,
-                       .bytes = row_bytes * (uint64_t)rows, .glu_rows = gemv_engine_glu_rows(ws, n),
-                       .scale = scale, .owned = scale};
-    if ((rc = gemv_engine_weights(&g->cfg, &g->arena, g->ctx, ws, n, resident, row_bytes, &m->data, &m->block)) !=
-        TSR_OK) {
-        g->ctx->host->free(g->ctx, scale);
+                       .bytes = row_bytes * (uint64_t)rows, .glu_rows = gemv_engine_glu_rows(ws, n)};
+    if ((rc = gemv_engine_scales(g->ctx, ws, n, m)) != TSR_OK || /* FP8 checkpoints */
+        (rc = gemv_engine_weights(&g->cfg, &g->arena, g->ctx, ws, n, resident, row_bytes, &m->data, &m->block)) !=
+            TSR_OK) {
+        g->ctx->host->free(g->ctx, m->owned);
         g->ctx->host->free(g->ctx, m);
         return rc;
     }

@@ -113,37 +113,43 @@ int gemv_engine_check_group(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int
     return TSR_OK;
 }
 
-float *gemv_engine_row_scales(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, int64_t rows, int *rc) {
-    *rc = TSR_OK;
+int gemv_engine_scales(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, gemv_matrix *m) {
+    int64_t bc = 0; /* the blocks' width where scales change along rows */
     int scaled = 0;
     for (int i = 0; i < n; i++) {
         const tsr_weight_scale *sc = tsr_weight_scale_of(ctx, &ws[i]);
         if (!sc) continue;
         scaled = 1;
-        if (sc->block_cols < ws[i].cols) {
-            ctx->host->set_error(ctx, "%s: f8_e4m3 weights with scales in blocks of %lld x %lld: this plugin "
-                                 "applies one scale per row (per-tensor and per-channel FP8 checkpoints); "
-                                 "cpu_gemv_int8 and ref_gemv read blocks", ws[i].name ? ws[i].name : "(unnamed)",
-                                 (long long)sc->block_rows, (long long)sc->block_cols);
-            *rc = TSR_ERR_UNSUPPORTED;
-            return NULL;
+        if (sc->block_cols >= m->cols) continue;
+        if (bc && sc->block_cols != bc) {
+            ctx->host->set_error(ctx, "%s: scales in blocks of %lld columns stacked with blocks of %lld",
+                                 ws[i].name ? ws[i].name : "(unnamed)", (long long)sc->block_cols, (long long)bc);
+            return TSR_ERR_UNSUPPORTED;
         }
+        bc = sc->block_cols;
     }
-    if (!scaled) return NULL;
-    float *s = ctx->host->alloc(ctx, (size_t)rows * sizeof *s, 64);
+    if (!scaled) return TSR_OK;
+    const int64_t gc = bc ? (m->cols + bc - 1) / bc : 1; /* scales a row */
+    float *s = ctx->host->alloc(ctx, (size_t)(m->rows * gc) * sizeof *s, 64);
     if (!s) {
-        ctx->host->set_error(ctx, "%s: out of memory for %lld row scales", ws[0].name ? ws[0].name : "(unnamed)",
-                             (long long)rows);
-        *rc = TSR_ERR_NOMEM;
-        return NULL;
+        ctx->host->set_error(ctx, "%s: out of memory for %lld x %lld scales", ws[0].name ? ws[0].name : "(unnamed)",
+                             (long long)m->rows, (long long)gc);
+        return TSR_ERR_NOMEM;
     }
     int64_t at = 0;
     for (int i = 0; i < n; i++) {
         const tsr_weight_scale *sc = tsr_weight_scale_of(ctx, &ws[i]);
-        for (int64_t r = 0; r < ws[i].rows; r++) s[at + r] = sc ? sc->data[r / sc->block_rows] : 1.0f;
+        const int64_t grid = sc ? (m->cols + sc->block_cols - 1) / sc->block_cols : 1;
+        for (int64_t r = 0; r < ws[i].rows; r++)
+            for (int64_t b = 0; b < gc; b++)
+                s[(at + r) * gc + b] = sc ? sc->data[(r / sc->block_rows) * grid + b * (bc ? bc : m->cols) / sc->block_cols]
+                                          : 1.0f;
         at += ws[i].rows;
     }
-    return s;
+    m->owned = s;
+    if (bc) m->cscale = s, m->cscale_cols = bc;
+    else m->scale = s;
+    return TSR_OK;
 }
 
 int gemv_engine_can_give_back(const tsr_host_api *h) {
@@ -326,6 +332,7 @@ static void rows_into(const run_job *j, int64_t a, int64_t b, float *y, int64_t 
         tsr_gemv_args ga = j->args;
         ga.w += off;
         ga.scale = ga.scale ? ga.scale + a : NULL;
+        ga.cscale = tsr_gemv_cscale_row(&ga, a);
         ga.y = y, ga.ldy = ldy;
         j->cfg->kernel(j->m->dtype, &ga, 0, b - a);
     }
@@ -473,7 +480,8 @@ static void job_init(run_job *j, const gemv_engine_cfg *cfg, const tsr_plugin_ct
                      int rows, const float *x, float *y, int64_t ldy, const tsr_exec *ex) {
     *j = (run_job){.cfg = cfg, .ctx = ctx, .m = m,
                    .args = {.w = m->data, .row_bytes = m->row_bytes, .scale = m->scale, .cols = m->cols,
-                            .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = ldy},
+                            .x = x, .ldx = m->cols, .nx = rows, .y = y, .ldy = ldy, .cscale = m->cscale,
+                            .cscale_cols = m->cscale_cols},
                    .group = 1, .least = 1, .align = 1, .threads = ex && ex->n_threads > 0 ? ex->n_threads : 4};
     atomic_init(&j->next, 0);
 }

@@ -60,6 +60,8 @@ typedef struct gemv_matrix {
     gemv_block *block;  /* the arena block behind data and scale, or NULL */
     int x_i16;          /* I8 (with scale) or Q8_0: decode with int16 activations (lossy) */
     int64_t glu_rows;   /* f when stacked from two matrices of f rows ([gate; up]: run_glu), else 0 */
+    const float *cscale; /* F8_E4M3 with scales along rows (tsr_gemv_args.cscale), or NULL */
+    int64_t cscale_cols;
 } gemv_matrix;
 
 /* Reads ctx params "weights" (copy, the default when absent; map), "isa"
@@ -79,12 +81,15 @@ int gemv_engine_check(const tsr_plugin_ctx *ctx, const tsr_weight *w, uint64_t *
 int gemv_engine_check_group(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, uint64_t *row_bytes,
                             int64_t *rows);
 
-/* FP8 checkpoints' scales (tsr_weight_scale) of n matrices stacked by rows
- * (rows in all) as one f32 per row, for tsr_gemv_args.scale: a host
- * allocation (NULL with *rc TSR_OK when none of them is scaled), or NULL
- * with set_error and *rc TSR_ERR_UNSUPPORTED where a scale changes along a
- * row (blocks narrower than the matrix), TSR_ERR_NOMEM. */
-float *gemv_engine_row_scales(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, int64_t rows, int *rc);
+/* FP8 checkpoints' scales (tsr_weight_scale) of n matrices of cols
+ * columns stacked by rows (rows in all), set into m: one f32 per row
+ * (m->scale: tsr_gemv_args.scale) where no scale changes along a row (per
+ * tensor, per channel), else every row's scale of each block of columns
+ * (m->cscale, m->cscale_cols: tsr_gemv_args.cscale; the matrices' blocks
+ * one width). One host allocation, m->owned; nothing when none is scaled.
+ * TSR_OK, or set_error and TSR_ERR_UNSUPPORTED (blocks of two widths),
+ * TSR_ERR_NOMEM. */
+int gemv_engine_scales(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, gemv_matrix *m);
 
 /* Whether the host gives mapped weight pages back (weight_done, host API 3). */
 int gemv_engine_can_give_back(const tsr_host_api *h);

@@ -563,11 +563,28 @@ static int open_inst4(inst_box *b) {
     return b->d->init(b->inst, &th_ctx4);
 }
 
+/* y_ref of E4M3 weights times block scales s ([ceil(rows / br), ceil(cols /
+ * bc)]): sum_c code * s[r / br, c / bc] * x, in f64, and its bound. */
+static void reference_blocks(const uint8_t *w, uint64_t rb, int64_t rows, int64_t cols, const float *s, int64_t br,
+                             int64_t bc, const float *x, int nx, double *yref, double *tol) {
+    const int64_t gc = (cols + bc - 1) / bc;
+    for (int64_t r = 0; r < rows; r++)
+        for (int i = 0; i < nx; i++) {
+            double sum = 0, a = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                const double p = (double)tsr_f8e4m3_to_f32(w[r * rb + c]) * s[(r / br) * gc + c / bc] * x[i * cols + c];
+                sum += p, a += fabs(p);
+            }
+            yref[i * rows + r] = sum;
+            tol[i * rows + r] = 4.0 * sqrt((double)cols) * FLT_EPSILON * a + 1e-30;
+        }
+}
+
 /* E4M3 weights (random codes: subnormals, +-448, every exponent) on every
- * ISA and path (kernels, blocked GEMM, sgemm): with a scale per row and
- * per tensor (FP8 checkpoints) against the f64 reference times the scale;
- * the NaN code turns its row's outputs to NaN and no other; scales in
- * blocks along a row are refused, naming them. */
+ * ISA and path (kernels, blocked GEMM, sgemm): with a scale per row, per
+ * tensor and per block (FP8 checkpoints: 128-column blocks, and 24-column
+ * ones narrower than a kernel step) against f64 references; the NaN code
+ * turns its row's outputs to NaN and no other. */
 static void test_f8(void **state) {
     (void)state;
     rng = SEED + 7;
@@ -616,13 +633,24 @@ static void test_f8(void **state) {
                     fail_msg("%s %s: y[%lld] = %g with the NaN code in row 5", isas[s], prefills[mode], (long long)i,
                              (double)y[i]);
             b.g->release(b.inst, prep);
-            float sblk[3 * 8];
-            for (int i = 0; i < 3 * 8; i++) sblk[i] = 0.5f;
-            const tsr_weight_scale blocks = {sblk, 16, 128};
-            tsr_weight tb = {"f8.blocks", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows, &blocks};
-            assert_int_equal(b.g->prepare(b.inst, &tb, &prep), TSR_ERR_UNSUPPORTED);
-            if (!strstr(th_err, "f8.blocks") || !strstr(th_err, "blocks of 16 x 128"))
-                fail_msg("block scales refused without naming them: %s", th_err);
+            w[5 * rb + 17] = 0x7e;
+            const int64_t bsz[][2] = {{16, 128}, {8, 24}};
+            for (int k = 0; k < 2; k++) {
+                const int64_t br = bsz[k][0], bc = bsz[k][1], nb = ((rows + br - 1) / br) * ((cols + bc - 1) / bc);
+                float *sblk = malloc((size_t)nb * sizeof *sblk);
+                for (int64_t i = 0; i < nb; i++) sblk[i] = rndf(0.001f, 0.1f);
+                const tsr_weight_scale blocks = {sblk, br, bc};
+                tsr_weight tb = {"f8.blocks", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows, &blocks};
+                assert_int_equal(b.g->prepare(b.inst, &tb, &prep), TSR_OK);
+                assert_int_equal(b.g->run(b.inst, prep, nx, x, y, NULL), TSR_OK);
+                reference_blocks(w, rb, rows, cols, sblk, br, bc, x, nx, yref, tol);
+                for (int64_t i = 0; i < nx * rows; i++)
+                    if (!(fabs((double)y[i] - yref[i]) <= tol[i]))
+                        fail_msg("%s %s blocks of %lld x %lld: y[%lld] = %.9g, reference %.9g", isas[s], prefills[mode],
+                                 (long long)br, (long long)bc, (long long)i, (double)y[i], yref[i]);
+                b.g->release(b.inst, prep);
+                free(sblk);
+            }
             close_inst(&b);
             assert_int_equal(atomic_load(&th_live), 0);
             free(w);

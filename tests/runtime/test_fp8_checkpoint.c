@@ -15,11 +15,10 @@
  *   logits of the original fixture, and the mean KL is printed.
  * - Bad companions are refused naming the tensor: scale shapes and dtypes,
  *   a missing scale, negative scales, static activation scales, unknown
- *   tensors, an unknown quant_method; cpu_gemv answers TSR_ERR_UNSUPPORTED
- *   naming the weight for scales in blocks along a row, and a plugin of
- *   gemv interface version 2 is refused by the host.
- * - The fast CPU plugins on the same checkpoints: cpu_gemv (per tensor and
- *   per channel) within rounding of the reference's logits, cpu_gemv_int8
+ *   tensors, an unknown quant_method; a plugin of gemv interface version 2
+ *   is refused by the host.
+ * - The fast CPU plugins on the same checkpoints: cpu_gemv (every style)
+ *   within rounding of the reference's logits, cpu_gemv_int8
  *   (every style) bit for bit its logits on the dequantised checkpoint
  *   (check_fast).
  */
@@ -89,17 +88,17 @@ static double mean_kl(const void *ref_raw, const float *got, int n, int vocab) {
 }
 
 /* The fast CPU gemv plugins on the same FP8 checkpoint, against the
- * reference's logits ref: cpu_gemv (exact: the codes times their row's
- * scale; per tensor and per channel, rows: 1) within rounding, the same
+ * reference's logits ref: cpu_gemv (exact: each row's or each block's sum
+ * of codes times activations, times its scale) within rounding, the same
  * argmax wherever the reference's top two are apart by more than that;
  * cpu_gemv_int8 (every style: each row widened, times its scales, then
  * quantised) bit for bit the logits it gives on the dequantised f32
  * checkpoint (the same f32 weights before quantising; its own loss against
  * the reference is the fixture's, printed: test_cpu_gemv_models bounds it
  * on the fixed text). */
-static void check_fast(const char *dir, const char *deq, const char *name, int rows, const int32_t *ids, int n,
+static void check_fast(const char *dir, const char *deq, const char *name, const int32_t *ids, int n,
                        const float *ref, int vocab) {
-    if (rows) {
+    {
         tsr_model *mf = load(dir, "cpu-fast-gemv.yaml");
         float *f = seq_logits(mf, ids, n);
         double worst = 0, scale = 0;
@@ -170,7 +169,7 @@ static void check_style(const char *family, const char *style, const char *args)
     printf("# %s: logits bit-identical to the dequantised f32 checkpoint; mean KL to transformers %.4g "
            "(bound %g)\n", name, kl, KL_BOUND);
     if (!(kl <= KL_BOUND)) fail_msg("%s: mean KL %g > %g", name, kl, KL_BOUND);
-    check_fast(dir, deq, name, !strstr(args, "block"), ids, n, a, vocab);
+    check_fast(dir, deq, name, ids, n, a, vocab);
     free(a), free(b), free(ids);
     tsr_model_free(m8);
     tsr_model_free(md);
@@ -338,8 +337,6 @@ static void test_refusals(void **s) {
     /* static activation scales */
     fp8_make_ckpt("llama", "r-static", "--style tensor --static-input-scales", st, NULL, sizeof st);
     expect_refused(st, "cpu-reference.yaml", TSR_ERR_UNSUPPORTED, ".input_scale");
-    /* cpu_gemv applies one scale per row: blocks along a row are refused, not misread */
-    expect_refused(blk, "cpu-fast-gemv.yaml", TSR_ERR_UNSUPPORTED, "blocks of 16 x 16");
 }
 
 /* A gemv plugin of interface version 2 (tests/plugins: test_gemv_v2, which
