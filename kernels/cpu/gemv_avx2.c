@@ -463,10 +463,46 @@ ROW_DRIVER(rows_i8, dot_i8, 8)
 ROW_DRIVER(rows_f8, dot_f8, 8)
 
 /* E4M3 with scales along the row (a->cscale, FP8 checkpoints' blocks): each
- * block of columns summed as dot_f8 sums a row, then times its scale. */
+ * block's products summed in vectors as dot_f8 sums them, then added into
+ * the row's vectors times the block's scale (one multiply-add a vector, no
+ * horizontal sum a block); a block's columns past its whole 32-code steps
+ * in exact scalars. Blocks narrower than a step, or a NaN code: each block
+ * through dot_f8 (scalar tails, the exact path), its sum times its scale. */
 INL void dot_f8_blocks(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, const float *cs,
                        int64_t bc, float *out) {
-    float part[XG];
+    float part[XG], tail[XG];
+    const __m256i m7 = _mm256_set1_epi8(0x7f);
+    __m256i nan = _mm256_setzero_si256();
+    __m256 tot[XG][4];
+    for (int i = 0; i < nx; i++) tot[i][0] = tot[i][1] = tot[i][2] = tot[i][3] = _mm256_setzero_ps(), tail[i] = 0.0f;
+    for (int64_t c0 = 0, b = 0; c0 < n && bc >= 32; c0 += bc, b++) {
+        const int64_t len = n - c0 < bc ? n - c0 : bc, end = c0 + len / 32 * 32;
+        __m256 acc[XG][4];
+        for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm256_setzero_ps();
+        for (int64_t c = c0; c < end; c += 32) {
+            if ((c & 63) == 0) prefetch_two_level(w + c);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(w + c));
+            nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(_mm256_and_si256(v, m7), m7));
+            __m256 f[4];
+            f8x32(v, f);
+            for (int i = 0; i < nx; i++)
+                for (int k = 0; k < 4; k++)
+                    acc[i][k] = _mm256_fmadd_ps(f[k], _mm256_loadu_ps(x + i * ldx + c + 8 * k), acc[i][k]);
+        }
+        const __m256 s = _mm256_broadcast_ss(cs + b);
+        for (int i = 0; i < nx; i++) {
+            for (int k = 0; k < 4; k++) tot[i][k] = _mm256_fmadd_ps(acc[i][k], s, tot[i][k]);
+            float t = 0.0f;
+            for (int64_t cc = end; cc < c0 + len; cc++) t += sc_f8(w + cc) * x[i * ldx + cc];
+            tail[i] = fmaf(cs[b], t, tail[i]);
+        }
+    }
+    if (bc >= 32 && _mm256_testz_si256(nan, nan)) {
+        for (int i = 0; i < nx; i++)
+            out[i] = hsum8(_mm256_add_ps(_mm256_add_ps(tot[i][0], tot[i][1]), _mm256_add_ps(tot[i][2], tot[i][3]))) *
+                         256.0f + tail[i];
+        return;
+    }
     for (int i = 0; i < nx; i++) out[i] = 0.0f;
     for (int64_t c0 = 0, b = 0; c0 < n; c0 += bc, b++) {
         dot_f8(w + c0, x + c0, ldx, n - c0 < bc ? n - c0 : bc, nx, 0, part);
