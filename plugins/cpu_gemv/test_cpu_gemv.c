@@ -113,14 +113,15 @@ typedef struct inst_box {
     void *inst;
 } inst_box;
 
-static int open_inst(inst_box *b) {
+static int open_inst_on(inst_box *b, const tsr_plugin_ctx *ctx) {
     b->d = tsr_plugin_entry();
     b->g = b->d->iface;
     b->inst = calloc(1, b->d->instance_size);
     assert_non_null(b->inst);
     th_err[0] = 0;
-    return b->d->init(b->inst, &th_ctx);
+    return b->d->init(b->inst, ctx);
 }
+static int open_inst(inst_box *b) { return open_inst_on(b, &th_ctx); }
 
 static void close_inst(inst_box *b) {
     if (b->d->fini) b->d->fini(b->inst);
@@ -555,12 +556,7 @@ static int open_inst4(inst_box *b) {
     th_api4.version = 4;
     th_ctx4 = th_ctx;
     th_ctx4.host = &th_api4;
-    b->d = tsr_plugin_entry();
-    b->g = b->d->iface;
-    b->inst = calloc(1, b->d->instance_size);
-    assert_non_null(b->inst);
-    th_err[0] = 0;
-    return b->d->init(b->inst, &th_ctx4);
+    return open_inst_on(b, &th_ctx4);
 }
 
 /* y_ref of E4M3 weights times block scales s ([ceil(rows / br), ceil(cols /
