@@ -1,7 +1,10 @@
 /*
  * conf_gemv.c - gemv cases: every weight dtype x shape x row count (decode,
  * verification, prefill), one case per dtype with NaN and Inf in x; output
- * guarded, inputs checked untouched, NMSE against ref_gemv. Plugins with
+ * guarded, inputs checked untouched, NMSE against ref_gemv; E4M3 weights
+ * with FP8 checkpoints' scales (per tensor, per row, 32 x 128 blocks:
+ * tsr_weight_scale), which a plugin may refuse (reported unsupported: no
+ * manifest field declares them). Plugins with
  * prepare_group: three matrices stacked, against the reference's products
  * of each alone; with run_glu: a gate/up pair, against silu(gate) * up of
  * the reference's products.
@@ -96,9 +99,11 @@ static void release(conf_inst *ci, void *h) {
     if (rel && h) rel(CONF_INST(ci), h);
 }
 
-/* One weight, every row count (and the non-finite case when nonfinite). */
-static void weight_cases(conf_env *env, gemv_pair *p, uint32_t dt, int out, int in, int nonfinite, uint64_t *rng) {
-    char what[128];
+/* One weight, every row count (and the non-finite case when nonfinite);
+ * with sc, its scales (label names them). */
+static void weight_cases(conf_env *env, gemv_pair *p, uint32_t dt, int out, int in, int nonfinite,
+                         const tsr_weight_scale *sc, const char *label, uint64_t *rng) {
+    char what[160];
     uint64_t nbytes;
     unsigned char *wb = make_weights(dt, out, in, rng, &nbytes);
     if (!wb) {
@@ -108,18 +113,23 @@ static void weight_cases(conf_env *env, gemv_pair *p, uint32_t dt, int out, int 
     }
     unsigned char *wcopy = malloc(nbytes);
     memcpy(wcopy, wb, nbytes);
-    tsr_weight w = {"conf.weight", dt, out, in, wb, nbytes, NULL};
+    tsr_weight w = {"conf.weight", dt, out, in, wb, nbytes, sc};
     void *h = NULL, *rh = NULL;
-    snprintf(what, sizeof what, "gemv prepare %dx%d %s", out, in, tsr_dtype_name(dt));
+    snprintf(what, sizeof what, "gemv prepare %dx%d %s%s", out, in, tsr_dtype_name(dt), label);
     int rc = CONF_MEMBER(p->ref, tsr_gemv_i, prepare)(CONF_INST(p->ref), &w, &rh);
     if (rc != TSR_OK) {
         conf_report(env, CONF_FAIL, what, "reference refused it: %s", p->ref->err);
         goto out;
     }
     p->ci->err[0] = '\0';
+    if (sc && ((const tsr_gemv_i *)p->ci->ref.iface)->version < 3) { /* the host never hands it scales */
+        conf_report(env, CONF_UNSUPPORTED, what, "gemv interface version %u: no scales",
+                    ((const tsr_gemv_i *)p->ci->ref.iface)->version);
+        goto out;
+    }
     rc = CONF_MEMBER(p->ci, tsr_gemv_i, prepare)(CONF_INST(p->ci), &w, &h);
     if (rc == TSR_ERR_UNSUPPORTED) {
-        if (declares_dtype(env->m, dt))
+        if (declares_dtype(env->m, dt) && !sc)
             conf_report(env, CONF_FAIL, what, "refused a dtype its manifest's weight_dtypes lists: %s", p->ci->err);
         else
             conf_report(env, CONF_UNSUPPORTED, what, "%s", p->ci->err);
@@ -133,7 +143,7 @@ static void weight_cases(conf_env *env, gemv_pair *p, uint32_t dt, int out, int 
     for (int c = 0; c < n_cases; c++) {
         int rows = c < (int)(sizeof row_counts / sizeof row_counts[0]) ? row_counts[c] : 3;
         int nf = c == n_cases - 1 && nonfinite;
-        snprintf(what, sizeof what, "gemv rows=%d %dx%d %s%s", rows, out, in, tsr_dtype_name(dt),
+        snprintf(what, sizeof what, "gemv rows=%d %dx%d %s%s%s", rows, out, in, tsr_dtype_name(dt), label,
                  nf ? " nan/inf in x" : "");
         float *x = malloc((size_t)rows * in * sizeof *x), *xc = malloc((size_t)rows * in * sizeof *x);
         float *y = conf_guarded_alloc((int64_t)rows * out), *yr = malloc((size_t)rows * out * sizeof *yr);
@@ -339,7 +349,12 @@ void conf_run_gemv(conf_env *env) {
         uint64_t rng = env->seed;
         for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-                weight_cases(env, &p, dtypes[d], shapes[s].out, shapes[s].in, s == 1, &rng);
+                weight_cases(env, &p, dtypes[d], shapes[s].out, shapes[s].in, s == 1, NULL, "", &rng);
+        float sv[67];
+        for (int i = 0; i < 67; i++) sv[i] = 0.01f + 0.09f * fabsf(conf_randf(&rng));
+        const tsr_weight_scale scs[] = {{sv, 67, 512}, {sv, 1, 512}, {sv, 32, 128}}; /* 1, 67, 3 x 4 values */
+        const char *labels[] = {" per-tensor scale", " per-row scales", " 32x128 block scales"};
+        for (int k = 0; k < 3; k++) weight_cases(env, &p, TSR_DTYPE_F8_E4M3, 67, 512, 0, &scs[k], labels[k], &rng);
         for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
             if (declares_dtype(env->m, dtypes[d])) group_cases(env, &p, dtypes[d], &rng), glu_cases(env, &p, dtypes[d], &rng);
         if (p.ci->live_allocs > 1)
