@@ -60,24 +60,6 @@ static int32_t *read_i32(const tsr_safetensors *st, const char *name, int *n) {
     return v;
 }
 
-/* Logits of every position of ids [n, vocab] (caller frees): one pass of n
- * rows (prefill's path), or with stepwise one decode row per step (the path
- * decode and verification take, not prefill's sgemm). */
-static float *logits_of(tsr_model *m, const int32_t *ids, int n, int stepwise) {
-    if (!stepwise) return seq_logits(m, ids, n);
-    int vocab = tsr_model_get_config(m)->vocab;
-    float *l = malloc((size_t)n * (size_t)vocab * sizeof *l);
-    assert_non_null(l);
-    tsr_seq *s;
-    tsr_error err;
-    tsr_error_clear(&err);
-    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    for (int t = 0; t < n; t++)
-        if (tsr_seq_forward(s, ids + t, 1, l + (size_t)t * vocab, 0, &err) != TSR_OK) fail_msg("decode: %s", err.msg);
-    tsr_seq_free(s);
-    return l;
-}
-
 /* n_out greedy tokens after ids: prefill, then one decode row per step. */
 static void greedy(tsr_model *m, const int32_t *ids, int n, int n_out, int32_t *out) {
     int vocab = tsr_model_get_config(m)->vocab;
@@ -100,7 +82,7 @@ static void greedy(tsr_model *m, const int32_t *ids, int n, int n_out, int32_t *
 static void check_exact(tsr_model *ref, tsr_model *fast, const int32_t *ids, int n, const int32_t *expect,
                         int n_out, const char *what) {
     int vocab = tsr_model_get_config(ref)->vocab;
-    float *lr = logits_of(ref, ids, n, 0), *lf = logits_of(fast, ids, n, 0);
+    float *lr = seq_logits_by(ref, ids, n, 0), *lf = seq_logits_by(fast, ids, n, 0);
     double worst = 0, scale = 0;
     for (size_t i = 0; i < (size_t)n * (size_t)vocab; i++) {
         double d = fabs((double)lr[i] - lf[i]);
@@ -244,7 +226,7 @@ static void accumulate_one(const float *lr, const float *lq, int vocab, const in
 /* a: q's prefill logits (sgemm path); as: q's decode rows (kernel path). */
 static void accumulate(tsr_model *ref, tsr_model *q, const int32_t *ids, int n, kl_acc *a, kl_acc *as) {
     int vocab = tsr_model_get_config(ref)->vocab;
-    float *lr = logits_of(ref, ids, n, 0), *lq = logits_of(q, ids, n, 0), *ls = logits_of(q, ids, n, 1);
+    float *lr = seq_logits_by(ref, ids, n, 0), *lq = seq_logits_by(q, ids, n, 0), *ls = seq_logits_by(q, ids, n, 1);
     accumulate_one(lr, lq, vocab, ids, n, a);
     accumulate_one(lr, ls, vocab, ids, n, as);
     free(lr), free(lq), free(ls);

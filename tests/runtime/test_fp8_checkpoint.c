@@ -97,27 +97,11 @@ static double mean_kl(const void *ref_raw, const float *got, int n, int vocab) {
  * checkpoint (the same f32 weights before quantising; its own loss against
  * the reference is the fixture's, printed: test_cpu_gemv_models bounds it
  * on the fixed text). */
-/* The logits of each position of ids run one token a pass (the decode
- * kernels' one-row path, where seq_logits' one pass takes the GEMM's). */
-static float *step_logits(tsr_model *m, const int32_t *ids, int n) {
-    const int vocab = tsr_model_get_config(m)->vocab;
-    float *out = malloc((size_t)n * vocab * sizeof *out);
-    assert_non_null(out);
-    tsr_seq *s;
-    tsr_error err;
-    tsr_error_clear(&err);
-    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
-    for (int t = 0; t < n; t++)
-        if (tsr_seq_forward(s, &ids[t], 1, out + (size_t)t * vocab, 0, &err) != TSR_OK) fail_msg("step: %s", err.msg);
-    tsr_seq_free(s);
-    return out;
-}
-
 static void check_fast(const char *dir, const char *deq, const char *name, const int32_t *ids, int n,
                        const float *ref, int vocab) {
     for (int steps = 0; steps < 2; steps++) {
         tsr_model *mf = load(dir, "cpu-fast-gemv.yaml");
-        float *f = steps ? step_logits(mf, ids, n) : seq_logits(mf, ids, n);
+        float *f = seq_logits_by(mf, ids, n, steps); /* one pass, then a token a pass (the decode kernels) */
         double worst = 0, scale = 0;
         for (size_t i = 0; i < (size_t)n * vocab; i++) {
             const double d = fabs((double)f[i] - ref[i]);
