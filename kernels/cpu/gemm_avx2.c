@@ -92,14 +92,7 @@ static void pack_panel(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int n
             for (int i = 0; i < 8; i++) {
                 if (h + i < nv) {
                     if (!tsr_gemv_widen_row_avx2(dtype, src[i], kc, tmp[i])) tsr_dequant_row(dtype, src[i], tmp[i], kc);
-                    if (tsr_gemv_row_scaled(dtype) && a->scale) {
-                        __m256 s = _mm256_set1_ps(a->scale[r0 + h + i]);
-                        int64_t k = 0;
-                        for (; k + 8 <= kc; k += 8)
-                            _mm256_store_ps(tmp[i] + k, _mm256_mul_ps(_mm256_load_ps(tmp[i] + k), s));
-                        for (; k < kc; k++) tmp[i][k] *= a->scale[r0 + h + i];
-                    }
-                    if (a->cscale) tsr_gemv_apply_cscale(a, r0 + h + i, c0, kc, tmp[i]);
+                    tsr_gemv_scale_widened(dtype, a, r0 + h + i, c0, kc, tmp[i]);
                 } else {
                     memset(tmp[i], 0, (size_t)kc * sizeof(float));
                 }

@@ -55,9 +55,8 @@ static void pack_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, in
         }
         const uint8_t *src = a->w + (uint64_t)(r0 + j) * a->row_bytes + (uint64_t)(c0 / be) * (uint64_t)bb;
         tsr_dequant_row(dtype, src, row, kc);
-        float s = tsr_gemv_row_scaled(dtype) && a->scale ? a->scale[r0 + j] : 1.0f;
-        if (a->cscale) tsr_gemv_apply_cscale(a, r0 + j, c0, kc, row);
-        for (int64_t k = 0; k < kc; k++) wbuf[k * TSR_GEMM_NR + j] = row[k] * s;
+        tsr_gemv_scale_widened(dtype, a, r0 + j, c0, kc, row);
+        for (int64_t k = 0; k < kc; k++) wbuf[k * TSR_GEMM_NR + j] = row[k];
     }
 }
 

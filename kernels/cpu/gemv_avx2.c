@@ -397,10 +397,10 @@ INL void dot_chunked(uint32_t dtype, const uint8_t *w, const float *x, int64_t l
  * threads: 10.9 GB/s with ld_f8, 19.2 with this; one thread 10-11 GB/s, the
  * shuffle and FMA ports, not memory, bound it; f16 halves stored and
  * converted from memory to spare the shuffle port: 3% on gate/up, not
- * kept). The
- * sums are scaled by 2^8 at the end (exact). The NaN code (S.1111.111) would
- * read as 1.875 x 2^-8: its lanes are OR-ed into a mask as they go, and a
- * row that holds one is summed again through the exact scalar path. */
+ * kept). The sums are scaled by 2^8 at the end (exact). The NaN code
+ * (S.1111.111) would read as 1.875 x 2^-8: its lanes are OR-ed into a mask
+ * as they go, and a row that holds one is summed again through the exact
+ * scalar path. */
 INL void f8x32(__m256i v, __m256 *o) {
     const __m256i z = _mm256_setzero_si256(), m = _mm256_set1_epi16((short)0xbf80);
     const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, v), 1), m); /* 0-7, 16-23 */
@@ -425,8 +425,14 @@ INL void f8x32(__m256i v, __m256 *o) {
         f8x32(v_, f_);                                                                                   \
         for (int i_ = 0; i_ < nx; i_++)                                                                  \
             for (int k_ = 0; k_ < 4; k_++)                                                               \
-                acc[i_][k_] = _mm256_fmadd_ps(f_[k_], _mm256_loadu_ps(x + i_ * ldx + (c) + 8 * k_), acc[i_][k_]); \
+                acc[i_][k_] =                                                                            \
+                    _mm256_fmadd_ps(f_[k_], _mm256_loadu_ps(x + i_ * ldx + (c) + 8 * k_), acc[i_][k_]);  \
     } while (0)
+
+/* The sum of four accumulators' lanes. */
+INL float hsum8x4v(const __m256 a[4]) {
+    return hsum8(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+}
 
 INL void dot_f8(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u, float *out) {
     (void)u;
@@ -441,8 +447,7 @@ INL void dot_f8(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx
         return;
     }
     for (int i = 0; i < nx; i++) {
-        float t = hsum8(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3]))) *
-                  256.0f;
+        float t = hsum8x4v(acc[i]) * 256.0f;
         for (int64_t cc = c; cc < n; cc++) t += sc_f8(w + cc) * x[i * ldx + cc];
         out[i] = t;
     }
@@ -452,6 +457,7 @@ INL void dot_f8(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx
  * number of chains known at compile time inside each case. */
 #define ROW_CALL(DOT, U1, g, N) DOT(row, a->x + (int64_t)(g) * a->ldx, a->ldx, a->cols, N, CHAINS(N, U1), out)
 #define STORE_S(g, i) Y_AT(g, i) = out[i] * s
+#define STORE_1(g, i) Y_AT(g, i) = out[i]
 #define ROW_DRIVER(NAME, DOT, U1)                                                             \
     static void NAME(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *rs) {       \
         float out[XG];                                                                        \
@@ -498,8 +504,7 @@ INL void dot_f8_blocks(const uint8_t *w, const float *x, int64_t ldx, int64_t n,
     }
     if (bc >= 32 && _mm256_testz_si256(nan, nan)) {
         for (int i = 0; i < nx; i++)
-            out[i] = hsum8(_mm256_add_ps(_mm256_add_ps(tot[i][0], tot[i][1]), _mm256_add_ps(tot[i][2], tot[i][3]))) *
-                         256.0f + tail[i];
+            out[i] = hsum8x4v(tot[i]) * 256.0f + tail[i];
         return;
     }
     for (int i = 0; i < nx; i++) out[i] = 0.0f;
@@ -508,14 +513,13 @@ INL void dot_f8_blocks(const uint8_t *w, const float *x, int64_t ldx, int64_t n,
         for (int i = 0; i < nx; i++) out[i] = fmaf(cs[b], part[i], out[i]);
     }
 }
-#define STORE_B(g, i) Y_AT(g, i) = out[i]
 #define F8B_CALL(F, g, N) F(row, a->x + (int64_t)(g) * a->ldx, a->ldx, a->cols, N, cs, a->cscale_cols, out)
 static void rows_f8_blocks(const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     float out[XG];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
         const float *cs = tsr_gemv_cscale_row(a, r);
-        EACH_GROUP(a->nx, STORE_B, F8B_CALL, dot_f8_blocks)
+        EACH_GROUP(a->nx, STORE_1, F8B_CALL, dot_f8_blocks)
     }
 }
 ROW_DRIVER(rows_q8_0, dot_q8_0, 4)
@@ -543,7 +547,6 @@ ROW4_DRIVER(rows4_f16, dot4_f16, rows_f16)
 
 #define CHUNKED_CALL(dtype, g, N) \
     dot_chunked(dtype, row, a->x + (int64_t)(g) * a->ldx, a->ldx, a->cols, N, CHAINS(N, 4), out)
-#define STORE_1(g, i) Y_AT(g, i) = out[i]
 static void rows_chunked(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     float out[XG];
     for (int64_t r = r0; r < r1; r++) {
@@ -1092,5 +1095,4 @@ int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a) 
     return 0;
 }
 void tsr_gemv_permute_x_avx2(uint32_t dtype, const tsr_gemv_args *a, float *xp) { (void)dtype, (void)a, (void)xp; }
-
 #endif

@@ -83,7 +83,7 @@ void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, 
                     memcpy(buf, row + (uint64_t)c * 4, (size_t)n * 4); /* row may be unaligned */
                 else
                     tsr_dequant_row(dtype, chunk_ptr(dtype, row, c), buf, n);
-                if (a->cscale) tsr_gemv_apply_cscale(a, r, c, n, buf);
+                if (a->cscale) tsr_gemv_apply_cscale(a, r, c, n, buf); /* the row scale: on the sums below */
                 for (int i = 0; i < ng; i++) {
                     const float *x = a->x + (int64_t)(g + i) * a->ldx + c;
                     for (int64_t k = 0; k < n; k++) acc[i][k & 7] += wv[k] * x[k];
@@ -110,11 +110,7 @@ void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
         widened = tsr_gemv_isa_best() != TSR_GEMV_ISA_PORTABLE && tsr_gemv_widen_row_avx2(dtype, row, a->cols, dst);
 #endif
         if (!widened) tsr_dequant_row(dtype, row, dst, a->cols);
-        if (tsr_gemv_row_scaled(dtype) && a->scale) {
-            float s = a->scale[r];
-            for (int64_t c = 0; c < a->cols; c++) dst[c] *= s;
-        }
-        if (a->cscale) tsr_gemv_apply_cscale(a, r, 0, a->cols, dst);
+        tsr_gemv_scale_widened(dtype, a, r, 0, a->cols, dst);
     }
 }
 

@@ -7,7 +7,7 @@
  *
  *     y[i * ldy + r] = scale[r] * sum_c W[r, c] * x[i * ldx + c]   (scale: I8 and F8_E4M3 only;
  *                                                                   F8_E4M3 may instead scale
- *                                                                   blocks of columns: cscale) 
+ *                                                                   blocks of columns: cscale)
  *
  * Weights are read as stored: plain types are converted in registers, GGUF
  * block types (Q8_0, Q4_0, Q4_K, Q6_K) are decoded block by block in registers; the other
@@ -70,6 +70,17 @@ static inline const float *tsr_gemv_cscale_row(const tsr_gemv_args *a, int64_t r
 static inline void tsr_gemv_apply_cscale(const tsr_gemv_args *a, int64_t r, int64_t c0, int64_t n, float *dst) {
     const float *s = tsr_gemv_cscale_row(a, r);
     for (int64_t k = 0; k < n; k++) dst[k] *= s[(c0 + k) / a->cscale_cols];
+}
+
+/* dst[k] *= the scale of W[r, c0 + k] for k < n, dst its stored values
+ * widened: the row's (tsr_gemv_row_scaled dtypes with a->scale) and its
+ * block of columns' (a->cscale). What the GEMM's panels and the sgemm
+ * tiles apply after widening. */
+static inline void tsr_gemv_scale_widened(uint32_t dtype, const tsr_gemv_args *a, int64_t r, int64_t c0, int64_t n,
+                                          float *dst) {
+    if (tsr_gemv_row_scaled(dtype) && a->scale)
+        for (int64_t k = 0; k < n; k++) dst[k] *= a->scale[r];
+    if (a->cscale) tsr_gemv_apply_cscale(a, r, c0, n, dst);
 }
 
 typedef void (*tsr_gemv_kernel_fn)(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);

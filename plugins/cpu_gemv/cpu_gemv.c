@@ -77,7 +77,7 @@ static void cg_release(void *inst, void *prepared) {
     cpu_gemv *g = inst;
     if (prepared) {
         gemv_arena_put(&g->arena, g->ctx, ((gemv_matrix *)prepared)->block);
-        g->ctx->host->free(g->ctx, ((gemv_matrix *)prepared)->owned); /* the row scales, if any */
+        g->ctx->host->free(g->ctx, ((gemv_matrix *)prepared)->owned); /* the FP8 scales, if any */
     }
     g->ctx->host->free(g->ctx, prepared);
 }

@@ -141,9 +141,8 @@ int gemv_engine_scales(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, g
         const tsr_weight_scale *sc = tsr_weight_scale_of(ctx, &ws[i]);
         const int64_t grid = sc ? (m->cols + sc->block_cols - 1) / sc->block_cols : 1;
         for (int64_t r = 0; r < ws[i].rows; r++)
-            for (int64_t b = 0; b < gc; b++) /* block b's first column, in ws[i]'s grid */
-                s[(at + r) * gc + b] =
-                    sc ? sc->data[(r / sc->block_rows) * grid + b * (bc ? bc : m->cols) / sc->block_cols] : 1.0f;
+            for (int64_t b = 0; b < gc; b++) /* block b's first column (b bc) in ws[i]'s grid */
+                s[(at + r) * gc + b] = sc ? sc->data[(r / sc->block_rows) * grid + b * bc / sc->block_cols] : 1.0f;
         at += ws[i].rows;
     }
     m->owned = s;
