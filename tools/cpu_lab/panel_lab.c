@@ -24,55 +24,9 @@
  *   /tmp/panel_lab ROWS COLS SECONDS [B | -R]...   e.g. 896 4864 8 608 1216 -32
  * Run two at once (taskset -c 0 / -c 1) for both cores.
  */
-#define _GNU_SOURCE
-#include <immintrin.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
+#include "lab.h"
 
-#define PF 3072
 #define MAXV 10
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-__attribute__((noinline)) static float readloop(const uint8_t *w, long n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-    for (long i = 0; i < n; i += 64) {
-        _mm_prefetch((const char *)w + i + PF, _MM_HINT_T0);
-        s0 = _mm256_add_ps(s0, _mm256_loadu_ps((const float *)(w + i)));
-        s1 = _mm256_add_ps(s1, _mm256_loadu_ps((const float *)(w + i + 32)));
-    }
-    return hsum8(_mm256_add_ps(s0, s1));
-}
-
-/* The dot product of n bf16 weights at w with x, prefetching pf bytes ahead. */
-static inline float row_dot(const uint8_t *w, const float *x, int n, long pf) {
-    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int c = 0; c + 32 <= n; c += 32) {
-        _mm_prefetch((const char *)w + 2 * c + pf, _MM_HINT_T0);
-        __m256i v = _mm256_loadu_si256((const __m256i *)(w + 2 * c));
-        __m256i u = _mm256_loadu_si256((const __m256i *)(w + 2 * c + 32));
-        a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(x + c), a0);
-        a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), _mm256_loadu_ps(x + c + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), _mm256_loadu_ps(x + c + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(u, hm)), _mm256_loadu_ps(x + c + 24), a3);
-    }
-    return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-}
 
 __attribute__((noinline)) static void gemv_rows(const uint8_t *w, const float *x, int n, long rows, float *y) {
     for (long r = 0; r < rows; r++) y[r] = row_dot(w + r * n * 2, x, n, PF);

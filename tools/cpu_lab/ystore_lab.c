@@ -17,57 +17,16 @@
  *   gcc -O2 -mavx2 -mfma -mprfchw -o /tmp/ystore_lab tools/cpu_lab/ystore_lab.c
  *   /tmp/ystore_lab [ROWS [COLS [SECONDS]]]      (default 16384 896 10)
  */
-#define _GNU_SOURCE
-#include <immintrin.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
+#include "lab.h"
 
-#define PF 3072
 #define NV 5
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-__attribute__((noinline)) static float readloop(const uint8_t *w, long n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-    for (long i = 0; i < n; i += 64) {
-        _mm_prefetch((const char *)w + i + PF, _MM_HINT_T0);
-        s0 = _mm256_add_ps(s0, _mm256_loadu_ps((const float *)(w + i)));
-        s1 = _mm256_add_ps(s1, _mm256_loadu_ps((const float *)(w + i + 32)));
-    }
-    return hsum8(_mm256_add_ps(s0, s1));
-}
-static inline float row_dot(const uint8_t *w, const float *xp, int n) {
-    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int c = 0; c + 32 <= n; c += 32) {
-        _mm_prefetch((const char *)w + 2 * c + PF, _MM_HINT_T0);
-        __m256i v = _mm256_loadu_si256((const __m256i *)(w + 2 * c));
-        __m256i u = _mm256_loadu_si256((const __m256i *)(w + 2 * c + 32));
-        a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(xp + c), a0);
-        a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), _mm256_loadu_ps(xp + c + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), _mm256_loadu_ps(xp + c + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(u, hm)), _mm256_loadu_ps(xp + c + 24), a3);
-    }
-    return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-}
 /* v: 1 cold-y, 2 ring-y, 3 run-pfw, 4 row-pfw */
 __attribute__((noinline)) static void gemv(int v, const uint8_t *W, const float *xp, int n, long rows, float *y) {
     for (long r = 0; r < rows; r++) {
         if (v == 3 && (r & 1023) == 0)
             for (long j = r; j < r + 1024 && j < rows; j += 16) _m_prefetchw(y + j);
         if (v == 4 && (r & 15) == 0) _m_prefetchw(y + r + 16);
-        float s = row_dot(W + r * n * 2, xp, n);
+        float s = row_dot(W + r * n * 2, xp, n, PF);
         y[v == 2 ? (r & 1023) : r] = s;
     }
 }
