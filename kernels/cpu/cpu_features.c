@@ -26,9 +26,18 @@ static int detect512(void) {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return (lo & 0xe6) == 0xe6;
 }
+
+/* AVX-512BW on top of detect512(): cpuid 7 EBX bit 30. */
+static int detect512bw(void) {
+    if (!detect512()) return 0;
+    unsigned a, b, c, d;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 30) & 1;
+}
 #else
 static int detect(void) { return 0; }
 static int detect512(void) { return 0; }
+static int detect512bw(void) { return 0; }
 #endif
 
 int tsr_cpu_has_avx2_fma_f16c(void) {
@@ -40,5 +49,11 @@ int tsr_cpu_has_avx2_fma_f16c(void) {
 int tsr_cpu_has_avx512f(void) {
     static int have = -1;
     if (have < 0) have = detect512();
+    return have;
+}
+
+int tsr_cpu_has_avx512bw(void) {
+    static int have = -1;
+    if (have < 0) have = detect512bw();
     return have;
 }

@@ -11,5 +11,7 @@ int tsr_cpu_has_avx2_fma_f16c(void);
 /* 1 if that and AVX-512F are present and the OS saves the opmask and ZMM
  * state. */
 int tsr_cpu_has_avx512f(void);
+/* 1 if the CPU (and OS) run AVX-512F and AVX-512BW. */
+int tsr_cpu_has_avx512bw(void);
 
 #endif

@@ -1076,6 +1076,121 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
 #undef RUN
 }
 
+/* --- AVX-512: two 8-bit decode kernels with 512-bit vectors ---------------
+ * Functions marked target(...) (as gemm_avx2.c's tile), reached only through
+ * gemv_cpu.c's dispatch where the CPU runs AVX-512F and BW. The AVX2 kernels
+ * above spend three to four vector operations on each 8 to 16 weights of
+ * int8 (x int16) or Q8_0 (x f32), which bounds a core near its share of the
+ * memory's rate (bench_gemv --resident on a Xeon VM, one core: int8 x int16
+ * 28 GB/s, Q8_0 x f32 18); here each operation takes twice the weights
+ * (43-50 and 20-21). Same products, sums in another lane grouping. In the
+ * engine (Qwen2.5-0.5B shape, 2 threads, BENCHMARKS.md, seventeenth
+ * session): cpu_gemv_int8 one-row passes 18.3-19.1 -> 17.3-18.0 ms,
+ * cpu_gemv on Q8_0 21.1-22.2 -> 19.5-20.7 ms. Not here, measured no faster:
+ * Q8_0 x int16 (each block's scale costs as much as its products, with a
+ * 512-bit vector or two 256-bit ones alike) and bf16 (slower in the pass). */
+#define AVX512BW __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
+#define INL512 AVX512BW static inline __attribute__((always_inline))
+
+/* int8 x int16: 64 weights a step in two chains, int32 sums flushed to f32
+ * every 1024 elements (a lane's 64 products stay below 2^31). */
+INL512 void i8_dot512(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {
+    __m512 accf[XG];
+    for (int i = 0; i < nx; i++) accf[i] = _mm512_setzero_ps();
+    int64_t c = 0;
+    while (c + 64 <= n) {
+        const int64_t end = c + 1024 < n ? c + 1024 : n;
+        __m512i acc[XG][2];
+        for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+        for (; c + 64 <= end; c += 64) {
+            _mm_prefetch((const char *)(w + c) + PF_DIST, _MM_HINT_T0);
+            const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(w + c)));
+            const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(w + c + 32)));
+            for (int i = 0; i < nx; i++) {
+                const int16_t *xp = x + i * ldx + c;
+                acc[i][0] = _mm512_add_epi32(acc[i][0], _mm512_madd_epi16(w0, _mm512_loadu_si512(xp)));
+                acc[i][1] = _mm512_add_epi32(acc[i][1], _mm512_madd_epi16(w1, _mm512_loadu_si512(xp + 32)));
+            }
+        }
+        for (int i = 0; i < nx; i++)
+            accf[i] = _mm512_add_ps(accf[i], _mm512_cvtepi32_ps(_mm512_add_epi32(acc[i][0], acc[i][1])));
+    }
+    for (int i = 0; i < nx; i++) {
+        int32_t t = 0; /* tail < 64 elements */
+        for (int64_t cc = c; cc < n; cc++) t += (int32_t)w[cc] * (int32_t)x[i * ldx + cc];
+        out[i] = _mm512_reduce_add_ps(accf[i]) + (float)t;
+    }
+}
+
+AVX512BW static void i8_rows512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    float out[XG];
+    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols,
+                                (uint64_t)(r1 - r0) * (uint64_t)a->cols);
+#define RUN(c0, c1)                                                                            \
+    for (int64_t r = c0; r < c1; r++) {                                                        \
+        const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;                              \
+        EACH_GROUP(a->nx, STORE_I8, XQ_CALL, i8_dot512, a->cols)                               \
+    }
+    EACH_Y_RUN(a, r0, r1, RUN)
+#undef RUN
+}
+void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { i8_rows512(a, r0, r1); }
+
+/* Q8_0 x f32: a block's 32 codes widened to f32 in two vectors, its two
+ * products summed, then times d; two blocks a step in two chains. */
+#define Q8F_BLOCK512(blk, b, h)                                                                  \
+    do {                                                                                       \
+        const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)((blk) + 2)))); \
+        const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)((blk) + 18)))); \
+        const __m512 d = _mm512_set1_ps(h2f(blk));                                         \
+        for (int i = 0; i < nx; i++) {                                                         \
+            const float *xp = x + i * ldx + (b) * 32;                                          \
+            const __m512 s = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xp + 16), _mm512_mul_ps(q0, _mm512_loadu_ps(xp))); \
+            acc[i][h] = _mm512_fmadd_ps(d, s, acc[i][h]);                                      \
+        }                                                                                      \
+    } while (0)
+
+INL512 void dot_q8_0_512(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u, float *out) {
+    (void)u;
+    __m512 acc[XG][2];
+    for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    const int64_t nb = n / 32;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *blk = w + b * 34;
+        prefetch_q8_pair(blk);
+        Q8F_BLOCK512(blk, b, 0);
+        Q8F_BLOCK512(blk + 34, b + 1, 1);
+    }
+    if (b < nb) Q8F_BLOCK512(w + b * 34, b, 0);
+    for (int i = 0; i < nx; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+}
+#undef Q8F_BLOCK512
+#define ROW_CALL512(DOT, U1, g, N) DOT(row, a->x + (int64_t)(g) * a->ldx, a->ldx, a->cols, N, 0, out)
+AVX512BW static void rows_q8_0_512(const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    float out[XG];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
+        EACH_GROUP(a->nx, STORE_1, ROW_CALL512, dot_q8_0_512, 0)
+    }
+}
+#undef ROW_CALL512
+
+/* The AVX-512 decode kernels where there is one (Q8_0), else the AVX2 ones.
+ * (bf16 in 512-bit vectors, its activations permuted by 32s, read 17% more
+ * from L2 but made the 0.5B pass slower, 31.8-32.7 -> 32.8-33.4 ms: not kept,
+ * BENCHMARKS.md, seventeenth session.) */
+void tsr_gemv_rows_avx512(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    if (dtype != TSR_DTYPE_Q8_0) {
+        tsr_gemv_rows_avx2(dtype, a, r0, r1);
+        return;
+    }
+    if (r1 > r0) prefetch_start(a->w + (uint64_t)r0 * a->row_bytes, (uint64_t)(r1 - r0) * a->row_bytes);
+#define RUN(c0, c1) rows_q8_0_512(a, c0, c1)
+    EACH_Y_RUN(a, r0, r1, RUN)
+#undef RUN
+}
+
 #else
 int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst) {
     (void)dtype, (void)src, (void)n, (void)dst;
@@ -1086,6 +1201,10 @@ void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
 }
 void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_q8_0_i16_rows_portable(a, r0, r1);
+}
+void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { tsr_gemv_i8_rows_portable(a, r0, r1); }
+void tsr_gemv_rows_avx512(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    tsr_gemv_rows_portable(dtype, a, r0, r1);
 }
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_rows_portable(dtype, a, r0, r1);

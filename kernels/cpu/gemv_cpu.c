@@ -49,10 +49,24 @@ tsr_gemv_isa tsr_gemv_isa_best(void) {
     return (tsr_gemv_isa)best;
 }
 
-/* The ISA of the GEMV kernels for isa: AVX-512 has only its GEMM tile. */
+/* The ISA of the GEMV kernels for isa: AVX-512 has its GEMM tile and the
+ * 8-bit decode kernels of gemv_avx2.c's AVX-512 section (tsr_gemv_rows_avx512
+ * hands the other dtypes to the AVX2 ones); the paths it lacks are AVX2's. */
 static tsr_gemv_isa kernel_isa(tsr_gemv_isa isa) { return isa == TSR_GEMV_ISA_AVX512 ? TSR_GEMV_ISA_AVX2 : isa; }
 
+/* 1 if isa is AVX-512 and the CPU has the BW instructions its decode
+ * kernels use (every AVX-512 CPU but the Xeon Phi); else the AVX2 ones run. */
+static int avx512_kernels(tsr_gemv_isa isa) {
+#if defined(__x86_64__)
+    return isa == TSR_GEMV_ISA_AVX512 && tsr_cpu_has_avx512bw();
+#else
+    (void)isa;
+    return 0;
+#endif
+}
+
 tsr_gemv_kernel_fn tsr_gemv_kernel(tsr_gemv_isa isa) {
+    if (avx512_kernels(isa)) return tsr_gemv_rows_avx512;
     switch (kernel_isa(isa)) {
     case TSR_GEMV_ISA_PORTABLE: return tsr_gemv_rows_portable;
 #if defined(__x86_64__)
@@ -155,6 +169,7 @@ void tsr_gemv_permute_x(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a
 /* --- int8 x int16 ------------------------------------------------------------- */
 
 tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa) {
+    if (avx512_kernels(isa)) return tsr_gemv_i8_rows_avx512;
     switch (kernel_isa(isa)) {
     case TSR_GEMV_ISA_PORTABLE: return tsr_gemv_i8_rows_portable;
 #if defined(__x86_64__)

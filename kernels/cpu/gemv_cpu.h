@@ -31,7 +31,9 @@
 typedef enum tsr_gemv_isa {
     TSR_GEMV_ISA_PORTABLE = 0,
     TSR_GEMV_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
-    TSR_GEMV_ISA_AVX512 = 2, /* and AVX-512F: the AVX2 kernels, the GEMM's AVX-512 tile (gemm_cpu.h) */
+    TSR_GEMV_ISA_AVX512 = 2, /* and AVX-512F: the GEMM's AVX-512 tile (gemm_cpu.h); with AVX-512BW
+                                the 8-bit decode kernels (Q8_0, int8 x int16) in 512-bit
+                                vectors; the AVX2 kernels for the rest */
     TSR_GEMV_ISA_COUNT = 3
 } tsr_gemv_isa;
 
@@ -163,6 +165,8 @@ void tsr_gemv_q8_0_i16_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int6
 void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
+void tsr_gemv_rows_avx512(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
+void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a);
 void tsr_gemv_permute_x_avx2(uint32_t dtype, const tsr_gemv_args *a, float *xp);
 int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst); /* 0: not handled */
