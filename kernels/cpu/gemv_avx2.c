@@ -1088,7 +1088,9 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
  * session): cpu_gemv_int8 one-row passes 18.3-19.1 -> 17.3-18.0 ms,
  * cpu_gemv on Q8_0 21.1-22.2 -> 19.5-20.7 ms. Not here, measured no faster:
  * Q8_0 x int16 (each block's scale costs as much as its products, with a
- * 512-bit vector or two 256-bit ones alike) and bf16 (slower in the pass). */
+ * 512-bit vector or two 256-bit ones alike), bf16 (slower in the pass) and
+ * E4M3 (its f16 conversions bound it either way: 3% in the pass, not worth
+ * a second copy of its kernels). */
 #define AVX512BW __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
 #define INL512 AVX512BW static inline __attribute__((always_inline))
 
@@ -1178,8 +1180,9 @@ AVX512BW static void rows_q8_0_512(const tsr_gemv_args *a, int64_t r0, int64_t r
 
 /* The AVX-512 decode kernels where there is one (Q8_0), else the AVX2 ones.
  * (bf16 in 512-bit vectors, its activations permuted by 32s, read 17% more
- * from L2 but made the 0.5B pass slower, 31.8-32.7 -> 32.8-33.4 ms: not kept,
- * BENCHMARKS.md, seventeenth session.) */
+ * from L2 but made the 0.5B pass slower, 31.8-32.7 -> 32.8-33.4 ms; E4M3,
+ * 32 codes widened in two 16-lane conversions, 5% more from L2 and a 3%
+ * faster pass: neither kept, BENCHMARKS.md, seventeenth session.) */
 void tsr_gemv_rows_avx512(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     if (dtype != TSR_DTYPE_Q8_0) {
         tsr_gemv_rows_avx2(dtype, a, r0, r1);
