@@ -111,7 +111,21 @@ struct Args {
     int n_out, cols;
     int64_t ldw;
     int ldx;
+    // E4M3 with scales in blocks along the rows (FP8 checkpoints such as
+    // DeepSeek-V3's, 128 x 128): cm [ceil(n_out / cm_rows), cm_ld] holds
+    // each block's scale over its row block's largest (<= 1), scale the row
+    // block's largest; weight (o, k) is then code * scale[o] *
+    // cm[o / cm_rows][k >> cm_shift], and the kernels multiply each
+    // activation by its block's cm before rounding it (block_scaled). null:
+    // no blocks (launch_decode picks the kernels without them).
+    const float *cm;
+    int cm_rows, cm_shift, cm_ld;
 };
+
+// The row of cm for output row o's row block (rows past n_out: the last's).
+__device__ __forceinline__ const float *cm_row(const Args &p, int o) {
+    return p.cm + (int64_t)(min(o, p.n_out - 1) / p.cm_rows) * p.cm_ld;
+}
 
 // N floats (a multiple of 4) of input row xr from k0, zero at or past cols.
 template <int N>
@@ -149,27 +163,40 @@ __host__ __device__ inline int64_t e4m3_stored_col(int64_t c, int64_t cols) {
 }
 
 // The 16 activations of input row xr for the 16 stored E4M3 bytes at off (a
-// multiple of 16) of a row of cols columns; zero at or past cols.
-__device__ __forceinline__ void load_x_e4m3(const float *xr, int off, int cols, float *v) {
+// multiple of 16) of a row of cols columns; zero at or past cols. With BS,
+// each group of four (consecutive columns, so one block of at least four)
+// multiplied by its block's entry of cmr (the row block's cm row, blocks of
+// 1 << shift columns).
+template <bool BS = false>
+__device__ __forceinline__ void load_x_e4m3(const float *xr, int off, int cols, float *v, const float *cmr = nullptr,
+                                            int shift = 0) {
     if (off >= cols / 512 * 512) {
         load_x<16>(xr, off, cols, v);
+        if (BS)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float m = off + 4 * q < cols ? cmr[(off + 4 * q) >> shift] : 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; j++) v[4 * q + j] *= m;
+            }
         return;
     }
     // bytes off + 4 q hold columns b + 128 q
-    const float *b = xr + e4m3_step_rot(off, false);
+    const int b = (int)e4m3_step_rot(off, false);
     constexpr int64_t kQ = e4m3_step_rot(4, false);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        const float4 f = __ldg(reinterpret_cast<const float4 *>(b + kQ * q));
-        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+        const float4 f = __ldg(reinterpret_cast<const float4 *>(xr + b + kQ * q));
+        const float m = BS ? cmr[(b + (int)kQ * q) >> shift] : 1.0f;
+        v[4 * q] = f.x * m, v[4 * q + 1] = f.y * m, v[4 * q + 2] = f.z * m, v[4 * q + 3] = f.w * m;
     }
 }
 
 // The lane's 16 bytes at byte off of its two rows against input row g's
 // activations of the same k (zero for lanes whose g is not an input row).
-template <int WK>
+template <int WK, bool BS = false>
 __device__ __forceinline__ void chunk_mma(const Args &p, float *acc, const uint4 &a, const uint4 &b, const float *xr,
-                                          int off, bool has_x) {
+                                          int off, bool has_x, const float *cmr = nullptr) {
     if (WK == kBf16) {
         float xv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         if (has_x) load_x<8>(xr, off / 2, p.cols, xv);
@@ -181,7 +208,7 @@ __device__ __forceinline__ void chunk_mma(const Args &p, float *acc, const uint4
         float xv[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) xv[i] = 0.f;
-        if (has_x) load_x_e4m3(xr, off, p.cols, xv);
+        if (has_x) load_x_e4m3<BS>(xr, off, p.cols, xv, cmr, p.cm_shift);
         const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -205,7 +232,7 @@ template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == 
 // done (measured on the H200 at the Llama-3-8B shape, an 8-row pass: 5.097
 // ms waiting first, 4.909 loading first and letting the next launch at
 // once, 4.778 loading first and letting it launch at the end).
-template <int WK, int NR, int KW, int MT, int U>
+template <int WK, int NR, int KW, int MT, int U, bool BS = false>
 __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int mt = warp / KW, kw = warp % KW;
@@ -217,6 +244,7 @@ __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
     const bool has_x = g < NR;
     const float *xr = p.x + (int64_t)(has_x ? g : 0) * p.ldx;
     const int nch = (int)(p.ldw / 64);
+    const float *cmr = BS ? cm_row(p, row0) : nullptr; // a tile's 16 rows lie in one row block
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     bool waited = false;
     for (int c0 = kw; c0 < nch; c0 += KW * U) {
@@ -236,7 +264,7 @@ __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * KW;
-            if (c < nch) chunk_mma<WK>(p, acc, a[u], b[u], xr, c * 64 + 16 * t, has_x);
+            if (c < nch) chunk_mma<WK, BS>(p, acc, a[u], b[u], xr, c * 64 + 16 * t, has_x, cmr);
         }
     }
     if (!waited) tsr_pdl::wait(); // before y is written
@@ -287,6 +315,18 @@ template <int WK> inline int warps_for(int n_out, int cols) {
 template <int WK>
 inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
     const unsigned grid = (unsigned)((p.n_out + 15) / 16);
+    if constexpr (WK == kFp8) {
+        if (p.cm) { // block scales: 16 warps a tile, as warps_for gives E4M3
+            switch (rows) {
+#define TSR_MMA_BS(R)                                                                                       \
+    case R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, true>, grid, 32 * 16, 0, st, pdl, p);
+                TSR_MMA_BS(1) TSR_MMA_BS(2) TSR_MMA_BS(3) TSR_MMA_BS(4)
+                TSR_MMA_BS(5) TSR_MMA_BS(6) TSR_MMA_BS(7) TSR_MMA_BS(8)
+#undef TSR_MMA_BS
+            default: return cudaErrorInvalidValue;
+            }
+        }
+    }
     switch (rows * 100 + warps_for<WK>(p.n_out, p.cols)) {
 #define TSR_MMA_CASE(R, KW)                                                                                 \
     case R * 100 + KW: return tsr_pdl::launch(gemv_mma<WK, R, KW, 1, 1>, grid, 32 * KW, 0, st, pdl, p);

@@ -81,7 +81,9 @@ __device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, floa
 
 // KS: warps per row group (the header); their sums added in warp order.
 // GLU: gate rows and their up rows in one block (the header).
-template <int WK, int RPW, int U, int KS = 1, bool GLU = false>
+// BS: E4M3 with block scales (Args.cm): the warp's RPW rows lie in one row
+// block, whose cm row multiplies the activations as gemv_mma's do.
+template <int WK, int RPW, int U, int KS = 1, bool GLU = false, bool BS = false>
 __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     constexpr int K = Piece<WK>::k, ES = WK == kBf16 ? 2 : 1, STEP = 32 * K;
     constexpr int G = 8 / KS, HG = G / 2; // row groups per block; GLU: the gate half
@@ -99,6 +101,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     float acc[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
+    const float *cmr = BS ? tsr_mma::cm_row(p, o0) : nullptr;
     // Launched as a programmatic dependent (pdl.cuh): wait for the kernel
     // before, let the next one launch. Issuing the first weight loads before
     // the wait, as gemv_mma does, made a one-row pass slower on the H200
@@ -118,7 +121,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             const int k = k0 + u * STEP;
             if (k >= p.cols) break;
             float xv[K];
-            if (WK == kFp8) tsr_mma::load_x_e4m3(p.x, k, p.cols, xv);
+            if (WK == kFp8) tsr_mma::load_x_e4m3<BS>(p.x, k, p.cols, xv, cmr, p.cm_shift);
             else tsr_mma::load_x<K>(p.x, k, p.cols, xv);
             if (WK == kFp8)
 #pragma unroll
@@ -177,6 +180,8 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl) {
     const int per_block = 8 / KS * RPW / (GLU ? 2 : 1); // outputs
     const int outs = GLU ? p.n_out / 2 : p.n_out;
     const unsigned grid = (unsigned)((outs + per_block - 1) / per_block);
+    if constexpr (WK == kFp8)
+        if (p.cm) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, true>, grid, 256, 0, st, pdl, p);
     return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU>, grid, 256, 0, st, pdl, p);
 }
 

@@ -104,6 +104,11 @@ struct Weight {
     uint8_t *w;           // [rows_pad, ld] e4m3, device
     float *scale;         // [rows_pad] s_o, device
     int pair;             // stacked from two matrices of equal rows (gate/up: run_glu)
+    // FP8 checkpoints with scales in blocks along the rows (blocks_of): the
+    // ratios of each block's scale to its row block's largest, [cm_rb, cm_ld]
+    // on the device (tsr_mma::Args.cm), the largest in scale; null otherwise
+    float *cm;
+    int cm_rows, cm_shift, cm_ld, cm_rb;
 };
 
 int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
@@ -196,6 +201,26 @@ __global__ void widen_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__r
     }
 }
 
+// The same for weights with block scales: stored bytes b, b + 1 of tile row
+// blockIdx.y (row r0 + blockIdx.y; its column e4m3_stored_col's inverse)
+// times their blocks' ratios (Weight.cm), rounded to bf16 once: the values
+// cuda_gemv's widening of the checkpoint gives, over the row block's largest
+// scale (applied after). grid (ceil(ld / 512), tile rows), 256 threads.
+__global__ void widen_bs_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ src, int64_t ld,
+                                int64_t cols, int64_t r0, const float *__restrict__ cm, int cm_rows, int cm_shift,
+                                int cm_ld, int64_t rows) {
+    const int64_t b = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2, i = (int64_t)blockIdx.y * ld + b;
+    if (b >= ld) return;
+    const float2 f = __half22float2(
+        __half2(__nv_cvt_fp8x2_to_halfraw2(*reinterpret_cast<const __nv_fp8x2_storage_t *>(src + i), __NV_E4M3)));
+    const int64_t r = r0 + blockIdx.y, full = cols / 512 * 512;
+    const float *cmr = cm + (r < rows ? r : rows - 1) / cm_rows * cm_ld;
+    const int64_t c0 = b < full ? tsr_mma::e4m3_step_rot(b, false) : b;
+    const int64_t c1 = b + 1 < full ? tsr_mma::e4m3_step_rot(b + 1, false) : b + 1;
+    dst[i] = __float2bfloat16_rn(c0 < cols ? f.x * cmr[c0 >> cm_shift] : 0.0f);
+    dst[i + 1] = __float2bfloat16_rn(c1 < cols ? f.y * cmr[c1 >> cm_shift] : 0.0f);
+}
+
 // x [rows, cols] f32 -> bf16 [rows, ld] in the weights' column order
 // (tsr_mma::e4m3_stored_col), zero past cols
 __global__ void to_bf16_kernel(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ x, int64_t rows,
@@ -248,6 +273,7 @@ tsr_mma::Args decode_args(const Weight *w, const float *x, int ldx, int cols, fl
     tsr_mma::Args a = {};
     a.w = w->w, a.scale = w->scale, a.x = x, a.y = y;
     a.n_out = (int)w->rows, a.cols = cols, a.ldw = w->ld, a.ldx = ldx;
+    a.cm = w->cm, a.cm_rows = w->cm_rows, a.cm_shift = w->cm_shift, a.cm_ld = w->cm_ld;
     return a;
 }
 
@@ -360,7 +386,11 @@ int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scra
     const float one = 1.0f, zero = 0.0f;
     for (int64_t r0 = 0; rc == TSR_OK && r0 < w->rows_pad; r0 += kTileRows) {
         const int64_t t = w->rows_pad - r0 < kTileRows ? w->rows_pad - r0 : kTileRows;
-        widen_kernel<<<grid_for(t * w->ld / 2, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld);
+        if (w->cm)
+            widen_bs_kernel<<<dim3((unsigned)((w->ld + 511) / 512), (unsigned)t), 256, 0, st>>>(
+                sc->tile, w->w + r0 * w->ld, w->ld, w->cols, r0, w->cm, w->cm_rows, w->cm_shift, w->cm_ld, w->rows);
+        else
+            widen_kernel<<<grid_for(t * w->ld / 2, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld);
         if ((rc = cuda_err(g, cudaGetLastError(), "weights to bf16"))) break;
         Algo tmp = {}, *a = nullptr;
         for (int i = 0; i < kPlans && !a; i++) {
@@ -529,17 +559,19 @@ struct Quant {
     int64_t bad_row, bad_col;
     float bad_val;
     const tsr_plugin_ctx *ctx; // for the scales of stored F8_E4M3 weights
+    float *const *rb_max;      // per matrix: its row blocks' largest scales (blocks along rows), else null
 };
 
 // A stored F8_E4M3 row (an FP8 checkpoint) is kept as it is: its bytes (in
 // the kernels' column order, tsr_mma::e4m3_stored_col), and its scale (1
-// without one). make_weight admits only one scale per row.
-void copy_fp8_row(const Quant *j, const tsr_weight *tw, int64_t r, int64_t i) {
+// without one): the row's, or with blocks along the row its row block's
+// largest (the blocks' ratios to it in Weight.cm).
+void copy_fp8_row(const Quant *j, const tsr_weight *tw, int m, int64_t r, int64_t i) {
     const tsr_weight_scale *sc = tsr_weight_scale_of(j->ctx, tw);
     const uint8_t *src = static_cast<const uint8_t *>(tw->data) + (size_t)r * (size_t)j->cols;
     uint8_t *dst = j->q + (size_t)i * (size_t)j->ld;
     for (int64_t c = 0; c < j->cols; c++) dst[tsr_mma::e4m3_stored_col(c, j->cols)] = src[c];
-    j->scale[i] = sc ? sc->data[r / sc->block_rows] : 1.0f;
+    j->scale[i] = !sc ? 1.0f : j->rb_max[m] ? j->rb_max[m][r / sc->block_rows] : sc->data[r / sc->block_rows];
 }
 
 void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
@@ -556,7 +588,7 @@ void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
         while (r >= j->ws[m].rows) r -= j->ws[m++].rows;
         const tsr_weight *tw = &j->ws[m];
         if (tw->dtype == TSR_DTYPE_F8_E4M3) {
-            copy_fp8_row(j, tw, r, i);
+            copy_fp8_row(j, tw, m, r, i);
             continue;
         }
         uint64_t rb;
@@ -587,8 +619,86 @@ void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
     free(row);
 }
 
+// Scales in blocks along the rows (block_cols < cols: DeepSeek-V3 and
+// Qwen3-FP8's 128 x 128): the decode kernels multiply each activation by its
+// block's ratio to the row block's largest scale (tsr_mma::Args.cm), the
+// prefill tiles each widened weight. What that needs, else
+// TSR_ERR_UNSUPPORTED naming the weight: blocks a power of two of at least 4
+// columns wide (a lane's four consecutive columns in one block, its index a
+// shift) and a multiple of 16 rows tall (a tensor-core tile's rows in one
+// row block), the same blocks in every stacked matrix that has them, every
+// stacked matrix but the last a whole number of row blocks, and the bf16
+// tiles for prefill (cuBLASLt's FP8 GEMM applies one scale per row).
+struct Blocks {
+    int on;
+    int64_t br, bc;
+};
+
+int blocks_of(Gemv *g, const tsr_weight *ws, int n, Blocks *b) {
+    const tsr_host_api *h = g->ctx->host;
+    *b = Blocks{};
+    for (int i = 0; i < n; i++) {
+        const tsr_weight_scale *sc = tsr_weight_scale_of(g->ctx, &ws[i]);
+        if (!sc || sc->block_cols >= ws[i].cols) continue;
+        const char *why = nullptr;
+        if (sc->block_cols < 4 || (sc->block_cols & (sc->block_cols - 1)))
+            why = "block columns must be a power of two of at least 4";
+        else if (sc->block_rows % 16)
+            why = "block rows must be a multiple of 16";
+        else if (g->fp8_prefill)
+            why = "prefill: fp8 applies one scale per row (the default bf16 tiles read blocks)";
+        else if (b->on && (sc->block_rows != b->br || sc->block_cols != b->bc))
+            why = "the matrices stacked with it have other blocks";
+        if (why) {
+            h->set_error(g->ctx, "%s: scales in blocks of %lld x %lld: %s (cuda_gemv widens such weights to bf16)",
+                         ws[i].name, (long long)sc->block_rows, (long long)sc->block_cols, why);
+            return TSR_ERR_UNSUPPORTED;
+        }
+        b->on = 1, b->br = sc->block_rows, b->bc = sc->block_cols;
+    }
+    for (int i = 0; b->on && i + 1 < n; i++)
+        if (ws[i].rows % b->br) {
+            h->set_error(g->ctx, "%s: %lld rows are not whole blocks of %lld rows, so the scale blocks of the "
+                         "matrices stacked after it would straddle two (cuda_gemv widens such weights to bf16)",
+                         ws[i].name, (long long)ws[i].rows, (long long)b->br);
+            return TSR_ERR_UNSUPPORTED;
+        }
+    return TSR_OK;
+}
+
+// Blocks along the rows (b->on): each matrix's row blocks' largest scales
+// (rb_max[i], null for a matrix without blocks) and the stacked ratio table
+// [rb, ceil(cols / bc)] (1 where a row block has no blocks), on the host.
+int block_tables(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, const Blocks *b, int64_t rows_pad,
+                 float **rb_max, float **cm, int64_t *n_rb, int64_t *ncb) {
+    const int64_t cols = ws[0].cols;
+    *ncb = (cols + b->bc - 1) / b->bc;
+    *n_rb = (rows_pad + b->br - 1) / b->br;
+    *cm = static_cast<float *>(malloc((size_t)(*n_rb * *ncb) * sizeof(float)));
+    if (!*cm) return TSR_ERR_NOMEM;
+    for (int64_t i = 0; i < *n_rb * *ncb; i++) (*cm)[i] = 1.0f;
+    int64_t at = 0; // the matrix's first stacked row (a whole number of row blocks)
+    for (int m = 0; m < n; at += ws[m].rows, m++) {
+        rb_max[m] = nullptr;
+        const tsr_weight_scale *sc = tsr_weight_scale_of(ctx, &ws[m]);
+        if (!sc || sc->block_cols >= cols) continue;
+        const int64_t lrb = (ws[m].rows + b->br - 1) / b->br;
+        if (!(rb_max[m] = static_cast<float *>(malloc((size_t)lrb * sizeof(float))))) return TSR_ERR_NOMEM;
+        for (int64_t r = 0; r < lrb; r++) {
+            const float *srow = sc->data + r * *ncb;
+            float mx = 0.0f;
+            for (int64_t c = 0; c < *ncb; c++) mx = srow[c] > mx ? srow[c] : mx;
+            rb_max[m][r] = mx;
+            float *crow = *cm + (at / b->br + r) * *ncb;
+            for (int64_t c = 0; c < *ncb; c++) crow[c] = mx > 0.0f ? srow[c] / mx : 0.0f;
+        }
+    }
+    return TSR_OK;
+}
+
 // Rows of f32, f16 or bf16 weights -> e4m3 with one scale per row, stacked
 // by rows -> device: n matrices of equal cols become one [rows_pad, ld].
+// Stored f8_e4m3 rows are kept, with their scales (blocks_of above).
 int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     const tsr_host_api *h = g->ctx->host;
     int64_t rows = 0;
@@ -602,12 +712,10 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
             return TSR_ERR_UNSUPPORTED;
         }
         const tsr_weight_scale *sc = tsr_weight_scale_of(g->ctx, tw);
-        if (sc && (!sc->data || sc->block_rows < 1 || sc->block_cols < tw->cols)) {
-            h->set_error(g->ctx, "%s: scales in blocks of %lld x %lld: the kernels apply one scale per "
-                         "output row (per-tensor and per-channel FP8 checkpoints), not blocks across "
-                         "the %lld columns (cuda_gemv widens those to bf16)", tw->name,
-                         (long long)sc->block_rows, (long long)sc->block_cols, (long long)tw->cols);
-            return TSR_ERR_UNSUPPORTED;
+        if (sc && (!sc->data || sc->block_rows < 1 || sc->block_cols < 1)) {
+            h->set_error(g->ctx, "%s: scales without data or in blocks of %lld x %lld", tw->name,
+                         (long long)sc->block_rows, (long long)sc->block_cols);
+            return TSR_ERR_INVALID;
         }
         if (tw->rows < 1 || tw->cols < 1 || tw->cols > ((int64_t)1 << 40) ||
             tsr_dtype_row_bytes(tw->dtype, tw->cols, &rb) != 0 || tw->nbytes / rb < (uint64_t)tw->rows) {
@@ -623,6 +731,9 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
         }
         rows += tw->rows;
     }
+    Blocks blk;
+    int brc = blocks_of(g, ws, n, &blk);
+    if (brc != TSR_OK) return brc;
     const int64_t cols = ws[0].cols, ld = round64(cols), rows_pad = round16(rows);
     uint64_t bytes;
     if (tsr_mul_u64((uint64_t)rows_pad, (uint64_t)ld, &bytes) || bytes > ((uint64_t)1 << 46)) {
@@ -632,15 +743,29 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     }
     Weight *w = static_cast<Weight *>(h->alloc(g->ctx, sizeof(Weight), 64));
     if (!w) return TSR_ERR_NOMEM;
+    memset(w, 0, sizeof *w);
     w->rows = rows, w->cols = cols, w->ld = ld, w->rows_pad = rows_pad;
     w->pair = n == 2 && ws[0].rows == ws[1].rows;
     int rc = h->dev_alloc(g->ctx, (size_t)bytes, reinterpret_cast<void **>(&w->w));
     if (rc == TSR_OK) rc = h->dev_alloc(g->ctx, (size_t)rows_pad * sizeof(float), reinterpret_cast<void **>(&w->scale));
     uint8_t *q = static_cast<uint8_t *>(calloc((size_t)bytes, 1));          // zero padding
     float *scale = static_cast<float *>(calloc((size_t)rows_pad, sizeof(float))); // padding rows: 0
-    if (rc == TSR_OK && (!q || !scale)) rc = TSR_ERR_NOMEM;
+    float *rb_max[4] = {}, **rbm = n <= 4 ? rb_max : static_cast<float **>(calloc((size_t)n, sizeof(float *)));
+    float *cm = nullptr;
+    int64_t n_rb = 0, ncb = 0;
+    if (rc == TSR_OK && (!q || !scale || !rbm)) rc = TSR_ERR_NOMEM;
+    if (rc == TSR_OK && blk.on) {
+        rc = block_tables(g->ctx, ws, n, &blk, rows_pad, rbm, &cm, &n_rb, &ncb);
+        if (rc == TSR_OK)
+            rc = h->dev_alloc(g->ctx, (size_t)(n_rb * ncb) * sizeof(float), reinterpret_cast<void **>(&w->cm));
+        if (rc == TSR_OK)
+            rc = cuda_err(g, cudaMemcpy(w->cm, cm, (size_t)(n_rb * ncb) * sizeof(float), cudaMemcpyHostToDevice),
+                          "upload block scales");
+        w->cm_rows = (int)blk.br, w->cm_ld = (int)ncb, w->cm_rb = (int)n_rb;
+        while ((1ll << w->cm_shift) < blk.bc) w->cm_shift++;
+    }
     if (rc == TSR_OK) { // rows over the host's thread pool
-        Quant job = {ws, n, cols, ld, q, scale, 0, 0, 0, -1, -1, 0.0f, g->ctx};
+        Quant job = {ws, n, cols, ld, q, scale, 0, 0, 0, -1, -1, 0.0f, g->ctx, rbm};
         h->parallel_for(g->ctx, rows, quant_rows, &job);
         if (job.nomem) {
             rc = TSR_ERR_NOMEM;
@@ -656,9 +781,13 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
                       "upload scales");
     free(q);
     free(scale);
+    free(cm);
+    for (int i = 0; rbm && i < n; i++) free(rbm[i]);
+    if (rbm != rb_max) free(rbm);
     if (rc != TSR_OK) {
         if (w->w) h->dev_free(g->ctx, w->w);
         if (w->scale) h->dev_free(g->ctx, w->scale);
+        if (w->cm) h->dev_free(g->ctx, w->cm);
         h->free(g->ctx, w);
         return rc;
     }
@@ -685,6 +814,7 @@ void g_release(void *inst, void *prepared) {
     if (!w) return;
     g->ctx->host->dev_free(g->ctx, w->w);
     g->ctx->host->dev_free(g->ctx, w->scale);
+    if (w->cm) g->ctx->host->dev_free(g->ctx, w->cm);
     g->ctx->host->free(g->ctx, w);
 }
 
@@ -775,7 +905,8 @@ int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float 
 uint64_t g_bytes(void *inst, const void *prepared) {
     (void)inst;
     const Weight *w = static_cast<const Weight *>(prepared);
-    return (uint64_t)w->rows * (uint64_t)w->ld + (uint64_t)w->rows * sizeof(float);
+    return (uint64_t)w->rows * (uint64_t)w->ld + (uint64_t)w->rows * sizeof(float) +
+           (uint64_t)w->cm_rb * (uint64_t)w->cm_ld * sizeof(float);
 }
 
 const tsr_gemv_i iface = {

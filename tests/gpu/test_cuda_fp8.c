@@ -396,6 +396,197 @@ static void test_kernel_params(void **state) {
 #endif
 }
 
+#ifdef TESSERA_CUDA /* block-scale helpers */
+/* ---- FP8 checkpoints' block scales (DeepSeek-V3 style) ----
+ * Stored E4M3 codes with a scale per block of br x bc (blocks along the
+ * rows), as prepare_group stacks them. The plugin keeps the codes, each row
+ * block's largest scale as the row scale and each block's ratio to it
+ * (m = s / smax, f32), by which the decode kernels multiply the activations
+ * before their 2^-4 scaling and f16 rounding, and the prefill tiles each
+ * widened weight before its bf16 rounding. The reference rounds the same
+ * way (written here from that description) and sums in f64; bounds as for
+ * the kernels above, against S = the sum of the terms' magnitudes. */
+
+typedef struct bmat {
+    int64_t rows, cols, br, bc, gc; /* gc: grid columns */
+    uint8_t *codes;                 /* [rows, cols] */
+    float *grid;                    /* [ceil(rows / br), gc] */
+    tsr_weight_scale sc;
+} bmat;
+
+static void bmat_make(bmat *b, int64_t rows, int64_t cols, int64_t br, int64_t bc) {
+    b->rows = rows, b->cols = cols, b->br = br, b->bc = bc, b->gc = (cols + bc - 1) / bc;
+    const int64_t gr = (rows + br - 1) / br;
+    b->codes = malloc((size_t)(rows * cols));
+    b->grid = malloc(sizeof(float) * (size_t)(gr * b->gc));
+    assert_true(b->codes && b->grid);
+    for (int64_t i = 0; i < rows * cols; i++) {
+        int c = (int)(urand() * 256);
+        if ((c & 0x7f) == 0x7f) c ^= 1; /* no NaN code */
+        b->codes[i] = (uint8_t)c;
+    }
+    for (int64_t i = 0; i < gr * b->gc; i++) /* scales over three decades, one block all zero */
+        b->grid[i] = i == 1 ? 0.0f : (float)(pow(10.0, -3.0 * urand()) / 448.0);
+    b->sc = (tsr_weight_scale){b->grid, br, bc};
+}
+
+/* Row o's row block's largest scale and m for column c, as the plugin makes them. */
+static float bmat_max(const bmat *b, int64_t o) {
+    float mx = 0;
+    for (int64_t j = 0; j < b->gc; j++) mx = fmaxf(mx, b->grid[(o / b->br) * b->gc + j]);
+    return mx;
+}
+static float bmat_ratio(const bmat *b, int64_t o, int64_t c) {
+    const float mx = bmat_max(b, o), s = b->grid[(o / b->br) * b->gc + c / b->bc];
+    return mx > 0 ? s / mx : 0.0f;
+}
+
+/* y [rows, n_out] of the stacked matrices against the reference. */
+static void check_blocks(const char *what, const float *y, const bmat *ms, int n, const float *x, int rows, int lt) {
+    int64_t n_out = 0;
+    for (int i = 0; i < n; i++) n_out += ms[i].rows;
+    double worst = 0;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0, at = 0; i < n; at += (int)ms[i].rows, i++)
+            for (int64_t o = 0; o < ms[i].rows; o++) {
+                const bmat *b = &ms[i];
+                const int64_t cols = b->cols;
+                double sum = 0, mag = 0;
+                for (int64_t c = 0; c < cols; c++) {
+                    const double wv = e4m3_value(b->codes[o * cols + c]);
+                    const float m = bmat_ratio(b, o, c), xv = x[(int64_t)r * cols + c];
+                    double t;
+                    if (lt) /* the tile: bf16(code x m), bf16 activations */
+                        t = (double)tsr_bf16_to_f32(tsr_f32_to_bf16((float)wv * m)) *
+                            (double)tsr_bf16_to_f32(tsr_f32_to_bf16(xv));
+                    else /* decode: code x f16((x m) 2^-4) 2^4 */
+                        t = wv * (double)tsr_f16_to_f32(tsr_f32_to_f16(xv * m * 0.0625f)) * 16.0;
+                    sum += t, mag += fabs(t);
+                }
+                const double s = bmat_max(b, o), ref = sum * s;
+                const double bound = (lt ? KERNEL_REL_LT : KERNEL_REL_DECODE) * mag * s + 1e-30;
+                const double got = y[(int64_t)r * n_out + at + o], d = fabs(got - ref);
+                if (!(d <= bound))
+                    fail_msg("%s: rows %d, y[%d, %lld] = %.9g, reference %.9g (|diff| %.3g > bound %.3g)", what, rows,
+                             r, (long long)(at + o), got, ref, d, bound);
+                if (d / bound > worst) worst = d / bound;
+            }
+    printf("# blocks %s: rows %d, %lld outputs: worst %.1f%% of the bound\n", what, rows, (long long)n_out,
+           100 * worst);
+}
+
+/* n stacked block-scaled matrices of cols through run (rows of x), eagerly
+ * and (graph) captured then replayed on new x; with glu (two matrices, one
+ * row) run_glu too, against silu(gate) * up of run's output. */
+static void block_case(kenv *k, const int64_t *mrows, int n, int64_t cols, int64_t br, int64_t bc, int rows,
+                       int graph, int glu) {
+    bmat ms[4];
+    tsr_weight ws[4];
+    int64_t n_out = 0;
+    for (int i = 0; i < n; i++) {
+        bmat_make(&ms[i], mrows[i], cols, br, bc);
+        ws[i] = (tsr_weight){"blocks.weight", TSR_DTYPE_F8_E4M3, mrows[i], cols, ms[i].codes,
+                             (uint64_t)(mrows[i] * cols), &ms[i].sc};
+        n_out += mrows[i];
+    }
+    void *h = NULL;
+    int rc = n == 1 ? tsr_gemv_prepare(k->gemv, &ws[0], &h) : tsr_gemv_prepare_group(k->gemv, ws, n, &h);
+    if (rc != TSR_OK) fail_msg("prepare blocks: %d %s", rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
+    tsr_error err;
+    tsr_error_clear(&err);
+    const size_t xn = (size_t)rows * (size_t)cols, yn = (size_t)rows * (size_t)n_out;
+    float *x = malloc(sizeof(float) * xn), *y = malloc(sizeof(float) * yn), *yg = malloc(sizeof(float) * yn);
+    float *dx = tsr_cuda_malloc(sizeof(float) * xn, &err), *dy = tsr_cuda_malloc(sizeof(float) * yn, &err);
+    assert_true(x && y && yg && dx && dy);
+    char what[160];
+    snprintf(what, sizeof what, "%lld x %lld blocks%s", (long long)br, (long long)bc, n > 1 ? " stacked" : "");
+    random_x(x, (int64_t)xn);
+    assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * xn, &err), TSR_OK);
+    rc = tsr_gemv_run(k->gemv, h, rows, dx, dy, &k->ex);
+    if (rc != TSR_OK) fail_msg("%s run: %d %s", what, rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
+    assert_int_equal(tsr_cuda_download(y, dy, sizeof(float) * yn, &err), TSR_OK);
+    check_blocks(what, y, ms, n, x, rows, rows > k->decode_rows);
+    if (glu) { /* the same sums, SiLU in the epilogue */
+        const int64_t f = mrows[0];
+        rc = tsr_gemv_run_glu(k->gemv, h, 1, dx, dy, &k->ex);
+        if (rc != TSR_OK) fail_msg("%s run_glu: %d %s", what, rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
+        assert_int_equal(tsr_cuda_download(yg, dy, sizeof(float) * (size_t)f, &err), TSR_OK);
+        for (int64_t i = 0; i < f; i++) {
+            const double g = y[i], u = y[f + i], want = g / (1 + exp(-g)) * u;
+            if (!(fabs(yg[i] - want) <= 1e-5 * fabs(want) + 1e-6 * (fabs(g) + fabs(u)) * fabs(u) + 1e-30))
+                fail_msg("%s run_glu: y[%lld] = %.9g, silu(%.9g) * %.9g = %.9g", what, (long long)i, yg[i], g, u, want);
+        }
+        printf("# blocks %s run_glu: %lld outputs as silu(gate) * up of run's\n", what, (long long)f);
+    }
+    if (graph) {
+        tsr_exec ex = k->ex;
+        ex.step = k->dev_step;
+        void *g = NULL;
+        assert_int_equal(tsr_cuda_capture_begin(&err), TSR_OK);
+        rc = tsr_gemv_run(k->gemv, h, rows, dx, dy, &ex);
+        int rc2 = tsr_cuda_capture_end(&g, &err);
+        if (rc != TSR_OK || rc2 != TSR_OK)
+            fail_msg("%s capture: %d %s / %s", what, rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV), err.msg);
+        random_x(x, (int64_t)xn);
+        assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * xn, &err), TSR_OK);
+        if (tsr_cuda_graph_launch(g, &err) != TSR_OK || tsr_cuda_download(y, dy, sizeof(float) * yn, &err) != TSR_OK)
+            fail_msg("%s replay: %s", what, err.msg);
+        tsr_cuda_graph_free(g);
+        check_blocks("(graph replay)", y, ms, n, x, rows, rows > k->decode_rows);
+    }
+    tsr_gemv_release(k->gemv, h);
+    tsr_cuda_free(dx), tsr_cuda_free(dy);
+    free(x), free(y), free(yg);
+    for (int i = 0; i < n; i++) free(ms[i].codes), free(ms[i].grid);
+}
+
+/* Block-scale refusals, each naming the weight and the reason. */
+static void block_refused(kenv *k, int64_t rows, int64_t cols, int64_t br, int64_t bc, const char *why) {
+    bmat b;
+    bmat_make(&b, rows, cols, br, bc);
+    tsr_weight w = {"refused.weight", TSR_DTYPE_F8_E4M3, rows, cols, b.codes, (uint64_t)(rows * cols), &b.sc};
+    void *h = NULL;
+    assert_int_equal(tsr_gemv_prepare(k->gemv, &w, &h), TSR_ERR_UNSUPPORTED);
+    const char *msg = tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV);
+    printf("# refused: %s\n", msg);
+    if (!strstr(msg, "refused.weight") || !strstr(msg, why)) fail_msg("refusal without \"%s\": %s", why, msg);
+    free(b.codes), free(b.grid);
+}
+#endif
+
+static void test_block_scales(void **state) {
+    (void)state;
+    if (!gpu_have()) {
+        printf("# no CUDA device: fp8 block-scale checks skipped\n");
+        skip();
+    }
+#ifdef TESSERA_CUDA
+    kenv k = {.decode_rows = 8};
+    kenv_open(&k, NULL);
+    const int64_t small[] = {96}, qkv[] = {64, 32, 32}, tall[] = {4224}, taller[] = {16400}, pair[] = {2112, 2112};
+    /* the tensor-core kernel (<= 4,096 rows): every row count; a 16-column tail after whole 512-column steps */
+    for (int rows = 1; rows <= 8; rows++) block_case(&k, small, 1, 1040, 16, 128, rows, rows == 1 || rows == 8, 0);
+    block_case(&k, qkv, 3, 256, 32, 64, 3, 1, 0);   /* stacked, as q/k/v */
+    block_case(&k, small, 1, 1000, 48, 8, 2, 0, 0); /* narrow blocks, columns not whole steps */
+    /* one row of more than 4,096 rows: gemv_row, 2 and 4 rows a warp; a gate/up pair through run_glu */
+    block_case(&k, tall, 1, 1552, 128, 128, 1, 1, 0);
+    block_case(&k, taller, 1, 512, 16, 256, 1, 0, 0);
+    block_case(&k, pair, 2, 1024, 64, 128, 1, 0, 1);
+    /* prefill: the bf16 tiles (eager: wider than this model's graph scratch) */
+    block_case(&k, small, 1, 1040, 16, 128, 24, 0, 0);
+    block_case(&k, qkv, 3, 256, 32, 64, 9, 0, 0);
+    block_case(&k, tall, 1, 1552, 128, 128, 17, 0, 0);
+    /* refusals */
+    block_refused(&k, 64, 96, 16, 24, "power of two");
+    block_refused(&k, 64, 96, 8, 32, "multiple of 16");
+    kenv_close(&k);
+    k = (kenv){.decode_rows = 8, .fp8_prefill = 1};
+    kenv_open(&k, "{prefill: fp8}");
+    block_refused(&k, 64, 96, 16, 32, "prefill: fp8");
+    kenv_close(&k);
+#endif
+}
+
 /* ---- models ---- */
 
 static void check_model(const char *model, const char *ref_path, const char *ids_name, const char *logits_name,
@@ -460,6 +651,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels),
         cmocka_unit_test(test_kernel_params),
+        cmocka_unit_test(test_block_scales),
         cmocka_unit_test(test_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,10 +11,13 @@
  *     |logit - reference| <= TOL_ABS + TOL_REL * max|reference logit of the row|,
  * with the argmax equal wherever the reference's top-2 margin exceeds twice
  * that. Each checkpoint runs as one prefill and as passes of 1 and 3 rows
- * (replayed as CUDA graphs). Block scales across columns (DeepSeek-V3
- * style) are refused by cuda_gemv_fp8 with TSR_ERR_UNSUPPORTED naming the
- * weight, and run through cuda-fast (cuda_gemv widens code x scale to bf16
- * at load, one more bf16 rounding per weight) within the same bound.
+ * (replayed as CUDA graphs). Block scales along the rows (DeepSeek-V3
+ * style) run through cuda-fast-fp8 (the codes kept, each block's ratio to
+ * its row block's largest scale applied to the activations in decode and to
+ * the widened weights in the prefill tiles: one more f16 or bf16 rounding)
+ * and through cuda-fast (cuda_gemv widens code x scale to bf16 at load, one
+ * more bf16 rounding per weight), within the same bound; blocks the kernels
+ * cannot apply are refused with TSR_ERR_UNSUPPORTED naming the weight.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -126,6 +129,13 @@ static void test_llama_blocks_bf16(void **s) {
 }
 static void test_qwen3_blocks_bf16(void **s) { (void)s; check("qwen3", "block128", "--style block", "cuda-fast.yaml"); }
 
+/* Blocks through cuda-fast-fp8: 16 x 16 and 32 x 32 split every projection of
+ * the fixtures (64 and 128 columns) into column blocks; Qwen3-FP8's 128 x 128
+ * leaves them one block wide (a scale per row block). */
+static void test_llama_blocks(void **s) { (void)s; check("llama", "block16", "--style block --block 16,16 --lm-head", FP8); }
+static void test_qwen2_blocks(void **s) { (void)s; check("qwen2", "block32", "--style block --block 32,32 --lm-head", FP8); }
+static void test_qwen3_blocks(void **s) { (void)s; check("qwen3", "block128fp8", "--style block --lm-head", FP8); }
+
 static void test_blocks_refused(void **s) {
     (void)s;
     if (!gpu_have()) {
@@ -133,15 +143,15 @@ static void test_blocks_refused(void **s) {
         skip();
     }
     char dir[4096];
-    fp8_make_ckpt("llama", "blocks", "--style block --block 16,16", dir, NULL, sizeof dir);
+    fp8_make_ckpt("llama", "blocks24", "--style block --block 16,24", dir, NULL, sizeof dir);
     tsr_model *m;
     tsr_error err;
     int rc = try_load(dir, "cuda-fast-fp8.yaml", &m, &err);
     printf("# %s: %s\n", dir, err.msg);
     assert_int_equal(rc, TSR_ERR_UNSUPPORTED);
     assert_null(m);
-    if (!strstr(err.msg, "_proj.weight") || !strstr(err.msg, "blocks"))
-        fail_msg("the refusal names neither the weight nor its blocks: %s", err.msg);
+    if (!strstr(err.msg, "_proj.weight") || !strstr(err.msg, "power of two"))
+        fail_msg("the refusal names neither the weight nor why: %s", err.msg);
 }
 
 int main(void) {
@@ -149,7 +159,8 @@ int main(void) {
         cmocka_unit_test(test_llama_tensor),  cmocka_unit_test(test_llama_channel),
         cmocka_unit_test(test_qwen2_channel), cmocka_unit_test(test_qwen3_tensor),
         cmocka_unit_test(test_llama_blocks_bf16), cmocka_unit_test(test_qwen3_blocks_bf16),
-        cmocka_unit_test(test_blocks_refused),
+        cmocka_unit_test(test_llama_blocks),  cmocka_unit_test(test_qwen2_blocks),
+        cmocka_unit_test(test_qwen3_blocks),  cmocka_unit_test(test_blocks_refused),
     };
     return cmocka_run_group_tests(tests, fp8_setup, fp8_teardown);
 }
