@@ -15,6 +15,10 @@
 //   matmul (activations quantised per tensor on the device, s_x = max|x| /
 //   448, handed to cuBLASLt as the B scale; the product lands in scratch and
 //   a last kernel applies s_o while copying it into y).
+// Stored E4M3 weights (FP8 checkpoints) keep their bytes and scales: a row's,
+// or with blocks along the rows its row block's largest, each block's ratio
+// to it applied to the activations in decode and to the widened weights in
+// the tiles (blocks_of).
 // Graph-capable: a captured pass (ex->step) uses scratch reserved at init for
 // TSR_GRAPH_MAX_ROWS rows, never the growing eager one, and makes no
 // synchronising call.
