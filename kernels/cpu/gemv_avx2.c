@@ -1016,18 +1016,22 @@ INL void i8_dot(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int n
 #define STORE_I8(g, i) Y_AT(g, i) = out[i] * a->wscale[r] * a->xscale[(g) + (i)]
 #define STORE_XS(g, i) Y_AT(g, i) = out[i] * a->xscale[(g) + (i)]
 
-void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
-    float out[XG];
-    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols,
-                                (uint64_t)(r1 - r0) * (uint64_t)a->cols);
-#define RUN(c0, c1)                                                                            \
+/* The int8 x int16 driver NAME (declared with the qualifiers before it) over
+ * the dot DOT: rows [r0, r1) in runs, each input row group through DOT. */
+#define I8_ROWS(NAME, DOT)                                                                     \
+    void NAME(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {                             \
+        float out[XG];                                                                         \
+        if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols,  \
+                                    (uint64_t)(r1 - r0) * (uint64_t)a->cols);                  \
+        EACH_Y_RUN(a, r0, r1, I8_RUN_##DOT)                                                    \
+    }
+#define I8_RUN(DOT, c0, c1)                                                                    \
     for (int64_t r = c0; r < c1; r++) {                                                        \
         const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;                              \
-        EACH_GROUP(a->nx, STORE_I8, XQ_CALL, i8_dot, a->cols)                                  \
+        EACH_GROUP(a->nx, STORE_I8, XQ_CALL, DOT, a->cols)                                     \
     }
-    EACH_Y_RUN(a, r0, r1, RUN)
-#undef RUN
-}
+#define I8_RUN_i8_dot(c0, c1) I8_RUN(i8_dot, c0, c1)
+I8_ROWS(tsr_gemv_i8_rows_avx2, i8_dot)
 
 /* --- Q8_0 (as stored) x int16: per block two vpmaddwd; a lane's four
  * products stay below 2^24 in magnitude (4 x 128 x 32767), so the block's
@@ -1047,17 +1051,25 @@ void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
         }                                                                                      \
     } while (0)
 
+/* Blocks [0, nb) of the Q8_0 row at w through BLOCK(blk, b, chain): two
+ * blocks a step in two chains (every index known at compile time), their
+ * lines prefetched, an odd last block into chain 0. */
+#define Q8_PAIRS(BLOCK, nb)                                                                    \
+    do {                                                                                       \
+        int64_t b_ = 0;                                                                        \
+        for (; b_ + 2 <= (nb); b_ += 2) {                                                      \
+            const uint8_t *blk_ = w + b_ * 34;                                                 \
+            prefetch_q8_pair(blk_);                                                            \
+            BLOCK(blk_, b_, 0);                                                                \
+            BLOCK(blk_ + 34, b_ + 1, 1);                                                       \
+        }                                                                                      \
+        if (b_ < (nb)) BLOCK(w + b_ * 34, b_, 0);                                              \
+    } while (0)
+
 INL void q8i16_dot(const uint8_t *w, const int16_t *x, int64_t ldx, int64_t nb, int nx, float *out) {
     __m256 acc[XG][2];
     for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) { /* two blocks, two chains: every index known at compile time */
-        const uint8_t *blk = w + b * 34;
-        prefetch_q8_pair(blk);
-        Q8I16_BLOCK(blk, b, 0);
-        Q8I16_BLOCK(blk + 34, b + 1, 1);
-    }
-    if (b < nb) Q8I16_BLOCK(w + b * 34, b, 0);
+    Q8_PAIRS(Q8I16_BLOCK, nb);
     for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
 }
 #undef Q8I16_BLOCK
@@ -1124,18 +1136,8 @@ INL512 void i8_dot512(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n,
     }
 }
 
-AVX512BW static void i8_rows512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
-    float out[XG];
-    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols,
-                                (uint64_t)(r1 - r0) * (uint64_t)a->cols);
-#define RUN(c0, c1)                                                                            \
-    for (int64_t r = c0; r < c1; r++) {                                                        \
-        const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;                              \
-        EACH_GROUP(a->nx, STORE_I8, XQ_CALL, i8_dot512, a->cols)                               \
-    }
-    EACH_Y_RUN(a, r0, r1, RUN)
-#undef RUN
-}
+#define I8_RUN_i8_dot512(c0, c1) I8_RUN(i8_dot512, c0, c1)
+AVX512BW static I8_ROWS(i8_rows512, i8_dot512)
 void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { i8_rows512(a, r0, r1); }
 
 /* Q8_0 x f32: a block's 32 codes widened to f32 in two vectors, its two
@@ -1156,15 +1158,7 @@ INL512 void dot_q8_0_512(const uint8_t *w, const float *x, int64_t ldx, int64_t 
     (void)u;
     __m512 acc[XG][2];
     for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    const int64_t nb = n / 32;
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        const uint8_t *blk = w + b * 34;
-        prefetch_q8_pair(blk);
-        Q8F_BLOCK512(blk, b, 0);
-        Q8F_BLOCK512(blk + 34, b + 1, 1);
-    }
-    if (b < nb) Q8F_BLOCK512(w + b * 34, b, 0);
+    Q8_PAIRS(Q8F_BLOCK512, n / 32);
     for (int i = 0; i < nx; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
 }
 #undef Q8F_BLOCK512
