@@ -205,24 +205,37 @@ __global__ void widen_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__r
     }
 }
 
-// The same for weights with block scales: stored bytes b, b + 1 of tile row
-// blockIdx.y (row r0 + blockIdx.y; its column e4m3_stored_col's inverse)
-// times their blocks' ratios (Weight.cm), rounded to bf16 once: the values
-// cuda_gemv's widening of the checkpoint gives, over the row block's largest
-// scale (applied after). grid (ceil(ld / 512), tile rows), 256 threads.
+// The same for weights with block scales: the 16 stored bytes at 16 t of
+// tile row blockIdx.y (row r0 + blockIdx.y), four groups of four columns
+// in one block each (e4m3_stored_col), each value times its block's ratio
+// (Weight.cm) rounded to bf16 once: the values cuda_gemv's widening of the
+// checkpoint gives, over the row block's largest scale (applied after).
+// grid (ceil(ld / 4096), tile rows), 256 threads.
 __global__ void widen_bs_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ src, int64_t ld,
                                 int64_t cols, int64_t r0, const float *__restrict__ cm, int cm_rows, int cm_shift,
                                 int cm_ld, int64_t rows) {
-    const int64_t b = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2, i = (int64_t)blockIdx.y * ld + b;
+    const int64_t b = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 16, i = (int64_t)blockIdx.y * ld + b;
     if (b >= ld) return;
-    const float2 f = __half22float2(
-        __half2(__nv_cvt_fp8x2_to_halfraw2(*reinterpret_cast<const __nv_fp8x2_storage_t *>(src + i), __NV_E4M3)));
+    const uint4 v = *reinterpret_cast<const uint4 *>(src + i);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
     const int64_t r = r0 + blockIdx.y, full = cols / 512 * 512;
     const float *cmr = cm + (r < rows ? r : rows - 1) / cm_rows * cm_ld;
-    const int64_t c0 = b < full ? tsr_mma::e4m3_step_rot(b, false) : b;
-    const int64_t c1 = b + 1 < full ? tsr_mma::e4m3_step_rot(b + 1, false) : b + 1;
-    dst[i] = __float2bfloat16_rn(c0 < cols ? f.x * cmr[c0 >> cm_shift] : 0.0f);
-    dst[i + 1] = __float2bfloat16_rn(c1 < cols ? f.y * cmr[c1 >> cm_shift] : 0.0f);
+    uint32_t out[8];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int64_t c = b < full ? tsr_mma::e4m3_step_rot(b + 4 * q, false) : b + 4 * q; // its four columns
+        const float m = c < cols ? cmr[c >> cm_shift] : 0.0f;
+        const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+                         (__nv_fp8x2_storage_t)(words[q] & 0xffffu), __NV_E4M3)));
+        const float2 hi = __half22float2(
+            __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[q] >> 16), __NV_E4M3)));
+        const __nv_bfloat162 p0 = __floats2bfloat162_rn(lo.x * m, lo.y * m), p1 = __floats2bfloat162_rn(hi.x * m, hi.y * m);
+        out[2 * q] = *reinterpret_cast<const uint32_t *>(&p0);
+        out[2 * q + 1] = *reinterpret_cast<const uint32_t *>(&p1);
+    }
+    uint4 *d = reinterpret_cast<uint4 *>(dst + i);
+    d[0] = make_uint4(out[0], out[1], out[2], out[3]);
+    d[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
 // x [rows, cols] f32 -> bf16 [rows, ld] in the weights' column order
@@ -391,7 +404,7 @@ int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scra
     for (int64_t r0 = 0; rc == TSR_OK && r0 < w->rows_pad; r0 += kTileRows) {
         const int64_t t = w->rows_pad - r0 < kTileRows ? w->rows_pad - r0 : kTileRows;
         if (w->cm)
-            widen_bs_kernel<<<dim3((unsigned)((w->ld + 511) / 512), (unsigned)t), 256, 0, st>>>(
+            widen_bs_kernel<<<dim3((unsigned)((w->ld + 4095) / 4096), (unsigned)t), 256, 0, st>>>(
                 sc->tile, w->w + r0 * w->ld, w->ld, w->cols, r0, w->cm, w->cm_rows, w->cm_shift, w->cm_ld, w->rows);
         else
             widen_kernel<<<grid_for(t * w->ld / 2, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld);
