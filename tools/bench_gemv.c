@@ -2,7 +2,7 @@
  * bench_gemv - GB/s of the gemv kernels (kernels/cpu/gemv_cpu.h) against a
  * plain read loop over the same bytes, the ceiling of a memory-bound gemv.
  *
- * usage: bench_gemv [-t THREADS] [-i portable|avx2] [-s SECONDS] [--shape 0|1|2] [--panel COLS] [--prefill]
+ * usage: bench_gemv [-t THREADS] [-i portable|avx2|avx512] [-s SECONDS] [--shape 0|1|2] [--panel COLS] [--prefill]
  *
  * Per dtype and shape (Qwen2.5-0.5B's [4864 x 896] FFN up/gate, [151936 x 896]
  * output head and [896 x 4864] FFN down, the only one whose rows are whole
@@ -250,9 +250,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-i") && i + 1 < argc) {
             i++;
-            isa = !strcmp(argv[i], "portable") ? TSR_GEMV_ISA_PORTABLE : TSR_GEMV_ISA_AVX2;
+            isa = !strcmp(argv[i], "portable") ? TSR_GEMV_ISA_PORTABLE
+                  : !strcmp(argv[i], "avx512")  ? TSR_GEMV_ISA_AVX512
+                                                : TSR_GEMV_ISA_AVX2;
         } else {
-            fprintf(stderr, "usage: %s [-t THREADS] [-i portable|avx2] [-s SECONDS] [--shape 0|1|2] [--panel COLS] [--resident] [--prefill | --gemm ROWS COLS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-t THREADS] [-i portable|avx2|avx512] [-s SECONDS] [--shape 0|1|2] [--panel COLS] [--resident] [--prefill | --gemm ROWS COLS]\n", argv[0]);
             return 2;
         }
     }
