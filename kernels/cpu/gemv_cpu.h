@@ -18,8 +18,9 @@
  * time and re-read from L1 for each input row). Accumulation is f32; the order differs from the
  * reference's, so results differ from it by rounding only.
  *
- * The ISA is picked at run time (__builtin_cpu_supports): AVX2+FMA+F16C where
- * present, otherwise a portable C path that computes the same sums.
+ * The ISA is picked at run time (cpuid, cpu_features.h): AVX-512 where the
+ * CPU has AVX-512F (and BW for its 8-bit decode kernels), else AVX2+FMA+F16C
+ * where present, otherwise a portable C path that computes the same sums.
  */
 #ifndef TSR_KERNELS_GEMV_CPU_H
 #define TSR_KERNELS_GEMV_CPU_H
