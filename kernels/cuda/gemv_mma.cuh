@@ -113,11 +113,12 @@ struct Args {
     int ldx;
     // E4M3 with scales in blocks along the rows (FP8 checkpoints such as
     // DeepSeek-V3's, 128 x 128): cm [ceil(n_out / cm_rows), cm_ld] holds
-    // each block's scale over its row block's largest (<= 1), scale the row
-    // block's largest; weight (o, k) is then code * scale[o] *
+    // each block's scale over its row block's largest (<= 1), and scale[o]
+    // that largest; weight (o, k) is then code * scale[o] *
     // cm[o / cm_rows][k >> cm_shift], and the kernels multiply each
-    // activation by its block's cm before rounding it (block_scaled). null:
-    // no blocks (launch_decode picks the kernels without them).
+    // activation by its block's cm before rounding it (load_x_e4m3 with
+    // BS). cm_rows a multiple of 16 (a tile's rows in one row block). null:
+    // no blocks (the launchers pick the kernels without them).
     const float *cm;
     int cm_rows, cm_shift, cm_ld;
 };
