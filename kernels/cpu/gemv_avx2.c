@@ -235,6 +235,22 @@ PLAIN_DOT4(dot4_f16, ld_f16, sc_f16, 2)
 
 /* --- Q8_0: {f16 d; i8 q[32]}; sum_b d_b * (q_b . x_b), two blocks in flight -- */
 
+/* Blocks [0, nb) of BB bytes each of the row at w through BLOCK(blk, b,
+ * chain): two blocks a step in two chains (every index known at compile
+ * time), PREFETCH(blk) of each pair, an odd last block into chain 0. */
+#define BLOCK_PAIRS(BLOCK, nb, BB, PREFETCH)                                                   \
+    do {                                                                                       \
+        int64_t b_ = 0;                                                                        \
+        for (; b_ + 2 <= (nb); b_ += 2) {                                                      \
+            const uint8_t *blk_ = w + b_ * (BB);                                               \
+            PREFETCH(blk_);                                                                    \
+            BLOCK(blk_, b_, 0);                                                                \
+            BLOCK(blk_ + (BB), b_ + 1, 1);                                                     \
+        }                                                                                      \
+        if (b_ < (nb)) BLOCK(w + b_ * (BB), b_, 0);                                            \
+    } while (0)
+#define Q8_PAIRS(BLOCK, nb) BLOCK_PAIRS(BLOCK, nb, 34, prefetch_q8_pair)
+
 INL __m256 q8_part(const uint8_t *b, int k) { return ld_i8(b + 2 + 8 * k); }
 
 /* acc[i][h] += d * (q . x) over one 32-element block at column 32 b of
@@ -350,27 +366,25 @@ INL void q4_0_parts(const uint8_t *blk, __m256 w[4]) {
     w[2] = i8_to_ps(hi), w[3] = i8_to_ps(_mm_srli_si128(hi, 8));
 }
 
+/* 36 bytes a step: one line in 16/9 steps, so two prefetches. */
+INL void prefetch_q4_0_pair(const uint8_t *blk) {
+    _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
+    _mm_prefetch((const char *)blk + PF_DIST + 32, _MM_HINT_T0);
+}
+#define Q4_0_BLOCK(blk, b, h)                                                                  \
+    do {                                                                                       \
+        q4_0_parts(blk, q);                                                                    \
+        block32_acc(q, _mm256_set1_ps(h2f(blk)), x, ldx, b, nx, acc, h);                       \
+    } while (0)
+
 INL void dot_q4_0(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u, float *out) {
     (void)u;
     __m256 acc[XG][2], q[4];
     for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    const int64_t nb = n / 32;
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) { /* 36 bytes a step: one line in 16/9 steps, so two prefetches */
-        const uint8_t *blk = w + b * 18;
-        _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + PF_DIST + 32, _MM_HINT_T0);
-        q4_0_parts(blk, q);
-        block32_acc(q, _mm256_set1_ps(h2f(blk)), x, ldx, b, nx, acc, 0);
-        q4_0_parts(blk + 18, q);
-        block32_acc(q, _mm256_set1_ps(h2f(blk + 18)), x, ldx, b + 1, nx, acc, 1);
-    }
-    if (b < nb) {
-        q4_0_parts(w + b * 18, q);
-        block32_acc(q, _mm256_set1_ps(h2f(w + b * 18)), x, ldx, b, nx, acc, 0);
-    }
+    BLOCK_PAIRS(Q4_0_BLOCK, n / 32, 18, prefetch_q4_0_pair);
     for (int i = 0; i < nx; i++) out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
 }
+#undef Q4_0_BLOCK
 
 /* --- other block types: decoded 256 elements at a time on the stack ----------- */
 
@@ -983,6 +997,13 @@ int64_t tsr_gemv_quant_i16_avx2(const float *src, int64_t n, float inv, int16_t 
 
 /* --- int8 x int16: vpmaddwd, int32 sums flushed to f32 every 1024 ----------- */
 
+/* The columns [c, n) past a kernel's whole steps, exactly in int32. */
+INL int32_t i8_tail(const int8_t *w, const int16_t *x, int64_t c, int64_t n) {
+    int32_t t = 0;
+    for (; c < n; c++) t += (int32_t)w[c] * (int32_t)x[c];
+    return t;
+}
+
 INL void i8_dot(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {
     __m256 accf[XG];
     for (int i = 0; i < nx; i++) accf[i] = _mm256_setzero_ps();
@@ -1004,11 +1025,7 @@ INL void i8_dot(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int n
         for (int i = 0; i < nx; i++)
             accf[i] = _mm256_add_ps(accf[i], _mm256_cvtepi32_ps(_mm256_add_epi32(acc[i][0], acc[i][1])));
     }
-    for (int i = 0; i < nx; i++) {
-        int32_t t = 0; /* tail < 32 elements */
-        for (int64_t cc = c; cc < n; cc++) t += (int32_t)w[cc] * (int32_t)x[i * ldx + cc];
-        out[i] = hsum8(accf[i]) + (float)t;
-    }
+    for (int i = 0; i < nx; i++) out[i] = hsum8(accf[i]) + (float)i8_tail(w, x + i * ldx, c, n);
 }
 
 /* int16 activations (tsr_gemv_i8_args): DOT over LEN (columns or blocks) */
@@ -1049,21 +1066,6 @@ I8_ROWS(tsr_gemv_i8_rows_avx2, i8_dot)
                                          _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));     \
             acc[i][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(t), acc[i][h]);                   \
         }                                                                                      \
-    } while (0)
-
-/* Blocks [0, nb) of the Q8_0 row at w through BLOCK(blk, b, chain): two
- * blocks a step in two chains (every index known at compile time), their
- * lines prefetched, an odd last block into chain 0. */
-#define Q8_PAIRS(BLOCK, nb)                                                                    \
-    do {                                                                                       \
-        int64_t b_ = 0;                                                                        \
-        for (; b_ + 2 <= (nb); b_ += 2) {                                                      \
-            const uint8_t *blk_ = w + b_ * 34;                                                 \
-            prefetch_q8_pair(blk_);                                                            \
-            BLOCK(blk_, b_, 0);                                                                \
-            BLOCK(blk_ + 34, b_ + 1, 1);                                                       \
-        }                                                                                      \
-        if (b_ < (nb)) BLOCK(w + b_ * 34, b_, 0);                                              \
     } while (0)
 
 INL void q8i16_dot(const uint8_t *w, const int16_t *x, int64_t ldx, int64_t nb, int nx, float *out) {
@@ -1129,11 +1131,7 @@ INL512 void i8_dot512(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n,
         for (int i = 0; i < nx; i++)
             accf[i] = _mm512_add_ps(accf[i], _mm512_cvtepi32_ps(_mm512_add_epi32(acc[i][0], acc[i][1])));
     }
-    for (int i = 0; i < nx; i++) {
-        int32_t t = 0; /* tail < 64 elements */
-        for (int64_t cc = c; cc < n; cc++) t += (int32_t)w[cc] * (int32_t)x[i * ldx + cc];
-        out[i] = _mm512_reduce_add_ps(accf[i]) + (float)t;
-    }
+    for (int i = 0; i < nx; i++) out[i] = _mm512_reduce_add_ps(accf[i]) + (float)i8_tail(w, x + i * ldx, c, n);
 }
 
 #define I8_RUN_i8_dot512(c0, c1) I8_RUN(i8_dot512, c0, c1)
@@ -1162,15 +1160,7 @@ INL512 void dot_q8_0_512(const uint8_t *w, const float *x, int64_t ldx, int64_t 
     for (int i = 0; i < nx; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
 }
 #undef Q8F_BLOCK512
-#define ROW_CALL512(DOT, U1, g, N) DOT(row, a->x + (int64_t)(g) * a->ldx, a->ldx, a->cols, N, 0, out)
-AVX512BW static void rows_q8_0_512(const tsr_gemv_args *a, int64_t r0, int64_t r1) {
-    float out[XG];
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
-        EACH_GROUP(a->nx, STORE_1, ROW_CALL512, dot_q8_0_512, 0)
-    }
-}
-#undef ROW_CALL512
+AVX512BW ROW_DRIVER(rows_q8_0_512, dot_q8_0_512, 4)
 
 /* The AVX-512 decode kernels where there is one (Q8_0), else the AVX2 ones.
  * (bf16 in 512-bit vectors, its activations permuted by 32s, read 17% more
@@ -1183,7 +1173,7 @@ void tsr_gemv_rows_avx512(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, in
         return;
     }
     if (r1 > r0) prefetch_start(a->w + (uint64_t)r0 * a->row_bytes, (uint64_t)(r1 - r0) * a->row_bytes);
-#define RUN(c0, c1) rows_q8_0_512(a, c0, c1)
+#define RUN(c0, c1) rows_q8_0_512(a, c0, c1, NULL)
     EACH_Y_RUN(a, r0, r1, RUN)
 #undef RUN
 }
