@@ -112,7 +112,7 @@ struct Weight {
     // ratios of each block's scale to its row block's largest, [cm_rb, cm_ld]
     // on the device (tsr_mma::Args.cm), the largest in scale; null otherwise
     float *cm;
-    int cm_rows, cm_shift, cm_ld, cm_rb;
+    int cm_rows, cm_shift, cm_ld;
 };
 
 int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
@@ -576,19 +576,22 @@ struct Quant {
     int64_t bad_row, bad_col;
     float bad_val;
     const tsr_plugin_ctx *ctx; // for the scales of stored F8_E4M3 weights
-    float *const *rb_max;      // per matrix: its row blocks' largest scales (blocks along rows), else null
+    const float *rb_max;       // blocks along rows: each stacked row block's largest scale, else null
+    int64_t br;                // and the blocks' rows
 };
 
 // A stored F8_E4M3 row (an FP8 checkpoint) is kept as it is: its bytes (in
 // the kernels' column order, tsr_mma::e4m3_stored_col), and its scale (1
 // without one): the row's, or with blocks along the row its row block's
 // largest (the blocks' ratios to it in Weight.cm).
-void copy_fp8_row(const Quant *j, const tsr_weight *tw, int m, int64_t r, int64_t i) {
+void copy_fp8_row(const Quant *j, const tsr_weight *tw, int64_t r, int64_t i) {
     const tsr_weight_scale *sc = tsr_weight_scale_of(j->ctx, tw);
     const uint8_t *src = static_cast<const uint8_t *>(tw->data) + (size_t)r * (size_t)j->cols;
     uint8_t *dst = j->q + (size_t)i * (size_t)j->ld;
     for (int64_t c = 0; c < j->cols; c++) dst[tsr_mma::e4m3_stored_col(c, j->cols)] = src[c];
-    j->scale[i] = !sc ? 1.0f : j->rb_max[m] ? j->rb_max[m][r / sc->block_rows] : sc->data[r / sc->block_rows];
+    j->scale[i] = !sc                         ? 1.0f
+                  : sc->block_cols < j->cols ? j->rb_max[i / j->br] // blocks along the row
+                                              : sc->data[r / sc->block_rows];
 }
 
 void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
@@ -605,7 +608,7 @@ void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
         while (r >= j->ws[m].rows) r -= j->ws[m++].rows;
         const tsr_weight *tw = &j->ws[m];
         if (tw->dtype == TSR_DTYPE_F8_E4M3) {
-            copy_fp8_row(j, tw, m, r, i);
+            copy_fp8_row(j, tw, r, i);
             continue;
         }
         uint64_t rb;
@@ -683,34 +686,29 @@ int blocks_of(Gemv *g, const tsr_weight *ws, int n, Blocks *b) {
     return TSR_OK;
 }
 
-// Blocks along the rows (b->on): each matrix's row blocks' largest scales
-// (rb_max[i], null for a matrix without blocks) and the stacked ratio table
-// [rb, ceil(cols / bc)] (1 where a row block has no blocks), on the host.
-int block_tables(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, const Blocks *b, int64_t rows_pad,
-                 float **rb_max, float **cm, int64_t *n_rb, int64_t *ncb) {
-    const int64_t cols = ws[0].cols;
-    *ncb = (cols + b->bc - 1) / b->bc;
-    *n_rb = (rows_pad + b->br - 1) / b->br;
-    *cm = static_cast<float *>(malloc((size_t)(*n_rb * *ncb) * sizeof(float)));
-    if (!*cm) return TSR_ERR_NOMEM;
-    for (int64_t i = 0; i < *n_rb * *ncb; i++) (*cm)[i] = 1.0f;
-    int64_t at = 0; // the matrix's first stacked row (a whole number of row blocks)
-    for (int m = 0; m < n; at += ws[m].rows, m++) {
-        rb_max[m] = nullptr;
+// Blocks along the rows (b->on), on the host: tab holds the stacked ratio
+// table [n_rb, ncb] (1 where a row block has no blocks), then each stacked
+// row block's largest scale [n_rb] (0 where it has none).
+float *block_tables(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, const Blocks *b, int64_t n_rb,
+                    int64_t ncb) {
+    float *tab = static_cast<float *>(malloc((size_t)(n_rb * (ncb + 1)) * sizeof(float)));
+    if (!tab) return nullptr;
+    float *rb_max = tab + n_rb * ncb;
+    for (int64_t i = 0; i < n_rb * ncb; i++) tab[i] = 1.0f;
+    for (int64_t i = 0; i < n_rb; i++) rb_max[i] = 0.0f;
+    int64_t rb = 0; // the matrix's first stacked row block (blocks_of: matrices are whole row blocks)
+    for (int m = 0; m < n; rb += (ws[m].rows + b->br - 1) / b->br, m++) {
         const tsr_weight_scale *sc = tsr_weight_scale_of(ctx, &ws[m]);
-        if (!sc || sc->block_cols >= cols) continue;
-        const int64_t lrb = (ws[m].rows + b->br - 1) / b->br;
-        if (!(rb_max[m] = static_cast<float *>(malloc((size_t)lrb * sizeof(float))))) return TSR_ERR_NOMEM;
-        for (int64_t r = 0; r < lrb; r++) {
-            const float *srow = sc->data + r * *ncb;
+        if (!sc || sc->block_cols >= ws[m].cols) continue;
+        for (int64_t r = 0; r < (ws[m].rows + b->br - 1) / b->br; r++) {
+            const float *srow = sc->data + r * ncb;
             float mx = 0.0f;
-            for (int64_t c = 0; c < *ncb; c++) mx = srow[c] > mx ? srow[c] : mx;
-            rb_max[m][r] = mx;
-            float *crow = *cm + (at / b->br + r) * *ncb;
-            for (int64_t c = 0; c < *ncb; c++) crow[c] = mx > 0.0f ? srow[c] / mx : 0.0f;
+            for (int64_t c = 0; c < ncb; c++) mx = srow[c] > mx ? srow[c] : mx;
+            rb_max[rb + r] = mx;
+            for (int64_t c = 0; c < ncb; c++) tab[(rb + r) * ncb + c] = mx > 0.0f ? srow[c] / mx : 0.0f;
         }
     }
-    return TSR_OK;
+    return tab;
 }
 
 // Rows of f32, f16 or bf16 weights -> e4m3 with one scale per row, stacked
@@ -767,22 +765,20 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     if (rc == TSR_OK) rc = h->dev_alloc(g->ctx, (size_t)rows_pad * sizeof(float), reinterpret_cast<void **>(&w->scale));
     uint8_t *q = static_cast<uint8_t *>(calloc((size_t)bytes, 1));          // zero padding
     float *scale = static_cast<float *>(calloc((size_t)rows_pad, sizeof(float))); // padding rows: 0
-    float *rb_max[4] = {}, **rbm = n <= 4 ? rb_max : static_cast<float **>(calloc((size_t)n, sizeof(float *)));
-    float *cm = nullptr;
-    int64_t n_rb = 0, ncb = 0;
-    if (rc == TSR_OK && (!q || !scale || !rbm)) rc = TSR_ERR_NOMEM;
+    const int64_t n_rb = blk.on ? (rows_pad + blk.br - 1) / blk.br : 0;
+    const int64_t ncb = blk.on ? (cols + blk.bc - 1) / blk.bc : 0;
+    float *tab = blk.on ? block_tables(g->ctx, ws, n, &blk, n_rb, ncb) : nullptr;
+    if (rc == TSR_OK && (!q || !scale || (blk.on && !tab))) rc = TSR_ERR_NOMEM;
     if (rc == TSR_OK && blk.on) {
-        rc = block_tables(g->ctx, ws, n, &blk, rows_pad, rbm, &cm, &n_rb, &ncb);
+        rc = h->dev_alloc(g->ctx, (size_t)(n_rb * ncb) * sizeof(float), reinterpret_cast<void **>(&w->cm));
         if (rc == TSR_OK)
-            rc = h->dev_alloc(g->ctx, (size_t)(n_rb * ncb) * sizeof(float), reinterpret_cast<void **>(&w->cm));
-        if (rc == TSR_OK)
-            rc = cuda_err(g, cudaMemcpy(w->cm, cm, (size_t)(n_rb * ncb) * sizeof(float), cudaMemcpyHostToDevice),
+            rc = cuda_err(g, cudaMemcpy(w->cm, tab, (size_t)(n_rb * ncb) * sizeof(float), cudaMemcpyHostToDevice),
                           "upload block scales");
-        w->cm_rows = (int)blk.br, w->cm_ld = (int)ncb, w->cm_rb = (int)n_rb;
-        while ((1ll << w->cm_shift) < blk.bc) w->cm_shift++;
+        w->cm_rows = (int)blk.br, w->cm_ld = (int)ncb, w->cm_shift = __builtin_ctzll((unsigned long long)blk.bc);
     }
     if (rc == TSR_OK) { // rows over the host's thread pool
-        Quant job = {ws, n, cols, ld, q, scale, 0, 0, 0, -1, -1, 0.0f, g->ctx, rbm};
+        Quant job = {ws, n, cols, ld, q, scale, 0, 0, 0, -1, -1, 0.0f, g->ctx,
+                     tab ? tab + n_rb * ncb : nullptr, blk.br};
         h->parallel_for(g->ctx, rows, quant_rows, &job);
         if (job.nomem) {
             rc = TSR_ERR_NOMEM;
@@ -798,9 +794,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
                       "upload scales");
     free(q);
     free(scale);
-    free(cm);
-    for (int i = 0; rbm && i < n; i++) free(rbm[i]);
-    if (rbm != rb_max) free(rbm);
+    free(tab);
     if (rc != TSR_OK) {
         if (w->w) h->dev_free(g->ctx, w->w);
         if (w->scale) h->dev_free(g->ctx, w->scale);
@@ -922,8 +916,9 @@ int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float 
 uint64_t g_bytes(void *inst, const void *prepared) {
     (void)inst;
     const Weight *w = static_cast<const Weight *>(prepared);
+    const uint64_t row_blocks = w->cm ? (uint64_t)((w->rows_pad + w->cm_rows - 1) / w->cm_rows) : 0;
     return (uint64_t)w->rows * (uint64_t)w->ld + (uint64_t)w->rows * sizeof(float) +
-           (uint64_t)w->cm_rb * (uint64_t)w->cm_ld * sizeof(float);
+           row_blocks * (uint64_t)w->cm_ld * sizeof(float);
 }
 
 const tsr_gemv_i iface = {
