@@ -430,15 +430,11 @@ static void bmat_make(bmat *b, int64_t rows, int64_t cols, int64_t br, int64_t b
     b->sc = (tsr_weight_scale){b->grid, br, bc};
 }
 
-/* Row o's row block's largest scale and m for column c, as the plugin makes them. */
+/* Row o's row block's largest scale, as the plugin takes it. */
 static float bmat_max(const bmat *b, int64_t o) {
     float mx = 0;
     for (int64_t j = 0; j < b->gc; j++) mx = fmaxf(mx, b->grid[(o / b->br) * b->gc + j]);
     return mx;
-}
-static float bmat_ratio(const bmat *b, int64_t o, int64_t c) {
-    const float mx = bmat_max(b, o), s = b->grid[(o / b->br) * b->gc + c / b->bc];
-    return mx > 0 ? s / mx : 0.0f;
 }
 
 /* y [rows, n_out] of the stacked matrices against the reference. */
@@ -451,10 +447,12 @@ static void check_blocks(const char *what, const float *y, const bmat *ms, int n
             for (int64_t o = 0; o < ms[i].rows; o++) {
                 const bmat *b = &ms[i];
                 const int64_t cols = b->cols;
+                const float mx = bmat_max(b, o), *srow = b->grid + (o / b->br) * b->gc;
                 double sum = 0, mag = 0;
                 for (int64_t c = 0; c < cols; c++) {
                     const double wv = e4m3_value(b->codes[o * cols + c]);
-                    const float m = bmat_ratio(b, o, c), xv = x[(int64_t)r * cols + c];
+                    /* the block's ratio to the row block's largest, as the plugin makes it */
+                    const float m = mx > 0 ? srow[c / b->bc] / mx : 0.0f, xv = x[(int64_t)r * cols + c];
                     double t;
                     if (lt) /* the tile: bf16(code x m), bf16 activations */
                         t = (double)tsr_bf16_to_f32(tsr_f32_to_bf16((float)wv * m)) *
@@ -463,7 +461,7 @@ static void check_blocks(const char *what, const float *y, const bmat *ms, int n
                         t = wv * (double)tsr_f16_to_f32(tsr_f32_to_f16(xv * m * 0.0625f)) * 16.0;
                     sum += t, mag += fabs(t);
                 }
-                const double s = bmat_max(b, o), ref = sum * s;
+                const double s = mx, ref = sum * s;
                 const double bound = (lt ? KERNEL_REL_LT : KERNEL_REL_DECODE) * mag * s + 1e-30;
                 const double got = y[(int64_t)r * n_out + at + o], d = fabs(got - ref);
                 if (!(d <= bound))
