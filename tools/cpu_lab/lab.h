@@ -2,7 +2,7 @@
  * lab.h - what the CPU kernel labs share (each lab is one file, built with
  * the line in its header; this header sits beside them): a monotonic clock,
  * the horizontal sum, the read loop of `tessera probe` (prefetching PF bytes
- * ahead), and the bf16 decode kernel's shape (a 64-byte step: two 32-byte
+ * ahead), the inputs they fill, and the bf16 decode kernel's shape (a 64-byte step: two 32-byte
  * loads split into even and odd halves, four FMA chains).
  */
 #ifndef TSR_CPU_LAB_H
@@ -38,6 +38,16 @@ __attribute__((noinline, unused)) static float readloop(const uint8_t *w, long n
         s1 = _mm256_add_ps(s1, _mm256_loadu_ps((const float *)(w + i + 32)));
     }
     return hsum8(_mm256_add_ps(s0, s1));
+}
+
+/* Inputs the labs read: n bf16 weights (16-bit values 1.0-2.0, a hash of the
+ * index, so no page is all zeros) and n activations in [-1, 1]. */
+static inline void lab_fill(uint8_t *w, size_t n, float *x, int nx) {
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t h = 0x3c00 + (uint16_t)((i * 2654435761u >> 13) & 0x3ff);
+        memcpy(w + 2 * i, &h, 2);
+    }
+    for (int i = 0; i < nx; i++) x[i] = (float)((i * 37) % 101 - 50) / 50;
 }
 
 /* The dot product of n bf16 weights at w with x, prefetching pf bytes ahead. */

@@ -41,11 +41,7 @@ int main(int argc, char **argv) {
     float *xp = aligned_alloc(64, n * 4), *y = malloc(rows * 4 + 64);
     if (!W || !xp || !y) return 1;
     madvise(W, tot, MADV_HUGEPAGE);
-    for (size_t i = 0; i < mb * copies / 2; i++) {
-        uint16_t h = 0x3c00 + (uint16_t)((i * 2654435761u >> 13) & 0x3ff);
-        memcpy(W + 2 * i, &h, 2);
-    }
-    for (int i = 0; i < n; i++) xp[i] = (float)((i * 37) % 101 - 50) / 50;
+    lab_fill(W, mb * copies / 2, xp, n);
     static const char *name[NV] = {"read", "cold-y", "ring-y", "run-pfw", "row-pfw"};
     static double t[NV][4000];
     int cnt = 0;
