@@ -13,10 +13,13 @@
 
 #define TSR_EXPERT_CACHE_IFACE_VERSION 1
 
-/* One expert's prepared matrices (gemv handles). */
+/* One expert's prepared matrices (gemv handles). up NULL: gate is gate and
+ * up stacked into one handle [2 expert_ffn, hidden] (prepare_group; the
+ * runtime stacks them where the gemv plugin does on a device). A cache
+ * holds the three as they come. */
 typedef struct tsr_expert_weights {
-    const void *gate; /* [expert_ffn, hidden] */
-    const void *up;   /* [expert_ffn, hidden] */
+    const void *gate; /* [expert_ffn, hidden], or [gate; up] */
+    const void *up;   /* [expert_ffn, hidden] or NULL */
     const void *down; /* [hidden, expert_ffn] */
 } tsr_expert_weights;
 

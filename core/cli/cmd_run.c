@@ -5,6 +5,8 @@
 
 #include "commands.h"
 #include "model_opts.h"
+#include "../host/engine.h"
+#include "../host/slot_calls.h"
 
 static void run_usage(FILE *f) {
     fprintf(f,
@@ -218,6 +220,15 @@ int tsr_cmd_run(int argc, char **argv) {
     tsr_model_graph_stats(m, &captures, &replays);
     if (captures) fprintf(stderr, "cuda graphs: %llu captured, %llu replays\n", (unsigned long long)captures,
                           (unsigned long long)replays);
+    if (tsr_model_get_config(m)->n_experts > 0) {
+        tsr_expert_stats es;
+        tsr_expert_stats_get(tsr_engine_slot(tsr_model_get_engine(m), TSR_SLOT_EXPERT_CACHE), &es);
+        const uint64_t looked = es.hits + es.misses;
+        fprintf(stderr, "experts: %llu lookups, %.1f%% hits, %llu evictions, %llu resident (%.1f MiB)\n",
+                (unsigned long long)looked, looked ? 100.0 * (double)es.hits / (double)looked : 0.0,
+                (unsigned long long)es.evictions, (unsigned long long)es.resident,
+                (double)es.resident_bytes / (1 << 20));
+    }
     status = 0;
 done:
     tsr_gen_free(g);

@@ -81,6 +81,34 @@ static int cu_sample(const float *logits, const int32_t *state, const tsr_cu_sam
     return tsr_cuda_check(rc, "sampling", err);
 }
 
+static int cu_route(float *p, int rows, int n_experts, int k, int norm, int32_t *idx, float *w, tsr_error *err) {
+    int rc = tsr_cu_route(p, rows, n_experts, k, norm, idx, w, g_pdl, tsr_cuda_stream());
+    if (rc == -5)
+        return tsr_error_set(err, TSR_ERR_UNSUPPORTED,
+                             "device routing: %d experts, %d per token (1..1024 experts, 1..experts per token)",
+                             n_experts, k);
+    return tsr_cuda_check(rc, "routing", err);
+}
+
+static int cu_gather_rows(float *dst, const float *src, const int32_t *rows, int n, int cols, tsr_error *err) {
+    return tsr_cuda_check(tsr_cu_gather_rows(dst, src, rows, n, cols, g_pdl, tsr_cuda_stream()), "row gather",
+                          err);
+}
+
+static int cu_scatter_axpy(float *y, const float *src, const int32_t *rows, const float *w, int n, int cols,
+                           tsr_error *err) {
+    return tsr_cuda_check(tsr_cu_scatter_axpy(y, src, rows, w, n, cols, g_pdl, tsr_cuda_stream()),
+                          "weighted row scatter", err);
+}
+
+static int cu_add_gated(float *y, const float *src, const float *gate, int rows, int cols, tsr_error *err) {
+    return tsr_cuda_check(tsr_cu_add_gated(y, src, gate, rows, cols, g_pdl, tsr_cuda_stream()), "gated add", err);
+}
+
+static int cu_zero(float *y, int64_t n, tsr_error *err) {
+    return tsr_cuda_check(tsr_cu_zero(y, n, g_pdl, tsr_cuda_stream()), "zero", err);
+}
+
 static int cu_add(float *y, const float *x, int64_t n, tsr_error *err) {
     return tsr_cuda_check(tsr_cu_add(y, x, n, g_pdl, tsr_cuda_stream()), "add", err);
 }
@@ -114,6 +142,11 @@ static const tsr_backend cuda_backend = {
     .sample_history = cu_sample_history,
     .sample = cu_sample,
     .sample_scratch_bytes = tsr_cu_sample_scratch_bytes,
+    .route = cu_route,
+    .gather_rows = cu_gather_rows,
+    .scatter_axpy = cu_scatter_axpy,
+    .add_gated = cu_add_gated,
+    .zero = cu_zero,
     .add = cu_add,
     .add_rows = cu_add_rows,
     .sync = tsr_cuda_sync,

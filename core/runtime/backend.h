@@ -74,6 +74,23 @@ typedef struct tsr_backend {
     int (*sample)(const float *logits, const int32_t *state, const tsr_cu_sample_args *a, void *scratch,
                   int32_t *out, tsr_error *err);
     uint64_t (*sample_scratch_bytes)(int vocab);
+    /* Mixture-of-experts routing of router logits p [rows, n_experts] (made
+     * probabilities in place): each row's k most probable experts, in
+     * decreasing probability with ties to the lower id and NaN never chosen
+     * (kernels/cpu/ops.h tsr_topk; -1 past the last number), into idx [rows,
+     * k], their probabilities (divided by their sum where norm) into w. */
+    int (*route)(float *p, int rows, int n_experts, int k, int norm, int32_t *idx, float *w, tsr_error *err);
+    /* dst[j, :] = src[rows[j], :] for j < n, rows of cols floats; rows in
+     * backend memory */
+    int (*gather_rows)(float *dst, const float *src, const int32_t *rows, int n, int cols, tsr_error *err);
+    /* y[rows[j], :] += w[j] * src[j, :] for j < n in turn (rows and w in
+     * backend memory) */
+    int (*scatter_axpy)(float *y, const float *src, const int32_t *rows, const float *w, int n, int cols,
+                        tsr_error *err);
+    /* y[r, :] += sigmoid(gate[r]) * src[r, :] for rows rows of cols */
+    int (*add_gated)(float *y, const float *src, const float *gate, int rows, int cols, tsr_error *err);
+    /* y[:n] = 0 */
+    int (*zero)(float *y, int64_t n, tsr_error *err);
     int (*add)(float *y, const float *x, int64_t n, tsr_error *err);
     int (*add_rows)(float *y, const float *b, int rows, int n, tsr_error *err);
     /* wait for queued work; surface asynchronous errors */

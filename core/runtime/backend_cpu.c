@@ -180,6 +180,48 @@ static int cpu_add_rows(float *y, const float *b, int rows, int n, tsr_error *er
     return TSR_OK;
 }
 
+static int cpu_route(float *p, int rows, int n_experts, int k, int norm, int32_t *idx, float *w, tsr_error *err) {
+    (void)err;
+    for (int r = 0; r < rows; r++) {
+        float *pr = p + (int64_t)r * n_experts, *wr = w + (int64_t)r * k;
+        int32_t *ir = idx + (int64_t)r * k;
+        tsr_softmax(pr, n_experts);
+        tsr_topk(pr, n_experts, k, ir);
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += (wr[j] = ir[j] >= 0 ? pr[ir[j]] : 0.0f);
+        if (norm && sum > 0.0f)
+            for (int j = 0; j < k; j++) wr[j] /= sum;
+    }
+    return TSR_OK;
+}
+
+static int cpu_gather_rows(float *dst, const float *src, const int32_t *rows, int n, int cols, tsr_error *err) {
+    (void)err;
+    for (int j = 0; j < n; j++)
+        memcpy(dst + (int64_t)j * cols, src + (int64_t)rows[j] * cols, (size_t)cols * sizeof(float));
+    return TSR_OK;
+}
+
+static int cpu_scatter_axpy(float *y, const float *src, const int32_t *rows, const float *w, int n, int cols,
+                            tsr_error *err) {
+    (void)err;
+    for (int j = 0; j < n; j++) tsr_axpy(y + (int64_t)rows[j] * cols, w[j], src + (int64_t)j * cols, cols);
+    return TSR_OK;
+}
+
+static int cpu_add_gated(float *y, const float *src, const float *gate, int rows, int cols, tsr_error *err) {
+    (void)err;
+    for (int r = 0; r < rows; r++)
+        tsr_axpy(y + (int64_t)r * cols, tsr_sigmoid(gate[r]), src + (int64_t)r * cols, cols);
+    return TSR_OK;
+}
+
+static int cpu_zero(float *y, int64_t n, tsr_error *err) {
+    (void)err;
+    memset(y, 0, (size_t)n * sizeof(float));
+    return TSR_OK;
+}
+
 static int cpu_sync(tsr_error *err) {
     (void)err;
     return TSR_OK;
@@ -205,6 +247,11 @@ static const tsr_backend cpu_backend = {
     .silu_mul_cat = cpu_silu_mul_cat,
     .split3 = cpu_split3,
     .argmax = cpu_argmax,
+    .route = cpu_route,
+    .gather_rows = cpu_gather_rows,
+    .scatter_axpy = cpu_scatter_axpy,
+    .add_gated = cpu_add_gated,
+    .zero = cpu_zero,
     .add = cpu_add,
     .add_rows = cpu_add_rows,
     .sync = cpu_sync,

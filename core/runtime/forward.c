@@ -1,7 +1,7 @@
 /*
  * forward.c - the decoder forward pass over a chunk of rows. The core does
- * embedding, norms, RoPE, activations (through its backend: backend.h) and
- * routing (on the host); every
+ * embedding, norms, RoPE, activations and routing (through its backend:
+ * backend.h); every
  * projection goes to the gemv slot, keys and values to the kv_cache slot,
  * attention to the attention slot, expert weights come from the
  * expert_cache slot.
@@ -90,57 +90,66 @@ static int ffn_stacked(tsr_model *m, const void *wgu, const void *wd, int rows, 
     return TSR_OK;
 }
 
-/* Mixture of experts over m->xn, adding into m->x. */
+/* Mixture of experts over m->xn, adding into m->x. The router and the
+ * routing (softmax, top-k) run on the backend; the host reads each row's
+ * experts back (a wait on a device: the expert_cache slot decides on the
+ * host what is resident), sorts the rows by expert and looks the experts up
+ * in groups of at most n_experts_used, in increasing id. Each expert's rows
+ * are gathered, run through its FFN and added back weighted, on the
+ * backend, in the same order on every backend. */
 static int moe(tsr_model *m, int layer, int rows, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     const tsr_layer_w *L = &m->layers[layer];
+    const tsr_backend *be = m->be;
     const int E = c->n_experts, K = c->n_experts_used, h = c->hidden, f = c->expert_ffn;
+    enum { MAX_EXPERTS = 1024, MAX_USED = 64 };
+    if (E > MAX_EXPERTS) return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "%d experts", E);
+    if (K > MAX_USED) return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "%d experts per token", K);
     int rc;
     if ((rc = gemv(m, L->w_router, rows, m->xn, m->router, err))) return rc;
-    uint8_t used[1024] = {0};
-    if (E > (int)sizeof used) return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "%d experts", E);
-    for (int r = 0; r < rows; r++) {
-        float *p = m->router + (int64_t)r * E;
-        int32_t *idx = m->topk_idx + (int64_t)r * K;
-        float *w = m->topk_w + (int64_t)r * K;
-        tsr_softmax(p, E);
-        tsr_topk(p, E, K, idx);
-        float sum = 0.0f;
-        for (int k = 0; k < K; k++) sum += (w[k] = idx[k] >= 0 ? p[idx[k]] : 0.0f);
-        if (c->norm_topk_prob && sum > 0.0f)
-            for (int k = 0; k < K; k++) w[k] /= sum;
-        for (int k = 0; k < K; k++)
-            if (idx[k] >= 0) used[idx[k]] = 1;
+    BE(be->route(m->router, rows, E, K, c->norm_topk_prob, m->route_idx, m->route_w, err));
+    const int nk = rows * K;
+    BE(be->download(m->route_idx_h, m->route_idx, (size_t)nk * sizeof(int32_t), err));
+    BE(be->download(m->route_w_h, m->route_w, (size_t)nk * sizeof(float), err));
+    /* the rows of each expert in turn (row order within one) */
+    int start[MAX_EXPERTS + 1] = {0};
+    for (int i = 0; i < nk; i++)
+        if (m->route_idx_h[i] >= 0) start[m->route_idx_h[i] + 1]++;
+    for (int e = 0; e < E; e++) start[e + 1] += start[e];
+    int fill[MAX_EXPERTS];
+    memcpy(fill, start, (size_t)E * sizeof(int));
+    for (int i = 0; i < nk; i++) {
+        const int e = m->route_idx_h[i];
+        if (e < 0) continue;
+        m->ex_rows_h[fill[e]] = i / K;
+        m->ex_wts_h[fill[e]++] = m->route_w_h[i];
     }
-    memset(m->moe_out, 0, (size_t)rows * h * sizeof(float));
-    /* experts in increasing id, looked up in groups of at most K */
-    int32_t group[64];
-    if (K > 64) return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "%d experts per token", K);
-    int e = 0;
-    while (e < E) {
+    BE(be->upload(m->ex_rows, m->ex_rows_h, (size_t)start[E] * sizeof(int32_t), err));
+    BE(be->upload(m->ex_wts, m->ex_wts_h, (size_t)start[E] * sizeof(float), err));
+    BE(be->zero(m->moe_out, (int64_t)rows * h, err));
+    int32_t group[MAX_USED];
+    for (int e = 0, looked_up = 0; e < E;) {
         int n = 0;
         for (; e < E && n < K; e++)
-            if (used[e]) group[n++] = e;
+            if (start[e + 1] > start[e]) group[n++] = e;
         if (n == 0) break;
-        const tsr_expert_weights *ew[64];
+        /* a lookup may release the experts of the one before, still read
+         * by queued work on a device */
+        if (looked_up++) BE(be->sync(err));
+        const tsr_expert_weights *ew[MAX_USED];
         CALL(m->experts, tsr_expert_lookup(m->experts, layer, n, group, ew), "expert lookup");
         for (int gi = 0; gi < n; gi++) {
-            int cnt = 0;
-            for (int r = 0; r < rows; r++)
-                for (int k = 0; k < K; k++)
-                    if (m->topk_idx[(int64_t)r * K + k] == group[gi]) {
-                        m->ex_rows[cnt] = r;
-                        m->ex_wts[cnt] = m->topk_w[(int64_t)r * K + k];
-                        memcpy(m->ex_in + (int64_t)cnt * h, m->xn + (int64_t)r * h,
-                               (size_t)h * sizeof(float));
-                        cnt++;
-                    }
-            if ((rc = ffn(m, ew[gi]->gate, ew[gi]->up, ew[gi]->down, cnt, f, m->ex_in, m->ex_g,
-                          m->ex_u, m->ex_d, err)))
-                return rc;
-            for (int j = 0; j < cnt; j++)
-                tsr_axpy(m->moe_out + (int64_t)m->ex_rows[j] * h, m->ex_wts[j],
-                         m->ex_d + (int64_t)j * h, h);
+            const int off = start[group[gi]], cnt = start[group[gi] + 1] - off;
+            const float *in = m->xn; /* every row (in order): as they are */
+            if (cnt < rows) {
+                BE(be->gather_rows(m->ex_in, m->xn, m->ex_rows + off, cnt, h, err));
+                in = m->ex_in;
+            }
+            const tsr_expert_weights *w = ew[gi];
+            rc = w->up ? ffn(m, w->gate, w->up, w->down, cnt, f, in, m->ex_g, m->ex_u, m->ex_d, err)
+                       : ffn_stacked(m, w->gate, w->down, cnt, f, in, m->ex_g, m->ex_d, err);
+            if (rc) return rc;
+            BE(be->scatter_axpy(m->moe_out, m->ex_d, m->ex_rows + off, m->ex_wts + off, cnt, h, err));
         }
     }
     if (L->sh_gate) { /* qwen2_moe: a shared expert behind a sigmoid gate */
@@ -149,12 +158,9 @@ static int moe(tsr_model *m, int layer, int rows, tsr_error *err) {
                       m->ex_d, err)))
             return rc;
         if ((rc = gemv(m, L->sh_router, rows, m->xn, m->sh_gate_out, err))) return rc;
-        for (int r = 0; r < rows; r++)
-            tsr_axpy(m->moe_out + (int64_t)r * h, tsr_sigmoid(m->sh_gate_out[r]),
-                     m->ex_d + (int64_t)r * h, h);
+        BE(be->add_gated(m->moe_out, m->ex_d, m->sh_gate_out, rows, h, err));
     }
-    tsr_add(m->x, m->moe_out, (int64_t)rows * h);
-    return TSR_OK;
+    return be->add(m->x, m->moe_out, (int64_t)rows * h, err);
 }
 
 /* The attention half of a layer, leaving x + attention out in x. normed:

@@ -245,8 +245,19 @@ static int expert_load(void *data, int layer, int e, tsr_expert_weights *out, ui
     void *g = NULL, *u = NULL, *d = NULL;
     int64_t h = m->cfg.hidden, f = m->cfg.expert_ffn;
     *bytes = 0;
-    int rc = load_matrix(m, gn, f, h, LOAD_ON_DEMAND, &g, bytes, &err);
-    if (rc == TSR_OK) rc = load_matrix(m, un, f, h, LOAD_ON_DEMAND, &u, bytes, &err);
+    /* on a device gate and up stacked (run_glu: one launch for both, and
+     * SiLU), as prepare would copy them there anyway; the CPU reads an
+     * expert's matrices in place */
+    int rc = TSR_ERR_UNSUPPORTED;
+    if (m->be->device != TSR_DEVICE_CPU) {
+        const char *const gu_names[] = {gn, un};
+        const int64_t gu_rows[] = {f, f};
+        rc = load_group(m, gu_names, gu_rows, 2, h, &g, bytes, &err);
+    }
+    if (rc == TSR_ERR_UNSUPPORTED) {
+        rc = load_matrix(m, gn, f, h, LOAD_ON_DEMAND, &g, bytes, &err);
+        if (rc == TSR_OK) rc = load_matrix(m, un, f, h, LOAD_ON_DEMAND, &u, bytes, &err);
+    }
     if (rc == TSR_OK) rc = load_matrix(m, dn, h, f, LOAD_ON_DEMAND, &d, bytes, &err);
     if (rc != TSR_OK) {
         fprintf(stderr, "tessera: expert %d of layer %d: %s\n", e, layer, err.msg);
@@ -379,6 +390,7 @@ int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err) {
         grouped_gu |= m->layers[l].w_gu != NULL;
     }
     if (grouped_qkv && !(m->qkv = be->alloc(R * (qd + 2 * kvd) * sizeof(float), err))) return err->code;
+    grouped_gu |= c->n_experts > 0 && be->device != TSR_DEVICE_CPU; /* experts' gate/up (expert_load) */
     if (grouped_gu && !(m->gu = be->alloc(R * 2 * f * sizeof(float), err))) return err->code;
     /* inputs: the step then the ids, in backend memory and staged on the host */
     const size_t io_bytes = sizeof(tsr_step) + R * sizeof(int32_t);
@@ -402,15 +414,17 @@ int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err) {
     }
     if (c->n_experts == 0) return TSR_OK;
     const size_t E = (size_t)c->n_experts, K = c->n_experts_used > 0 ? (size_t)c->n_experts_used : 1;
-    float **host[] = {&m->router, &m->moe_out, &m->ex_in, &m->ex_g, &m->ex_u, &m->ex_d,
-                      &m->sh_gate_out, &m->topk_w, &m->ex_wts};
-    size_t host_sizes[] = {R * E, R * h, R * h, R * f, R * f, R * h, R, R * K, R};
-    for (size_t i = 0; i < sizeof host_sizes / sizeof host_sizes[0]; i++)
-        if (!(*host[i] = calloc(host_sizes[i], sizeof(float))))
-            return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
-    m->topk_idx = calloc(R * K, sizeof(int32_t));
-    m->ex_rows = calloc(R, sizeof(int32_t));
-    if (!m->topk_idx || !m->ex_rows)
+    void **moe_dev[] = {(void **)&m->router, (void **)&m->moe_out, (void **)&m->ex_in, (void **)&m->ex_g,
+                        (void **)&m->ex_u, (void **)&m->ex_d, (void **)&m->sh_gate_out, (void **)&m->route_idx,
+                        (void **)&m->route_w, (void **)&m->ex_rows, (void **)&m->ex_wts};
+    const size_t moe_floats[] = {R * E, R * h, R * h, R * f, R * f, R * h, R, R * K, R * K, R * K, R * K};
+    for (size_t i = 0; i < sizeof moe_floats / sizeof moe_floats[0]; i++) /* int32 and float alike 4 bytes */
+        if (!(*moe_dev[i] = be->alloc(moe_floats[i] * sizeof(float), err))) return err->code;
+    m->route_idx_h = calloc(R * K, sizeof(int32_t));
+    m->ex_rows_h = calloc(R * K, sizeof(int32_t));
+    m->route_w_h = calloc(R * K, sizeof(float));
+    m->ex_wts_h = calloc(R * K, sizeof(float));
+    if (!m->route_idx_h || !m->ex_rows_h || !m->route_w_h || !m->ex_wts_h)
         return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
     return TSR_OK;
 }
@@ -507,9 +521,13 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
         rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (m->be->device != TSR_DEVICE_CPU && c->n_experts > 0) {
-        rc = tsr_error_set(err, TSR_ERR_NOT_IMPLEMENTED,
-                           "mixture-of-experts models run on the CPU only for now (%s)", c->arch_name);
+    if (c->n_experts > 0 && tsr_engine_cuda_graphs(m->engine)) {
+        /* forward.c: the host reads each layer's routing to look experts up */
+        rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED,
+                           "assembly %s: runtime.cuda_graphs cannot capture a mixture-of-experts pass (%s): "
+                           "the expert_cache slot looks each layer's experts up on the host; set "
+                           "runtime.cuda_graphs: false (assemblies/cuda-moe.yaml)",
+                           asm_path, c->arch_name);
         goto fail;
     }
 
@@ -598,18 +616,19 @@ fail:
 
 void tsr_model_free_scratch(tsr_model *m) {
     tsr_graphs_free(m);
-    void *dev[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->o, m->g, m->u, m->logits_dev, m->qkv, m->gu,
-                   m->io, m->argmax_dev};
+    void *dev[] = {m->x,        m->xn,         m->q,     m->k,       m->v,       m->att,       m->o,
+                   m->g,        m->u,          m->logits_dev, m->qkv, m->gu,     m->io,        m->argmax_dev,
+                   m->router,   m->moe_out,    m->ex_in, m->ex_g,    m->ex_u,    m->ex_d,      m->sh_gate_out,
+                   m->route_idx, m->route_w,   m->ex_rows, m->ex_wts};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) m->be->free(dev[i]);
     void *host_io[] = {m->io_host, m->out_host};
     for (size_t i = 0; i < sizeof host_io / sizeof host_io[0]; i++)
         if (host_io[i]) m->be->host_free(host_io[i]);
-    float *host[] = {m->router, m->moe_out, m->ex_in, m->ex_g, m->ex_u, m->ex_d,
-                     m->sh_gate_out, m->topk_w, m->ex_wts};
-    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
-    free(m->topk_idx);
-    free(m->ex_rows);
+    free(m->route_idx_h);
+    free(m->ex_rows_h);
+    free(m->route_w_h);
+    free(m->ex_wts_h);
     free(m->embed_rows);
     free(m->embed_iota);
 }

@@ -108,12 +108,18 @@ struct tsr_model {
     tsr_graph graphs[TSR_GRAPH_CACHE];
     uint64_t graph_tick;
     uint64_t graph_captures, graph_replays;
-    /* host scratch of the mixture-of-experts path (CPU only) */
+    /* the mixture-of-experts path in backend memory: router logits, the
+     * experts' weighted sum, one expert's input rows and intermediates, the
+     * shared expert's gate logit; each row's experts and weights [chunk,
+     * n_experts_used]; the rows routed to each expert in turn and their
+     * weights [chunk * n_experts_used] */
     float *router, *moe_out, *ex_in, *ex_g, *ex_u, *ex_d, *sh_gate_out;
-    int32_t *topk_idx;            /* [chunk, n_experts_used] */
-    float *topk_w;
-    int32_t *ex_rows;             /* rows routed to one expert */
-    float *ex_wts;
+    int32_t *route_idx, *ex_rows;
+    float *route_w, *ex_wts;
+    /* host copies of the routing: read to look the experts up, written to
+     * say which rows go to which */
+    int32_t *route_idx_h, *ex_rows_h;
+    float *route_w_h, *ex_wts_h;
 };
 
 struct tsr_seq {

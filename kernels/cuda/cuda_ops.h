@@ -55,6 +55,21 @@ int tsr_cu_silu_mul(float *y, const float *g, const float *u, int64_t n, int pdl
 int tsr_cu_add(float *y, const float *x, int64_t n, int pdl, void *stream);
 /* y[r, :] += b for rows of n */
 int tsr_cu_add_rows(float *y, const float *b, int rows, int n, int pdl, void *stream);
+/* Mixture-of-experts routing of router logits p [rows, n_experts] (<= 1024;
+ * made probabilities in place): each row's k most probable experts into
+ * idx [rows, k] (decreasing, ties to the lower id, NaN never, -1 past the
+ * last number), their probabilities (over their sum where norm) into w.
+ * -5 for n_experts or k out of range. */
+int tsr_cu_route(float *p, int rows, int n_experts, int k, int norm, int32_t *idx, float *w, int pdl, void *stream);
+/* dst[j, :] = src[rows[j], :] for j < n, rows of cols */
+int tsr_cu_gather_rows(float *dst, const float *src, const int32_t *rows, int n, int cols, int pdl, void *stream);
+/* y[rows[j], :] += w[j] * src[j, :] for j < n; rows distinct */
+int tsr_cu_scatter_axpy(float *y, const float *src, const int32_t *rows, const float *w, int n, int cols, int pdl,
+                        void *stream);
+/* y[r, :] += sigmoid(gate[r]) * src[r, :] for rows of cols */
+int tsr_cu_add_gated(float *y, const float *src, const float *gate, int rows, int cols, int pdl, void *stream);
+/* y[:n] = 0 */
+int tsr_cu_zero(float *y, int64_t n, int pdl, void *stream);
 /* dst[i] = (bf16) src[i] */
 int tsr_cu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream);
 /* dst[r, c] = (bf16) src[r, c] for c < cols, 0 for cols <= c < ld (rows of

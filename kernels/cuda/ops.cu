@@ -280,6 +280,77 @@ __global__ void f32_to_bf16_pad_k(__nv_bfloat16 *dst, const float *src, int cols
         out[c] = c < cols ? __float2bfloat16_rn(in[c]) : __float2bfloat16_rn(0.0f);
 }
 
+// Mixture-of-experts routing, a warp per row of n_experts (<= 1024) router
+// logits: softmax in place, then k rounds of the largest number not chosen
+// yet (ties to the lower id, NaN never; -1 once none is left), as
+// kernels/cpu/ops.c tsr_softmax and tsr_topk choose.
+__global__ void route_k(float *p, int n_experts, int k, int norm, int32_t *idx, float *w) {
+    tsr_pdl::enter();
+    float *row = p + (int64_t)blockIdx.x * n_experts;
+    const int lane = threadIdx.x;
+    float mx = -INFINITY;
+    for (int i = lane; i < n_experts; i += 32)
+        if (row[i] > mx) mx = row[i];
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int i = lane; i < n_experts; i += 32) sum += (row[i] = expf(row[i] - mx));
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    for (int i = lane; i < n_experts; i += 32) row[i] /= sum;
+    uint32_t chosen = 0; // bit t: expert lane + 32 t
+    float total = 0.0f;
+    int32_t *ir = idx + (int64_t)blockIdx.x * k;
+    float *wr = w + (int64_t)blockIdx.x * k;
+    for (int j = 0; j < k; j++) {
+        float best = 0.0f;
+        int bi = -1;
+        for (int t = 0, i = lane; i < n_experts; t++, i += 32) {
+            const float v = row[i];
+            if (!isnan(v) && !(chosen >> t & 1u) && (bi < 0 || v > best)) best = v, bi = i;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float b = __shfl_xor_sync(0xffffffffu, best, o);
+            const int bj = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (bj >= 0 && (bi < 0 || b > best || (b == best && bj < bi))) best = b, bi = bj;
+        }
+        if (bi >= 0 && (bi & 31) == lane) chosen |= 1u << (bi >> 5);
+        if (lane == 0) ir[j] = bi, wr[j] = bi >= 0 ? best : 0.0f;
+        total += bi >= 0 ? best : 0.0f;
+    }
+    if (lane == 0 && norm && total > 0.0f)
+        for (int j = 0; j < k; j++) wr[j] /= total;
+}
+
+// dst[j] = src[rows[j]], a block per row of cols
+__global__ void gather_rows_k(float *dst, const float *src, const int32_t *rows, int cols) {
+    tsr_pdl::enter();
+    const float *in = src + (int64_t)rows[blockIdx.x] * cols;
+    float *out = dst + (int64_t)blockIdx.x * cols;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = in[i];
+}
+
+// y[rows[j]] += w[j] * src[j], a block per j (the rows are distinct)
+__global__ void scatter_axpy_k(float *y, const float *src, const int32_t *rows, const float *w, int cols) {
+    tsr_pdl::enter();
+    const float a = w[blockIdx.x];
+    const float *in = src + (int64_t)blockIdx.x * cols;
+    float *out = y + (int64_t)rows[blockIdx.x] * cols;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] += a * in[i];
+}
+
+// y[r] += sigmoid(gate[r]) * src[r], a block per row
+__global__ void add_gated_k(float *y, const float *src, const float *gate, int cols) {
+    tsr_pdl::enter();
+    const float a = 1.0f / (1.0f + expf(-gate[blockIdx.x]));
+    const int64_t base = (int64_t)blockIdx.x * cols;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) y[base + i] += a * src[base + i];
+}
+
+__global__ void zero_k(float *y, int64_t n) {
+    tsr_pdl::enter();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = 0.0f;
+}
+
 int grid_for(int64_t n) {
     int64_t b = (n + kThreads - 1) / kThreads;
     return (int)(b > 65535 ? 65535 : b < 1 ? 1 : b);
@@ -384,4 +455,31 @@ extern "C" int tsr_cu_kv_store_bf16(uint16_t *K, uint16_t *V, const float *k, co
     dim3 grid((unsigned)((te + kThreads - 1) / kThreads), (unsigned)rows);
     return launch(kv_store_bf16_k, grid, kThreads, stream, pdl, (__nv_bfloat16 *)K, (__nv_bfloat16 *)V, k, v, te,
                   pos0, dev_pos0);
+}
+
+extern "C" int tsr_cu_route(float *p, int rows, int n_experts, int k, int norm, int32_t *idx, float *w, int pdl,
+                            void *stream) {
+    if (n_experts < 1 || n_experts > 1024 || k < 1 || k > n_experts) return -5;
+    return launch(route_k, rows, 32, stream, pdl, p, n_experts, k, norm, idx, w);
+}
+
+extern "C" int tsr_cu_gather_rows(float *dst, const float *src, const int32_t *rows, int n, int cols, int pdl,
+                                  void *stream) {
+    if (n <= 0) return 0;
+    return launch(gather_rows_k, n, kThreads, stream, pdl, dst, src, rows, cols);
+}
+
+extern "C" int tsr_cu_scatter_axpy(float *y, const float *src, const int32_t *rows, const float *w, int n, int cols,
+                                   int pdl, void *stream) {
+    if (n <= 0) return 0;
+    return launch(scatter_axpy_k, n, kThreads, stream, pdl, y, src, rows, w, cols);
+}
+
+extern "C" int tsr_cu_add_gated(float *y, const float *src, const float *gate, int rows, int cols, int pdl,
+                                void *stream) {
+    return launch(add_gated_k, rows, kThreads, stream, pdl, y, src, gate, cols);
+}
+
+extern "C" int tsr_cu_zero(float *y, int64_t n, int pdl, void *stream) {
+    return launch(zero_k, grid_for(n), kThreads, stream, pdl, y, n);
 }

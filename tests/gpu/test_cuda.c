@@ -8,6 +8,11 @@
  * pass, and again as a one-token prefill followed by passes of 1 and of 3
  * rows (decode and verification: with runtime.cuda_graphs these are
  * captured once and replayed, which the test checks happened).
+ * Mixture-of-experts models (mixtral, qwen3_moe, and the trained pystd MoE
+ * where ../shared is present) run through every assembly without graphs,
+ * expert_lru among them with room for one token's experts only (every
+ * layer's lookup evicts the layer before's on the device); cuda-fast refuses
+ * them, naming runtime.cuda_graphs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,12 +22,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "tests/gpu/gpu_env.h"
 
 #include "core/format/safetensors.h"
+#include "core/host/engine.h"
+#include "core/host/slot_calls.h"
 #include "core/runtime/runtime.h"
 #include "tests/gpu/gpu_check.h"
 #ifdef TESSERA_CUDA
@@ -32,10 +40,13 @@
 #define TOL_ABS 0.02
 #define TOL_REL 0.05
 
-static void check(const char *model, const char *ref_path, const char *ids_name,
+/* assembly: a name in assemblies/, or a path. Returns the expert cache's
+ * evictions (0 for a dense model). */
+static uint64_t check(const char *model, const char *ref_path, const char *ids_name,
                   const char *logits_name, const char *assembly, int step) {
     char asm_path[4096];
-    snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", gpu_src_dir(), assembly);
+    if (assembly[0] == '/') snprintf(asm_path, sizeof asm_path, "%s", assembly);
+    else snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", gpu_src_dir(), assembly);
     gpu_ref ref;
     gpu_ref_open(&ref, ref_path, ids_name, logits_name);
     const int n = ref.n, vocab = ref.vocab;
@@ -74,38 +85,127 @@ static void check(const char *model, const char *ref_path, const char *ids_name,
            "with a clear margin; graphs captured %llu, replayed %llu\n",
            model, assembly, step ? step : n, worst, 100 * worst_rel, argmax_checked, n, (unsigned long long)captures,
            (unsigned long long)replays);
+    tsr_expert_stats es = {0};
+    if (tsr_model_get_config(m)->n_experts > 0) {
+        tsr_expert_stats_get(tsr_engine_slot(tsr_model_get_engine(m), TSR_SLOT_EXPERT_CACHE), &es);
+        printf("#   experts: %llu hits, %llu misses, %llu evictions\n", (unsigned long long)es.hits,
+               (unsigned long long)es.misses, (unsigned long long)es.evictions);
+    }
     tsr_seq_free(s);
     tsr_model_free(m);
     free(got);
     gpu_ref_close(&ref);
+    return es.evictions;
 }
 
-static void run_all(const char *assembly) {
+/* Returns the fewest evictions of its runs. */
+static uint64_t check_family(const char *family, const char *assembly) {
+    char dir[4096], ref[4200];
+    snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), family);
+    snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
+    uint64_t fewest = UINT64_MAX;
+    for (int step = 0; step <= 3; step += step ? 2 : 1) {
+        const uint64_t e = check(dir, ref, "input_ids", "logits", assembly, step);
+        if (e < fewest) fewest = e;
+    }
+    return fewest;
+}
+
+static const char *const dense_families[] = {"llama", "qwen2", "qwen3"};
+static const char *const moe_families[] = {"mixtral", "qwen3_moe"};
+#define N_OF(a) (sizeof(a) / sizeof(a)[0])
+
+/* The trained mixture of experts in ../shared (TESSERA_SHARED_DIR), when there. */
+static void check_pystd_moe(const char *assembly) {
+    const char *shared = getenv("TESSERA_SHARED_DIR");
+    char dir[4096], ref[4200];
+    snprintf(dir, sizeof dir, "%s/data/models/pystd/moe", shared ? shared : "../shared");
+    snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
+    if (access(ref, R_OK) != 0) {
+        printf("# %s absent: the pystd MoE check skipped (it needs the project's shared data)\n", dir);
+        return;
+    }
+    for (int step = 0; step <= 1; step++) check(dir, ref, "input_ids", "logits", assembly, step);
+}
+
+static void run_all(const char *assembly, int moe) {
     if (!gpu_have()) {
         printf("# no CUDA device: %s checks skipped\n", assembly);
         skip();
     }
-    const char *families[] = {"llama", "qwen2", "qwen3"};
+    for (size_t i = 0; i < N_OF(dense_families); i++) check_family(dense_families[i], assembly);
     char dir[4096], ref[4200];
-    for (size_t i = 0; i < 3; i++) {
-        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), families[i]);
-        snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
-        for (int step = 0; step <= 3; step += step ? 2 : 1) check(dir, ref, "input_ids", "logits", assembly, step);
-    }
     snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
     snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
     for (int step = 0; step <= 3; step += step ? 2 : 1) check(dir, ref, "input_ids_1", "logits_1", assembly, step);
+    if (!moe) return;
+    for (size_t i = 0; i < N_OF(moe_families); i++) check_family(moe_families[i], assembly);
+    check_pystd_moe(assembly);
 }
 
-static void test_cuda_baseline(void **state) { (void)state; run_all("cuda-baseline.yaml"); }
-static void test_cuda_fast(void **state) { (void)state; run_all("cuda-fast.yaml"); }
-static void test_cuda_fast_eager(void **state) { (void)state; run_all("cuda-fast-eager.yaml"); }
+static void test_cuda_baseline(void **state) { (void)state; run_all("cuda-baseline.yaml", 1); }
+static void test_cuda_fast_eager(void **state) { (void)state; run_all("cuda-fast-eager.yaml", 1); }
+
+/* cuda-fast captures graphs: dense models pass, MoE models are refused. */
+static void test_cuda_fast(void **state) {
+    (void)state;
+    run_all("cuda-fast.yaml", 0);
+    for (size_t i = 0; i < N_OF(moe_families); i++) {
+        char dir[4096], asm_path[4096];
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), moe_families[i]);
+        snprintf(asm_path, sizeof asm_path, "%s/assemblies/cuda-fast.yaml", gpu_src_dir());
+        tsr_model_opts o = {.model_path = dir, .assembly_path = asm_path, .no_tokenizer = 1};
+        tsr_model *m = NULL;
+        tsr_error err;
+        tsr_error_clear(&err);
+        assert_int_not_equal(tsr_model_load(&o, &m, &err), TSR_OK);
+        assert_null(m);
+        if (!strstr(err.msg, "runtime.cuda_graphs")) fail_msg("%s: refusal without the reason: %s", dir, err.msg);
+        printf("# %s via cuda-fast refused: %s\n", moe_families[i], err.msg);
+    }
+}
+
+/* cuda-moe as shipped, then with expert_lru's budget at one token's experts. */
+static void test_cuda_moe(void **state) {
+    (void)state;
+    if (!gpu_have()) {
+        printf("# no CUDA device: cuda-moe checks skipped\n");
+        skip();
+    }
+    for (size_t i = 0; i < N_OF(moe_families); i++) check_family(moe_families[i], "cuda-moe.yaml");
+    check_pystd_moe("cuda-moe.yaml");
+    char tmp[] = "/tmp/tsr_cuda_moe_XXXXXX", path[4200], src[4200];
+    assert_non_null(mkdtemp(tmp));
+    snprintf(src, sizeof src, "%s/assemblies/cuda-moe.yaml", gpu_src_dir());
+    snprintf(path, sizeof path, "%s/cuda-moe-lru2.yaml", tmp);
+    FILE *in = fopen(src, "r"), *out = fopen(path, "w");
+    assert_non_null(in);
+    assert_non_null(out);
+    char line[512];
+    int replaced = 0;
+    while (fgets(line, sizeof line, in)) {
+        if (strstr(line, "expert_cache:")) {
+            fputs("  expert_cache: {plugin: expert_lru, params: {budget: 2}}\n", out);
+            replaced++;
+        } else
+            fputs(line, out);
+    }
+    fclose(in);
+    fclose(out);
+    assert_int_equal(replaced, 1);
+    for (size_t i = 0; i < N_OF(moe_families); i++)
+        if (check_family(moe_families[i], path) == 0) fail_msg("%s: budget 2 evicted nothing", moe_families[i]);
+    check_pystd_moe(path);
+    unlink(path);
+    rmdir(tmp);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_baseline),
         cmocka_unit_test(test_cuda_fast),
         cmocka_unit_test(test_cuda_fast_eager),
+        cmocka_unit_test(test_cuda_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
