@@ -11,7 +11,8 @@
 
 #include "tsr_plugin.h"
 
-#define TSR_EXPERT_CACHE_IFACE_VERSION 1
+/* Version 2: resident (every expert's weights at once, for the device path). */
+#define TSR_EXPERT_CACHE_IFACE_VERSION 2
 
 /* One expert's prepared matrices (gemv handles). up NULL: gate is gate and
  * up stacked into one handle [2 expert_ffn, hidden] (prepare_group; the
@@ -62,6 +63,15 @@ typedef struct tsr_expert_cache_i {
     /* optional (default: nothing): a hint that these experts of layer will
      * be looked up soon. */
     void (*prefetch)(void *inst, int layer, int n, const int32_t *experts);
+
+    /* --- version 2 --- */
+    /* optional (default: TSR_ERR_UNSUPPORTED): for a cache that keeps every
+     * expert prepared for its life, out[e] = the weights of expert e of
+     * layer for every e < n_experts, valid until the instance is freed,
+     * whatever is looked up meanwhile. Counts nothing. The runtime then
+     * lets the gemv plugin choose the experts on the device
+     * (tsr_gemv_i.run_experts) and captures such passes in CUDA graphs. */
+    int (*resident)(void *inst, int layer, const tsr_expert_weights **out);
 } tsr_expert_cache_i;
 
 #endif /* TSR_EXPERT_CACHE_H */

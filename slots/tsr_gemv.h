@@ -12,14 +12,15 @@
 
 #include "tsr_plugin.h"
 
-/* Version 4: run_glu (the gate/up projection and SiLU-and-multiply in one
- * call). Version 3: tsr_weight.scale (the dequantisation scales of FP8
+/* Version 5: prepare_experts / run_experts / release_experts (a mixture of
+ * experts' projections with the experts chosen on the device). Version 4:
+ * run_glu (the gate/up projection and SiLU-and-multiply in one call). Version 3: tsr_weight.scale (the dequantisation scales of FP8
  * checkpoints). A plugin of version >= 3 reads w->scale (through
  * tsr_weight_scale_of) and applies it, or answers TSR_ERR_UNSUPPORTED with a
  * message for a scaled weight it cannot apply; the host never hands a scaled
  * weight to a plugin of version < 3 (it refuses the model, naming the plugin
  * and the tensor). */
-#define TSR_GEMV_IFACE_VERSION 4
+#define TSR_GEMV_IFACE_VERSION 5
 
 /* The scales of a weight stored as F8_E4M3 with scale companions (per
  * tensor, per output row, or per block; docs/FORMATS.md has the checkpoint
@@ -115,6 +116,28 @@ typedef struct tsr_gemv_i {
      * gate/up projection of dense layers. */
     int (*run_glu)(void *inst, const void *prepared, int rows, const float *x, float *y,
                    const tsr_exec *ex);
+
+    /* --- version 5 --- */
+    /* optional (default: TSR_ERR_UNSUPPORTED): a table over n prepared
+     * handles of equal shape (one layer's experts: each a matrix, or each a
+     * [gate; up] pair from prepare_group) for run_experts; *out until
+     * release_experts. The handles must stay prepared as long. */
+    int (*prepare_experts)(void *inst, const void *const *prepared, int n, void **out);
+    void (*release_experts)(void *inst, void *table);
+
+    /* optional (default: TSR_ERR_UNSUPPORTED, nothing done): for j < k
+     *     y[j] = W_sel[j] . x[j / per_x]    (x rows ldx floats apart)
+     * where W_e is the table's handle e and sel [k] lies in ex->device
+     * memory, written by work queued before on ex->stream: the experts are
+     * chosen where the routing ran, nothing crosses to the host, and the call
+     * can be captured in a CUDA graph. y rows hold a handle's outputs (glu:
+     * silu(gate) * up, f of them, as run_glu); a negative sel[j] leaves y[j]
+     * as it was. Each y[j] bit for bit what run() (run_glu) gives for that one
+     * row. TSR_ERR_UNSUPPORTED, with nothing done and no error set, where the
+     * plugin does not take the table, k or x (the host then looks the
+     * experts up itself). */
+    int (*run_experts)(void *inst, const void *table, const int32_t *sel, int k, int per_x, int glu,
+                       const float *x, int ldx, float *y, const tsr_exec *ex);
 } tsr_gemv_i;
 
 #endif /* TSR_GEMV_H */

@@ -101,6 +101,13 @@ static int cu_scatter_axpy(float *y, const float *src, const int32_t *rows, cons
                           "weighted row scatter", err);
 }
 
+static int cu_combine_experts(float *y, const float *d, const int32_t *idx, const float *w, int rows, int k,
+                              int cols, tsr_error *err) {
+    int rc = tsr_cu_combine_experts(y, d, idx, w, rows, k, cols, g_pdl, tsr_cuda_stream());
+    if (rc == -5) return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "combining %d experts a token (1..64)", k);
+    return tsr_cuda_check(rc, "expert combine", err);
+}
+
 static int cu_add_gated(float *y, const float *src, const float *gate, int rows, int cols, tsr_error *err) {
     return tsr_cuda_check(tsr_cu_add_gated(y, src, gate, rows, cols, g_pdl, tsr_cuda_stream()), "gated add", err);
 }
@@ -145,6 +152,7 @@ static const tsr_backend cuda_backend = {
     .route = cu_route,
     .gather_rows = cu_gather_rows,
     .scatter_axpy = cu_scatter_axpy,
+    .combine_experts = cu_combine_experts,
     .add_gated = cu_add_gated,
     .zero = cu_zero,
     .add = cu_add,

@@ -57,6 +57,21 @@ static inline int tsr_gemv_run_glu(const tsr_slot_ref *s, const void *prepared, 
         TSR_SLOT_MEMBER(s, tsr_gemv_i, run_glu);
     return f ? f(s->inst, prepared, rows, x, y, ex) : TSR_ERR_UNSUPPORTED;
 }
+/* default: TSR_ERR_UNSUPPORTED (the host looks experts up itself) */
+static inline int tsr_gemv_prepare_experts(const tsr_slot_ref *s, const void *const *prepared, int n, void **out) {
+    int (*f)(void *, const void *const *, int, void **) = TSR_SLOT_MEMBER(s, tsr_gemv_i, prepare_experts);
+    return f ? f(s->inst, prepared, n, out) : TSR_ERR_UNSUPPORTED;
+}
+static inline void tsr_gemv_release_experts(const tsr_slot_ref *s, void *table) {
+    void (*f)(void *, void *) = TSR_SLOT_MEMBER(s, tsr_gemv_i, release_experts);
+    if (f && table) f(s->inst, table);
+}
+static inline int tsr_gemv_run_experts(const tsr_slot_ref *s, const void *table, const int32_t *sel, int k,
+                                       int per_x, int glu, const float *x, int ldx, float *y, const tsr_exec *ex) {
+    int (*f)(void *, const void *, const int32_t *, int, int, int, const float *, int, float *, const tsr_exec *) =
+        TSR_SLOT_MEMBER(s, tsr_gemv_i, run_experts);
+    return f ? f(s->inst, table, sel, k, per_x, glu, x, ldx, y, ex) : TSR_ERR_UNSUPPORTED;
+}
 /* default: w->nbytes */
 static inline uint64_t tsr_gemv_bytes(const tsr_slot_ref *s, const void *prepared, const tsr_weight *w) {
     uint64_t (*f)(void *, const void *) = TSR_SLOT_MEMBER(s, tsr_gemv_i, bytes);
@@ -125,6 +140,11 @@ static inline void tsr_expert_stats_get(const tsr_slot_ref *s, tsr_expert_stats 
 static inline void tsr_expert_prefetch(const tsr_slot_ref *s, int layer, int n, const int32_t *experts) {
     void (*f)(void *, int, int, const int32_t *) = TSR_SLOT_MEMBER(s, tsr_expert_cache_i, prefetch);
     if (f) f(s->inst, layer, n, experts);
+}
+/* default: TSR_ERR_UNSUPPORTED (experts come and go: looked up each pass) */
+static inline int tsr_expert_resident(const tsr_slot_ref *s, int layer, const tsr_expert_weights **out) {
+    int (*f)(void *, int, const tsr_expert_weights **) = TSR_SLOT_MEMBER(s, tsr_expert_cache_i, resident);
+    return f ? f(s->inst, layer, out) : TSR_ERR_UNSUPPORTED;
 }
 
 /* --- drafter --- */

@@ -90,25 +90,20 @@ static int ffn_stacked(tsr_model *m, const void *wgu, const void *wd, int rows, 
     return TSR_OK;
 }
 
-/* Mixture of experts over m->xn, adding into m->x. The router and the
- * routing (softmax, top-k) run on the backend; the host reads each row's
- * experts back (a wait on a device: the expert_cache slot decides on the
- * host what is resident), sorts the rows by expert and looks the experts up
- * in groups of at most n_experts_used, in increasing id. Each expert's rows
- * are gathered, run through its FFN and added back weighted, on the
- * backend, in the same order on every backend. */
-static int moe(tsr_model *m, int layer, int rows, tsr_error *err) {
+enum { MAX_EXPERTS = 1024, MAX_USED = 64 };
+
+/* The experts of the routing in m->route_idx / route_w looked up by the
+ * host: it reads each row's experts back (a wait on a device: the
+ * expert_cache slot decides on the host what is resident), sorts the rows
+ * by expert and looks the experts up in groups of at most n_experts_used,
+ * in increasing id; each expert's rows are gathered, run through its FFN
+ * and added into moe_out weighted, on the backend. */
+static int moe_on_host(tsr_model *m, int layer, int rows, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
-    const tsr_layer_w *L = &m->layers[layer];
     const tsr_backend *be = m->be;
     const int E = c->n_experts, K = c->n_experts_used, h = c->hidden, f = c->expert_ffn;
-    enum { MAX_EXPERTS = 1024, MAX_USED = 64 };
-    if (E > MAX_EXPERTS) return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "%d experts", E);
-    if (K > MAX_USED) return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "%d experts per token", K);
-    int rc;
-    if ((rc = gemv(m, L->w_router, rows, m->xn, m->router, err))) return rc;
-    BE(be->route(m->router, rows, E, K, c->norm_topk_prob, m->route_idx, m->route_w, err));
     const int nk = rows * K;
+    int rc;
     BE(be->download(m->route_idx_h, m->route_idx, (size_t)nk * sizeof(int32_t), err));
     BE(be->download(m->route_w_h, m->route_w, (size_t)nk * sizeof(float), err));
     /* the rows of each expert in turn (row order within one) */
@@ -152,6 +147,55 @@ static int moe(tsr_model *m, int layer, int rows, tsr_error *err) {
             BE(be->scatter_axpy(m->moe_out, m->ex_d, m->ex_rows + off, m->ex_wts + off, cnt, h, err));
         }
     }
+    return TSR_OK;
+}
+
+/* The experts of a pass of few rows chosen on the device (the gemv
+ * plugin's run_experts over expert_resident's tables, model.c): each row's
+ * K gate/up pairs with their SiLU into ex_g [rows K, f], their downs into
+ * ex_d [rows K, h], combined into moe_out in increasing expert id as the
+ * host path sums them. Nothing crosses to the host, so such passes are
+ * captured in graphs. TSR_ERR_UNSUPPORTED, with nothing launched, where the
+ * plugin does not take them. */
+static int moe_on_device(tsr_model *m, int layer, int rows, tsr_error *err) {
+    const tsr_model_config *c = &m->cfg;
+    const int K = c->n_experts_used, h = c->hidden, f = c->expert_ffn;
+    void *const *t = m->ex_tables + 2 * layer;
+    int rc;
+    OP(TSR_PROF_GATE_UP, rc = tsr_gemv_run_experts(m->gemv, t[0], m->route_idx, rows * K, K, 1, m->xn, h, m->ex_g, EX));
+    if (rc == TSR_ERR_UNSUPPORTED) return rc;
+    if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv experts");
+    OP(TSR_PROF_DOWN, rc = tsr_gemv_run_experts(m->gemv, t[1], m->route_idx, rows * K, 1, 0, m->ex_g, f, m->ex_d, EX));
+    if (rc == TSR_ERR_UNSUPPORTED)
+        return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "plugin %s took the experts' gate/up but not their down",
+                             m->gemv->plugin);
+    if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv experts");
+    return m->be->combine_experts(m->moe_out, m->ex_d, m->route_idx, m->route_w, rows, K, h, err);
+}
+
+/* Mixture of experts over m->xn, adding into m->x. The router and the
+ * routing (softmax, top-k) run on the backend; the experts are then chosen
+ * on the device where the engine can (moe_on_device), else looked up by the
+ * host (moe_on_host); both sum the same products in the same order. */
+static int moe(tsr_model *m, int layer, int rows, tsr_error *err) {
+    const tsr_model_config *c = &m->cfg;
+    const tsr_layer_w *L = &m->layers[layer];
+    const tsr_backend *be = m->be;
+    const int E = c->n_experts, K = c->n_experts_used, h = c->hidden;
+    if (E > MAX_EXPERTS) return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "%d experts", E);
+    if (K > MAX_USED) return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "%d experts per token", K);
+    int rc;
+    if ((rc = gemv(m, L->w_router, rows, m->xn, m->router, err))) return rc;
+    BE(be->route(m->router, rows, E, K, c->norm_topk_prob, m->route_idx, m->route_w, err));
+    rc = TSR_ERR_UNSUPPORTED;
+    if (m->ex_tables && rows <= TSR_GRAPH_MAX_ROWS && rows * K <= m->chunk) rc = moe_on_device(m, layer, rows, err);
+    if (rc == TSR_ERR_UNSUPPORTED && EX->step)
+        return tsr_error_set(err, TSR_ERR_UNSUPPORTED,
+                             "a pass of %d rows captured as a CUDA graph needs plugin %s to choose the experts "
+                             "on the device (run_experts), which it declined",
+                             rows, m->gemv->plugin);
+    if (rc == TSR_ERR_UNSUPPORTED) rc = moe_on_host(m, layer, rows, err);
+    if (rc != TSR_OK) return rc;
     if (L->sh_gate) { /* qwen2_moe: a shared expert behind a sigmoid gate */
         const int sf = c->shared_expert_ffn;
         if ((rc = ffn(m, L->sh_gate, L->sh_up, L->sh_down, rows, sf, m->xn, m->ex_g, m->ex_u,

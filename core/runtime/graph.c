@@ -36,7 +36,7 @@ void tsr_graphs_free(tsr_model *m) {
  * first pass, pos0 0, happens once: capturing it would only cost time). */
 static int qualifies(const tsr_model *m, int pos0, int rows) {
     return m->graphs_on && m->be->capture_begin && pos0 > 0 && rows <= TSR_GRAPH_MAX_ROWS &&
-           m->cfg.n_experts == 0 && m->gemv->graph && m->attn->graph && m->kv->graph;
+           (m->cfg.n_experts == 0 || m->ex_tables) && m->gemv->graph && m->attn->graph && m->kv->graph;
 }
 
 /* The cached graph of this kind, or a free (or least recently used) entry. */

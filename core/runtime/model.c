@@ -282,6 +282,57 @@ static void expert_unload(void *data, int layer, int e, tsr_expert_weights *w) {
     memset(w, 0, sizeof *w);
 }
 
+/* Whether this engine may choose experts on the device: a device backend,
+ * an expert cache that keeps every expert resident, a gemv plugin with
+ * run_experts (slots/tsr_expert_cache.h, tsr_gemv.h). */
+static int experts_on_device(const tsr_model *m) {
+    return m->be->device != TSR_DEVICE_CPU && m->be->combine_experts &&
+           TSR_SLOT_MEMBER(m->experts, tsr_expert_cache_i, resident) &&
+           TSR_SLOT_MEMBER(m->gemv, tsr_gemv_i, run_experts);
+}
+
+static void free_expert_tables(tsr_model *m) {
+    if (!m->ex_tables) return;
+    for (int i = 0; i < 2 * m->cfg.n_layers; i++) tsr_gemv_release_experts(m->gemv, m->ex_tables[i]);
+    free(m->ex_tables);
+    m->ex_tables = NULL;
+}
+
+/* m->ex_tables from the expert cache's resident experts: each MoE layer's
+ * gate/up pairs and downs as tables of the gemv plugin. None (TSR_OK, no
+ * tables) where the cache or the plugin declines, or the experts' gate and
+ * up are not stacked. */
+static int expert_tables(tsr_model *m, tsr_error *err) {
+    const int E = m->cfg.n_experts, n_layers = m->cfg.n_layers;
+    const tsr_expert_weights **ew = calloc((size_t)E, sizeof *ew);
+    const void **gu = calloc((size_t)E, sizeof *gu), **dn = calloc((size_t)E, sizeof *dn);
+    int rc = ew && gu && dn && (m->ex_tables = calloc(2 * (size_t)n_layers, sizeof *m->ex_tables))
+                 ? TSR_OK
+                 : tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for expert tables");
+    for (int l = 0; rc == TSR_OK && l < n_layers; l++) {
+        if (!m->layers[l].moe) continue;
+        rc = tsr_expert_resident(m->experts, l, ew);
+        if (rc != TSR_OK && rc != TSR_ERR_UNSUPPORTED) {
+            rc = tsr_model_slot_error(m, m->experts, rc, err, "the resident experts");
+            break;
+        }
+        for (int e = 0; rc == TSR_OK && e < E; e++) {
+            if (ew[e]->up) rc = TSR_ERR_UNSUPPORTED; /* gate and up apart: no run_experts pairs */
+            gu[e] = ew[e]->gate;
+            dn[e] = ew[e]->down;
+        }
+        if (rc == TSR_OK) rc = tsr_gemv_prepare_experts(m->gemv, gu, E, &m->ex_tables[2 * l]);
+        if (rc == TSR_OK) rc = tsr_gemv_prepare_experts(m->gemv, dn, E, &m->ex_tables[2 * l + 1]);
+        if (rc != TSR_OK && rc != TSR_ERR_UNSUPPORTED)
+            rc = tsr_model_slot_error(m, m->gemv, rc, err, "preparing the expert tables");
+    }
+    if (rc != TSR_OK) free_expert_tables(m);
+    free(ew);
+    free(gu);
+    free(dn);
+    return rc == TSR_ERR_UNSUPPORTED ? TSR_OK : rc;
+}
+
 static int load_layer(tsr_model *m, int l, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     tsr_layer_w *L = &m->layers[l];
@@ -521,13 +572,13 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
         rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (c->n_experts > 0 && tsr_engine_cuda_graphs(m->engine)) {
-        /* forward.c: the host reads each layer's routing to look experts up */
+    if (c->n_experts > 0 && tsr_engine_cuda_graphs(m->engine) && !experts_on_device(m)) {
         rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED,
-                           "assembly %s: runtime.cuda_graphs cannot capture a mixture-of-experts pass (%s): "
-                           "the expert_cache slot looks each layer's experts up on the host; set "
-                           "runtime.cuda_graphs: false (assemblies/cuda-moe.yaml)",
-                           asm_path, c->arch_name);
+                           "assembly %s: runtime.cuda_graphs cannot capture this mixture-of-experts pass (%s): "
+                           "plugin %s looks each layer's experts up on the host unless the expert cache keeps "
+                           "them all resident (expert_resident) and the gemv plugin chooses them on the device "
+                           "(run_experts: cuda_gemv); set runtime.cuda_graphs: false (assemblies/cuda-moe.yaml)",
+                           asm_path, c->arch_name, m->experts->plugin);
         goto fail;
     }
 
@@ -600,6 +651,15 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
             tsr_model_slot_error(m, m->experts, rc, err, "attaching the experts");
             goto fail;
         }
+        if (experts_on_device(m) && (rc = expert_tables(m, err)) != TSR_OK) goto fail;
+        if (!m->ex_tables && tsr_engine_cuda_graphs(m->engine)) {
+            rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED,
+                               "assembly %s: runtime.cuda_graphs: plugin %s declined to choose this model's "
+                               "experts on the device (prepare_experts), so its passes cannot be captured; set "
+                               "runtime.cuda_graphs: false",
+                               asm_path, m->gemv->plugin);
+            goto fail;
+        }
     }
     /* a GPU wants whole prompts per pass; the CPU's caches want moderate chunks */
     if (m->be->device != TSR_DEVICE_CPU) m->chunk = 512;
@@ -642,6 +702,7 @@ void tsr_model_free(tsr_model *m) {
     }
     /* the engine (and with it the expert cache) goes before the weights it borrows */
     if (m->engine) {
+        free_expert_tables(m);
         if (m->layers)
             for (int l = 0; l < m->cfg.n_layers; l++) free_layer(m, &m->layers[l]);
         if (m->gemv) tsr_gemv_release(m->gemv, m->lm_head);

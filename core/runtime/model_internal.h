@@ -116,6 +116,11 @@ struct tsr_model {
     float *router, *moe_out, *ex_in, *ex_g, *ex_u, *ex_d, *sh_gate_out;
     int32_t *route_idx, *ex_rows;
     float *route_w, *ex_wts;
+    /* [n_layers][2]: each MoE layer's experts as tables of the gemv plugin
+     * (gate/up pairs, downs; prepare_experts) where the expert cache keeps
+     * them all resident and the plugin chooses experts on the device; NULL
+     * where the host looks them up (forward.c) */
+    void **ex_tables;
     /* host copies of the routing: read to look the experts up, written to
      * say which rows go to which */
     int32_t *route_idx_h, *ex_rows_h;

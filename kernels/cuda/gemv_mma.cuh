@@ -121,6 +121,13 @@ struct Args {
     // no blocks (the launchers pick the kernels without them).
     const float *cm;
     int cm_rows, cm_shift, cm_ld;
+    // Experts chosen on the device (gemv_row only; tsr_gemv_i.run_experts):
+    // grid row j computes with weights etab[sel[j]] (ldw apart, n_out x
+    // cols as above, no scale) from input row x + (j / per_x) * ldx into y
+    // + j * (outputs a row); sel[j] < 0: nothing. null: one matrix, w.
+    const uint8_t *const *etab;
+    const int32_t *sel;
+    int per_x;
 };
 
 // The row of cm for output row o's row block (rows past n_out: the last's).

@@ -83,7 +83,11 @@ __device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, floa
 // GLU: gate rows and their up rows in one block (the header).
 // BS: E4M3 with block scales (Args.cm): the warp's RPW rows lie in one row
 // block, whose cm row multiplies the activations as gemv_mma's do.
-template <int WK, int RPW, int U, int KS = 1, bool GLU = false, bool BS = false>
+// SEL: experts chosen on the device (Args.etab, sel): grid row j computes
+// with the weights of expert sel[j] (a template flag: the kernel of one
+// matrix keeps its code, which a runtime test made 2% slower at the
+// Llama-3-8B shape).
+template <int WK, int RPW, int U, int KS = 1, bool GLU = false, bool BS = false, bool SEL = false>
 __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     constexpr int K = Piece<WK>::k, ES = WK == kBf16 ? 2 : 1, STEP = 32 * K;
     constexpr int G = 8 / KS, HG = G / 2; // row groups per block; GLU: the gate half
@@ -102,6 +106,8 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
     const float *cmr = BS ? tsr_mma::cm_row(p, o0) : nullptr;
+    const float *x = p.x;
+    float *y = p.y;
     // Launched as a programmatic dependent (pdl.cuh): wait for the kernel
     // before, let the next one launch. Issuing the first weight loads before
     // the wait, as gemv_mma does, made a one-row pass slower on the H200
@@ -109,6 +115,14 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     // L2 for them (prefetch.global.L2 of each warp's first pieces: 4.280 ->
     // 4.575 ms; BENCHMARKS.md).
     tsr_pdl::enter();
+    if (SEL) { // grid row j: the expert the routing before chose (p.etab)
+        const int e = p.sel[blockIdx.y];
+        if (e < 0) return; // the whole block: no barrier is left waiting
+#pragma unroll
+        for (int r = 0; r < RPW; r++) row[r] = p.etab[e] + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
+        x += (int64_t)(blockIdx.y / p.per_x) * p.ldx;
+        y += (int64_t)blockIdx.y * (GLU ? f : p.n_out);
+    }
     for (int k0 = lane * K + seg * STEP * U; k0 < p.cols; k0 += STEP * U * KS) {
         uint4 w[U][RPW];
 #pragma unroll
@@ -121,8 +135,8 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             const int k = k0 + u * STEP;
             if (k >= p.cols) break;
             float xv[K];
-            if (WK == kFp8) tsr_mma::load_x_e4m3<BS>(p.x, k, p.cols, xv, cmr, p.cm_shift);
-            else tsr_mma::load_x<K>(p.x, k, p.cols, xv);
+            if (WK == kFp8) tsr_mma::load_x_e4m3<BS>(x, k, p.cols, xv, cmr, p.cm_shift);
+            else tsr_mma::load_x<K>(x, k, p.cols, xv);
             if (WK == kFp8)
 #pragma unroll
                 for (int i = 0; i < K; i++) xv[i] = __half2float(__float2half_rn(xv[i] * 0.0625f));
@@ -141,7 +155,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             continue;
         }
         const int o = o0 + r;
-        if (lane == 0 && o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
+        if (lane == 0 && o < p.n_out) y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
     }
     if (GLU) { // thread t: gate row group t / RPW's row t % RPW and its up row
         __syncthreads();
@@ -153,7 +167,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             for (int s = 0; s < KS; s++) g += part[gi * KS + s][r], u += part[(gi + HG) * KS + s][r];
         g = g * (p.scale ? p.scale[i] : 1.0f) * mul;
         u = u * (p.scale ? p.scale[f + i] : 1.0f) * mul;
-        p.y[i] = tsr_silu_mul(g, u);
+        y[i] = tsr_silu_mul(g, u);
         return;
     }
     if (KS > 1) {
@@ -164,7 +178,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             float v = 0.0f;
             for (int s = 0; s < KS; s++) v += part[warp + s][r];
             const int o = o0 + r;
-            if (o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
+            if (o < p.n_out) y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
         }
     }
 }
@@ -175,13 +189,17 @@ inline bool row_reads(int WK, const Args &p) {
            ((reinterpret_cast<uintptr_t>(p.w) | reinterpret_cast<uintptr_t>(p.x)) & 15) == 0;
 }
 
+// ny: grid rows (p.sel: one a chosen expert, the SEL kernel; else 1)
 template <int WK, int RPW, int U, int KS = 1, bool GLU = false>
-inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl) {
+inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny = 1) {
     const int per_block = 8 / KS * RPW / (GLU ? 2 : 1); // outputs
     const int outs = GLU ? p.n_out / 2 : p.n_out;
-    const unsigned grid = (unsigned)((outs + per_block - 1) / per_block);
-    if constexpr (WK == kFp8)
+    const dim3 grid((unsigned)((outs + per_block - 1) / per_block), (unsigned)ny);
+    if constexpr (WK == kFp8) {
         if (p.cm) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, true>, grid, 256, 0, st, pdl, p);
+    } else if (p.sel) {
+        return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, true>, grid, 256, 0, st, pdl, p);
+    }
     return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU>, grid, 256, 0, st, pdl, p);
 }
 
@@ -215,10 +233,21 @@ inline bool row_kernel_for(int WK, int n_out) { return WK == kBf16 || n_out > 40
 // One row through gemv_row at the configuration for p.n_out rows (above),
 // as plain rows or (GLU) as a gate/up pair, which then gets the same sums.
 // Requires row_kernel_for.
-template <int WK, bool GLU> inline cudaError_t launch_row(const Args &p, cudaStream_t st, bool pdl) {
+// ny: as launch_cfg's.
+template <int WK, bool GLU> inline cudaError_t launch_row(const Args &p, cudaStream_t st, bool pdl, int ny = 1) {
     if (WK == kBf16)
-        return p.n_out >= 16384 ? launch_cfg<WK, 1, 2, 4, GLU>(p, st, pdl) : launch_cfg<WK, 2, 2, 2, GLU>(p, st, pdl);
-    return p.n_out >= 16384 ? launch_cfg<WK, 4, 1, 1, GLU>(p, st, pdl) : launch_cfg<WK, 2, 1, 1, GLU>(p, st, pdl);
+        return p.n_out >= 16384 ? launch_cfg<WK, 1, 2, 4, GLU>(p, st, pdl, ny)
+                                : launch_cfg<WK, 2, 2, 2, GLU>(p, st, pdl, ny);
+    return p.n_out >= 16384 ? launch_cfg<WK, 4, 1, 1, GLU>(p, st, pdl, ny)
+                            : launch_cfg<WK, 2, 1, 1, GLU>(p, st, pdl, ny);
+}
+
+// k experts chosen on the device (p.etab, p.sel, p.per_x; p.scale null),
+// each row through launch_row's configuration for its shape: each output
+// row the same sums as launch_decode (GLU: launch_glu) of that one row.
+// Requires row_reads of the first expert (all alike) and row_kernel_for.
+template <int WK, bool GLU> inline cudaError_t launch_experts(const Args &p, int k, cudaStream_t st, bool pdl) {
+    return launch_row<WK, GLU>(p, st, pdl, k);
 }
 
 template <int WK> inline cudaError_t launch_decode(const Args &p, int rows, cudaStream_t st, bool pdl) {

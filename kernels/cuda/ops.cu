@@ -334,7 +334,36 @@ __global__ void scatter_axpy_k(float *y, const float *src, const int32_t *rows, 
     const float a = w[blockIdx.x];
     const float *in = src + (int64_t)blockIdx.x * cols;
     float *out = y + (int64_t)rows[blockIdx.x] * cols;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] += a * in[i];
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = fmaf(a, in[i], out[i]);
+}
+
+// y[r] = sum of w[r, j] * d[r k + j] over the row's chosen experts j in
+// increasing expert id (idx[r, j] < 0: none), a block per row: each element
+// the fmaf chain that zeroing then scatter_axpy_k expert by expert gives.
+__global__ void combine_experts_k(float *y, const float *d, const int32_t *idx, const float *w, int k, int cols) {
+    tsr_pdl::enter();
+    __shared__ int order[64];
+    __shared__ int n;
+    const int32_t *ir = idx + (int64_t)blockIdx.x * k;
+    if (threadIdx.x == 0) { // insertion sort of the row's k (<= 64) choices by id
+        int m = 0;
+        for (int j = 0; j < k; j++) {
+            if (ir[j] < 0) continue;
+            int i = m++;
+            for (; i > 0 && ir[order[i - 1]] > ir[j]; i--) order[i] = order[i - 1];
+            order[i] = j;
+        }
+        n = m;
+    }
+    __syncthreads();
+    const float *wr = w + (int64_t)blockIdx.x * k;
+    const float *dr = d + (int64_t)blockIdx.x * k * cols;
+    float *out = y + (int64_t)blockIdx.x * cols;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = 0; t < n; t++) acc = fmaf(wr[order[t]], dr[(int64_t)order[t] * cols + i], acc);
+        out[i] = acc;
+    }
 }
 
 // y[r] += sigmoid(gate[r]) * src[r], a block per row
@@ -342,7 +371,7 @@ __global__ void add_gated_k(float *y, const float *src, const float *gate, int c
     tsr_pdl::enter();
     const float a = 1.0f / (1.0f + expf(-gate[blockIdx.x]));
     const int64_t base = (int64_t)blockIdx.x * cols;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) y[base + i] += a * src[base + i];
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) y[base + i] = fmaf(a, src[base + i], y[base + i]);
 }
 
 __global__ void zero_k(float *y, int64_t n) {
@@ -482,4 +511,10 @@ extern "C" int tsr_cu_add_gated(float *y, const float *src, const float *gate, i
 
 extern "C" int tsr_cu_zero(float *y, int64_t n, int pdl, void *stream) {
     return launch(zero_k, grid_for(n), kThreads, stream, pdl, y, n);
+}
+
+extern "C" int tsr_cu_combine_experts(float *y, const float *d, const int32_t *idx, const float *w, int rows, int k,
+                                      int cols, int pdl, void *stream) {
+    if (k < 1 || k > 64) return -5;
+    return launch(combine_experts_k, rows, kThreads, stream, pdl, y, d, idx, w, k, cols);
 }

@@ -17,6 +17,8 @@
 // code, multiplied by their scale in f32 as ref_gemv does, then rounded to
 // bf16. prepare_group stacks matrices (q/k/v,
 // gate/up) into one so a decode pass reads them in one launch.
+// run_experts (cuda_gemv): a mixture of experts' one-row products with the
+// experts chosen on the device, each through the one-row kernel.
 // Graph-capable: a captured pass (ex->step) uses activation scratch reserved
 // at init for TSR_GRAPH_MAX_ROWS rows, never the growing eager one.
 #include <cublasLt.h>
@@ -109,6 +111,62 @@ int run_glu(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaSt
     if (!g->glu || !w->pair || rows != 1 || g->decode_rows < 1 || !tsr_row::glu_reads<tsr_mma::kBf16>(a))
         return TSR_ERR_UNSUPPORTED;
     return cuda_err(g, tsr_row::launch_glu<tsr_mma::kBf16>(a, st, pdl), "gate/up gemv launch");
+}
+
+// A layer's experts for run_experts: their weight pointers in device memory.
+struct Experts {
+    int n;
+    Weight shape;          // the first handle's shape (w: its weights)
+    const uint8_t **table; // [n] device: each handle's w
+};
+
+int prepare_experts(Gemv *g, const void *const *prepared, int n, void **out) {
+    const tsr_host_api *h = g->ctx->host;
+    if (n < 1 || !prepared || !prepared[0]) return TSR_ERR_UNSUPPORTED;
+    const Weight *w0 = static_cast<const Weight *>(prepared[0]);
+    const uint8_t **host = static_cast<const uint8_t **>(calloc((size_t)n, sizeof *host));
+    if (!host) return TSR_ERR_NOMEM;
+    for (int e = 0; e < n; e++) {
+        const Weight *w = static_cast<const Weight *>(prepared[e]);
+        if (!w || w->rows != w0->rows || w->cols != w0->cols || w->ld != w0->ld || w->pair != w0->pair) {
+            free(host);
+            h->set_error(g->ctx, "expert %d differs in shape from expert 0 (%lld x %lld)", e, (long long)w0->rows,
+                         (long long)w0->cols);
+            return TSR_ERR_INVALID;
+        }
+        host[e] = reinterpret_cast<const uint8_t *>(w->w);
+    }
+    Experts *x = static_cast<Experts *>(h->alloc(g->ctx, sizeof(Experts), 64));
+    int rc = x ? h->dev_alloc(g->ctx, (size_t)n * sizeof *host, reinterpret_cast<void **>(&x->table)) : TSR_ERR_NOMEM;
+    if (rc == TSR_OK)
+        rc = cuda_err(g, cudaMemcpy(x->table, host, (size_t)n * sizeof *host, cudaMemcpyHostToDevice), "expert table");
+    free(host);
+    if (rc != TSR_OK) {
+        if (x && x->table) h->dev_free(g->ctx, x->table);
+        if (x) h->free(g->ctx, x);
+        return rc;
+    }
+    x->n = n;
+    x->shape = *w0;
+    *out = x;
+    return TSR_OK;
+}
+
+// k experts' one-row products (glu: gate/up pairs with their SiLU) through
+// gemv_row's launch_experts; TSR_ERR_UNSUPPORTED, nothing launched, where
+// run() (run_glu) would not take gemv_row for one row of this shape.
+int run_experts(Gemv *g, const Experts *t, const int32_t *sel, int k, int per_x, int glu, const float *x, int ldx,
+                float *y, cudaStream_t st, bool pdl) {
+    tsr_mma::Args a = decode_args(&t->shape, x, y);
+    a.ldx = ldx;
+    a.etab = t->table, a.sel = sel, a.per_x = per_x;
+    if (k < 1 || k > 65535 || per_x < 1 || ldx % 4 || g->decode_rows < 1 || (glu && !g->glu) ||
+        (glu ? !t->shape.pair || !tsr_row::glu_reads<tsr_mma::kBf16>(a)
+             : !tsr_row::row_reads(tsr_mma::kBf16, a) || !tsr_row::row_kernel_for(tsr_mma::kBf16, a.n_out)))
+        return TSR_ERR_UNSUPPORTED;
+    const cudaError_t e = glu ? tsr_row::launch_experts<tsr_mma::kBf16, true>(a, k, st, pdl)
+                              : tsr_row::launch_experts<tsr_mma::kBf16, false>(a, k, st, pdl);
+    return cuda_err(g, e, "expert gemv launch");
 }
 
 // Whether run_decode takes these rows (x read as it is).
@@ -387,6 +445,38 @@ int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float 
 #endif
 }
 
+int g_prepare_experts(void *inst, const void *const *prepared, int n, void **out) {
+#ifdef CUDA_GEMV_DECODE
+    return prepare_experts(static_cast<Gemv *>(inst), prepared, n, out);
+#else
+    (void)inst, (void)prepared, (void)n, (void)out;
+    return TSR_ERR_UNSUPPORTED; // the baseline: the host looks experts up
+#endif
+}
+
+void g_release_experts(void *inst, void *table) {
+#ifdef CUDA_GEMV_DECODE
+    Gemv *g = static_cast<Gemv *>(inst);
+    Experts *t = static_cast<Experts *>(table);
+    if (!t) return;
+    g->ctx->host->dev_free(g->ctx, t->table);
+    g->ctx->host->free(g->ctx, t);
+#else
+    (void)inst, (void)table;
+#endif
+}
+
+int g_run_experts(void *inst, const void *table, const int32_t *sel, int k, int per_x, int glu, const float *x,
+                  int ldx, float *y, const tsr_exec *ex) {
+#ifdef CUDA_GEMV_DECODE
+    return run_experts(static_cast<Gemv *>(inst), static_cast<const Experts *>(table), sel, k, per_x, glu, x, ldx, y,
+                       static_cast<cudaStream_t>(ex->stream), ex->pdl != 0);
+#else
+    (void)inst, (void)table, (void)sel, (void)k, (void)per_x, (void)glu, (void)x, (void)ldx, (void)y, (void)ex;
+    return TSR_ERR_UNSUPPORTED;
+#endif
+}
+
 uint64_t g_bytes(void *inst, const void *prepared) {
     (void)inst;
     const Weight *w = static_cast<const Weight *>(prepared);
@@ -395,6 +485,7 @@ uint64_t g_bytes(void *inst, const void *prepared) {
 
 const tsr_gemv_i iface = {
     sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group, g_run_glu,
+    g_prepare_experts, g_release_experts, g_run_experts,
 };
 
 const tsr_plugin_desc desc = {

@@ -80,6 +80,24 @@ static int res_lookup(void *inst, int layer, int n, const int32_t *experts,
 
 static void res_stats(void *inst, tsr_expert_stats *out) { *out = ((resident *)inst)->stats; }
 
+/* every expert of layer at once: prepared at attach, kept to the end */
+static int res_resident(void *inst, int layer, const tsr_expert_weights **out) {
+    resident *r = inst;
+    if (!r->src || layer < 0 || layer >= r->src->n_layers) {
+        r->ctx->host->set_error(r->ctx, "layer %d: not attached or out of range", layer);
+        return TSR_ERR_INVALID;
+    }
+    const size_t base = (size_t)layer * r->src->n_experts;
+    for (int e = 0; e < r->src->n_experts; e++) {
+        if (!r->loaded[base + e]) {
+            r->ctx->host->set_error(r->ctx, "layer %d has no expert %d", layer, e);
+            return TSR_ERR_INVALID;
+        }
+        out[e] = &r->w[base + e];
+    }
+    return TSR_OK;
+}
+
 static const tsr_expert_cache_i res_iface = {
     .struct_size = sizeof(tsr_expert_cache_i),
     .version = TSR_EXPERT_CACHE_IFACE_VERSION,
@@ -87,6 +105,7 @@ static const tsr_expert_cache_i res_iface = {
     .lookup = res_lookup,
     .stats = res_stats,
     .prefetch = NULL,
+    .resident = res_resident,
 };
 
 static const tsr_plugin_desc res_desc = {

@@ -11,8 +11,11 @@
  * Mixture-of-experts models (mixtral, qwen3_moe, and the trained pystd MoE
  * where ../shared is present) run through every assembly without graphs,
  * expert_lru among them with room for one token's experts only (every
- * layer's lookup evicts the layer before's on the device); cuda-fast refuses
- * them, naming runtime.cuda_graphs.
+ * layer's lookup evicts the layer before's on the device), and through
+ * cuda-fast, whose graphs capture experts chosen on the device (with
+ * expert_lru instead it refuses them, naming runtime.cuda_graphs); one-row
+ * passes give the same logits, bit for bit, whether the experts are chosen
+ * on the device (graphs or not) or looked up by the host.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,9 +44,9 @@
 #define TOL_REL 0.05
 
 /* assembly: a name in assemblies/, or a path. Returns the expert cache's
- * evictions (0 for a dense model). */
+ * evictions (0 for a dense model); *keep (unless NULL) receives the logits. */
 static uint64_t check(const char *model, const char *ref_path, const char *ids_name,
-                  const char *logits_name, const char *assembly, int step) {
+                  const char *logits_name, const char *assembly, int step, float **keep) {
     char asm_path[4096];
     if (assembly[0] == '/') snprintf(asm_path, sizeof asm_path, "%s", assembly);
     else snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s", gpu_src_dir(), assembly);
@@ -93,7 +96,8 @@ static uint64_t check(const char *model, const char *ref_path, const char *ids_n
     }
     tsr_seq_free(s);
     tsr_model_free(m);
-    free(got);
+    if (keep) *keep = got;
+    else free(got);
     gpu_ref_close(&ref);
     return es.evictions;
 }
@@ -105,7 +109,7 @@ static uint64_t check_family(const char *family, const char *assembly) {
     snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
     uint64_t fewest = UINT64_MAX;
     for (int step = 0; step <= 3; step += step ? 2 : 1) {
-        const uint64_t e = check(dir, ref, "input_ids", "logits", assembly, step);
+        const uint64_t e = check(dir, ref, "input_ids", "logits", assembly, step, NULL);
         if (e < fewest) fewest = e;
     }
     return fewest;
@@ -125,7 +129,7 @@ static void check_pystd_moe(const char *assembly) {
         printf("# %s absent: the pystd MoE check skipped (it needs the project's shared data)\n", dir);
         return;
     }
-    for (int step = 0; step <= 1; step++) check(dir, ref, "input_ids", "logits", assembly, step);
+    for (int step = 0; step <= 1; step++) check(dir, ref, "input_ids", "logits", assembly, step, NULL);
 }
 
 static void run_all(const char *assembly, int moe) {
@@ -137,7 +141,8 @@ static void run_all(const char *assembly, int moe) {
     char dir[4096], ref[4200];
     snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
     snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
-    for (int step = 0; step <= 3; step += step ? 2 : 1) check(dir, ref, "input_ids_1", "logits_1", assembly, step);
+    for (int step = 0; step <= 3; step += step ? 2 : 1)
+        check(dir, ref, "input_ids_1", "logits_1", assembly, step, NULL);
     if (!moe) return;
     for (size_t i = 0; i < N_OF(moe_families); i++) check_family(moe_families[i], assembly);
     check_pystd_moe(assembly);
@@ -146,22 +151,81 @@ static void run_all(const char *assembly, int moe) {
 static void test_cuda_baseline(void **state) { (void)state; run_all("cuda-baseline.yaml", 1); }
 static void test_cuda_fast_eager(void **state) { (void)state; run_all("cuda-fast-eager.yaml", 1); }
 
-/* cuda-fast captures graphs: dense models pass, MoE models are refused. */
+/* An assembly's file with its expert_cache line replaced (a temporary
+ * folder: *dir, to rmdir after unlinking path). */
+static void asm_with_experts(const char *name, const char *expert_line, char *dir, char *path, size_t size) {
+    char src[4200];
+    strcpy(dir, "/tmp/tsr_cuda_asm_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(src, sizeof src, "%s/assemblies/%s", gpu_src_dir(), name);
+    snprintf(path, size, "%s/%s", dir, name);
+    FILE *in = fopen(src, "r"), *out = fopen(path, "w");
+    assert_non_null(in);
+    assert_non_null(out);
+    char line[512];
+    int replaced = 0;
+    while (fgets(line, sizeof line, in)) {
+        if (strstr(line, "expert_cache:")) {
+            fprintf(out, "  expert_cache: %s\n", expert_line);
+            replaced++;
+        } else
+            fputs(line, out);
+    }
+    fclose(in);
+    fclose(out);
+    assert_int_equal(replaced, 1);
+}
+
+/* cuda-fast captures graphs, MoE models' too (expert_resident and
+ * cuda_gemv choose the experts on the device); with expert_lru it is
+ * refused, naming runtime.cuda_graphs. */
 static void test_cuda_fast(void **state) {
     (void)state;
-    run_all("cuda-fast.yaml", 0);
+    run_all("cuda-fast.yaml", 1);
+    char dir[64], path[4200];
+    asm_with_experts("cuda-fast.yaml", "expert_lru", dir, path, sizeof path);
     for (size_t i = 0; i < N_OF(moe_families); i++) {
-        char dir[4096], asm_path[4096];
-        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), moe_families[i]);
-        snprintf(asm_path, sizeof asm_path, "%s/assemblies/cuda-fast.yaml", gpu_src_dir());
-        tsr_model_opts o = {.model_path = dir, .assembly_path = asm_path, .no_tokenizer = 1};
+        char model[4096];
+        snprintf(model, sizeof model, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), moe_families[i]);
+        tsr_model_opts o = {.model_path = model, .assembly_path = path, .no_tokenizer = 1};
         tsr_model *m = NULL;
         tsr_error err;
         tsr_error_clear(&err);
         assert_int_not_equal(tsr_model_load(&o, &m, &err), TSR_OK);
         assert_null(m);
-        if (!strstr(err.msg, "runtime.cuda_graphs")) fail_msg("%s: refusal without the reason: %s", dir, err.msg);
-        printf("# %s via cuda-fast refused: %s\n", moe_families[i], err.msg);
+        if (!strstr(err.msg, "runtime.cuda_graphs")) fail_msg("%s: refusal without the reason: %s", model, err.msg);
+        printf("# %s via cuda-fast with expert_lru refused: %s\n", moe_families[i], err.msg);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
+/* One-row passes of the MoE fixtures: experts chosen on the device
+ * (cuda-fast-eager; cuda-fast replaying graphs) give the logits of the host
+ * looking them up (cuda-moe: the same plugins but expert_lru), bit for bit. */
+static void test_moe_paths_agree(void **state) {
+    (void)state;
+    if (!gpu_have()) {
+        printf("# no CUDA device: MoE path checks skipped\n");
+        skip();
+    }
+    const char *const assemblies[] = {"cuda-moe.yaml", "cuda-fast-eager.yaml", "cuda-fast.yaml"};
+    for (size_t i = 0; i < N_OF(moe_families); i++) {
+        char dir[4096], ref[4200];
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), moe_families[i]);
+        snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
+        gpu_ref r;
+        gpu_ref_open(&r, ref, "input_ids", "logits");
+        const size_t bytes = (size_t)r.n * r.vocab * sizeof(float);
+        gpu_ref_close(&r);
+        float *logits[3];
+        for (size_t a = 0; a < 3; a++) check(dir, ref, "input_ids", "logits", assemblies[a], 1, &logits[a]);
+        for (size_t a = 1; a < 3; a++)
+            if (memcmp(logits[a], logits[0], bytes) != 0)
+                fail_msg("%s: %s's logits differ from %s's", moe_families[i], assemblies[a], assemblies[0]);
+        printf("# %s: one-row passes equal bit for bit via %s, %s and %s\n", moe_families[i], assemblies[0],
+               assemblies[1], assemblies[2]);
+        for (size_t a = 0; a < 3; a++) free(logits[a]);
     }
 }
 
@@ -174,25 +238,8 @@ static void test_cuda_moe(void **state) {
     }
     for (size_t i = 0; i < N_OF(moe_families); i++) check_family(moe_families[i], "cuda-moe.yaml");
     check_pystd_moe("cuda-moe.yaml");
-    char tmp[] = "/tmp/tsr_cuda_moe_XXXXXX", path[4200], src[4200];
-    assert_non_null(mkdtemp(tmp));
-    snprintf(src, sizeof src, "%s/assemblies/cuda-moe.yaml", gpu_src_dir());
-    snprintf(path, sizeof path, "%s/cuda-moe-lru2.yaml", tmp);
-    FILE *in = fopen(src, "r"), *out = fopen(path, "w");
-    assert_non_null(in);
-    assert_non_null(out);
-    char line[512];
-    int replaced = 0;
-    while (fgets(line, sizeof line, in)) {
-        if (strstr(line, "expert_cache:")) {
-            fputs("  expert_cache: {plugin: expert_lru, params: {budget: 2}}\n", out);
-            replaced++;
-        } else
-            fputs(line, out);
-    }
-    fclose(in);
-    fclose(out);
-    assert_int_equal(replaced, 1);
+    char tmp[64], path[4200];
+    asm_with_experts("cuda-moe.yaml", "{plugin: expert_lru, params: {budget: 2}}", tmp, path, sizeof path);
     for (size_t i = 0; i < N_OF(moe_families); i++)
         if (check_family(moe_families[i], path) == 0) fail_msg("%s: budget 2 evicted nothing", moe_families[i]);
     check_pystd_moe(path);
@@ -206,6 +253,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_fast),
         cmocka_unit_test(test_cuda_fast_eager),
         cmocka_unit_test(test_cuda_moe),
+        cmocka_unit_test(test_moe_paths_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,9 @@
  * CUDA device is present). run_glu (one row of a stacked gate/up pair with
  * its SiLU in the GEMV's kernel) against run() followed by the core's
  * silu_mul_cat kernel: equal bit for bit, eagerly and from a graph.
+ * run_experts (experts chosen by ids in device memory) against run_glu and
+ * run of each chosen row alone: equal bit for bit, eagerly and from a
+ * graph; cuda_gemv_fp8 declines it.
  *
  * Weights are chosen so that both plugins hold them exactly: each is
  * s * (an E4M3 value) with s = 2^-6 and every row holds +-448 s, so that
@@ -39,6 +42,7 @@
 #ifdef TESSERA_CUDA
 #include "core/cuda/device.h"
 #include "kernels/cuda/cuda_ops.h"
+#include <cuda_runtime.h>
 #endif
 
 #ifdef TESSERA_CUDA
@@ -218,6 +222,107 @@ static void glu_case(env *v, int f, int cols, int want_fused) {
     free(w), free(x), free(want), free(got);
 }
 
+/* run_experts over a table of E experts ([gate; up] pairs of f rows and
+ * downs [cols, f]) for `tokens` rows of x with K choices each (some -1):
+ * each chosen row against run_glu / run of that one row on the chosen
+ * handle, bit for bit, eagerly and replayed from a graph; a -1 leaves its
+ * row untouched. want: whether the plugin takes it (else
+ * TSR_ERR_UNSUPPORTED for the tables). */
+static void experts_case(env *v, int E, int f, int cols, int K, int tokens, int want) {
+    const int n = tokens * K;
+    void **gu = calloc((size_t)E, sizeof *gu), **dn = calloc((size_t)E, sizeof *dn);
+    float *w = malloc(sizeof(float) * (size_t)2 * f * cols), *wd = malloc(sizeof(float) * (size_t)cols * f);
+    assert_true(gu && dn && w && wd);
+    for (int e = 0; e < E; e++) {
+        for (int64_t i = 0; i < (int64_t)2 * f * cols; i++) w[i] = (float)((urand() - 0.5) * 0x1p-3);
+        for (int64_t i = 0; i < (int64_t)cols * f; i++) wd[i] = (float)((urand() - 0.5) * 0x1p-3);
+        tsr_weight tw[2] = {{"e.gate", TSR_DTYPE_F32, f, cols, w, sizeof(float) * (uint64_t)f * cols, NULL},
+                            {"e.up", TSR_DTYPE_F32, f, cols, w + (int64_t)f * cols,
+                             sizeof(float) * (uint64_t)f * cols, NULL}};
+        tsr_weight td = {"e.down", TSR_DTYPE_F32, cols, f, wd, sizeof(float) * (uint64_t)cols * f, NULL};
+        assert_int_equal(tsr_gemv_prepare_group(v->gemv, tw, 2, &gu[e]), TSR_OK);
+        assert_int_equal(tsr_gemv_prepare(v->gemv, &td, &dn[e]), TSR_OK);
+    }
+    void *tgu = NULL, *tdn = NULL;
+    int rc = tsr_gemv_prepare_experts(v->gemv, (const void *const *)gu, E, &tgu);
+    if (!want) {
+        assert_int_equal(rc, TSR_ERR_UNSUPPORTED);
+        printf("# %s run_experts: declined\n", v->gemv->plugin);
+    } else {
+        assert_int_equal(rc, TSR_OK);
+        assert_int_equal(tsr_gemv_prepare_experts(v->gemv, (const void *const *)dn, E, &tdn), TSR_OK);
+        int32_t *sel = malloc(sizeof(int32_t) * (size_t)n);
+        float *x = malloc(sizeof(float) * (size_t)tokens * cols), *want_g = malloc(sizeof(float) * (size_t)n * f),
+              *want_d = malloc(sizeof(float) * (size_t)n * cols), *got = malloc(sizeof(float) * (size_t)n * f * cols);
+        assert_true(sel && x && want_g && want_d && got);
+        for (int j = 0; j < n; j++) sel[j] = j % 5 == 3 ? -1 : (int)(urand() * E);
+        for (int i = 0; i < tokens * cols; i++) x[i] = (float)(urand() * 8 - 4);
+        tsr_error err;
+        tsr_error_clear(&err);
+        float *dx = tsr_cuda_malloc(sizeof(float) * (size_t)tokens * cols, &err);
+        float *dg = tsr_cuda_malloc(sizeof(float) * (size_t)n * f, &err);
+        float *dd = tsr_cuda_malloc(sizeof(float) * (size_t)n * cols, &err);
+        int32_t *dsel = tsr_cuda_malloc(sizeof(int32_t) * (size_t)n, &err);
+        assert_true(dx && dg && dd && dsel);
+        assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * (size_t)tokens * cols, &err), TSR_OK);
+        assert_int_equal(tsr_cuda_upload(dsel, sel, sizeof(int32_t) * (size_t)n, &err), TSR_OK);
+        /* one row at a time through run_glu and run: the reference; a
+         * skipped row keeps the 0 written here */
+        assert_int_equal(cudaMemset(dg, 0, sizeof(float) * (size_t)n * f), 0);
+        assert_int_equal(cudaMemset(dd, 0, sizeof(float) * (size_t)n * cols), 0);
+        for (int j = 0; j < n; j++) {
+            if (sel[j] < 0) continue;
+            assert_int_equal(tsr_gemv_run_glu(v->gemv, gu[sel[j]], 1, dx + (int64_t)(j / K) * cols,
+                                              dg + (int64_t)j * f, &v->ex), TSR_OK);
+            assert_int_equal(tsr_gemv_run(v->gemv, dn[sel[j]], 1, dg + (int64_t)j * f, dd + (int64_t)j * cols,
+                                          &v->ex), TSR_OK);
+        }
+        assert_int_equal(tsr_cuda_download(want_g, dg, sizeof(float) * (size_t)n * f, &err), TSR_OK);
+        assert_int_equal(tsr_cuda_download(want_d, dd, sizeof(float) * (size_t)n * cols, &err), TSR_OK);
+        for (int pass = 0; pass < 2; pass++) {
+            assert_int_equal(cudaMemset(dg, 0, sizeof(float) * (size_t)n * f), 0);
+            assert_int_equal(cudaMemset(dd, 0, sizeof(float) * (size_t)n * cols), 0);
+            tsr_exec ex = v->ex;
+            void *graph = NULL;
+            if (pass) ex.step = v->dev_step, assert_int_equal(tsr_cuda_capture_begin(&err), TSR_OK);
+            int r1 = tsr_gemv_run_experts(v->gemv, tgu, dsel, n, K, 1, dx, cols, dg, &ex);
+            int r2 = tsr_gemv_run_experts(v->gemv, tdn, dsel, n, 1, 0, dg, f, dd, &ex);
+            if (pass) {
+                assert_int_equal(tsr_cuda_capture_end(&graph, &err), TSR_OK);
+                if (r1 == TSR_OK && r2 == TSR_OK) assert_int_equal(tsr_cuda_graph_launch(graph, &err), TSR_OK);
+                tsr_cuda_graph_free(graph);
+            }
+            if (r1 != TSR_OK || r2 != TSR_OK)
+                fail_msg("run_experts: %d %d %s", r1, r2, tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
+            assert_int_equal(tsr_cuda_download(got, dg, sizeof(float) * (size_t)n * f, &err), TSR_OK);
+            if (memcmp(got, want_g, sizeof(float) * (size_t)n * f) != 0)
+                fail_msg("run_experts gate/up [%d x %d] differs from run_glu row by row (%s)", 2 * f, cols,
+                         pass ? "graph" : "eager");
+            assert_int_equal(tsr_cuda_download(got, dd, sizeof(float) * (size_t)n * cols, &err), TSR_OK);
+            if (memcmp(got, want_d, sizeof(float) * (size_t)n * cols) != 0)
+                fail_msg("run_experts down [%d x %d] differs from run row by row (%s)", cols, f,
+                         pass ? "graph" : "eager");
+        }
+        /* a row count the kernel's grid cannot take */
+        assert_int_equal(tsr_gemv_run_experts(v->gemv, tgu, dsel, 70000, K, 1, dx, cols, dg, &v->ex),
+                         TSR_ERR_UNSUPPORTED);
+        printf("# %s run_experts: %d experts, [%d x %d] pairs and [%d x %d] downs, %d rows x %d choices: equal to "
+               "run_glu / run row by row, eager and replayed\n",
+               v->gemv->plugin, E, 2 * f, cols, cols, f, tokens, K);
+        tsr_gemv_release_experts(v->gemv, tdn);
+        tsr_cuda_free(dx), tsr_cuda_free(dg), tsr_cuda_free(dd), tsr_cuda_free(dsel);
+        free(sel), free(x), free(want_g), free(want_d), free(got);
+    }
+    tsr_gemv_release_experts(v->gemv, tgu);
+    void *odd = NULL; /* experts of unequal shapes: refused */
+    if (want) {
+        void *two[2] = {gu[0], dn[0]};
+        assert_int_equal(tsr_gemv_prepare_experts(v->gemv, (const void *const *)two, 2, &odd), TSR_ERR_INVALID);
+    }
+    for (int e = 0; e < E; e++) tsr_gemv_release(v->gemv, gu[e]), tsr_gemv_release(v->gemv, dn[e]);
+    free(gu), free(dn), free(w), free(wd);
+}
+
 static void plugin_cases(const char *plugin) {
     env v;
     env_open(&v, plugin);
@@ -246,6 +351,9 @@ static void plugin_cases(const char *plugin) {
     glu_case(&v, 2501, 1040, 1);
     glu_case(&v, 2501, 80, 1);
     glu_case(&v, 8195, 64, 1);
+    /* experts chosen on the device (cuda_gemv only) */
+    experts_case(&v, 6, 384, 256, 4, 3, !fp8);
+    experts_case(&v, 3, 200, 1040, 2, 1, !fp8);
     tsr_cuda_free(v.dev_step);
     tsr_engine_free(v.e);
 }

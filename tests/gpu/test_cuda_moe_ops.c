@@ -8,7 +8,8 @@
  * order as the CPU (logits on a grid of 1/64, apart or exactly equal: ties go to
  * the lower id on both; NaN never chosen, -1 past the last number) and the
  * weights agree within 1e-5 relative (softmax sums in another order); the
- * data movers are exact; the gated add within 1e-6 relative (expf).
+ * data movers are exact; the gated add within 1e-6 relative (expf); the
+ * experts' combination equals zero-then-scatter expert by expert bit for bit.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -180,10 +181,57 @@ static void test_rows(void **state) {
     free(src), free(y), free(got), free(gate), free(want);
 }
 
+/* combine_experts against zero then scatter_axpy expert by expert in
+ * increasing id (the host path's sums): bit for bit. */
+static void test_combine(void **state) {
+    (void)state;
+    const tsr_backend *dev = device();
+    SKIP_WITHOUT_DEVICE(dev);
+    enum { ROWS = 5, K = 8, E = 20, COLS = 777 };
+    int32_t idx[ROWS * K];
+    float w[ROWS * K];
+    for (int r = 0; r < ROWS; r++) /* distinct ids per row, some rows with -1s */
+        for (int j = 0; j < K; j++) {
+            idx[r * K + j] = r == 2 && j >= 5 ? -1 : (r * 7 + j * 3 + (j > 3)) % E;
+            w[r * K + j] = uniform();
+        }
+    float *d = malloc(sizeof(float) * ROWS * K * COLS), *got = malloc(sizeof(float) * ROWS * COLS),
+          *want = malloc(sizeof(float) * ROWS * COLS);
+    assert_true(d && got && want);
+    for (int i = 0; i < ROWS * K * COLS; i++) d[i] = uniform() - 0.5f;
+    float *dd = on_device(dev, d, sizeof(float) * ROWS * K * COLS), *dw = on_device(dev, w, sizeof w);
+    int32_t *didx = on_device(dev, idx, sizeof idx);
+    float *dy = on_device(dev, got, sizeof(float) * ROWS * COLS), *dy2 = on_device(dev, got, sizeof(float) * ROWS * COLS);
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(dev->combine_experts(dy, dd, didx, dw, ROWS, K, COLS, &err), TSR_OK);
+    assert_int_equal(dev->zero(dy2, ROWS * COLS, &err), TSR_OK);
+    for (int e = 0; e < E; e++) { /* each expert's rows and their products, as forward.c's host path */
+        for (int i = 0; i < ROWS * K; i++)
+            if (idx[i] == e) {
+                float *src = on_device(dev, d + (size_t)i * COLS, sizeof(float) * COLS);
+                int32_t r = i / K;
+                int32_t *dr = on_device(dev, &r, sizeof r);
+                float *dws = on_device(dev, &w[i], sizeof(float));
+                assert_int_equal(dev->scatter_axpy(dy2, src, dr, dws, 1, COLS, &err), TSR_OK);
+                assert_int_equal(dev->sync(&err), TSR_OK);
+                dev->free(src), dev->free(dr), dev->free(dws);
+            }
+    }
+    back(dev, got, dy, sizeof(float) * ROWS * COLS);
+    back(dev, want, dy2, sizeof(float) * ROWS * COLS);
+    assert_memory_equal(got, want, sizeof(float) * ROWS * COLS);
+    assert_int_equal(dev->combine_experts(dy, dd, didx, dw, ROWS, 65, COLS, &err), TSR_ERR_UNSUPPORTED);
+    void *p[] = {dd, dw, didx, dy, dy2};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dev->free(p[i]);
+    free(d), free(got), free(want);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_combine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
