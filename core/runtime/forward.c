@@ -153,11 +153,12 @@ static int moe_on_host(tsr_model *m, int layer, int rows, tsr_error *err) {
 /* The experts of a pass of few rows chosen on the device (the gemv
  * plugin's run_experts over expert_resident's tables, model.c): each row's
  * K gate/up pairs with their SiLU into ex_g [rows K, f], their downs into
- * ex_d [rows K, h], combined into moe_out in increasing expert id as the
- * host path sums them. Nothing crosses to the host, so such passes are
- * captured in graphs. TSR_ERR_UNSUPPORTED, with nothing launched, where the
- * plugin does not take them. */
-static int moe_on_device(tsr_model *m, int layer, int rows, tsr_error *err) {
+ * ex_d [rows K, h], summed in increasing expert id as the host path sums
+ * them, into moe_out, or (into_x: no shared expert to add) straight into
+ * m->x as the add of moe_out would: one launch less. Nothing crosses to
+ * the host, so such passes are captured in graphs. TSR_ERR_UNSUPPORTED,
+ * with nothing launched, where the plugin does not take them. */
+static int moe_on_device(tsr_model *m, int layer, int rows, int into_x, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     const int K = c->n_experts_used, h = c->hidden, f = c->expert_ffn;
     void *const *t = m->ex_tables + 2 * layer;
@@ -170,7 +171,8 @@ static int moe_on_device(tsr_model *m, int layer, int rows, tsr_error *err) {
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "plugin %s took the experts' gate/up but not their down",
                              m->gemv->plugin);
     if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv experts");
-    return m->be->combine_experts(m->moe_out, m->ex_d, m->route_idx, m->route_w, rows, K, h, err);
+    return m->be->combine_experts(into_x ? m->x : m->moe_out, m->ex_d, m->route_idx, m->route_w, rows, K, h, into_x,
+                                  err);
 }
 
 /* Mixture of experts over m->xn, adding into m->x. The router and the
@@ -188,7 +190,11 @@ static int moe(tsr_model *m, int layer, int rows, tsr_error *err) {
     if ((rc = gemv(m, L->w_router, rows, m->xn, m->router, err))) return rc;
     BE(be->route(m->router, rows, E, K, c->norm_topk_prob, m->route_idx, m->route_w, err));
     rc = TSR_ERR_UNSUPPORTED;
-    if (m->ex_tables && rows <= TSR_GRAPH_MAX_ROWS && rows * K <= m->chunk) rc = moe_on_device(m, layer, rows, err);
+    const int into_x = !L->sh_gate;
+    if (m->ex_tables && rows <= TSR_GRAPH_MAX_ROWS && rows * K <= m->chunk) {
+        rc = moe_on_device(m, layer, rows, into_x, err);
+        if (rc == TSR_OK && into_x) return TSR_OK;
+    }
     if (rc == TSR_ERR_UNSUPPORTED && EX->step)
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED,
                              "a pass of %d rows captured as a CUDA graph needs plugin %s to choose the experts "

@@ -339,8 +339,10 @@ __global__ void scatter_axpy_k(float *y, const float *src, const int32_t *rows, 
 
 // y[r] = sum of w[r, j] * d[r k + j] over the row's chosen experts j in
 // increasing expert id (idx[r, j] < 0: none), a block per row: each element
-// the fmaf chain that zeroing then scatter_axpy_k expert by expert gives.
-__global__ void combine_experts_k(float *y, const float *d, const int32_t *idx, const float *w, int k, int cols) {
+// the fmaf chain that zeroing then scatter_axpy_k expert by expert gives;
+// with add, y[r] += that sum (one rounding more, as add_k's).
+__global__ void combine_experts_k(float *y, const float *d, const int32_t *idx, const float *w, int k, int cols,
+                                  int add) {
     tsr_pdl::enter();
     __shared__ int order[64];
     __shared__ int n;
@@ -362,7 +364,7 @@ __global__ void combine_experts_k(float *y, const float *d, const int32_t *idx, 
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
         float acc = 0.0f;
         for (int t = 0; t < n; t++) acc = fmaf(wr[order[t]], dr[(int64_t)order[t] * cols + i], acc);
-        out[i] = acc;
+        out[i] = add ? out[i] + acc : acc;
     }
 }
 
@@ -514,7 +516,7 @@ extern "C" int tsr_cu_zero(float *y, int64_t n, int pdl, void *stream) {
 }
 
 extern "C" int tsr_cu_combine_experts(float *y, const float *d, const int32_t *idx, const float *w, int rows, int k,
-                                      int cols, int pdl, void *stream) {
+                                      int cols, int add, int pdl, void *stream) {
     if (k < 1 || k > 64) return -5;
-    return launch(combine_experts_k, rows, kThreads, stream, pdl, y, d, idx, w, k, cols);
+    return launch(combine_experts_k, rows, kThreads, stream, pdl, y, d, idx, w, k, cols, add);
 }

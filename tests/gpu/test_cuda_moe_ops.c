@@ -204,7 +204,7 @@ static void test_combine(void **state) {
     float *dy = on_device(dev, got, sizeof(float) * ROWS * COLS), *dy2 = on_device(dev, got, sizeof(float) * ROWS * COLS);
     tsr_error err;
     tsr_error_clear(&err);
-    assert_int_equal(dev->combine_experts(dy, dd, didx, dw, ROWS, K, COLS, &err), TSR_OK);
+    assert_int_equal(dev->combine_experts(dy, dd, didx, dw, ROWS, K, COLS, 0, &err), TSR_OK);
     assert_int_equal(dev->zero(dy2, ROWS * COLS, &err), TSR_OK);
     for (int e = 0; e < E; e++) { /* each expert's rows and their products, as forward.c's host path */
         for (int i = 0; i < ROWS * K; i++)
@@ -221,7 +221,16 @@ static void test_combine(void **state) {
     back(dev, got, dy, sizeof(float) * ROWS * COLS);
     back(dev, want, dy2, sizeof(float) * ROWS * COLS);
     assert_memory_equal(got, want, sizeof(float) * ROWS * COLS);
-    assert_int_equal(dev->combine_experts(dy, dd, didx, dw, ROWS, 65, COLS, &err), TSR_ERR_UNSUPPORTED);
+    /* with add: onto y as add() of the sum does */
+    for (int i = 0; i < ROWS * COLS; i++) got[i] = uniform();
+    float *dz = on_device(dev, got, sizeof(float) * ROWS * COLS), *dz2 = on_device(dev, got, sizeof(float) * ROWS * COLS);
+    assert_int_equal(dev->combine_experts(dz, dd, didx, dw, ROWS, K, COLS, 1, &err), TSR_OK);
+    assert_int_equal(dev->add(dz2, dy2, ROWS * COLS, &err), TSR_OK);
+    back(dev, got, dz, sizeof(float) * ROWS * COLS);
+    back(dev, want, dz2, sizeof(float) * ROWS * COLS);
+    assert_memory_equal(got, want, sizeof(float) * ROWS * COLS);
+    dev->free(dz), dev->free(dz2);
+    assert_int_equal(dev->combine_experts(dy, dd, didx, dw, ROWS, 65, COLS, 0, &err), TSR_ERR_UNSUPPORTED);
     void *p[] = {dd, dw, didx, dy, dy2};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dev->free(p[i]);
     free(d), free(got), free(want);
