@@ -25,4 +25,20 @@ static inline int gpu_have(void) {
 #endif
 }
 
+/* gpu_have() and device 0 initialised (once), for tests that call the
+ * backend or the kernels directly */
+static inline int gpu_ready(void) {
+#ifdef TESSERA_CUDA
+    static int ok = -1;
+    if (ok < 0) {
+        tsr_error err;
+        tsr_error_clear(&err);
+        ok = gpu_have() && tsr_cuda_init(0, &err) == TSR_OK;
+    }
+    return ok;
+#else
+    return 0;
+#endif
+}
+
 #endif /* TSR_TESTS_GPU_ENV_H */

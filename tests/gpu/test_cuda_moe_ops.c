@@ -26,19 +26,7 @@
 
 #include "core/runtime/backend.h"
 
-static const tsr_backend *device(void) {
-#ifdef TESSERA_CUDA
-    static int ok = -1;
-    if (ok < 0) {
-        tsr_error err;
-        tsr_error_clear(&err);
-        ok = tsr_cuda_device_count() > 0 && tsr_cuda_init(0, &err) == TSR_OK;
-    }
-    return ok ? tsr_backend_cuda() : NULL;
-#else
-    return NULL;
-#endif
-}
+static const tsr_backend *device(void) { return gpu_ready() ? tsr_backend_cuda() : NULL; }
 
 #define SKIP_WITHOUT_DEVICE(be)                                   \
     do {                                                          \

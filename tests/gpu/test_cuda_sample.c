@@ -40,19 +40,7 @@
 #include "core/cuda/device.h"
 #endif
 
-static int have_device(void) {
-#ifdef TESSERA_CUDA
-    static int ok = -1;
-    if (ok < 0) {
-        tsr_error err;
-        tsr_error_clear(&err);
-        ok = tsr_cuda_device_count() > 0 && tsr_cuda_init(0, &err) == TSR_OK;
-    }
-    return ok;
-#else
-    return 0;
-#endif
-}
+static int have_device(void) { return gpu_ready(); }
 
 #define SKIP_WITHOUT_DEVICE()                                    \
     do {                                                         \
