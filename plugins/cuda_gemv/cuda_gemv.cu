@@ -44,13 +44,15 @@ constexpr size_t kWorkspace = 32u << 20;
 
 struct Algo {
     int ready;
-    int64_t m, n, k, ld; // the shape it was planned for
+    int64_t m, k, ld;    // the weight's shape it was planned for
+    int bucket;          // row_bucket of the row counts it serves
+    int64_t n;           // the row count its layouts hold now
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
 };
 
-constexpr int kPlans = 128; // distinct (weight shape, row count) pairs planned once
+constexpr int kPlans = 128; // distinct (weight shape, row bucket) pairs planned once
 
 struct Gemv {
     const tsr_plugin_ctx *ctx;
@@ -245,17 +247,46 @@ void unplan(Algo *a) {
     a->ready = 0;
 }
 
-// The plan for w at rows: found in the table, else planned into a free
-// entry (or into tmp when the table is full).
+// Row counts that share a plan: up to 16, then each power of two's
+// (prefill of a mixture of experts gives each expert another count; one
+// heuristic query apiece, ~0.1 ms, cost more than the products).
+int row_bucket(int rows) {
+    int b = 16;
+    while (b < rows) b <<= 1;
+    return b;
+}
+
+// a's layouts set to rows; false where its algorithm does not take them.
+bool relayout(Gemv *g, Algo *a, int rows) {
+    if (a->n == rows) return true;
+    const uint64_t n = (uint64_t)rows;
+    cublasLtMatmulHeuristicResult_t check;
+    if (cublasLtMatrixLayoutSetAttribute(a->b, CUBLASLT_MATRIX_LAYOUT_COLS, &n, sizeof n) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutSetAttribute(a->d, CUBLASLT_MATRIX_LAYOUT_COLS, &n, sizeof n) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoCheck(g->lt, a->op, a->a, a->b, a->d, a->d, &a->algo, &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > kWorkspace) {
+        const uint64_t back = (uint64_t)a->n; // as planned, for the counts that fit it
+        cublasLtMatrixLayoutSetAttribute(a->b, CUBLASLT_MATRIX_LAYOUT_COLS, &back, sizeof back);
+        cublasLtMatrixLayoutSetAttribute(a->d, CUBLASLT_MATRIX_LAYOUT_COLS, &back, sizeof back);
+        return false;
+    }
+    a->n = rows;
+    return true;
+}
+
+// The plan for w at rows: the table's for w and rows' bucket (its layouts
+// set to rows), else planned into a free entry, or into tmp when the table
+// is full or the bucket's algorithm does not take these rows.
 int run_lt(Gemv *g, Weight *w, int rows, const __nv_bfloat16 *xb, float *y, cudaStream_t st, bool capturing) {
     Algo tmp = {};
     Algo *a = nullptr;
     int rc;
+    const int bucket = row_bucket(rows);
     for (int i = 0; i < kPlans && !a; i++) {
         Algo *p = &g->plans[i];
-        if (!p->ready || (p->m == w->rows && p->n == rows && p->k == w->cols && p->ld == w->ld)) a = p;
+        if (!p->ready || (p->m == w->rows && p->bucket == bucket && p->k == w->cols && p->ld == w->ld)) a = p;
     }
-    if (!a) a = &tmp;
+    if (!a || (a->ready && !relayout(g, a, rows))) a = &tmp;
     if (!a->ready) {
         /* timing the candidates pays off for prefill-sized passes, planned once each */
         const bool tune = !capturing && rows >= 128 && a != &tmp;
@@ -263,7 +294,7 @@ int run_lt(Gemv *g, Weight *w, int rows, const __nv_bfloat16 *xb, float *y, cuda
             unplan(a);
             return rc;
         }
-        a->m = w->rows, a->n = rows, a->k = w->cols, a->ld = w->ld;
+        a->m = w->rows, a->n = rows, a->k = w->cols, a->ld = w->ld, a->bucket = bucket;
     }
     const float one = 1.0f, zero = 0.0f;
     rc = lt_err(g, cublasLtMatmul(g->lt, a->op, &one, w->w, a->a, xb, a->b, &zero, y, a->d, y, a->d,

@@ -115,8 +115,8 @@ static void check(const env *v, const char *what, const float *w, const float *x
            100 * worst);
 }
 
-/* rows of x through an [n_out, cols] matrix, eagerly, then captured with
- * ex->step set and replayed on new x. */
+/* rows of x through an [n_out, cols] matrix, eagerly, then (up to
+ * TSR_GRAPH_MAX_ROWS rows) captured with ex->step set and replayed on new x. */
 static void gemv_case(env *v, int n_out, int cols, int rows) {
     float *w = malloc(sizeof(float) * (size_t)n_out * cols), *x = malloc(sizeof(float) * (size_t)rows * cols);
     float *y = malloc(sizeof(float) * (size_t)rows * n_out);
@@ -139,7 +139,7 @@ static void gemv_case(env *v, int n_out, int cols, int rows) {
     float *dx = tsr_cuda_malloc(sizeof(float) * (size_t)rows * cols, &err);
     float *dy = tsr_cuda_malloc(sizeof(float) * (size_t)rows * n_out, &err);
     assert_true(dx && dy);
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < (rows <= TSR_GRAPH_MAX_ROWS ? 2 : 1); pass++) {
         for (int i = 0; i < rows * cols; i++) x[i] = (float)(urand() * 8 - 4);
         assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * (size_t)rows * cols, &err), TSR_OK);
         if (pass == 0) {
@@ -357,6 +357,20 @@ static void plugin_cases(const char *plugin) {
     tsr_cuda_free(v.dev_step);
     tsr_engine_free(v.e);
 }
+/* cuda_gemv_cublaslt (and cuda_gemv above 8 rows): cuBLASLt plans shared by
+ * the row counts of a bucket (16, then powers of two), each count against
+ * the f64 product: counts in one bucket in turn, up and down, on two shapes. */
+static void lt_cases(const char *plugin) {
+    env v;
+    env_open(&v, plugin);
+    const int counts[] = {20, 17, 31, 1, 9, 16, 64, 50, 33, 200, 130, 256, 129, 300};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        gemv_case(&v, 130, 1000, counts[i]);
+        gemv_case(&v, 2000, 1024, counts[i]);
+    }
+    tsr_cuda_free(v.dev_step);
+    tsr_engine_free(v.e);
+}
 #endif
 
 static void test_decode_kernels(void **state) {
@@ -371,7 +385,19 @@ static void test_decode_kernels(void **state) {
 #endif
 }
 
+static void test_cublaslt_plans(void **state) {
+    (void)state;
+    if (!gpu_have()) {
+        printf("# no CUDA device: cuBLASLt plan checks skipped\n");
+        skip();
+    }
+#ifdef TESSERA_CUDA
+    lt_cases("cuda_gemv_cublaslt");
+    lt_cases("cuda_gemv");
+#endif
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_decode_kernels)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_decode_kernels), cmocka_unit_test(test_cublaslt_plans)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
