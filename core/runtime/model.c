@@ -573,12 +573,16 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
         goto fail;
     }
     if (c->n_experts > 0 && tsr_engine_cuda_graphs(m->engine) && !experts_on_device(m)) {
+        const int resident = TSR_SLOT_MEMBER(m->experts, tsr_expert_cache_i, resident) != NULL;
         rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED,
-                           "assembly %s: runtime.cuda_graphs cannot capture this mixture-of-experts pass (%s): "
-                           "plugin %s looks each layer's experts up on the host unless the expert cache keeps "
-                           "them all resident (expert_resident) and the gemv plugin chooses them on the device "
-                           "(run_experts: cuda_gemv); set runtime.cuda_graphs: false (assemblies/cuda-moe.yaml)",
-                           asm_path, c->arch_name, m->experts->plugin);
+                           "assembly %s: runtime.cuda_graphs cannot capture this mixture-of-experts model's "
+                           "passes (%s): %s plugin %s %s, so the host would look each layer's experts up; a graph "
+                           "needs every expert resident (expert_resident) and a gemv plugin that chooses them on "
+                           "the device (run_experts: cuda_gemv); or set runtime.cuda_graphs: false "
+                           "(assemblies/cuda-moe.yaml)",
+                           asm_path, c->arch_name, resident ? "gemv" : "expert_cache",
+                           resident ? m->gemv->plugin : m->experts->plugin,
+                           resident ? "cannot choose experts on the device" : "does not keep every expert resident");
         goto fail;
     }
 
