@@ -168,8 +168,8 @@ static int moe_on_device(tsr_model *m, int layer, int rows, int into_x, tsr_erro
     if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv experts");
     OP(TSR_PROF_DOWN, rc = tsr_gemv_run_experts(m->gemv, t[1], m->route_idx, rows * K, 1, 0, m->ex_g, f, m->ex_d, EX));
     if (rc == TSR_ERR_UNSUPPORTED)
-        return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "plugin %s took the experts' gate/up but not their down",
-                             m->gemv->plugin);
+        return tsr_error_set(err, TSR_ERR_INVALID, "plugin %s took the experts' gate/up but not their down",
+                             m->gemv->plugin); /* half done: not a refusal the host could go round */
     if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv experts");
     return m->be->combine_experts(into_x ? m->x : m->moe_out, m->ex_d, m->route_idx, m->route_w, rows, K, h, into_x,
                                   err);
