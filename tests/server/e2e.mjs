@@ -202,7 +202,11 @@ async function aborts(n) {
   for (let i = 0; i < 100; i++) {
     after = await metrics();
     const fin = sum(after, "tessera_requests_finished_total") - sum(before, "tessera_requests_finished_total");
-    if (fin >= n - early && after["tessera_kv_cache_used_bytes"] === idleKv && after["tessera_requests_running"] === 0) break;
+    // a connection is counted in tessera_requests_total when the HTTP library
+    // reports it closed, which may come a moment after its generation ended
+    const reqs = sum(after, "tessera_requests_total") - sum(before, "tessera_requests_total");
+    if (fin >= n - early && reqs === fin && after["tessera_kv_cache_used_bytes"] === idleKv &&
+        after["tessera_requests_running"] === 0) break;
     await new Promise((r) => setTimeout(r, 50));
   }
   const reqs = sum(after, "tessera_requests_total") - sum(before, "tessera_requests_total");
