@@ -123,14 +123,16 @@ static int moe_on_host(tsr_model *m, int layer, int rows, tsr_error *err) {
     BE(be->upload(m->ex_wts, m->ex_wts_h, (size_t)start[E] * sizeof(float), err));
     BE(be->zero(m->moe_out, (int64_t)rows * h, err));
     int32_t group[MAX_USED];
+    /* a lookup may release the experts of the one before, still read by
+     * queued work on a device, unless the cache keeps every expert for its
+     * life (m->ex_resident) */
+    const int may_release = !m->ex_resident;
     for (int e = 0, looked_up = 0; e < E;) {
         int n = 0;
         for (; e < E && n < K; e++)
             if (start[e + 1] > start[e]) group[n++] = e;
         if (n == 0) break;
-        /* a lookup may release the experts of the one before, still read
-         * by queued work on a device */
-        if (looked_up++) BE(be->sync(err));
+        if (looked_up++ && may_release) BE(be->sync(err));
         const tsr_expert_weights *ew[MAX_USED];
         CALL(m->experts, tsr_expert_lookup(m->experts, layer, n, group, ew), "expert lookup");
         for (int gi = 0; gi < n; gi++) {

@@ -298,6 +298,17 @@ static void free_expert_tables(tsr_model *m) {
     m->ex_tables = NULL;
 }
 
+/* Whether the expert cache answers resident for every MoE layer: it keeps
+ * every expert for its life, and a lookup never releases one. */
+static int experts_resident(tsr_model *m) {
+    const tsr_expert_weights **ew = calloc((size_t)m->cfg.n_experts, sizeof *ew);
+    int ok = ew != NULL;
+    for (int l = 0; ok && l < m->cfg.n_layers; l++)
+        ok = !m->layers[l].moe || tsr_expert_resident(m->experts, l, ew) == TSR_OK;
+    free(ew);
+    return ok;
+}
+
 /* m->ex_tables from the expert cache's resident experts: each MoE layer's
  * gate/up pairs and downs as tables of the gemv plugin. None (TSR_OK, no
  * tables) where the cache or the plugin declines, or the experts' gate and
@@ -655,6 +666,7 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
             tsr_model_slot_error(m, m->experts, rc, err, "attaching the experts");
             goto fail;
         }
+        m->ex_resident = experts_resident(m);
         if (experts_on_device(m) && (rc = expert_tables(m, err)) != TSR_OK) goto fail;
         if (!m->ex_tables && tsr_engine_cuda_graphs(m->engine)) {
             rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED,

@@ -121,6 +121,7 @@ struct tsr_model {
      * them all resident and the plugin chooses experts on the device; NULL
      * where the host looks them up (forward.c) */
     void **ex_tables;
+    int ex_resident;              /* the expert cache keeps every expert for its life (resident answered) */
     /* host copies of the routing: read to look the experts up, written to
      * say which rows go to which */
     int32_t *route_idx_h, *ex_rows_h;
