@@ -7,7 +7,9 @@
  * them, after the lookup: they must be valid at once) and compared with the
  * resident cache's; the counters must add up (hits + misses = ids looked up,
  * resident = what the source holds) and, at the end, every prepared expert
- * must be released.
+ * must be released. A plugin that answers resident (interface version 2)
+ * must answer it for every MoE layer with the handles its lookups return,
+ * the same throughout the trace, counting nothing.
  */
 #include <math.h>
 #include <stdio.h>
@@ -134,6 +136,23 @@ static void run_case(conf_env *env, const ex_case *c, int idx) {
         goto out;
     }
     ci->quiet = ref->quiet = 1;
+    /* resident: every expert's handles once, to hold the lookups to */
+    int (*resident)(void *, int, const tsr_expert_weights **) = CONF_MEMBER(ci, tsr_expert_cache_i, resident);
+    tsr_expert_weights table[EX_LAYERS][EX_N];
+    for (int layer = 0; resident && layer < EX_LAYERS; layer++) {
+        if (layer == c->dense_layer) continue;
+        const tsr_expert_weights *all[EX_N];
+        rc = resident(CONF_INST(ci), layer, all);
+        if (rc == TSR_ERR_UNSUPPORTED && layer == (c->dense_layer == 0)) {
+            resident = NULL; /* declined: lookups only */
+            break;
+        }
+        if (rc != TSR_OK) {
+            snprintf(why, sizeof why, "resident layer %d: status %d (%s): %s", layer, rc, tsr_status_str(rc), ci->err);
+            break;
+        }
+        for (int e = 0; e < EX_N; e++) table[layer][e] = *all[e];
+    }
     float x[EX_HIDDEN], xf[EX_FFN], got[EX_USED][2 * EX_FFN + EX_HIDDEN], want[2 * EX_FFN + EX_HIDDEN];
     for (int i = 0; i < EX_HIDDEN; i++) x[i] = conf_randf(&rng);
     for (int i = 0; i < EX_FFN; i++) xf[i] = conf_randf(&rng);
@@ -182,6 +201,24 @@ static void run_case(conf_env *env, const ex_case *c, int idx) {
                 }
                 tsr_expert_stats st;
                 CONF_MEMBER(ci, tsr_expert_cache_i, stats)(CONF_INST(ci), &st);
+                if (resident && !why[0]) { /* the lookup's handles, and resident again: the same */
+                    const tsr_expert_weights *all[EX_N];
+                    tsr_expert_stats st2;
+                    for (int i = 0; i < n && !why[0]; i++)
+                        if (wp[i]->gate != table[layer][ids[i]].gate || wp[i]->up != table[layer][ids[i]].up ||
+                            wp[i]->down != table[layer][ids[i]].down)
+                            snprintf(why, sizeof why, "layer %d expert %d: lookup's handles are not resident's",
+                                     layer, ids[i]);
+                    if (!why[0] && resident(CONF_INST(ci), layer, all) != TSR_OK)
+                        snprintf(why, sizeof why, "resident layer %d failed mid-trace: %s", layer, ci->err);
+                    for (int e = 0; e < EX_N && !why[0]; e++)
+                        if (all[e]->gate != table[layer][e].gate || all[e]->down != table[layer][e].down)
+                            snprintf(why, sizeof why, "resident layer %d expert %d moved during the trace", layer, e);
+                    CONF_MEMBER(ci, tsr_expert_cache_i, stats)(CONF_INST(ci), &st2);
+                    if (!why[0] && (st2.hits != st.hits || st2.misses != st.misses))
+                        snprintf(why, sizeof why, "resident counted as lookups (hits %llu -> %llu)",
+                                 (unsigned long long)st.hits, (unsigned long long)st2.hits);
+                }
                 if (!why[0] && st.resident != (uint64_t)sp.n_live)
                     snprintf(why, sizeof why, "stats: %llu resident, the source holds %d", (unsigned long long)st.resident,
                              sp.n_live);
@@ -203,9 +240,9 @@ static void run_case(conf_env *env, const ex_case *c, int idx) {
     else if (steps == 0)
         conf_report(env, CONF_UNSUPPORTED, what, "every lookup was out of budget (TSR_ERR_RANGE)");
     else
-        conf_report(env, CONF_PASS, what, "%d lookups match%s (%llu hits, %llu misses, %d loads)", steps,
+        conf_report(env, CONF_PASS, what, "%d lookups match%s (%llu hits, %llu misses, %d loads)%s", steps,
                     unsupported ? " (some out of budget)" : "", (unsigned long long)st.hits,
-                    (unsigned long long)st.misses, sp.n_loads);
+                    (unsigned long long)st.misses, sp.n_loads, resident ? "; resident tables held" : ""); 
 out:
     conf_inst_free(ci);
     conf_inst_free(ref);

@@ -123,11 +123,17 @@ static void test_expert(void **s) {
     expect x = {"bad_expert_swap", "weights behave unlike", 0, 0};
     run_one(&x);
 }
+static void test_expert_resident(void **s) {
+    (void)s;
+    expect x = {"bad_expert_resident", "resident counted as lookups", 0, 0};
+    run_one(&x);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_guard),  cmocka_unit_test(test_drift),  cmocka_unit_test(test_nan),
         cmocka_unit_test(test_glu),     cmocka_unit_test(test_drafter), cmocka_unit_test(test_expert),
+        cmocka_unit_test(test_expert_resident),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,6 +1,8 @@
-/* bad_expert - an expert cache that keeps everything it loads but answers
- * every id of a lookup with the first id's weights (a planted defect for
- * the harness's own test). */
+/* bad_expert - planted defects for the harness's own test, built twice:
+ * bad_expert_swap, an expert cache that keeps everything it loads but
+ * answers every id of a lookup with the first id's weights; with
+ * BAD_RESIDENT, bad_expert_resident, whose lookups are right but whose
+ * resident (every expert at once) counts its answers as lookup hits. */
 #include <string.h>
 
 #include "slots/tsr_expert_cache.h"
@@ -47,10 +49,34 @@ static int bad_lookup(void *inst, int layer, int n, const int32_t *experts, cons
         } else {
             b->st.hits++;
         }
+#ifdef BAD_RESIDENT
+        out[i] = &b->w[k];
+#else
         out[i] = &b->w[layer * b->src->n_experts + experts[0]];
+#endif
     }
     return TSR_OK;
 }
+
+#ifdef BAD_RESIDENT
+/* every expert of layer, loaded on the way, each answer counted as a hit */
+static int bad_resident(void *inst, int layer, const tsr_expert_weights **out) {
+    bad *b = inst;
+    for (int e = 0; e < b->src->n_experts; e++) {
+        int k = layer * b->src->n_experts + e;
+        if (!b->loaded[k]) {
+            uint64_t bytes;
+            int rc = b->src->load(b->src->data, layer, e, &b->w[k], &bytes);
+            if (rc) return rc;
+            b->loaded[k] = 1;
+            b->st.resident++;
+        }
+        b->st.hits++;
+        out[e] = &b->w[k];
+    }
+    return TSR_OK;
+}
+#endif
 
 static void bad_stats(void *inst, tsr_expert_stats *out) { *out = ((bad *)inst)->st; }
 
@@ -60,12 +86,15 @@ static const tsr_expert_cache_i bad_iface = {
     .attach = bad_attach,
     .lookup = bad_lookup,
     .stats = bad_stats,
+#ifdef BAD_RESIDENT
+    .resident = bad_resident,
+#endif
 };
 
 static const tsr_plugin_desc bad_desc = {
     .abi_major = TSR_ABI_MAJOR,
     .abi_minor = TSR_ABI_MINOR,
-    .name = "bad_expert_swap",
+    .name = BAD_NAME,
     .slot = TSR_SLOT_EXPERT_CACHE,
     .version = "0.0.1",
     .instance_size = sizeof(bad),
