@@ -83,8 +83,8 @@ typedef struct tsr_backend {
     /* dst[j, :] = src[rows[j], :] for j < n, rows of cols floats; rows in
      * backend memory */
     int (*gather_rows)(float *dst, const float *src, const int32_t *rows, int n, int cols, tsr_error *err);
-    /* y[rows[j], :] += w[j] * src[j, :] for j < n in turn (rows and w in
-     * backend memory) */
+    /* y[rows[j], :] += w[j] * src[j, :] for j < n, the rows distinct (rows
+     * and w in backend memory) */
     int (*scatter_axpy)(float *y, const float *src, const int32_t *rows, const float *w, int n, int cols,
                         tsr_error *err);
     /* y[r, :] = sum of w[r, j] * d[r k + j, :] over the row's experts

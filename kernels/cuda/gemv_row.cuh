@@ -195,11 +195,13 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny =
     const int per_block = 8 / KS * RPW / (GLU ? 2 : 1); // outputs
     const int outs = GLU ? p.n_out / 2 : p.n_out;
     const dim3 grid((unsigned)((outs + per_block - 1) / per_block), (unsigned)ny);
-    if constexpr (WK == kFp8) {
-        if (p.cm) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, true>, grid, 256, 0, st, pdl, p);
-    } else if (p.sel) {
-        return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, true>, grid, 256, 0, st, pdl, p);
+    if (p.sel) { // experts chosen on the device: bf16 only (no E4M3 instance is built)
+        if constexpr (WK == kBf16)
+            return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, true>, grid, 256, 0, st, pdl, p);
+        return cudaErrorInvalidValue;
     }
+    if constexpr (WK == kFp8)
+        if (p.cm) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, true>, grid, 256, 0, st, pdl, p);
     return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU>, grid, 256, 0, st, pdl, p);
 }
 

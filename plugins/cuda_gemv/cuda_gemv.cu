@@ -117,7 +117,6 @@ int run_glu(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaSt
 
 // A layer's experts for run_experts: their weight pointers in device memory.
 struct Experts {
-    int n;
     Weight shape;          // the first handle's shape (w: its weights)
     const uint8_t **table; // [n] device: each handle's w
 };
@@ -139,6 +138,7 @@ int prepare_experts(Gemv *g, const void *const *prepared, int n, void **out) {
         host[e] = reinterpret_cast<const uint8_t *>(w->w);
     }
     Experts *x = static_cast<Experts *>(h->alloc(g->ctx, sizeof(Experts), 64));
+    if (x) *x = Experts{};
     int rc = x ? h->dev_alloc(g->ctx, (size_t)n * sizeof *host, reinterpret_cast<void **>(&x->table)) : TSR_ERR_NOMEM;
     if (rc == TSR_OK)
         rc = cuda_err(g, cudaMemcpy(x->table, host, (size_t)n * sizeof *host, cudaMemcpyHostToDevice), "expert table");
@@ -148,7 +148,6 @@ int prepare_experts(Gemv *g, const void *const *prepared, int n, void **out) {
         if (x) h->free(g->ctx, x);
         return rc;
     }
-    x->n = n;
     x->shape = *w0;
     *out = x;
     return TSR_OK;

@@ -58,21 +58,30 @@ static int res_attach(void *inst, const tsr_expert_source *src) {
     return TSR_OK;
 }
 
+/* Whether layer can be asked for; the error set where not. */
+static int layer_ok(resident *r, const char *what, int layer) {
+    if (r->src && layer >= 0 && layer < r->src->n_layers) return 1;
+    r->ctx->host->set_error(r->ctx, "%s in layer %d: not attached or out of range", what, layer);
+    return 0;
+}
+
+/* Expert e of a valid layer as prepared at attach; NULL with the error set
+ * where there is none (out of range, a dense layer). */
+static const tsr_expert_weights *expert_at(resident *r, int layer, int e) {
+    const size_t idx = (size_t)layer * r->src->n_experts + (size_t)e;
+    if (e < 0 || e >= r->src->n_experts || !r->loaded[idx]) {
+        r->ctx->host->set_error(r->ctx, "layer %d has no expert %d", layer, e);
+        return NULL;
+    }
+    return &r->w[idx];
+}
+
 static int res_lookup(void *inst, int layer, int n, const int32_t *experts,
                       const tsr_expert_weights **out) {
     resident *r = inst;
-    if (!r->src || layer < 0 || layer >= r->src->n_layers) {
-        r->ctx->host->set_error(r->ctx, "lookup in layer %d: not attached or out of range", layer);
-        return TSR_ERR_INVALID;
-    }
+    if (!layer_ok(r, "lookup", layer)) return TSR_ERR_INVALID;
     for (int i = 0; i < n; i++) {
-        int e = experts[i];
-        size_t idx = (size_t)layer * r->src->n_experts + (size_t)e;
-        if (e < 0 || e >= r->src->n_experts || !r->loaded[idx]) {
-            r->ctx->host->set_error(r->ctx, "layer %d has no expert %d", layer, e);
-            return TSR_ERR_INVALID;
-        }
-        out[i] = &r->w[idx];
+        if (!(out[i] = expert_at(r, layer, experts[i]))) return TSR_ERR_INVALID;
         r->stats.hits++;
     }
     return TSR_OK;
@@ -83,18 +92,9 @@ static void res_stats(void *inst, tsr_expert_stats *out) { *out = ((resident *)i
 /* every expert of layer at once: prepared at attach, kept to the end */
 static int res_resident(void *inst, int layer, const tsr_expert_weights **out) {
     resident *r = inst;
-    if (!r->src || layer < 0 || layer >= r->src->n_layers) {
-        r->ctx->host->set_error(r->ctx, "layer %d: not attached or out of range", layer);
-        return TSR_ERR_INVALID;
-    }
-    const size_t base = (size_t)layer * r->src->n_experts;
-    for (int e = 0; e < r->src->n_experts; e++) {
-        if (!r->loaded[base + e]) {
-            r->ctx->host->set_error(r->ctx, "layer %d has no expert %d", layer, e);
-            return TSR_ERR_INVALID;
-        }
-        out[e] = &r->w[base + e];
-    }
+    if (!layer_ok(r, "resident", layer)) return TSR_ERR_INVALID;
+    for (int e = 0; e < r->src->n_experts; e++)
+        if (!(out[e] = expert_at(r, layer, e))) return TSR_ERR_INVALID;
     return TSR_OK;
 }
 
