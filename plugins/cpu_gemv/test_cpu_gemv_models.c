@@ -120,11 +120,12 @@ static void check_dir(const char *dir, const char *what) {
 
 static void test_fixtures(void **state) {
     (void)state;
-    const char *fam[] = {"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"};
-    for (int i = 0; i < 5; i++) {
+    const char *fam[] = {"transformers/llama", "transformers/qwen2",   "transformers/qwen3",
+                         "transformers/mixtral", "transformers/qwen3_moe", "numpy/qwen2_moe"};
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
         char dir[4096];
-        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), fam[i]);
-        check_dir(dir, fam[i]);
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/%s", src_dir(), fam[i]);
+        check_dir(dir, strchr(fam[i], '/') + 1);
     }
 }
 

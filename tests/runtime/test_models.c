@@ -1,7 +1,10 @@
 /*
  * End-to-end checks of the model runtime with the reference assembly against
  * transformers: every fixture family's logits and greedy ids, and
- * stories260K's logits and greedy text read from each of its formats.
+ * stories260K's logits and greedy text read from each of its formats; and
+ * against tools/fixtures/numpy_ref.py (a numpy forward pass that matches
+ * transformers on those fixtures) for qwen2_moe, which has no transformers
+ * fixture.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -76,8 +79,8 @@ static void check_logits(tsr_model *m, const int32_t *ids, int n, const tsr_tens
     assert_int_equal(ref->shape[1], vocab);
     float *logits = seq_logits(m, ids, n);
     double d = max_abs_diff(logits, ref->data, (size_t)n * vocab);
-    printf("# %s: max |logits - transformers| = %.3g over %d x %d\n", what, d, n, vocab);
-    if (d > tol) fail_msg("%s: logits differ from transformers by %g > %g", what, d, tol);
+    printf("# %s: max |logits - reference| = %.3g over %d x %d\n", what, d, n, vocab);
+    if (d > tol) fail_msg("%s: logits differ from the reference by %g > %g", what, d, tol);
     free(logits);
 }
 
@@ -109,7 +112,7 @@ static char *greedy(tsr_model *m, const int32_t *ids, int n, const int32_t *expe
     assert_int_equal(k, n_expect);
     for (int i = 0; i < n_expect; i++)
         if (got[i] != expect[i])
-            fail_msg("%s: greedy token %d is %d, transformers chose %d", what, i, got[i], expect[i]);
+            fail_msg("%s: greedy token %d is %d, the reference chose %d", what, i, got[i], expect[i]);
     tsr_gen_free(g);
     free(got);
     return text;
@@ -134,11 +137,14 @@ static void check_dir(const char *dir, const char *family, double tol) {
     tsr_safetensors_free(ref);
 }
 
-static void check_fixture(const char *family) {
+/* source: "transformers" or "numpy" (tests/data/fixtures/SOURCE/FAMILY) */
+static void check_fixture_from(const char *source, const char *family) {
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", src_dir(), family);
+    snprintf(dir, sizeof dir, "%s/tests/data/fixtures/%s/%s", src_dir(), source, family);
     check_dir(dir, family, 1e-3);
 }
+
+static void check_fixture(const char *family) { check_fixture_from("transformers", family); }
 
 /* The pystd models (bf16, sharded, a trained MoE) in ../shared, when present. */
 static void check_pystd(const char *name) {
@@ -161,6 +167,9 @@ static void test_qwen2(void **state) { (void)state; check_fixture("qwen2"); }
 static void test_qwen3(void **state) { (void)state; check_fixture("qwen3"); }
 static void test_mixtral(void **state) { (void)state; check_fixture("mixtral"); }
 static void test_qwen3_moe(void **state) { (void)state; check_fixture("qwen3_moe"); }
+/* a shared expert behind its sigmoid gate, a dense layer before the MoE one,
+ * transformers-4 key spelling */
+static void test_qwen2_moe(void **state) { (void)state; check_fixture_from("numpy", "qwen2_moe"); }
 
 /* stories260K from one of its files: logits (when tol > 0) and greedy text of
  * every reference.json case. */
@@ -293,6 +302,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_mixtral),
         cmocka_unit_test(test_qwen3_moe),
+        cmocka_unit_test(test_qwen2_moe),
         cmocka_unit_test(test_pystd_target),
         cmocka_unit_test(test_pystd_draft),
         cmocka_unit_test(test_pystd_moe),
