@@ -105,7 +105,7 @@ static uint64_t check(const char *model, const char *ref_path, const char *ids_n
 /* Returns the fewest evictions of its runs. */
 static uint64_t check_family(const char *family, const char *assembly) {
     char dir[4096], ref[4200];
-    snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), family);
+    snprintf(dir, sizeof dir, "%s/tests/data/fixtures/%s", gpu_src_dir(), family);
     snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
     uint64_t fewest = UINT64_MAX;
     for (int step = 0; step <= 3; step += step ? 2 : 1) {
@@ -115,8 +115,9 @@ static uint64_t check_family(const char *family, const char *assembly) {
     return fewest;
 }
 
-static const char *const dense_families[] = {"llama", "qwen2", "qwen3"};
-static const char *const moe_families[] = {"mixtral", "qwen3_moe"};
+/* tests/data/fixtures/SOURCE/FAMILY */
+static const char *const dense_families[] = {"transformers/llama", "transformers/qwen2", "transformers/qwen3"};
+static const char *const moe_families[] = {"transformers/mixtral", "transformers/qwen3_moe", "numpy/qwen2_moe"};
 #define N_OF(a) (sizeof(a) / sizeof(a)[0])
 
 /* The trained mixture of experts in ../shared (TESSERA_SHARED_DIR), when there. */
@@ -186,7 +187,7 @@ static void test_cuda_fast(void **state) {
     asm_with_experts("cuda-fast.yaml", "expert_lru", dir, path, sizeof path);
     for (size_t i = 0; i < N_OF(moe_families); i++) {
         char model[4096];
-        snprintf(model, sizeof model, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), moe_families[i]);
+        snprintf(model, sizeof model, "%s/tests/data/fixtures/%s", gpu_src_dir(), moe_families[i]);
         tsr_model_opts o = {.model_path = model, .assembly_path = path, .no_tokenizer = 1};
         tsr_model *m = NULL;
         tsr_error err;
@@ -212,7 +213,7 @@ static void test_moe_paths_agree(void **state) {
     const char *const assemblies[] = {"cuda-moe.yaml", "cuda-fast-eager.yaml", "cuda-fast.yaml"};
     for (size_t i = 0; i < N_OF(moe_families); i++) {
         char dir[4096], ref[4200];
-        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/transformers/%s", gpu_src_dir(), moe_families[i]);
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/%s", gpu_src_dir(), moe_families[i]);
         snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
         gpu_ref r;
         gpu_ref_open(&r, ref, "input_ids", "logits");
