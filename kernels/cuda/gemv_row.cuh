@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     // the wait, as gemv_mma does, made a one-row pass slower on the H200
     // (4.437 against 4.395 ms at the Llama-3-8B shape), and so did asking
     // L2 for them (prefetch.global.L2 of each warp's first pieces: 4.280 ->
-    // 4.575 ms; BENCHMARKS.md).
+    // 4.575 ms), and so did copying them into shared memory (cp.async of the
+    // first 1-4 chain steps: 4.11 -> 4.09-4.43 ms; BENCHMARKS.md).
     tsr_pdl::enter();
     if (SEL) { // grid row j: the expert the routing before chose (p.etab)
         const int e = p.sel[blockIdx.y];

@@ -12,7 +12,7 @@
 // (ops.cu) load their weights and rope_k computes its first angles, the
 // cluster attention kernel asks L2 for its keys and values (one-row
 // passes), then each waits. (The one-row GEMV does not: its first loads
-// before the wait, into registers or into L2, made a pass slower.)
+// before the wait, into registers, L2 or shared memory, made a pass slower.)
 //
 // The convention of every kernel on the forward pass: wait() before the
 // first dependent access, trigger() (griddepcontrol.launch_dependents: the
