@@ -123,17 +123,23 @@ struct Args {
     int cm_rows, cm_shift, cm_ld;
     // Experts chosen on the device (gemv_row only; tsr_gemv_i.run_experts):
     // grid row j computes with weights etab[sel[j]] (ldw apart, n_out x
-    // cols as above, no scale) from input row x + (j / per_x) * ldx into y
+    // cols as above), its row scales stab[sel[j]] (stab null: scale, which
+    // is then null) and E4M3 block ratios ctab[sel[j]] (with cm: alike in
+    // shape, cm itself unread) from input row x + (j / per_x) * ldx into y
     // + j * (outputs a row); sel[j] < 0: nothing. null: one matrix, w.
     const uint8_t *const *etab;
+    const float *const *stab;
+    const float *const *ctab;
     const int32_t *sel;
     int per_x;
 };
 
-// The row of cm for output row o's row block (rows past n_out: the last's).
-__device__ __forceinline__ const float *cm_row(const Args &p, int o) {
-    return p.cm + (int64_t)(min(o, p.n_out - 1) / p.cm_rows) * p.cm_ld;
+// The row of the ratios cm (shaped as p's) for output row o's row block
+// (rows past n_out: the last's).
+__device__ __forceinline__ const float *cm_row(const Args &p, const float *cm, int o) {
+    return cm + (int64_t)(min(o, p.n_out - 1) / p.cm_rows) * p.cm_ld;
 }
+__device__ __forceinline__ const float *cm_row(const Args &p, int o) { return cm_row(p, p.cm, o); }
 
 // N floats (a multiple of 4) of input row xr from k0, zero at or past cols.
 template <int N>

@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     float acc[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
-    const float *cmr = BS ? tsr_mma::cm_row(p, o0) : nullptr;
+    const float *cmr = BS && !SEL ? tsr_mma::cm_row(p, o0) : nullptr;
+    const float *scale = p.scale;
     const float *x = p.x;
     float *y = p.y;
     // Launched as a programmatic dependent (pdl.cuh): wait for the kernel
@@ -121,6 +122,8 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
         if (e < 0) return; // the whole block: no barrier is left waiting
 #pragma unroll
         for (int r = 0; r < RPW; r++) row[r] = p.etab[e] + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
+        if (p.stab) scale = p.stab[e];
+        if (BS) cmr = tsr_mma::cm_row(p, p.ctab[e], o0);
         x += (int64_t)(blockIdx.y / p.per_x) * p.ldx;
         y += (int64_t)blockIdx.y * (GLU ? f : p.n_out);
     }
@@ -156,7 +159,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             continue;
         }
         const int o = o0 + r;
-        if (lane == 0 && o < p.n_out) y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
+        if (lane == 0 && o < p.n_out) y[o] = v * (scale ? scale[o] : 1.0f) * mul;
     }
     if (GLU) { // thread t: gate row group t / RPW's row t % RPW and its up row
         __syncthreads();
@@ -166,8 +169,8 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
         float g = KS > 1 ? 0.0f : part[gi][r], u = KS > 1 ? 0.0f : part[gi + HG][r];
         if (KS > 1) // in warp order, as the plain kernel adds them
             for (int s = 0; s < KS; s++) g += part[gi * KS + s][r], u += part[(gi + HG) * KS + s][r];
-        g = g * (p.scale ? p.scale[i] : 1.0f) * mul;
-        u = u * (p.scale ? p.scale[f + i] : 1.0f) * mul;
+        g = g * (scale ? scale[i] : 1.0f) * mul;
+        u = u * (scale ? scale[f + i] : 1.0f) * mul;
         y[i] = tsr_silu_mul(g, u);
         return;
     }
@@ -179,7 +182,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             float v = 0.0f;
             for (int s = 0; s < KS; s++) v += part[warp + s][r];
             const int o = o0 + r;
-            if (o < p.n_out) y[o] = v * (p.scale ? p.scale[o] : 1.0f) * mul;
+            if (o < p.n_out) y[o] = v * (scale ? scale[o] : 1.0f) * mul;
         }
     }
 }
@@ -196,10 +199,10 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny =
     const int per_block = 8 / KS * RPW / (GLU ? 2 : 1); // outputs
     const int outs = GLU ? p.n_out / 2 : p.n_out;
     const dim3 grid((unsigned)((outs + per_block - 1) / per_block), (unsigned)ny);
-    if (p.sel) { // experts chosen on the device: bf16 only (no E4M3 instance is built)
-        if constexpr (WK == kBf16)
-            return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, true>, grid, 256, 0, st, pdl, p);
-        return cudaErrorInvalidValue;
+    if (p.sel) { // experts chosen on the device (E4M3 block ratios: p.ctab, with p.cm giving their shape)
+        if constexpr (WK == kFp8)
+            if (p.cm) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, true, true>, grid, 256, 0, st, pdl, p);
+        return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, true>, grid, 256, 0, st, pdl, p);
     }
     if constexpr (WK == kFp8)
         if (p.cm) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, true>, grid, 256, 0, st, pdl, p);
@@ -245,10 +248,12 @@ template <int WK, bool GLU> inline cudaError_t launch_row(const Args &p, cudaStr
                             : launch_cfg<WK, 2, 1, 1, GLU>(p, st, pdl, ny);
 }
 
-// k experts chosen on the device (p.etab, p.sel, p.per_x; p.scale null),
-// each row through launch_row's configuration for its shape: each output
-// row the same sums as launch_decode (GLU: launch_glu) of that one row.
-// Requires row_reads of the first expert (all alike) and row_kernel_for.
+// k experts chosen on the device (p.etab, p.sel, p.per_x; their scales
+// p.stab, or p.scale null; E4M3 block ratios p.ctab), each row through
+// launch_row's configuration for its shape: each output row the same sums
+// as launch_row (GLU: launch_glu) of that one row, which launch_decode takes
+// where row_kernel_for (cuda_gemv_fp8 also for its experts' smaller
+// matrices). Requires row_reads of the first expert (all alike).
 template <int WK, bool GLU> inline cudaError_t launch_experts(const Args &p, int k, cudaStream_t st, bool pdl) {
     return launch_row<WK, GLU>(p, st, pdl, k);
 }

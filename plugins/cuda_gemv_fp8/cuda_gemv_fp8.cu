@@ -113,7 +113,30 @@ struct Weight {
     // on the device (tsr_mma::Args.cm), the largest in scale; null otherwise
     float *cm;
     int cm_rows, cm_shift, cm_ld;
+    // An expert's matrix (its name holds ".experts."): one row goes through
+    // gemv_row whatever its height (elsewhere matrices of at most 4,096 rows
+    // take gemv_mma), so that run() and run_glu give the sums run_experts
+    // does, whether the host looks the expert up or the device chooses it.
+    int expert;
+    // A mixture of experts' router (is_router), stored in f32, f16 or bf16:
+    // held in bf16 (w: [rows_pad, ld] bf16 in the columns' own order, scale
+    // 1), not quantised: an error in a router's probabilities switches
+    // experts, and FP8 checkpoints keep their routers unquantised too.
+    int wide;
 };
+
+// Whether a weight is a mixture of experts' router or shared-expert gate
+// (Hugging Face names).
+bool is_router(const char *name) {
+    static const char *const ends[] = {".mlp.gate.weight", ".block_sparse_moe.gate.weight",
+                                       ".mlp.shared_expert_gate.weight"};
+    const size_t n = name ? strlen(name) : 0;
+    for (const char *e : ends) {
+        const size_t m = strlen(e);
+        if (n >= m && !strcmp(name + n - m, e)) return true;
+    }
+    return false;
+}
 
 int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 int64_t round64(int64_t n) { return (n + 63) / 64 * 64; } // rows as gemv_mma reads them
@@ -239,13 +262,15 @@ __global__ void widen_bs_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *
 }
 
 // x [rows, cols] f32 -> bf16 [rows, ld] in the weights' column order
-// (tsr_mma::e4m3_stored_col), zero past cols
+// (permute: E4M3's, tsr_mma::e4m3_stored_col; else the columns' own, as a
+// wide weight holds them), zero past cols
 __global__ void to_bf16_kernel(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ x, int64_t rows,
-                               int64_t cols, int64_t ld) {
+                               int64_t cols, int64_t ld, bool permute) {
     const int64_t n = rows * ld;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / ld, c = i % ld;
-        dst[r * ld + tsr_mma::e4m3_stored_col(c, cols)] = __float2bfloat16_rn(c < cols ? x[r * cols + c] : 0.0f);
+        dst[r * ld + (permute ? tsr_mma::e4m3_stored_col(c, cols) : c)] =
+            __float2bfloat16_rn(c < cols ? x[r * cols + c] : 0.0f);
     }
 }
 
@@ -289,7 +314,7 @@ void scratch_free(Gemv *g, Scratch *s) {
 tsr_mma::Args decode_args(const Weight *w, const float *x, int ldx, int cols, float *y) {
     tsr_mma::Args a = {};
     a.w = w->w, a.scale = w->scale, a.x = x, a.y = y;
-    a.n_out = (int)w->rows, a.cols = cols, a.ldw = w->ld, a.ldx = ldx;
+    a.n_out = (int)w->rows, a.cols = cols, a.ldw = w->wide ? 2 * w->ld : w->ld, a.ldx = ldx;
     a.cm = w->cm, a.cm_rows = w->cm_rows, a.cm_shift = w->cm_shift, a.cm_ld = w->cm_ld;
     return a;
 }
@@ -301,6 +326,11 @@ tsr_mma::Args decode_args(const Weight *w, const float *x, int ldx, int cols, fl
 int run_decode(Gemv *g, const Weight *w, int rows, const float *x, int ldx, int cols, float *y, cudaStream_t st,
                bool pdl) {
     const tsr_mma::Args a = decode_args(w, x, ldx, cols, y);
+    if (w->wide) // cuda_gemv's kernels (with scale 1): gemv_row at one row, else gemv_mma
+        return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, rows, st, pdl && rows == 1),
+                        "bf16 router gemv launch");
+    if (rows == 1 && w->expert && tsr_row::row_reads(tsr_mma::kFp8, a))
+        return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, false>(a, st, pdl), "fp8 expert gemv launch");
     // runtime.pdl for one row only: 2..8 rows (the tensor-core kernel) as
     // programmatic dependents made an 8-row pass slower on the H200 (4.52 ->
     // 4.82 ms at the Llama-3-8B shape, BENCHMARKS.md), one row faster.
@@ -398,17 +428,22 @@ int plan_bf16(Gemv *g, int64_t m, int64_t n, int64_t k, int64_t ldd, Algo *a) {
 // y = D * s_o. The same launches every call: replayable.
 int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch *sc, cudaStream_t st) {
     float *d = static_cast<float *>(sc->d);
-    to_bf16_kernel<<<grid_for((int64_t)rows * w->ld, 256), 256, 0, st>>>(sc->xb, x, rows, w->cols, w->ld);
+    to_bf16_kernel<<<grid_for((int64_t)rows * w->ld, 256), 256, 0, st>>>(sc->xb, x, rows, w->cols, w->ld, !w->wide);
     int rc = cuda_err(g, cudaGetLastError(), "activations to bf16");
     const float one = 1.0f, zero = 0.0f;
     for (int64_t r0 = 0; rc == TSR_OK && r0 < w->rows_pad; r0 += kTileRows) {
         const int64_t t = w->rows_pad - r0 < kTileRows ? w->rows_pad - r0 : kTileRows;
-        if (w->cm)
-            widen_bs_kernel<<<dim3((unsigned)((w->ld + 4095) / 4096), (unsigned)t), 256, 0, st>>>(
-                sc->tile, w->w + r0 * w->ld, w->ld, w->cols, r0, w->cm, w->cm_rows, w->cm_shift, w->cm_ld, w->rows);
-        else
-            widen_kernel<<<grid_for(t * w->ld / 2, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld);
-        if ((rc = cuda_err(g, cudaGetLastError(), "weights to bf16"))) break;
+        // a wide weight's rows are bf16 already: the GEMM reads them where they are
+        const __nv_bfloat16 *tile = w->wide ? reinterpret_cast<const __nv_bfloat16 *>(w->w) + r0 * w->ld : sc->tile;
+        if (!w->wide) {
+            if (w->cm)
+                widen_bs_kernel<<<dim3((unsigned)((w->ld + 4095) / 4096), (unsigned)t), 256, 0, st>>>(
+                    sc->tile, w->w + r0 * w->ld, w->ld, w->cols, r0, w->cm, w->cm_rows, w->cm_shift, w->cm_ld,
+                    w->rows);
+            else
+                widen_kernel<<<grid_for(t * w->ld / 2, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld);
+            if ((rc = cuda_err(g, cudaGetLastError(), "weights to bf16"))) break;
+        }
         Algo tmp = {}, *a = nullptr;
         for (int i = 0; i < kPlans && !a; i++) {
             Algo *p = &g->bplans[i];
@@ -422,7 +457,7 @@ int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scra
             }
             a->ldd = w->rows_pad;
         }
-        rc = lt_err(g, cublasLtMatmul(g->lt, a->op, &one, sc->tile, a->a, sc->xb, a->b, &zero, d + r0, a->d, d + r0,
+        rc = lt_err(g, cublasLtMatmul(g->lt, a->op, &one, tile, a->a, sc->xb, a->b, &zero, d + r0, a->d, d + r0,
                                       a->d, &a->algo, g->workspace, kWorkspace, st),
                     "cublasLtMatmul (bf16 tile)");
         unplan(&tmp);
@@ -534,13 +569,16 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
         Scratch *s = &g->graph;
         s->xpad_elems = (size_t)kMaxDecodeRows * ld;
         s->xq_bytes = rows * ld;
-        s->d_bytes = rows * (size_t)g->graph_out * (g->fp8_prefill && g->out_bf16 ? 2 : 4);
-        if (!g->fp8_prefill) {
+        // a MoE model's routers (wide) take the bf16 tiles' path whatever the prefill param
+        const bool tiles = !g->fp8_prefill || md->n_experts > 0;
+        s->d_bytes = rows * (size_t)g->graph_out * (g->fp8_prefill && g->out_bf16 && !tiles ? 2 : 4);
+        if (tiles) {
             s->xb_bytes = rows * ld * 2;
+            if ((rc = h->dev_alloc(ctx, s->xb_bytes, reinterpret_cast<void **>(&s->xb)))) return rc;
+        }
+        if (!g->fp8_prefill) {
             s->tile_bytes = (size_t)kTileRows * ld * 2;
-            if ((rc = h->dev_alloc(ctx, s->xb_bytes, reinterpret_cast<void **>(&s->xb))) ||
-                (rc = h->dev_alloc(ctx, s->tile_bytes, reinterpret_cast<void **>(&s->tile))))
-                return rc;
+            if ((rc = h->dev_alloc(ctx, s->tile_bytes, reinterpret_cast<void **>(&s->tile)))) return rc;
         }
         if ((rc = h->dev_alloc(ctx, s->xpad_elems * sizeof(float), reinterpret_cast<void **>(&s->xpad))) ||
             (rc = h->dev_alloc(ctx, s->xq_bytes, reinterpret_cast<void **>(&s->xq))) ||
@@ -714,8 +752,12 @@ float *block_tables(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, cons
 // Rows of f32, f16 or bf16 weights -> e4m3 with one scale per row, stacked
 // by rows -> device: n matrices of equal cols become one [rows_pad, ld].
 // Stored f8_e4m3 rows are kept, with their scales (blocks_of above).
+int make_wide(Gemv *g, const tsr_weight *tw, void **out);
+
 int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     const tsr_host_api *h = g->ctx->host;
+    if (n == 1 && ws[0].dtype != TSR_DTYPE_F8_E4M3 && is_router(ws[0].name) && !tsr_weight_scale_of(g->ctx, &ws[0]))
+        return make_wide(g, &ws[0], out);
     int64_t rows = 0;
     for (int i = 0; i < n; i++) {
         const tsr_weight *tw = &ws[i];
@@ -761,6 +803,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     memset(w, 0, sizeof *w);
     w->rows = rows, w->cols = cols, w->ld = ld, w->rows_pad = rows_pad;
     w->pair = n == 2 && ws[0].rows == ws[1].rows;
+    w->expert = ws[0].name && strstr(ws[0].name, ".experts.") != nullptr;
     int rc = h->dev_alloc(g->ctx, (size_t)bytes, reinterpret_cast<void **>(&w->w));
     if (rc == TSR_OK) rc = h->dev_alloc(g->ctx, (size_t)rows_pad * sizeof(float), reinterpret_cast<void **>(&w->scale));
     uint8_t *q = static_cast<uint8_t *>(calloc((size_t)bytes, 1));          // zero padding
@@ -800,6 +843,59 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
         if (w->scale) h->dev_free(g->ctx, w->scale);
         if (w->cm) h->dev_free(g->ctx, w->cm);
         h->free(g->ctx, w);
+        return rc;
+    }
+    *out = w;
+    return TSR_OK;
+}
+
+// A router in bf16 (Weight.wide): rows widened to f32 then rounded to
+// nearest even, padded with zeros to ld columns and rows_pad rows; scale 1.
+int make_wide(Gemv *g, const tsr_weight *tw, void **out) {
+    const tsr_host_api *h = g->ctx->host;
+    uint64_t rb;
+    if ((tw->dtype != TSR_DTYPE_F32 && tw->dtype != TSR_DTYPE_F16 && tw->dtype != TSR_DTYPE_BF16) || tw->rows < 1 ||
+        tw->cols < 1 || tw->cols > ((int64_t)1 << 30) || tw->rows > ((int64_t)1 << 30) ||
+        tsr_dtype_row_bytes(tw->dtype, tw->cols, &rb) != 0 || tw->nbytes / rb < (uint64_t)tw->rows) {
+        h->set_error(g->ctx, "%s: a router of shape [%lld, %lld] in %s is not read here", tw->name,
+                     (long long)tw->rows, (long long)tw->cols, tsr_dtype_name(tw->dtype));
+        return TSR_ERR_INVALID;
+    }
+    const int64_t cols = tw->cols, ld = round64(cols), rows_pad = round16(tw->rows);
+    uint16_t *q = static_cast<uint16_t *>(calloc((size_t)(rows_pad * ld), sizeof(uint16_t)));
+    float *scale = static_cast<float *>(calloc((size_t)rows_pad, sizeof(float)));
+    float *row = static_cast<float *>(malloc((size_t)cols * sizeof(float)));
+    Weight *w = static_cast<Weight *>(h->alloc(g->ctx, sizeof(Weight), 64));
+    int rc = q && scale && row && w ? TSR_OK : TSR_ERR_NOMEM;
+    if (w) memset(w, 0, sizeof *w);
+    for (int64_t r = 0; rc == TSR_OK && r < tw->rows; r++) {
+        tsr_dequant_row(tw->dtype, static_cast<const uint8_t *>(tw->data) + (uint64_t)r * rb, row, cols);
+        for (int64_t c = 0; c < cols; c++) {
+            if (!isfinite(row[c])) {
+                h->set_error(g->ctx, "%s: row %lld holds %g at column %lld", tw->name, (long long)r, (double)row[c],
+                             (long long)c);
+                rc = TSR_ERR_INVALID;
+                break;
+            }
+            q[r * ld + c] = tsr_f32_to_bf16(row[c]);
+        }
+        scale[r] = 1.0f;
+    }
+    if (rc == TSR_OK) {
+        w->rows = tw->rows, w->cols = cols, w->ld = ld, w->rows_pad = rows_pad, w->wide = 1;
+        rc = h->dev_alloc(g->ctx, (size_t)(rows_pad * ld) * 2, reinterpret_cast<void **>(&w->w));
+    }
+    if (rc == TSR_OK) rc = h->dev_alloc(g->ctx, (size_t)rows_pad * sizeof(float), reinterpret_cast<void **>(&w->scale));
+    if (rc == TSR_OK)
+        rc = cuda_err(g, cudaMemcpy(w->w, q, (size_t)(rows_pad * ld) * 2, cudaMemcpyHostToDevice), "upload router");
+    if (rc == TSR_OK)
+        rc = cuda_err(g, cudaMemcpy(w->scale, scale, (size_t)rows_pad * sizeof(float), cudaMemcpyHostToDevice),
+                      "upload router scales");
+    free(q), free(scale), free(row);
+    if (rc != TSR_OK) {
+        if (w && w->w) h->dev_free(g->ctx, w->w);
+        if (w && w->scale) h->dev_free(g->ctx, w->scale);
+        if (w) h->free(g->ctx, w);
         return rc;
     }
     *out = w;
@@ -865,9 +961,10 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
         int rc = cuda_err(g, cudaGetLastError(), "activation padding launch");
         return rc != TSR_OK ? rc : run_decode(g, w, rows, sc->xpad, (int)w->ld, (int)w->ld, y, st, ex->pdl != 0);
     }
-    if (!g->fp8_prefill) { // bf16 tiles
+    if (!g->fp8_prefill || w->wide) { // bf16 tiles (a wide weight: its own rows)
         const size_t xb_need = (size_t)rows * (size_t)w->ld * 2, d_need = (size_t)rows * (size_t)w->rows_pad * 4;
-        const size_t tile_need = (size_t)(w->rows_pad < kTileRows ? w->rows_pad : kTileRows) * (size_t)w->ld * 2;
+        const size_t tile_need =
+            w->wide ? 0 : (size_t)(w->rows_pad < kTileRows ? w->rows_pad : kTileRows) * (size_t)w->ld * 2;
         if (captured) {
             if (xb_need > sc->xb_bytes || d_need > sc->d_bytes || tile_need > sc->tile_bytes) {
                 h->set_error(g->ctx, "a captured pass of %d rows through a [%lld, %lld] weight exceeds the scratch "
@@ -902,28 +999,115 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
 // One row of a gate/up pair with its SiLU (gemv_row.cuh's launch_glu), x
 // read as it is; TSR_ERR_UNSUPPORTED, nothing launched, where run() would
 // not take gemv_row for it (or would pad x first).
+// Whether launch_row<kFp8, true> takes this gate/up pair's one row: as
+// glu_reads, or at any height for an expert's pair (Weight.expert).
+bool glu_takes(const Weight *w, const tsr_mma::Args &a) {
+    if (!w->pair) return false;
+    return w->expert ? a.n_out % 2 == 0 && tsr_row::row_reads(tsr_mma::kFp8, a) : tsr_row::glu_reads<tsr_mma::kFp8>(a);
+}
+
 int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
     Gemv *g = static_cast<Gemv *>(inst);
     const Weight *w = static_cast<const Weight *>(prepared);
     const tsr_mma::Args a = decode_args(w, x, (int)w->cols, (int)w->cols, y);
-    if (!g->glu || !w->pair || rows != 1 || g->decode_rows < 1 || !tsr_mma::reads_x(x, (int)w->cols, (int)w->cols) ||
-        !tsr_row::glu_reads<tsr_mma::kFp8>(a))
+    if (!g->glu || rows != 1 || g->decode_rows < 1 || !tsr_mma::reads_x(x, (int)w->cols, (int)w->cols) ||
+        !glu_takes(w, a))
         return TSR_ERR_UNSUPPORTED;
-    return cuda_err(g, tsr_row::launch_glu<tsr_mma::kFp8>(a, static_cast<cudaStream_t>(ex->stream), ex->pdl != 0),
+    return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, true>(a, static_cast<cudaStream_t>(ex->stream), ex->pdl != 0),
                     "fp8 gate/up gemv launch");
+}
+
+// ---- experts chosen on the device ------------------------------------------
+
+// A layer's experts for run_experts: each one's weights, row scales and
+// (block-scaled checkpoints) block ratios, as device tables.
+struct Experts {
+    Weight shape;             // the first handle's (its pointers: expert 0's)
+    const uint8_t **etab;     // [n] device, then stab [n], then ctab [n] (cm) in one allocation
+    const float **stab, **ctab;
+};
+
+int g_prepare_experts(void *inst, const void *const *prepared, int n, void **out) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    const tsr_host_api *h = g->ctx->host;
+    if (n < 1 || !prepared || !prepared[0]) return TSR_ERR_UNSUPPORTED;
+    const Weight *w0 = static_cast<const Weight *>(prepared[0]);
+    // not named as experts (run() keeps gemv_mma for them), or rows gemv_row
+    // cannot read: the host looks them up
+    if (!w0->expert || w0->cols % 16) return TSR_ERR_UNSUPPORTED;
+    const size_t per = (size_t)n * sizeof(void *);
+    void **host = static_cast<void **>(calloc(3 * (size_t)n, sizeof(void *)));
+    if (!host) return TSR_ERR_NOMEM;
+    for (int e = 0; e < n; e++) {
+        const Weight *w = static_cast<const Weight *>(prepared[e]);
+        if (!w || !w->expert || w->rows != w0->rows || w->cols != w0->cols || w->ld != w0->ld ||
+            w->pair != w0->pair || !w->cm != !w0->cm ||
+            (w->cm && (w->cm_rows != w0->cm_rows || w->cm_shift != w0->cm_shift || w->cm_ld != w0->cm_ld))) {
+            free(host);
+            h->set_error(g->ctx, "expert %d differs in shape or scale layout from expert 0 (%lld x %lld)", e,
+                         (long long)w0->rows, (long long)w0->cols);
+            return TSR_ERR_INVALID;
+        }
+        host[e] = w->w, host[n + e] = w->scale, host[2 * n + e] = w->cm;
+    }
+    Experts *x = static_cast<Experts *>(h->alloc(g->ctx, sizeof(Experts), 64));
+    if (x) *x = Experts{};
+    void *dev = nullptr;
+    int rc = x ? h->dev_alloc(g->ctx, 3 * per, &dev) : TSR_ERR_NOMEM;
+    if (rc == TSR_OK) rc = cuda_err(g, cudaMemcpy(dev, host, 3 * per, cudaMemcpyHostToDevice), "expert tables");
+    free(host);
+    if (rc != TSR_OK) {
+        if (dev) h->dev_free(g->ctx, dev);
+        if (x) h->free(g->ctx, x);
+        return rc;
+    }
+    x->shape = *w0;
+    x->etab = static_cast<const uint8_t **>(dev);
+    x->stab = reinterpret_cast<const float **>(x->etab + n);
+    x->ctab = reinterpret_cast<const float **>(x->etab + 2 * n);
+    *out = x;
+    return TSR_OK;
+}
+
+void g_release_experts(void *inst, void *table) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    Experts *t = static_cast<Experts *>(table);
+    if (!t) return;
+    g->ctx->host->dev_free(g->ctx, t->etab);
+    g->ctx->host->free(g->ctx, t);
+}
+
+// k experts' one-row products (glu: gate/up pairs with their SiLU) through
+// gemv_row's launch_experts, each row the sums run() (run_glu) gives it;
+// TSR_ERR_UNSUPPORTED, nothing launched, where run() would not read x as it
+// is.
+int g_run_experts(void *inst, const void *table, const int32_t *sel, int k, int per_x, int glu, const float *x,
+                  int ldx, float *y, const tsr_exec *ex) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    const Experts *t = static_cast<const Experts *>(table);
+    tsr_mma::Args a = decode_args(&t->shape, x, ldx, (int)t->shape.cols, y);
+    a.scale = nullptr, a.etab = t->etab, a.stab = t->stab, a.ctab = t->ctab, a.sel = sel, a.per_x = per_x;
+    if (k < 1 || k > 65535 || per_x < 1 || ldx % 4 || g->decode_rows < 1 || (glu && (!g->glu || !t->shape.pair)) ||
+        !tsr_mma::reads_x(x, (int)t->shape.cols, ldx) || !tsr_row::row_reads(tsr_mma::kFp8, a) ||
+        (glu && a.n_out % 2))
+        return TSR_ERR_UNSUPPORTED;
+    cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
+    const cudaError_t e = glu ? tsr_row::launch_experts<tsr_mma::kFp8, true>(a, k, st, ex->pdl != 0)
+                              : tsr_row::launch_experts<tsr_mma::kFp8, false>(a, k, st, ex->pdl != 0);
+    return cuda_err(g, e, "fp8 expert gemv launch");
 }
 
 uint64_t g_bytes(void *inst, const void *prepared) {
     (void)inst;
     const Weight *w = static_cast<const Weight *>(prepared);
     const uint64_t row_blocks = w->cm ? (uint64_t)((w->rows_pad + w->cm_rows - 1) / w->cm_rows) : 0;
-    return (uint64_t)w->rows * (uint64_t)w->ld + (uint64_t)w->rows * sizeof(float) +
+    return (uint64_t)w->rows * (uint64_t)w->ld * (w->wide ? 2 : 1) + (uint64_t)w->rows * sizeof(float) +
            row_blocks * (uint64_t)w->cm_ld * sizeof(float);
 }
 
 const tsr_gemv_i iface = {
     sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group, g_run_glu,
-    nullptr, nullptr, nullptr, // no run_experts: the host looks experts up
+    g_prepare_experts, g_release_experts, g_run_experts,
 };
 
 const tsr_plugin_desc desc = {

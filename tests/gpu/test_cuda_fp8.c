@@ -137,13 +137,12 @@ static void *make_matrix(uint32_t dtype, int64_t rows, int64_t cols, float *wf, 
     return d;
 }
 
-/* The assembly for the gemv's params into path (4096 bytes): NULL,
- * assemblies/cuda-fast-fp8.yaml; else that assembly with params (a flow
- * mapping) for the gemv, written to a temporary file the caller unlinks. */
-/* The shipped cuda-fast-fp8 (params NULL, graphs on), or a temporary copy
- * with the gemv's params and runtime.cuda_graphs as given. */
-static void asm_path_for(char *path, const char *params, int graphs) {
-    if (!params && graphs) {
+/* The assembly into path (4096 bytes): the shipped cuda-fast-fp8 (params
+ * NULL, graphs on, experts NULL), else a temporary copy (the caller unlinks
+ * it) with the gemv's params (a flow mapping), runtime.cuda_graphs and the
+ * expert_cache plugin (NULL: expert_resident) as given. */
+static void asm_path_for(char *path, const char *params, int graphs, const char *experts) {
+    if (!params && graphs && !experts) {
         snprintf(path, 4096, "%s/assemblies/cuda-fast-fp8.yaml", gpu_src_dir());
         return;
     }
@@ -154,8 +153,8 @@ static void asm_path_for(char *path, const char *params, int graphs) {
     assert_non_null(f);
     fprintf(f, "name: cuda-fp8-variant\ndevice: cuda\nslots:\n  gemv: {plugin: cuda_gemv_fp8, params: %s}\n"
                "  attention: cuda_attention\n  kv_cache: cuda_kv_cache\n  drafter: drafter_none\n"
-               "  expert_cache: expert_resident\nruntime:\n  cuda_graphs: %s\n  pdl: true\n",
-            params ? params : "{}", graphs ? "true" : "false");
+               "  expert_cache: %s\nruntime:\n  cuda_graphs: %s\n  pdl: true\n",
+            params ? params : "{}", experts ? experts : "expert_resident", graphs ? "true" : "false");
     fclose(f);
 }
 
@@ -175,7 +174,7 @@ typedef struct kenv {
  * (an assembly written to a temporary file). */
 static void kenv_open(kenv *k, const char *params) {
     char path[4096];
-    asm_path_for(path, params, 1);
+    asm_path_for(path, params, 1, NULL);
     tsr_model_desc md = {.arch = "llama", .n_layers = 1, .hidden = 1000, .n_heads = 4, .n_kv_heads = 2,
                          .head_dim = 16, .ffn = 96, .vocab = 1000, .max_ctx = 128,
                          .weight_dtype = TSR_DTYPE_F32};
@@ -590,14 +589,25 @@ static void test_block_scales(void **state) {
 
 /* ---- models ---- */
 
-/* graphs: runtime.cuda_graphs (0: every pass eager, MoE experts looked up
- * by the host). contract_only: hold the logits to the manifest's declared
- * bound (mean KL, perplexity ratio) alone, not row by row. */
+/* How check_model_g builds and judges its assembly: the gemv's params,
+ * runtime.cuda_graphs, the expert_cache plugin (asm_path_for), and
+ * contract_only: hold the logits to the manifest's declared bound (mean KL,
+ * perplexity ratio) alone, not row by row. */
+typedef struct variant {
+    const char *params;
+    int graphs;
+    const char *experts;
+    int contract_only;
+} variant;
+
+/* keep (unless NULL) receives the logits. */
 static void check_model_g(const char *model, const char *ref_path, const char *ids_name, const char *logits_name,
-                          int step, const char *params, int graphs, int contract_only) {
+                          int step, variant v, float **keep) {
+    const char *params = v.params;
+    const int graphs = v.graphs, contract_only = v.contract_only;
     char asm_path[4096];
-    asm_path_for(asm_path, params, graphs);
-    const int temporary = params || !graphs;
+    asm_path_for(asm_path, params, graphs, v.experts);
+    const int temporary = params || !graphs || v.experts;
     gpu_ref ref;
     gpu_ref_open(&ref, ref_path, ids_name, logits_name);
     const int n = ref.n, vocab = ref.vocab;
@@ -619,8 +629,9 @@ static void check_model_g(const char *model, const char *ref_path, const char *i
     if (graphs && step > 0 && n > 2 * step + 1 && replays == 0)
         fail_msg("%s: no pass was replayed as a graph (%llu captured)", model, (unsigned long long)captures);
     char what[4200];
-    snprintf(what, sizeof what, "%s via cuda-fast-fp8%s%s%s, passes of %d rows", model, params ? " " : "",
-             params ? params : "", graphs ? "" : " without graphs", step ? step : n);
+    snprintf(what, sizeof what, "%s via cuda-fast-fp8%s%s%s%s%s, passes of %d rows", model, params ? " " : "",
+             params ? params : "", graphs ? "" : " without graphs", v.experts ? " with " : "",
+             v.experts ? v.experts : "", step ? step : n);
     const gpu_quality q = gpu_check_quality(what, &ref, got, contract_only ? INFINITY : TOL_ABS,
                                             contract_only ? 0.0 : TOL_REL, "cuda_gemv_fp8");
     char rows_held[96];
@@ -634,13 +645,14 @@ static void check_model_g(const char *model, const char *ref_path, const char *i
            (unsigned long long)replays);
     tsr_seq_free(s);
     tsr_model_free(m);
-    free(got);
+    if (keep) *keep = got;
+    else free(got);
     gpu_ref_close(&ref);
 }
 
 static void check_model(const char *model, const char *ref_path, const char *ids_name, const char *logits_name,
                         int step, const char *params) {
-    check_model_g(model, ref_path, ids_name, logits_name, step, params, 1, 0);
+    check_model_g(model, ref_path, ids_name, logits_name, step, (variant){params, 1, NULL, 0}, NULL);
 }
 
 static void test_models(void **state) {
@@ -663,16 +675,18 @@ static void test_models(void **state) {
     check_model(dir, ref, "input_ids_1", "logits_1", 0, "{prefill: fp8}");
 }
 
-/* Mixture-of-experts models: cuda_gemv_fp8 has no run_experts, so the
- * shipped cuda-fast-fp8 (graphs) refuses them naming the plugin; without
- * graphs the host looks the experts up and runs them through run / run_glu
- * (rows of E4M3 weights), within the manifest's declared bound. Not row by
- * row: quantised weights move the router's probabilities, and where a
- * token's k-th and (k+1)-th experts are nearly tied (0.0004 apart in
- * qwen3_moe) another expert is chosen, a jump in that row's logits that no
- * rounding bound covers (`tools/fixtures/numpy_ref.py sensitivity`: with
- * these E4M3 weights in f64 arithmetic, mixtral's row 19 lands at 1.06 and
- * qwen3_moe's row 21 at 1.40 times the dense models' row bound). */
+/* Mixture-of-experts models through cuda-fast-fp8 (experts chosen on the
+ * device, graphs), the same without graphs, and with expert_lru (the host
+ * looks the experts up), each within the manifest's declared bound; one-row
+ * passes bit for bit equal through the three (an expert's one row takes the
+ * same kernel through run_experts and run). Not row by row: quantised
+ * weights move the router's input, and where a token's k-th and (k+1)-th
+ * experts are nearly tied another expert is chosen, a jump in that row's
+ * logits that no rounding bound covers (`tools/fixtures/numpy_ref.py
+ * sensitivity`, these E4M3 weights in f64 arithmetic with the routers in
+ * bf16 as the plugin holds them: qwen3_moe's row 21 lands at 1.39 times the
+ * dense models' row bound, mixtral's row 19 at 0.73; 1.06 with an E4M3
+ * router). */
 static void test_moe(void **state) {
     (void)state;
     if (!gpu_have()) {
@@ -680,21 +694,26 @@ static void test_moe(void **state) {
         skip();
     }
     const char *families[] = {"transformers/mixtral", "transformers/qwen3_moe", "numpy/qwen2_moe"};
+    const variant vs[] = {{NULL, 1, NULL, 1}, {NULL, 0, NULL, 1}, {NULL, 0, "expert_lru", 1}};
     for (size_t i = 0; i < 3; i++) {
-        char dir[4096], ref[4200], path[4096];
+        char dir[4096], ref[4200];
         snprintf(dir, sizeof dir, "%s/tests/data/fixtures/%s", gpu_src_dir(), families[i]);
         snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
-        asm_path_for(path, NULL, 1);
-        tsr_model_opts o = {.model_path = dir, .assembly_path = path, .no_tokenizer = 1};
-        tsr_model *m = NULL;
-        tsr_error err;
-        tsr_error_clear(&err);
-        assert_int_not_equal(tsr_model_load(&o, &m, &err), TSR_OK);
-        assert_null(m);
-        if (!strstr(err.msg, "cuda_gemv_fp8")) fail_msg("%s: refusal without the plugin: %s", dir, err.msg);
-        printf("# %s via cuda-fast-fp8 refused: %s\n", families[i], err.msg);
-        for (int step = 0; step <= 3; step += step ? 2 : 1)
-            check_model_g(dir, ref, "input_ids", "logits", step, NULL, 0, 1);
+        float *one_row[3];
+        for (int a = 0; a < 3; a++) {
+            check_model_g(dir, ref, "input_ids", "logits", 0, vs[a], NULL);
+            check_model_g(dir, ref, "input_ids", "logits", 1, vs[a], &one_row[a]);
+            check_model_g(dir, ref, "input_ids", "logits", 3, vs[a], NULL);
+        }
+        gpu_ref r;
+        gpu_ref_open(&r, ref, "input_ids", "logits");
+        const size_t bytes = (size_t)r.n * r.vocab * sizeof(float);
+        gpu_ref_close(&r);
+        for (int a = 1; a < 3; a++)
+            if (memcmp(one_row[a], one_row[0], bytes) != 0)
+                fail_msg("%s: one-row logits differ between device-chosen experts with graphs and variant %d", dir, a);
+        printf("# %s: one-row passes equal bit for bit with graphs, without, and with expert_lru\n", families[i]);
+        for (int a = 0; a < 3; a++) free(one_row[a]);
     }
 }
 

@@ -135,6 +135,15 @@ static void test_qwen3_blocks_bf16(void **s) { (void)s; check("qwen3", "block128
 static void test_llama_blocks(void **s) { (void)s; check("llama", "block16", "--style block --block 16,16 --lm-head", FP8); }
 static void test_qwen2_blocks(void **s) { (void)s; check("qwen2", "block32", "--style block --block 32,32 --lm-head", FP8); }
 static void test_qwen3_blocks(void **s) { (void)s; check("qwen3", "block128fp8", "--style block --lm-head", FP8); }
+/* Mixtures of experts (the experts chosen on the device, replayed as graphs;
+ * the router stays f32 in the checkpoint, as real ones keep theirs
+ * unquantised, and cuda_gemv_fp8 holds it in bf16): per channel, and blocks
+ * of 16 x 16 (each expert's block ratios through run_experts' table). */
+static void test_mixtral_channel(void **s) { (void)s; check("mixtral", "channel", "--style channel --lm-head", FP8); }
+static void test_qwen3_moe_blocks(void **s) {
+    (void)s;
+    check("qwen3_moe", "block16", "--style block --block 16,16 --lm-head", FP8);
+}
 
 static void test_blocks_refused(void **s) {
     (void)s;
@@ -160,7 +169,9 @@ int main(void) {
         cmocka_unit_test(test_qwen2_channel), cmocka_unit_test(test_qwen3_tensor),
         cmocka_unit_test(test_llama_blocks_bf16), cmocka_unit_test(test_qwen3_blocks_bf16),
         cmocka_unit_test(test_llama_blocks),  cmocka_unit_test(test_qwen2_blocks),
-        cmocka_unit_test(test_qwen3_blocks),  cmocka_unit_test(test_blocks_refused),
+        cmocka_unit_test(test_qwen3_blocks),
+        cmocka_unit_test(test_mixtral_channel),
+        cmocka_unit_test(test_qwen3_moe_blocks),  cmocka_unit_test(test_blocks_refused),
     };
     return cmocka_run_group_tests(tests, fp8_setup, fp8_teardown);
 }

@@ -11,7 +11,8 @@
  * silu_mul_cat kernel: equal bit for bit, eagerly and from a graph.
  * run_experts (experts chosen by ids in device memory) against run_glu and
  * run of each chosen row alone: equal bit for bit, eagerly and from a
- * graph; cuda_gemv_fp8 declines it.
+ * graph (cuda_gemv_fp8: its experts' one-row run() is gemv_row at every
+ * height, checked against f64 here too).
  *
  * Weights are chosen so that both plugins hold them exactly: each is
  * s * (an E4M3 value) with s = 2^-6 and every row holds +-448 s, so that
@@ -115,9 +116,22 @@ static void check(const env *v, const char *what, const float *w, const float *x
            100 * worst);
 }
 
+/* Weight names: an expert's (cuda_gemv_fp8 runs one row of those through
+ * gemv_row at every height, as run_experts does) or another matrix's. */
+#define EXPERT_GATE "model.layers.0.mlp.experts.1.gate_proj.weight"
+#define EXPERT_UP "model.layers.0.mlp.experts.1.up_proj.weight"
+#define EXPERT_DOWN "model.layers.0.mlp.experts.1.down_proj.weight"
+#define ROUTER "model.layers.0.mlp.gate.weight"
+enum { PLAIN, EXPERT, ROUTER_W }; /* what gemv_case_as names its matrix */
+
 /* rows of x through an [n_out, cols] matrix, eagerly, then (up to
- * TSR_GRAPH_MAX_ROWS rows) captured with ex->step set and replayed on new x. */
-static void gemv_case(env *v, int n_out, int cols, int rows) {
+ * TSR_GRAPH_MAX_ROWS rows) captured with ex->step set and replayed on new x.
+ * kind: the matrix named as an expert's down projection (EXPERT) or a MoE
+ * router (ROUTER_W: cuda_gemv_fp8 holds it in bf16, so cuda_gemv's bound). */
+static void gemv_case_as(env *v, int kind, int n_out, int cols, int rows) {
+    const int expert = kind == EXPERT;
+    const double rel = v->rel, abs_ = v->abs;
+    if (kind == ROUTER_W) v->rel = 0x1p-8, v->abs = 0;
     float *w = malloc(sizeof(float) * (size_t)n_out * cols), *x = malloc(sizeof(float) * (size_t)rows * cols);
     float *y = malloc(sizeof(float) * (size_t)rows * n_out);
     assert_true(w && x && y);
@@ -130,7 +144,8 @@ static void gemv_case(env *v, int n_out, int cols, int rows) {
         }
         w[(int64_t)o * cols + (int)(urand() * cols)] = (float)(s * (urand() < 0.5 ? -448 : 448));
     }
-    tsr_weight tw = {"test.weight", TSR_DTYPE_F32, n_out, cols, w, sizeof(float) * (uint64_t)n_out * cols, NULL};
+    tsr_weight tw = {expert ? EXPERT_DOWN : kind == ROUTER_W ? ROUTER : "test.weight", TSR_DTYPE_F32, n_out, cols, w,
+                     sizeof(float) * (uint64_t)n_out * cols, NULL};
     void *h = NULL;
     int rc = tsr_gemv_prepare(v->gemv, &tw, &h);
     if (rc != TSR_OK) fail_msg("prepare: %d %s", rc, tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
@@ -156,26 +171,33 @@ static void gemv_case(env *v, int n_out, int cols, int rows) {
         }
         if (rc != TSR_OK) fail_msg("run of %d rows: %d %s", rows, rc, tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
         assert_int_equal(tsr_cuda_download(y, dy, sizeof(float) * (size_t)rows * n_out, &err), TSR_OK);
-        check(v, pass ? "graph replay" : "eager", w, x, y, n_out, cols, rows);
+        static const char *const what[3][2] = {{"eager", "graph replay"},
+                                               {"expert, eager", "expert, graph replay"},
+                                               {"router, eager", "router, graph replay"}};
+        check(v, what[kind][pass], w, x, y, n_out, cols, rows);
     }
     tsr_gemv_release(v->gemv, h);
     tsr_cuda_free(dx), tsr_cuda_free(dy);
     free(w), free(x), free(y);
+    v->rel = rel, v->abs = abs_;
 }
+
+static void gemv_case(env *v, int n_out, int cols, int rows) { gemv_case_as(v, PLAIN, n_out, cols, rows); }
 
 /* run_glu of one row through [gate; up] (f rows each, prepare_group)
  * against run() + the core's SiLU, bit for bit (want_fused), or refused
  * with TSR_ERR_UNSUPPORTED (not want_fused: shapes whose one-row GEMV is
  * not gemv_row's, where the host runs the two). */
-static void glu_case(env *v, int f, int cols, int want_fused) {
+static void glu_case_as(env *v, int expert, int f, int cols, int want_fused) {
     const int n = 2 * f;
     float *w = malloc(sizeof(float) * (size_t)n * cols), *x = malloc(sizeof(float) * (size_t)cols);
     float *want = malloc(sizeof(float) * (size_t)f), *got = malloc(sizeof(float) * (size_t)f);
     assert_true(w && x && want && got);
     for (int64_t i = 0; i < (int64_t)n * cols; i++) w[i] = (float)((urand() - 0.5) * 0x1p-3);
-    tsr_weight tw[2] = {{"blk.gate", TSR_DTYPE_F32, f, cols, w, sizeof(float) * (uint64_t)f * cols, NULL},
-                        {"blk.up", TSR_DTYPE_F32, f, cols, w + (int64_t)f * cols, sizeof(float) * (uint64_t)f * cols,
-                         NULL}};
+    tsr_weight tw[2] = {{expert ? EXPERT_GATE : "blk.gate", TSR_DTYPE_F32, f, cols, w,
+                         sizeof(float) * (uint64_t)f * cols, NULL},
+                        {expert ? EXPERT_UP : "blk.up", TSR_DTYPE_F32, f, cols, w + (int64_t)f * cols,
+                         sizeof(float) * (uint64_t)f * cols, NULL}};
     void *h = NULL, *h3 = NULL;
     tsr_weight three[3] = {tw[0], tw[1], tw[1]};
     assert_int_equal(tsr_gemv_prepare_group(v->gemv, tw, 2, &h), TSR_OK);
@@ -216,11 +238,14 @@ static void glu_case(env *v, int f, int cols, int want_fused) {
                      pass ? "graph replay" : "eager");
         assert_int_equal(tsr_gemv_run_glu(v->gemv, h, 2, dx, dy, &v->ex), TSR_ERR_UNSUPPORTED); /* one row only */
     }
-    printf("# %s run_glu [%d x %d]: %s\n", v->gemv->plugin, n, cols, want_fused ? "equal to run + silu" : "refused");
+    printf("# %s run_glu [%d x %d]%s: %s\n", v->gemv->plugin, n, cols, expert ? " (an expert's)" : "",
+           want_fused ? "equal to run + silu" : "refused");
     tsr_gemv_release(v->gemv, h), tsr_gemv_release(v->gemv, h3);
     tsr_cuda_free(dx), tsr_cuda_free(dgu), tsr_cuda_free(dy), tsr_cuda_free(dg);
     free(w), free(x), free(want), free(got);
 }
+
+static void glu_case(env *v, int f, int cols, int want_fused) { glu_case_as(v, 0, f, cols, want_fused); }
 
 /* run_experts over a table of E experts ([gate; up] pairs of f rows and
  * downs [cols, f]) for `tokens` rows of x with K choices each (some -1):
@@ -236,10 +261,10 @@ static void experts_case(env *v, int E, int f, int cols, int K, int tokens, int 
     for (int e = 0; e < E; e++) {
         for (int64_t i = 0; i < (int64_t)2 * f * cols; i++) w[i] = (float)((urand() - 0.5) * 0x1p-3);
         for (int64_t i = 0; i < (int64_t)cols * f; i++) wd[i] = (float)((urand() - 0.5) * 0x1p-3);
-        tsr_weight tw[2] = {{"e.gate", TSR_DTYPE_F32, f, cols, w, sizeof(float) * (uint64_t)f * cols, NULL},
-                            {"e.up", TSR_DTYPE_F32, f, cols, w + (int64_t)f * cols,
+        tsr_weight tw[2] = {{EXPERT_GATE, TSR_DTYPE_F32, f, cols, w, sizeof(float) * (uint64_t)f * cols, NULL},
+                            {EXPERT_UP, TSR_DTYPE_F32, f, cols, w + (int64_t)f * cols,
                              sizeof(float) * (uint64_t)f * cols, NULL}};
-        tsr_weight td = {"e.down", TSR_DTYPE_F32, cols, f, wd, sizeof(float) * (uint64_t)cols * f, NULL};
+        tsr_weight td = {EXPERT_DOWN, TSR_DTYPE_F32, cols, f, wd, sizeof(float) * (uint64_t)cols * f, NULL};
         assert_int_equal(tsr_gemv_prepare_group(v->gemv, tw, 2, &gu[e]), TSR_OK);
         assert_int_equal(tsr_gemv_prepare(v->gemv, &td, &dn[e]), TSR_OK);
     }
@@ -351,9 +376,21 @@ static void plugin_cases(const char *plugin) {
     glu_case(&v, 2501, 1040, 1);
     glu_case(&v, 2501, 80, 1);
     glu_case(&v, 8195, 64, 1);
-    /* experts chosen on the device (cuda_gemv only) */
-    experts_case(&v, 6, 384, 256, 4, 3, !fp8);
-    experts_case(&v, 3, 200, 1040, 2, 1, !fp8);
+    /* an expert's matrices: gemv_row at any height for one row in E4M3
+     * (run_experts' sums), against f64 and run + silu; gemv_mma above */
+    gemv_case_as(&v, EXPERT, 37, 256, 1);
+    gemv_case_as(&v, EXPERT, 2000, 1552, 1);
+    gemv_case_as(&v, EXPERT, 77, 1040, 3);
+    /* a router: cuda_gemv_fp8 holds it in bf16 (decode, and prefill rows
+     * through its bf16 tiles' GEMM), within bf16's bound */
+    for (int rows = 1; rows <= 24; rows += rows < 3 ? 1 : 7) gemv_case_as(&v, ROUTER_W, 60, 2048, rows);
+    gemv_case_as(&v, ROUTER_W, 8, 1000, 1); /* columns not a multiple of 8: x padded first */
+    glu_case_as(&v, 1, 999, 256, 1);
+    glu_case_as(&v, 1, 24, 80, 1);
+    /* experts chosen on the device */
+    experts_case(&v, 6, 384, 256, 4, 3, 1);
+    experts_case(&v, 3, 208, 1040, 2, 1, 1);
+    experts_case(&v, 3, 200, 1000, 2, 1, !fp8); /* E4M3 rows of 1,000 columns: gemv_row reads 16 at a time */
     tsr_cuda_free(v.dev_step);
     tsr_engine_free(v.e);
 }
