@@ -589,7 +589,7 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
                            "assembly %s: runtime.cuda_graphs cannot capture this mixture-of-experts model's "
                            "passes (%s): %s plugin %s %s, so the host would look each layer's experts up; a graph "
                            "needs every expert resident (expert_resident) and a gemv plugin that chooses them on "
-                           "the device (run_experts: cuda_gemv); or set runtime.cuda_graphs: false "
+                           "the device (run_experts: cuda_gemv, cuda_gemv_fp8); or set runtime.cuda_graphs: false "
                            "(assemblies/cuda-moe.yaml)",
                            asm_path, c->arch_name, resident ? "gemv" : "expert_cache",
                            resident ? m->gemv->plugin : m->experts->plugin,
