@@ -996,9 +996,6 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     return run_lt(g, w, rows, x, y, sc, st, captured);
 }
 
-// One row of a gate/up pair with its SiLU (gemv_row.cuh's launch_glu), x
-// read as it is; TSR_ERR_UNSUPPORTED, nothing launched, where run() would
-// not take gemv_row for it (or would pad x first).
 // Whether launch_row<kFp8, true> takes this gate/up pair's one row: as
 // glu_reads, or at any height for an expert's pair (Weight.expert).
 bool glu_takes(const Weight *w, const tsr_mma::Args &a) {
@@ -1006,6 +1003,9 @@ bool glu_takes(const Weight *w, const tsr_mma::Args &a) {
     return w->expert ? a.n_out % 2 == 0 && tsr_row::row_reads(tsr_mma::kFp8, a) : tsr_row::glu_reads<tsr_mma::kFp8>(a);
 }
 
+// One row of a gate/up pair with its SiLU (gemv_row.cuh's launch_row with
+// GLU), x read as it is; TSR_ERR_UNSUPPORTED, nothing launched, where run()
+// would not take gemv_row for it (or would pad x first).
 int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
     Gemv *g = static_cast<Gemv *>(inst);
     const Weight *w = static_cast<const Weight *>(prepared);
