@@ -552,6 +552,15 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
     if ((rc = h->dev_alloc(ctx, kWorkspace, &g->workspace))) return rc;
     if ((rc = h->dev_alloc(ctx, kStatWords * sizeof(unsigned), reinterpret_cast<void **>(&g->eager.stat)))) return rc;
     const tsr_model_desc *md = ctx->model;
+    if (md && md->n_experts > 0 && g->fp8_prefill) {
+        // measured: the mixtral fixture's prompt then reaches a mean KL of
+        // 0.135 against transformers, past this plugin's declared 0.1 (0.052
+        // through the bf16 tiles)
+        h->set_error(ctx, "prefill: fp8 is not offered for mixture-of-experts models (%s): on the mixtral fixture "
+                     "its prompts' mean KL (0.135) exceeds this plugin's declared bound (0.1); use the default "
+                     "prefill: bf16_tiles", md->arch ? md->arch : "this model");
+        return TSR_ERR_UNSUPPORTED;
+    }
     if (md) { // the widest input and output of any projection, for captured passes
         int64_t cols = md->hidden, out = md->hidden;
         const int64_t ins[] = {md->ffn, (int64_t)md->n_heads * md->head_dim, md->expert_ffn};
@@ -569,16 +578,13 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
         Scratch *s = &g->graph;
         s->xpad_elems = (size_t)kMaxDecodeRows * ld;
         s->xq_bytes = rows * ld;
-        // a MoE model's routers (wide) take the bf16 tiles' path whatever the prefill param
-        const bool tiles = !g->fp8_prefill || md->n_experts > 0;
-        s->d_bytes = rows * (size_t)g->graph_out * (g->fp8_prefill && g->out_bf16 && !tiles ? 2 : 4);
-        if (tiles) {
-            s->xb_bytes = rows * ld * 2;
-            if ((rc = h->dev_alloc(ctx, s->xb_bytes, reinterpret_cast<void **>(&s->xb)))) return rc;
-        }
+        s->d_bytes = rows * (size_t)g->graph_out * (g->fp8_prefill && g->out_bf16 ? 2 : 4);
         if (!g->fp8_prefill) {
+            s->xb_bytes = rows * ld * 2;
             s->tile_bytes = (size_t)kTileRows * ld * 2;
-            if ((rc = h->dev_alloc(ctx, s->tile_bytes, reinterpret_cast<void **>(&s->tile)))) return rc;
+            if ((rc = h->dev_alloc(ctx, s->xb_bytes, reinterpret_cast<void **>(&s->xb))) ||
+                (rc = h->dev_alloc(ctx, s->tile_bytes, reinterpret_cast<void **>(&s->tile))))
+                return rc;
         }
         if ((rc = h->dev_alloc(ctx, s->xpad_elems * sizeof(float), reinterpret_cast<void **>(&s->xpad))) ||
             (rc = h->dev_alloc(ctx, s->xq_bytes, reinterpret_cast<void **>(&s->xq))) ||
@@ -961,7 +967,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
         int rc = cuda_err(g, cudaGetLastError(), "activation padding launch");
         return rc != TSR_OK ? rc : run_decode(g, w, rows, sc->xpad, (int)w->ld, (int)w->ld, y, st, ex->pdl != 0);
     }
-    if (!g->fp8_prefill || w->wide) { // bf16 tiles (a wide weight: its own rows)
+    if (!g->fp8_prefill || w->wide) { // bf16 tiles (a wide weight, a router: its own rows)
         const size_t xb_need = (size_t)rows * (size_t)w->ld * 2, d_need = (size_t)rows * (size_t)w->rows_pad * 4;
         const size_t tile_need =
             w->wide ? 0 : (size_t)(w->rows_pad < kTileRows ? w->rows_pad : kTileRows) * (size_t)w->ld * 2;
