@@ -12,15 +12,17 @@
 
 #include "tsr_plugin.h"
 
-/* Version 5: prepare_experts / run_experts / release_experts (a mixture of
- * experts' projections with the experts chosen on the device). Version 4:
+/* Version 6: run_grouped (a mixture of experts' prompt rows, grouped by
+ * expert, in one call). Version 5: prepare_experts / run_experts /
+ * release_experts (a mixture of experts' projections with the experts
+ * chosen on the device). Version 4:
  * run_glu (the gate/up projection and SiLU-and-multiply in one call). Version 3: tsr_weight.scale (the dequantisation scales of FP8
  * checkpoints). A plugin of version >= 3 reads w->scale (through
  * tsr_weight_scale_of) and applies it, or answers TSR_ERR_UNSUPPORTED with a
  * message for a scaled weight it cannot apply; the host never hands a scaled
  * weight to a plugin of version < 3 (it refuses the model, naming the plugin
  * and the tensor). */
-#define TSR_GEMV_IFACE_VERSION 5
+#define TSR_GEMV_IFACE_VERSION 6
 
 /* The scales of a weight stored as F8_E4M3 with scale companions (per
  * tensor, per output row, or per block; docs/FORMATS.md has the checkpoint
@@ -138,6 +140,21 @@ typedef struct tsr_gemv_i {
      * experts up itself). */
     int (*run_experts)(void *inst, const void *table, const int32_t *sel, int k, int per_x, int glu,
                        const float *x, int ldx, float *y, const tsr_exec *ex);
+
+    /* --- version 6 --- */
+    /* optional (default: TSR_ERR_UNSUPPORTED, nothing done): the rows of a
+     * prompt grouped by expert. x holds them sorted by expert, ldx floats
+     * apart, those of the table's handle e at [off[e], off[e + 1]) (off: n +
+     * 1 host ints, off[0] = 0, non-decreasing, n the table's handles):
+     *     y[r] = W_e . x[r]      for r < off[n]   (y rows as run_experts')
+     * (glu: silu(gate) * up, f outputs, as run_glu). Each row within the
+     * rounding of the plugin's prompt arithmetic (not bit for bit what run()
+     * gives). One call for every expert of a layer, where the host would
+     * otherwise run each expert's rows through run() in turn.
+     * TSR_ERR_UNSUPPORTED, nothing done and no error set, where the plugin
+     * does not take the table, the rows or x. */
+    int (*run_grouped)(void *inst, const void *table, const int32_t *off, int n, int glu, const float *x,
+                       int ldx, float *y, const tsr_exec *ex);
 } tsr_gemv_i;
 
 #endif /* TSR_GEMV_H */

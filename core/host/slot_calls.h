@@ -72,6 +72,13 @@ static inline int tsr_gemv_run_experts(const tsr_slot_ref *s, const void *table,
         TSR_SLOT_MEMBER(s, tsr_gemv_i, run_experts);
     return f ? f(s->inst, table, sel, k, per_x, glu, x, ldx, y, ex) : TSR_ERR_UNSUPPORTED;
 }
+/* default: TSR_ERR_UNSUPPORTED (the host runs each expert's rows in turn) */
+static inline int tsr_gemv_run_grouped(const tsr_slot_ref *s, const void *table, const int32_t *off, int n, int glu,
+                                       const float *x, int ldx, float *y, const tsr_exec *ex) {
+    int (*f)(void *, const void *, const int32_t *, int, int, const float *, int, float *, const tsr_exec *) =
+        TSR_SLOT_MEMBER(s, tsr_gemv_i, run_grouped);
+    return f ? f(s->inst, table, off, n, glu, x, ldx, y, ex) : TSR_ERR_UNSUPPORTED;
+}
 /* default: w->nbytes */
 static inline uint64_t tsr_gemv_bytes(const tsr_slot_ref *s, const void *prepared, const tsr_weight *w) {
     uint64_t (*f)(void *, const void *) = TSR_SLOT_MEMBER(s, tsr_gemv_i, bytes);

@@ -29,6 +29,7 @@ static int view_open(tsr_model *parent, int n_layers, tsr_model **out, tsr_error
     v->cfg.n_layers = n_layers;
     v->x = v->xn = v->q = v->k = v->v = v->att = v->o = v->g = v->u = NULL;
     v->router = v->moe_out = v->ex_in = v->ex_g = v->ex_u = v->ex_d = v->sh_gate_out = NULL;
+    v->gx_in = v->gx_g = v->gx_d = NULL;
     v->route_w = v->ex_wts = v->route_w_h = v->ex_wts_h = NULL;
     v->route_idx = v->ex_rows = v->route_idx_h = v->ex_rows_h = v->ids = NULL;
     v->logits_dev = NULL;

@@ -98,6 +98,38 @@ enum { MAX_EXPERTS = 1024, MAX_USED = 64 };
  * by expert and looks the experts up in groups of at most n_experts_used,
  * in increasing id; each expert's rows are gathered, run through its FFN
  * and added into moe_out weighted, on the backend. */
+/* The rows of every expert of a prompt at once (m->gx_*, where the gemv
+ * plugin groups them: run_grouped over the layer's tables): one gather of
+ * the rows sorted by expert, the gate/up pairs with their SiLU and the downs
+ * in one call each, then each expert's weighted rows added in increasing
+ * expert id as moe_on_host adds them. start: the rows of expert e at
+ * [start[e], start[e + 1]) of m->ex_rows / m->ex_wts (uploaded).
+ * TSR_ERR_UNSUPPORTED, with nothing but the gather done, where the plugin
+ * does not take them. */
+static int moe_grouped(tsr_model *m, int layer, const int *start, tsr_error *err) {
+    const tsr_model_config *c = &m->cfg;
+    const tsr_backend *be = m->be;
+    const int E = c->n_experts, h = c->hidden, f = c->expert_ffn;
+    void *const *t = m->ex_tables + 2 * layer;
+    int rc;
+    BE(be->gather_rows(m->gx_in, m->xn, m->ex_rows, start[E], h, err));
+    OP(TSR_PROF_GATE_UP, rc = tsr_gemv_run_grouped(m->gemv, t[0], start, E, 1, m->gx_in, h, m->gx_g, EX));
+    if (rc == TSR_ERR_UNSUPPORTED) return rc;
+    if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv grouped experts");
+    OP(TSR_PROF_DOWN, rc = tsr_gemv_run_grouped(m->gemv, t[1], start, E, 0, m->gx_g, f, m->gx_d, EX));
+    if (rc == TSR_ERR_UNSUPPORTED)
+        return tsr_error_set(err, TSR_ERR_INVALID, "plugin %s grouped the experts' gate/up but not their down",
+                             m->gemv->plugin);
+    if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv grouped experts");
+    for (int e = 0; e < E; e++) {
+        const int off = start[e], cnt = start[e + 1] - off;
+        if (cnt > 0)
+            BE(be->scatter_axpy(m->moe_out, m->gx_d + (int64_t)off * h, m->ex_rows + off, m->ex_wts + off, cnt, h,
+                                err));
+    }
+    return TSR_OK;
+}
+
 static int moe_on_host(tsr_model *m, int layer, int rows, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     const tsr_backend *be = m->be;
@@ -122,6 +154,7 @@ static int moe_on_host(tsr_model *m, int layer, int rows, tsr_error *err) {
     BE(be->upload(m->ex_rows, m->ex_rows_h, (size_t)start[E] * sizeof(int32_t), err));
     BE(be->upload(m->ex_wts, m->ex_wts_h, (size_t)start[E] * sizeof(float), err));
     BE(be->zero(m->moe_out, (int64_t)rows * h, err));
+    if (m->gx_in && m->ex_tables && (rc = moe_grouped(m, layer, start, err)) != TSR_ERR_UNSUPPORTED) return rc;
     int32_t group[MAX_USED];
     /* a lookup may release the experts of the one before, still read by
      * queued work on a device, unless the cache keeps every expert for its

@@ -482,6 +482,12 @@ int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err) {
     const size_t moe_floats[] = {R * E, R * h, R * h, R * f, R * f, R * h, R, R * K, R * K, R * K, R * K};
     for (size_t i = 0; i < sizeof moe_floats / sizeof moe_floats[0]; i++) /* int32 and float alike 4 bytes */
         if (!(*moe_dev[i] = be->alloc(moe_floats[i] * sizeof(float), err))) return err->code;
+    if (m->ex_tables && TSR_SLOT_MEMBER(m->gemv, tsr_gemv_i, run_grouped)) { /* forward.c moe_grouped */
+        float **gx[] = {&m->gx_in, &m->gx_g, &m->gx_d};
+        const size_t gx_floats[] = {R * K * h, R * K * (size_t)c->expert_ffn, R * K * h};
+        for (size_t i = 0; i < 3; i++)
+            if (!(*gx[i] = be->alloc(gx_floats[i] * sizeof(float), err))) return err->code;
+    }
     m->route_idx_h = calloc(R * K, sizeof(int32_t));
     m->ex_rows_h = calloc(R * K, sizeof(int32_t));
     m->route_w_h = calloc(R * K, sizeof(float));
@@ -695,7 +701,7 @@ void tsr_model_free_scratch(tsr_model *m) {
     void *dev[] = {m->x,        m->xn,         m->q,     m->k,       m->v,       m->att,       m->o,
                    m->g,        m->u,          m->logits_dev, m->qkv, m->gu,     m->io,        m->argmax_dev,
                    m->router,   m->moe_out,    m->ex_in, m->ex_g,    m->ex_u,    m->ex_d,      m->sh_gate_out,
-                   m->route_idx, m->route_w,   m->ex_rows, m->ex_wts};
+                   m->route_idx, m->route_w,   m->ex_rows, m->ex_wts,    m->gx_in,   m->gx_g,      m->gx_d};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) m->be->free(dev[i]);
     void *host_io[] = {m->io_host, m->out_host};

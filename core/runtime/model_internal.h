@@ -116,6 +116,10 @@ struct tsr_model {
     float *router, *moe_out, *ex_in, *ex_g, *ex_u, *ex_d, *sh_gate_out;
     int32_t *route_idx, *ex_rows;
     float *route_w, *ex_wts;
+    /* a prompt's rows of every expert at once, sorted by expert [chunk *
+     * n_experts_used rows]: inputs, gate/up outputs, downs; only where the
+     * gemv plugin groups them (run_grouped over ex_tables), else NULL */
+    float *gx_in, *gx_g, *gx_d;
     /* [n_layers][2]: each MoE layer's experts as tables of the gemv plugin
      * (gate/up pairs, downs; prepare_experts) where the expert cache keeps
      * them all resident and the plugin chooses experts on the device; NULL

@@ -1113,7 +1113,7 @@ uint64_t g_bytes(void *inst, const void *prepared) {
 
 const tsr_gemv_i iface = {
     sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group, g_run_glu,
-    g_prepare_experts, g_release_experts, g_run_experts,
+    g_prepare_experts, g_release_experts, g_run_experts, nullptr, // no run_grouped: E4M3 prompts go expert by expert
 };
 
 const tsr_plugin_desc desc = {

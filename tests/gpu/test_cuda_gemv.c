@@ -43,6 +43,7 @@
 #ifdef TESSERA_CUDA
 #include "core/cuda/device.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/dtype.h"
 #include <cuda_runtime.h>
 #endif
 
@@ -348,6 +349,97 @@ static void experts_case(env *v, int E, int f, int cols, int K, int tokens, int 
     free(gu), free(dn), free(w), free(wd);
 }
 
+/* run_grouped: a prompt's rows grouped by expert (counts[e] rows of expert
+ * e, some 0, some past a 64-row tile) through E experts' [gate; up] pairs
+ * of f rows each and downs [cols, f]: the pair as 2f plain outputs and the
+ * downs against f64 row by row (the bound above: bf16 activations), the
+ * pair with its SiLU against silu(gate) * up of those plain outputs.
+ * want: whether the plugin takes it (else TSR_ERR_UNSUPPORTED). Weights
+ * bf16 values (held exactly). */
+static void grouped_case(env *v, int E, int f, int cols, const int *counts, int want) {
+    int32_t off[17] = {0};
+    assert_true(E <= 16);
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + counts[e];
+    const int n = off[E], wide = cols > f ? cols : f;
+    float *wgu = malloc(sizeof(float) * (size_t)E * 2 * f * cols), *wd = malloc(sizeof(float) * (size_t)E * cols * f);
+    float *x = malloc(sizeof(float) * (size_t)n * cols), *y = malloc(sizeof(float) * (size_t)n * 2 * wide);
+    float *yg = malloc(sizeof(float) * (size_t)n * f);
+    void **gu = calloc((size_t)E, sizeof *gu), **dn = calloc((size_t)E, sizeof *dn);
+    assert_true(wgu && wd && x && y && yg && gu && dn);
+    for (int64_t i = 0; i < (int64_t)E * 2 * f * cols; i++)
+        wgu[i] = tsr_bf16_to_f32(tsr_f32_to_bf16((float)((urand() - 0.5) * 0x1p-2)));
+    for (int64_t i = 0; i < (int64_t)E * cols * f; i++)
+        wd[i] = tsr_bf16_to_f32(tsr_f32_to_bf16((float)((urand() - 0.5) * 0x1p-2)));
+    for (int64_t i = 0; i < (int64_t)n * cols; i++) x[i] = (float)(urand() * 4 - 2);
+    for (int e = 0; e < E; e++) {
+        const float *g = wgu + (int64_t)e * 2 * f * cols;
+        tsr_weight tw[2] = {{EXPERT_GATE, TSR_DTYPE_F32, f, cols, g, sizeof(float) * (uint64_t)f * cols, NULL},
+                            {EXPERT_UP, TSR_DTYPE_F32, f, cols, g + (int64_t)f * cols, sizeof(float) * (uint64_t)f * cols,
+                             NULL}};
+        tsr_weight td = {EXPERT_DOWN, TSR_DTYPE_F32, cols, f, wd + (int64_t)e * cols * f,
+                         sizeof(float) * (uint64_t)cols * f, NULL};
+        assert_int_equal(tsr_gemv_prepare_group(v->gemv, tw, 2, &gu[e]), TSR_OK);
+        assert_int_equal(tsr_gemv_prepare(v->gemv, &td, &dn[e]), TSR_OK);
+    }
+    void *tgu = NULL, *tdn = NULL;
+    assert_int_equal(tsr_gemv_prepare_experts(v->gemv, (const void *const *)gu, E, &tgu), TSR_OK);
+    assert_int_equal(tsr_gemv_prepare_experts(v->gemv, (const void *const *)dn, E, &tdn), TSR_OK);
+    tsr_error err;
+    tsr_error_clear(&err);
+    float *dx = tsr_cuda_malloc(sizeof(float) * (size_t)n * cols, &err);
+    float *dy = tsr_cuda_malloc(sizeof(float) * (size_t)n * 2 * wide, &err);
+    assert_true(dx && dy);
+    assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * (size_t)n * cols, &err), TSR_OK);
+    int rc = tsr_gemv_run_grouped(v->gemv, tgu, off, E, 0, dx, cols, dy, &v->ex);
+    if (!want) {
+        assert_int_equal(rc, TSR_ERR_UNSUPPORTED);
+        printf("# %s run_grouped: declined\n", v->gemv->plugin);
+    } else {
+        if (rc != TSR_OK) fail_msg("run_grouped: %d %s", rc, tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
+        assert_int_equal(tsr_cuda_download(y, dy, sizeof(float) * (size_t)n * 2 * f, &err), TSR_OK);
+        for (int e = 0; e < E; e++)
+            if (counts[e])
+                check(v, "grouped [gate; up]", wgu + (int64_t)e * 2 * f * cols, x + (int64_t)off[e] * cols,
+                      y + (int64_t)off[e] * 2 * f, 2 * f, cols, counts[e]);
+        assert_int_equal(tsr_gemv_run_grouped(v->gemv, tgu, off, E, 1, dx, cols, dy, &v->ex), TSR_OK);
+        assert_int_equal(tsr_cuda_download(yg, dy, sizeof(float) * (size_t)n * f, &err), TSR_OK);
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < f; i++) {
+                const double gt = y[(int64_t)r * 2 * f + i], ut = y[(int64_t)r * 2 * f + f + i];
+                const double want_v = gt / (1 + exp(-gt)) * ut, got = yg[(int64_t)r * f + i];
+                if (!(fabs(got - want_v) <= 1e-5 * fabs(want_v) + 1e-30))
+                    fail_msg("run_grouped glu row %d output %d: %.9g, silu(gate) * up of its outputs %.9g", r, i, got,
+                             want_v);
+            }
+        /* the downs, over the SiLU outputs */
+        float *dg = tsr_cuda_malloc(sizeof(float) * (size_t)n * f, &err);
+        assert_non_null(dg);
+        assert_int_equal(tsr_cuda_upload(dg, yg, sizeof(float) * (size_t)n * f, &err), TSR_OK);
+        assert_int_equal(tsr_gemv_run_grouped(v->gemv, tdn, off, E, 0, dg, f, dy, &v->ex), TSR_OK);
+        assert_int_equal(tsr_cuda_download(y, dy, sizeof(float) * (size_t)n * cols, &err), TSR_OK);
+        for (int e = 0; e < E; e++)
+            if (counts[e])
+                check(v, "grouped down", wd + (int64_t)e * cols * f, yg + (int64_t)off[e] * f,
+                      y + (int64_t)off[e] * cols, cols, f, counts[e]);
+        /* misaligned x, and offsets that go down: refused, nothing done */
+        assert_int_equal(tsr_gemv_run_grouped(v->gemv, tgu, off, E, 0, dx + 1, cols, dy, &v->ex), TSR_ERR_UNSUPPORTED);
+        if (E > 1) {
+            int32_t bad[17];
+            memcpy(bad, off, sizeof bad);
+            bad[1] = off[2] + 1;
+            assert_int_equal(tsr_gemv_run_grouped(v->gemv, tgu, bad, E, 0, dx, cols, dy, &v->ex), TSR_ERR_UNSUPPORTED);
+        }
+        printf("# %s run_grouped: %d experts, %d rows, [%d x %d] pairs (plain and with SiLU), [%d x %d] downs\n",
+               v->gemv->plugin, E, n, 2 * f, cols, cols, f);
+        tsr_cuda_free(dg);
+    }
+    tsr_gemv_release_experts(v->gemv, tgu);
+    tsr_gemv_release_experts(v->gemv, tdn);
+    for (int e = 0; e < E; e++) tsr_gemv_release(v->gemv, gu[e]), tsr_gemv_release(v->gemv, dn[e]);
+    tsr_cuda_free(dx), tsr_cuda_free(dy);
+    free(wgu), free(wd), free(x), free(y), free(yg), free(gu), free(dn);
+}
+
 static void plugin_cases(const char *plugin) {
     env v;
     env_open(&v, plugin);
@@ -391,6 +483,11 @@ static void plugin_cases(const char *plugin) {
     experts_case(&v, 6, 384, 256, 4, 3, 1);
     experts_case(&v, 3, 208, 1040, 2, 1, 1);
     experts_case(&v, 3, 200, 1000, 2, 1, !fp8); /* E4M3 rows of 1,000 columns: gemv_row reads 16 at a time */
+    /* a prompt's rows grouped by expert (cuda_gemv only) */
+    const int counts_a[] = {3, 0, 70, 64, 1, 129};
+    grouped_case(&v, 6, 96, 256, counts_a, !fp8);
+    const int counts_b[] = {17, 5, 0};
+    if (!fp8) grouped_case(&v, 3, 200, 1000, counts_b, 1); /* partial tiles of outputs and of columns */
     tsr_cuda_free(v.dev_step);
     tsr_engine_free(v.e);
 }

@@ -1,0 +1,185 @@
+// grouped.cuh - a mixture of experts' prompt rows through their experts'
+// bf16 weights in one launch (tsr_gemv_i.run_grouped; cuda_gemv).
+//
+// The host has sorted a layer's (token, choice) rows by expert; the rows of
+// expert e lie at [off[e], off[e + 1]). launch() cuts them into tiles of at
+// most BM rows times BN weight rows of one expert (the tile list is built on
+// the host, which knows the counts) and one block computes each tile on the
+// tensor cores: x rows widened from f32 and rounded to bf16 as they are
+// staged in shared memory (as the prompt GEMMs through cuBLASLt round their
+// activations), bf16 weights, mma.sync m16n8k16 with f32 accumulation, K
+// steps of BK columns. GLU: a tile's BN columns are BN / 2 gate rows and the
+// matching up rows of a [gate; up] pair, and it writes silu(gate) * up
+// (silu.cuh) for its BN / 2 outputs.
+//
+// Before this kernel the host ran each expert's rows through its own
+// cuBLASLt call (with the gathers, SiLU and scatters around it): at the
+// qwen3moe-7b-a1b shape 64 experts a layer, several launches each
+// (BENCHMARKS.md, nineteenth session).
+//
+// Preconditions (cuda_gemv checks them): weight rows ldw bytes apart, ldw a
+// multiple of 16, zero from cols up to the next multiple of BK; x rows ldx
+// floats apart, ldx a multiple of 4, x 16-byte aligned.
+#ifndef TSR_GROUPED_CUH
+#define TSR_GROUPED_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "silu.cuh"
+
+namespace tsr_grouped {
+
+constexpr int BM = 64, BN = 128, BK = 32, PAD = 8, THREADS = 128;
+
+// One block's work: rows [r0, r0 + nr) of the sorted input, all of expert
+// e; weight rows o0.. (GLU: gate rows o0.. and up rows f + o0..).
+struct Tile {
+    int e, r0, nr, o0;
+};
+
+struct Args {
+    const uint8_t *const *etab; // [experts] device: each expert's bf16 rows
+    const Tile *tiles;          // device
+    const float *x;             // [rows, ldx] sorted by expert
+    float *y;                   // [rows, ldy]
+    int ldx, ldy;
+    int n_out;                  // the weights' rows (GLU: 2f)
+    int cols;
+    int64_t ldw;                // bytes
+};
+
+__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <bool GLU> __global__ void __launch_bounds__(THREADS) grouped_k(const Args p) {
+    struct Stage {
+        __nv_bfloat16 a[BM][BK + PAD]; // x rows, k contiguous
+        __nv_bfloat16 b[BN][BK + PAD]; // weight rows, k contiguous
+    };
+    constexpr int CLD = BN + 4;        // the f32 tile staged for the epilogue
+    constexpr size_t kBytes = sizeof(Stage) > (size_t)BM * CLD * 4 ? sizeof(Stage) : (size_t)BM * CLD * 4;
+    __shared__ __align__(16) unsigned char smem[kBytes];
+    Stage &s = *reinterpret_cast<Stage *>(smem);
+    float(*cs)[CLD] = reinterpret_cast<float(*)[CLD]>(smem);
+
+    const Tile t = p.tiles[blockIdx.x];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const uint8_t *w = p.etab[t.e];
+    const int f = p.n_out / 2, HB = BN / 2;
+    // weight row of tile column j (-1: none)
+    auto wrow = [&](int j) {
+        if (GLU) {
+            const int i = t.o0 + (j < HB ? j : j - HB);
+            return i < f ? (j < HB ? i : f + i) : -1;
+        }
+        const int o = t.o0 + j;
+        return o < p.n_out ? o : -1;
+    };
+    float acc[4][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
+
+    for (int k0 = 0; k0 < p.cols; k0 += BK) {
+#pragma unroll
+        for (int i = 0; i < BM * BK / 4 / THREADS; i++) { // x: 4 floats a thread a step
+            const int idx = tid + i * THREADS, r = idx / (BK / 4), c = idx % (BK / 4) * 4, k = k0 + c;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < t.nr) {
+                const float *xr = p.x + (int64_t)(t.r0 + r) * p.ldx;
+                if (k + 3 < p.cols) {
+                    v = *reinterpret_cast<const float4 *>(xr + k);
+                } else {
+                    v.x = k < p.cols ? xr[k] : 0.f;
+                    v.y = k + 1 < p.cols ? xr[k + 1] : 0.f;
+                    v.z = k + 2 < p.cols ? xr[k + 2] : 0.f;
+                }
+            }
+            *reinterpret_cast<__nv_bfloat162 *>(&s.a[r][c]) = __floats2bfloat162_rn(v.x, v.y);
+            *reinterpret_cast<__nv_bfloat162 *>(&s.a[r][c + 2]) = __floats2bfloat162_rn(v.z, v.w);
+        }
+#pragma unroll
+        for (int i = 0; i < BN * BK / 8 / THREADS; i++) { // weights: 8 bf16 a thread a step
+            const int idx = tid + i * THREADS, j = idx / (BK / 8), c = idx % (BK / 8) * 8, o = wrow(j);
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (o >= 0) v = *reinterpret_cast<const uint4 *>(w + (int64_t)o * p.ldw + (int64_t)(k0 + c) * 2);
+            *reinterpret_cast<uint4 *>(&s.b[j][c]) = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            uint32_t a[4][4], b[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++) {
+                const int r = mi * 16 + g;
+                a[mi][0] = *reinterpret_cast<const uint32_t *>(&s.a[r][kk + 2 * q]);
+                a[mi][1] = *reinterpret_cast<const uint32_t *>(&s.a[r + 8][kk + 2 * q]);
+                a[mi][2] = *reinterpret_cast<const uint32_t *>(&s.a[r][kk + 2 * q + 8]);
+                a[mi][3] = *reinterpret_cast<const uint32_t *>(&s.a[r + 8][kk + 2 * q + 8]);
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int n = warp * 32 + ni * 8 + g;
+                b[ni][0] = *reinterpret_cast<const uint32_t *>(&s.b[n][kk + 2 * q]);
+                b[ni][1] = *reinterpret_cast<const uint32_t *>(&s.b[n][kk + 2 * q + 8]);
+            }
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], a[mi], b[ni]);
+        }
+        __syncthreads();
+    }
+    // the tile through shared memory (the stage is done with), then out
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            const int r = mi * 16 + g, c = warp * 32 + ni * 8 + 2 * q;
+            cs[r][c] = acc[mi][ni][0], cs[r][c + 1] = acc[mi][ni][1];
+            cs[r + 8][c] = acc[mi][ni][2], cs[r + 8][c + 1] = acc[mi][ni][3];
+        }
+    __syncthreads();
+    constexpr int OUT = GLU ? BN / 2 : BN;
+    for (int idx = tid; idx < BM * OUT; idx += THREADS) {
+        const int r = idx / OUT, j = idx % OUT, o = t.o0 + j;
+        if (r >= t.nr || o >= (GLU ? f : p.n_out)) continue;
+        float *yr = p.y + (int64_t)(t.r0 + r) * p.ldy;
+        yr[o] = GLU ? tsr_silu_mul(cs[r][j], cs[r][j + HB]) : cs[r][j];
+    }
+}
+
+// Tiles for rows grouped as off[0..n] (host) over weights of n_out rows
+// (glu: a [gate; up] pair of n_out / 2 each): how many (tiles null), or
+// written into tiles.
+inline int64_t make_tiles(const int32_t *off, int n, int n_out, bool glu, Tile *tiles) {
+    const int outs = glu ? n_out / 2 : n_out, step = glu ? BN / 2 : BN;
+    int64_t k = 0;
+    for (int e = 0; e < n; e++)
+        for (int r0 = off[e]; r0 < off[e + 1]; r0 += BM)
+            for (int o0 = 0; o0 < outs; o0 += step) {
+                if (tiles) tiles[k] = Tile{e, r0, off[e + 1] - r0 < BM ? off[e + 1] - r0 : BM, o0};
+                k++;
+            }
+    return k;
+}
+
+inline cudaError_t launch(const Args &p, int64_t n_tiles, bool glu, cudaStream_t st) {
+    if (n_tiles < 1) return cudaSuccess;
+    if (glu) grouped_k<true><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
+    else grouped_k<false><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace tsr_grouped
+
+#endif // TSR_GROUPED_CUH
