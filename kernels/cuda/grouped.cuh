@@ -8,7 +8,8 @@
 // tensor cores: x rows widened from f32 and rounded to bf16 as they are
 // staged in shared memory (as the prompt GEMMs through cuBLASLt round their
 // activations), bf16 weights, mma.sync m16n8k16 with f32 accumulation, K
-// steps of BK columns. GLU: a tile's BN columns are BN / 2 gate rows and the
+// steps of BK columns, each thread's loads of the next step issued before
+// the products of this one (22.7 -> 14.8 ms for that prompt). GLU: a tile's BN columns are BN / 2 gate rows and the
 // matching up rows of a [gate; up] pair, and it writes silu(gate) * up
 // (silu.cuh) for its BN / 2 outputs.
 //
@@ -18,7 +19,7 @@
 // (BENCHMARKS.md, nineteenth session).
 //
 // Preconditions (cuda_gemv checks them): weight rows ldw bytes apart, ldw a
-// multiple of 16, zero from cols up to the next multiple of BK; x rows ldx
+// multiple of 16, zero from cols to the end of the row; x rows ldx
 // floats apart, ldx a multiple of 4, x 16-byte aligned.
 #ifndef TSR_GROUPED_CUH
 #define TSR_GROUPED_CUH
@@ -31,7 +32,7 @@
 
 namespace tsr_grouped {
 
-constexpr int BM = 64, BN = 128, BK = 32, PAD = 8, THREADS = 128;
+constexpr int BM = 64, BN = 128, PAD = 8, THREADS = 128;
 
 // One block's work: rows [r0, r0 + nr) of the sorted input, all of expert
 // e; weight rows o0.. (GLU: gate rows o0.. and up rows f + o0..).
@@ -57,7 +58,7 @@ __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-template <bool GLU> __global__ void __launch_bounds__(THREADS) grouped_k(const Args p) {
+template <bool GLU, int BK> __global__ void __launch_bounds__(THREADS) grouped_k(const Args p) {
     struct Stage {
         __nv_bfloat16 a[BM][BK + PAD]; // x rows, k contiguous
         __nv_bfloat16 b[BN][BK + PAD]; // weight rows, k contiguous
@@ -89,9 +90,14 @@ template <bool GLU> __global__ void __launch_bounds__(THREADS) grouped_k(const A
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
 
-    for (int k0 = 0; k0 < p.cols; k0 += BK) {
+    // each thread's share of a K step: NA x loads of 4 floats, NB weight
+    // loads of 8 bf16; the next step's are issued before this one's products
+    constexpr int NA = BM * BK / 4 / THREADS, NB = BN * BK / 8 / THREADS;
+    float4 ra[NA];
+    uint4 rb[NB];
+    auto load = [&](int k0) {
 #pragma unroll
-        for (int i = 0; i < BM * BK / 4 / THREADS; i++) { // x: 4 floats a thread a step
+        for (int i = 0; i < NA; i++) {
             const int idx = tid + i * THREADS, r = idx / (BK / 4), c = idx % (BK / 4) * 4, k = k0 + c;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
             if (r < t.nr) {
@@ -104,17 +110,32 @@ template <bool GLU> __global__ void __launch_bounds__(THREADS) grouped_k(const A
                     v.z = k + 2 < p.cols ? xr[k + 2] : 0.f;
                 }
             }
-            *reinterpret_cast<__nv_bfloat162 *>(&s.a[r][c]) = __floats2bfloat162_rn(v.x, v.y);
-            *reinterpret_cast<__nv_bfloat162 *>(&s.a[r][c + 2]) = __floats2bfloat162_rn(v.z, v.w);
+            ra[i] = v;
         }
 #pragma unroll
-        for (int i = 0; i < BN * BK / 8 / THREADS; i++) { // weights: 8 bf16 a thread a step
+        for (int i = 0; i < NB; i++) {
             const int idx = tid + i * THREADS, j = idx / (BK / 8), c = idx % (BK / 8) * 8, o = wrow(j);
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (o >= 0) v = *reinterpret_cast<const uint4 *>(w + (int64_t)o * p.ldw + (int64_t)(k0 + c) * 2);
-            *reinterpret_cast<uint4 *>(&s.b[j][c]) = v;
+            // past the row's padding (a K step wider than it): zeros
+            rb[i] = o >= 0 && (int64_t)(k0 + c + 8) * 2 <= p.ldw
+                        ? *reinterpret_cast<const uint4 *>(w + (int64_t)o * p.ldw + (int64_t)(k0 + c) * 2)
+                        : make_uint4(0, 0, 0, 0);
+        }
+    };
+    load(0);
+    for (int k0 = 0; k0 < p.cols; k0 += BK) {
+#pragma unroll
+        for (int i = 0; i < NA; i++) { // x rounded to bf16 as staged
+            const int idx = tid + i * THREADS, r = idx / (BK / 4), c = idx % (BK / 4) * 4;
+            *reinterpret_cast<__nv_bfloat162 *>(&s.a[r][c]) = __floats2bfloat162_rn(ra[i].x, ra[i].y);
+            *reinterpret_cast<__nv_bfloat162 *>(&s.a[r][c + 2]) = __floats2bfloat162_rn(ra[i].z, ra[i].w);
+        }
+#pragma unroll
+        for (int i = 0; i < NB; i++) {
+            const int idx = tid + i * THREADS, j = idx / (BK / 8), c = idx % (BK / 8) * 8;
+            *reinterpret_cast<uint4 *>(&s.b[j][c]) = rb[i];
         }
         __syncthreads();
+        if (k0 + BK < p.cols) load(k0 + BK);
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             uint32_t a[4][4], b[4][2];
@@ -173,10 +194,14 @@ inline int64_t make_tiles(const int32_t *off, int n, int n_out, bool glu, Tile *
     return k;
 }
 
+// K steps of 64 columns: a 512-token prompt at the qwen3moe-7b-a1b shape
+// 14.47 ms against 14.76-14.90 with 32 (H200, BENCHMARKS.md).
+constexpr int BK = 64;
+
 inline cudaError_t launch(const Args &p, int64_t n_tiles, bool glu, cudaStream_t st) {
     if (n_tiles < 1) return cudaSuccess;
-    if (glu) grouped_k<true><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
-    else grouped_k<false><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
+    if (glu) grouped_k<true, BK><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
+    else grouped_k<false, BK><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
     return cudaGetLastError();
 }
 
