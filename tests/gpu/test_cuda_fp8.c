@@ -62,6 +62,27 @@
 #define KERNEL_REL_DECODE 1e-5
 #define KERNEL_REL_LT 1e-3
 
+/* The assembly into path (4096 bytes): the shipped cuda-fast-fp8 (params
+ * NULL, graphs on, experts NULL), else a temporary copy (the caller unlinks
+ * it) with the gemv's params (a flow mapping), runtime.cuda_graphs and the
+ * expert_cache plugin (NULL: expert_resident) as given. */
+static void asm_path_for(char *path, const char *params, int graphs, const char *experts) {
+    if (!params && graphs && !experts) {
+        snprintf(path, 4096, "%s/assemblies/cuda-fast-fp8.yaml", gpu_src_dir());
+        return;
+    }
+    snprintf(path, 4096, "/tmp/test_cuda_fp8_XXXXXX.yaml");
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    fprintf(f, "name: cuda-fp8-variant\ndevice: cuda\nslots:\n  gemv: {plugin: cuda_gemv_fp8, params: %s}\n"
+               "  attention: cuda_attention\n  kv_cache: cuda_kv_cache\n  drafter: drafter_none\n"
+               "  expert_cache: %s\nruntime:\n  cuda_graphs: %s\n  pdl: true\n",
+            params ? params : "{}", experts ? experts : "expert_resident", graphs ? "true" : "false");
+    fclose(f);
+}
+
 #ifdef TESSERA_CUDA /* the kernel checks' helpers */
 
 /* ---- the reference quantisation, written from the format's definition ---- */
@@ -135,27 +156,6 @@ static void *make_matrix(uint32_t dtype, int64_t rows, int64_t cols, float *wf, 
     }
     *nbytes = (uint64_t)(rows * cols) * esz;
     return d;
-}
-
-/* The assembly into path (4096 bytes): the shipped cuda-fast-fp8 (params
- * NULL, graphs on, experts NULL), else a temporary copy (the caller unlinks
- * it) with the gemv's params (a flow mapping), runtime.cuda_graphs and the
- * expert_cache plugin (NULL: expert_resident) as given. */
-static void asm_path_for(char *path, const char *params, int graphs, const char *experts) {
-    if (!params && graphs && !experts) {
-        snprintf(path, 4096, "%s/assemblies/cuda-fast-fp8.yaml", gpu_src_dir());
-        return;
-    }
-    snprintf(path, 4096, "/tmp/test_cuda_fp8_XXXXXX.yaml");
-    int fd = mkstemps(path, 5);
-    assert_true(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    assert_non_null(f);
-    fprintf(f, "name: cuda-fp8-variant\ndevice: cuda\nslots:\n  gemv: {plugin: cuda_gemv_fp8, params: %s}\n"
-               "  attention: cuda_attention\n  kv_cache: cuda_kv_cache\n  drafter: drafter_none\n"
-               "  expert_cache: %s\nruntime:\n  cuda_graphs: %s\n  pdl: true\n",
-            params ? params : "{}", experts ? experts : "expert_resident", graphs ? "true" : "false");
-    fclose(f);
 }
 
 typedef struct kenv {
