@@ -92,12 +92,6 @@ static int ffn_stacked(tsr_model *m, const void *wgu, const void *wd, int rows, 
 
 enum { MAX_EXPERTS = 1024, MAX_USED = 64 };
 
-/* The experts of the routing in m->route_idx / route_w looked up by the
- * host: it reads each row's experts back (a wait on a device: the
- * expert_cache slot decides on the host what is resident), sorts the rows
- * by expert and looks the experts up in groups of at most n_experts_used,
- * in increasing id; each expert's rows are gathered, run through its FFN
- * and added into moe_out weighted, on the backend. */
 /* The rows of every expert of a prompt at once (m->gx_*, where the gemv
  * plugin groups them: run_grouped over the layer's tables): one gather of
  * the rows sorted by expert, the gate/up pairs with their SiLU and the downs
@@ -130,6 +124,13 @@ static int moe_grouped(tsr_model *m, int layer, const int *start, tsr_error *err
     return TSR_OK;
 }
 
+/* The experts of the routing in m->route_idx / route_w looked up by the
+ * host: it reads each row's experts back (a wait on a device: the
+ * expert_cache slot decides on the host what is resident), sorts the rows
+ * by expert and looks the experts up in groups of at most n_experts_used,
+ * in increasing id; each expert's rows are gathered, run through its FFN
+ * and added into moe_out weighted, on the backend (or, where the gemv
+ * plugin groups them, all at once: moe_grouped). */
 static int moe_on_host(tsr_model *m, int layer, int rows, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     const tsr_backend *be = m->be;
