@@ -8,7 +8,8 @@
  *   each widened code by its scale in f32, the tool stored that same f32
  *   product), for every style: per tensor, per channel (bf16 scales),
  *   blocks of 16 x 24 (partial blocks at the edges) and of 128 x 128; on
- *   the llama, qwen2, qwen3 and qwen3_moe fixtures, and on the trained pystd
+ *   the llama, qwen2, qwen3 and qwen3_moe fixtures, the numpy qwen2_moe one
+ *   (a shared expert), and on the trained pystd
  *   target (bf16, sharded, tied embeddings) when ../shared holds it.
  * - Those logits stay within a mean KL of 0.1 (the bound cuda_gemv_fp8
  *   declares for the same e4m3 rounding of the weights) of transformers'
@@ -168,8 +169,8 @@ static void check_style(const char *family, const char *style, const char *args)
     if (differ) fail_msg("%s: %zu of %d x %d logits differ from the dequantised f32 checkpoint's", name,
                          differ, n, vocab);
     const double kl = mean_kl(logits_t->data, a, n, vocab);
-    printf("# %s: logits bit-identical to the dequantised f32 checkpoint; mean KL to transformers %.4g "
-           "(bound %g)\n", name, kl, KL_BOUND);
+    printf("# %s: logits bit-identical to the dequantised f32 checkpoint; mean KL to the fixture's reference "
+           "%.4g (bound %g)\n", name, kl, KL_BOUND);
     if (!(kl <= KL_BOUND)) fail_msg("%s: mean KL %g > %g", name, kl, KL_BOUND);
     check_fast(dir, deq, name, ids, n, a, vocab);
     free(a), free(b), free(ids);
@@ -190,6 +191,14 @@ static void test_qwen3_block(void **s) { (void)s; check_style("qwen3", "block", 
 static void test_qwen2_tensor(void **s) { (void)s; check_style("qwen2", "tensor", "--style tensor"); }
 static void test_qwen3_lm_head(void **s) { (void)s; check_style("qwen3", "lm_head", "--style tensor --lm-head"); }
 static void test_qwen3_moe_channel(void **s) { (void)s; check_style("qwen3_moe", "channel", "--style channel"); }
+/* a shared expert's projections FP8 too, its gate and the router kept (as
+ * FP8 checkpoints keep them); the numpy fixture's references */
+static void test_qwen2_moe_block(void **s) {
+    (void)s;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tests/data/fixtures/numpy/qwen2_moe", fp8_src_dir());
+    check_style(dir, "block", "--style block --block 16,16");
+}
 
 /* The trained pystd target (bf16, sharded, tied embeddings) in ../shared,
  * when present. */
@@ -408,6 +417,7 @@ int main(void) {
         cmocka_unit_test(test_qwen2_tensor),
         cmocka_unit_test(test_qwen3_lm_head),
         cmocka_unit_test(test_qwen3_moe_channel),
+        cmocka_unit_test(test_qwen2_moe_block),
         cmocka_unit_test(test_pystd_channel),
         cmocka_unit_test(test_pystd_block128),
         cmocka_unit_test(test_refusals),
