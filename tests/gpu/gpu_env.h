@@ -6,6 +6,7 @@
 #ifndef TSR_TESTS_GPU_ENV_H
 #define TSR_TESTS_GPU_ENV_H
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #ifdef TESSERA_CUDA
@@ -24,6 +25,18 @@ static inline int gpu_have(void) {
     return 0;
 #endif
 }
+
+/* In a cmocka test (a macro: skip() is cmocka's): where there is no CUDA
+ * device, print "# no CUDA device: WHAT skipped" (printf-style) and skip. */
+#define GPU_REQUIRE(...)                                                                                           \
+    do {                                                                                                           \
+        if (!gpu_have()) {                                                                                         \
+            printf("# no CUDA device: ");                                                                          \
+            printf(__VA_ARGS__);                                                                                   \
+            printf(" skipped\n");                                                                                  \
+            skip();                                                                                                \
+        }                                                                                                          \
+    } while (0)
 
 /* gpu_have() and device 0 initialised (once), for tests that call the
  * backend or the kernels directly */

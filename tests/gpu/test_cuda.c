@@ -134,10 +134,7 @@ static void check_pystd_moe(const char *assembly) {
 }
 
 static void run_all(const char *assembly, int moe) {
-    if (!gpu_have()) {
-        printf("# no CUDA device: %s checks skipped\n", assembly);
-        skip();
-    }
+    GPU_REQUIRE("%s checks", assembly);
     for (size_t i = 0; i < N_OF(dense_families); i++) check_family(dense_families[i], assembly);
     char dir[4096], ref[4200];
     snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
@@ -206,10 +203,7 @@ static void test_cuda_fast(void **state) {
  * looking them up (cuda-moe: the same plugins but expert_lru), bit for bit. */
 static void test_moe_paths_agree(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: MoE path checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("MoE path checks");
     const char *const assemblies[] = {"cuda-moe.yaml", "cuda-fast-eager.yaml", "cuda-fast.yaml"};
     for (size_t i = 0; i < N_OF(moe_families); i++) {
         char dir[4096], ref[4200];
@@ -233,10 +227,7 @@ static void test_moe_paths_agree(void **state) {
 /* cuda-moe as shipped, then with expert_lru's budget at one token's experts. */
 static void test_cuda_moe(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: cuda-moe checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("cuda-moe checks");
     for (size_t i = 0; i < N_OF(moe_families); i++) check_family(moe_families[i], "cuda-moe.yaml");
     check_pystd_moe("cuda-moe.yaml");
     char tmp[64], path[4200];

@@ -322,10 +322,7 @@ static void kernel_case(kenv *k, uint32_t dtype, const int64_t *mrows, int n, in
 
 static void test_kernels(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: fp8 kernel checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("fp8 kernel checks");
 #ifdef TESSERA_CUDA
     kenv k = {.decode_rows = 8};
     kenv_open(&k, NULL);
@@ -373,10 +370,7 @@ static void test_kernels(void **state) {
  * every row count (decode_rows 0). */
 static void test_kernel_params(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: fp8 kernel checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("fp8 kernel checks");
 #ifdef TESSERA_CUDA
     const int64_t one_a[] = {37}, stack[] = {5, 23, 11};
     kenv k = {.decode_rows = 8, .fp8_prefill = 1};
@@ -556,10 +550,7 @@ static void block_refused(kenv *k, int64_t rows, int64_t cols, int64_t br, int64
 
 static void test_block_scales(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: fp8 block-scale checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("fp8 block-scale checks");
 #ifdef TESSERA_CUDA
     kenv k = {.decode_rows = 8};
     kenv_open(&k, NULL);
@@ -657,10 +648,7 @@ static void check_model(const char *model, const char *ref_path, const char *ids
 
 static void test_models(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: cuda-fast-fp8 checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("cuda-fast-fp8 checks");
     const char *families[] = {"llama", "qwen2", "qwen3"};
     char dir[4096], ref[4200];
     for (size_t i = 0; i < 3; i++) {
@@ -689,10 +677,7 @@ static void test_models(void **state) {
  * router). */
 static void test_moe(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: cuda-fast-fp8 MoE checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("cuda-fast-fp8 MoE checks");
     const char *families[] = {"transformers/mixtral", "transformers/qwen3_moe", "numpy/qwen2_moe"};
     const variant vs[] = {{NULL, 1, NULL, 1}, {NULL, 0, NULL, 1}, {NULL, 0, "expert_lru", 1}};
     for (size_t i = 0; i < 3; i++) {

@@ -71,10 +71,7 @@ static float *logits_of(const char *model, const char *assembly, const int32_t *
 }
 
 static void check(const char *family, const char *style, const char *args, const char *assembly) {
-    if (!gpu_have()) {
-        printf("# no CUDA device: FP8 checkpoint checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("FP8 checkpoint checks");
     char dir[4096], fix[4096], ref_path[4200], name[128];
     snprintf(name, sizeof name, "%s-%s", family, style);
     fp8_make_ckpt(family, name, args, dir, NULL, sizeof dir);
@@ -147,10 +144,7 @@ static void test_qwen3_moe_blocks(void **s) {
 
 static void test_blocks_refused(void **s) {
     (void)s;
-    if (!gpu_have()) {
-        printf("# no CUDA device: FP8 checkpoint checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("FP8 checkpoint checks");
     char dir[4096];
     fp8_make_ckpt("llama", "blocks24", "--style block --block 16,24", dir, NULL, sizeof dir);
     tsr_model *m;

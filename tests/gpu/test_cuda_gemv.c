@@ -509,10 +509,7 @@ static void lt_cases(const char *plugin) {
 
 static void test_decode_kernels(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: decode gemv checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("decode gemv checks");
 #ifdef TESSERA_CUDA
     plugin_cases("cuda_gemv");
     plugin_cases("cuda_gemv_fp8");
@@ -521,10 +518,7 @@ static void test_decode_kernels(void **state) {
 
 static void test_cublaslt_plans(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: cuBLASLt plan checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("cuBLASLt plan checks");
 #ifdef TESSERA_CUDA
     lt_cases("cuda_gemv_cublaslt");
     lt_cases("cuda_gemv");

@@ -323,10 +323,7 @@ static double time_shape(const pcase *c, attn_fn fn, const void *ctx) {
 
 static void test_prefill_kernel(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: prefill kernel checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("prefill kernel checks");
     tsr_error err;
     tsr_error_clear(&err);
     if (tsr_cuda_init(0, &err) != TSR_OK) fail_msg("CUDA init: %s", err.msg);
@@ -406,10 +403,7 @@ static float *logits_of(const char *model, const char *assembly, const int32_t *
 
 static void test_prefill_fixtures(void **state) {
     (void)state;
-    if (!gpu_have()) {
-        printf("# no CUDA device: fixture checks skipped\n");
-        skip();
-    }
+    GPU_REQUIRE("fixture checks");
     const char *families[] = {"llama", "qwen2", "qwen3"};
     enum { N = 100 };
     for (size_t f = 0; f < 3; f++) {
