@@ -92,6 +92,18 @@ static int ffn_stacked(tsr_model *m, const void *wgu, const void *wd, int rows, 
 
 enum { MAX_EXPERTS = 1024, MAX_USED = 64 };
 
+/* What the gemv plugin answered to a call over a layer's experts
+ * (run_grouped, run_experts; how: "grouped" or "chosen"): TSR_ERR_UNSUPPORTED
+ * for the gate/up (down 0), where the host goes round it; for the down, the
+ * gate/up already run, a refusal it cannot go round. */
+static int experts_called(tsr_model *m, int rc, int down, const char *how, tsr_error *err) {
+    if (rc == TSR_OK || (rc == TSR_ERR_UNSUPPORTED && !down)) return rc;
+    if (rc == TSR_ERR_UNSUPPORTED)
+        return tsr_error_set(err, TSR_ERR_INVALID, "plugin %s took the %s experts' gate/up but not their down",
+                             m->gemv->plugin, how);
+    return tsr_model_slot_error(m, m->gemv, rc, err, down ? "gemv experts' down" : "gemv experts' gate/up");
+}
+
 /* The rows of every expert of a prompt at once (m->gx_*, where the gemv
  * plugin groups them: run_grouped over the layer's tables): one gather of
  * the rows sorted by expert, the gate/up pairs with their SiLU and the downs
@@ -108,13 +120,9 @@ static int moe_grouped(tsr_model *m, int layer, const int *start, tsr_error *err
     int rc;
     BE(be->gather_rows(m->gx_in, m->xn, m->ex_rows, start[E], h, err));
     OP(TSR_PROF_GATE_UP, rc = tsr_gemv_run_grouped(m->gemv, t[0], start, E, 1, m->gx_in, h, m->gx_g, EX));
-    if (rc == TSR_ERR_UNSUPPORTED) return rc;
-    if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv grouped experts");
+    if ((rc = experts_called(m, rc, 0, "grouped", err))) return rc;
     OP(TSR_PROF_DOWN, rc = tsr_gemv_run_grouped(m->gemv, t[1], start, E, 0, m->gx_g, f, m->gx_d, EX));
-    if (rc == TSR_ERR_UNSUPPORTED)
-        return tsr_error_set(err, TSR_ERR_INVALID, "plugin %s grouped the experts' gate/up but not their down",
-                             m->gemv->plugin);
-    if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv grouped experts");
+    if ((rc = experts_called(m, rc, 1, "grouped", err))) return rc;
     for (int e = 0; e < E; e++) {
         const int off = start[e], cnt = start[e + 1] - off;
         if (cnt > 0)
@@ -200,13 +208,9 @@ static int moe_on_device(tsr_model *m, int layer, int rows, int into_x, tsr_erro
     void *const *t = m->ex_tables + 2 * layer;
     int rc;
     OP(TSR_PROF_GATE_UP, rc = tsr_gemv_run_experts(m->gemv, t[0], m->route_idx, rows * K, K, 1, m->xn, h, m->ex_g, EX));
-    if (rc == TSR_ERR_UNSUPPORTED) return rc;
-    if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv experts");
+    if ((rc = experts_called(m, rc, 0, "chosen", err))) return rc;
     OP(TSR_PROF_DOWN, rc = tsr_gemv_run_experts(m->gemv, t[1], m->route_idx, rows * K, 1, 0, m->ex_g, f, m->ex_d, EX));
-    if (rc == TSR_ERR_UNSUPPORTED)
-        return tsr_error_set(err, TSR_ERR_INVALID, "plugin %s took the experts' gate/up but not their down",
-                             m->gemv->plugin); /* half done: not a refusal the host could go round */
-    if (rc != TSR_OK) return tsr_model_slot_error(m, m->gemv, rc, err, "gemv experts");
+    if ((rc = experts_called(m, rc, 1, "chosen", err))) return rc;
     return m->be->combine_experts(into_x ? m->x : m->moe_out, m->ex_d, m->route_idx, m->route_w, rows, K, h, into_x,
                                   err);
 }
