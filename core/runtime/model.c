@@ -298,50 +298,52 @@ static void free_expert_tables(tsr_model *m) {
     m->ex_tables = NULL;
 }
 
-/* Whether the expert cache answers resident for every MoE layer: it keeps
- * every expert for its life, and a lookup never releases one. */
-static int experts_resident(tsr_model *m) {
-    const tsr_expert_weights **ew = calloc((size_t)m->cfg.n_experts, sizeof *ew);
-    int ok = ew != NULL;
-    for (int l = 0; ok && l < m->cfg.n_layers; l++)
-        ok = !m->layers[l].moe || tsr_expert_resident(m->experts, l, ew) == TSR_OK;
-    free(ew);
-    return ok;
-}
-
-/* m->ex_tables from the expert cache's resident experts: each MoE layer's
- * gate/up pairs and downs as tables of the gemv plugin. None (TSR_OK, no
- * tables) where the cache or the plugin declines, or the experts' gate and
- * up are not stacked. */
-static int expert_tables(tsr_model *m, tsr_error *err) {
+/* The expert cache's answers to resident, once a MoE layer: m->ex_resident
+ * (every layer answered: the cache keeps every expert for its life, and a
+ * lookup never releases one) and, where this engine may choose experts on
+ * the device (experts_on_device), m->ex_tables: each MoE layer's gate/up
+ * pairs and downs as tables of the gemv plugin. No tables (still TSR_OK)
+ * where the cache or the plugin declines, or the experts' gate and up are
+ * not stacked; an error from either only fails the load where tables are
+ * wanted. */
+static int expert_residency(tsr_model *m, tsr_error *err) {
     const int E = m->cfg.n_experts, n_layers = m->cfg.n_layers;
+    int tables = experts_on_device(m);
     const tsr_expert_weights **ew = calloc((size_t)E, sizeof *ew);
     const void **gu = calloc((size_t)E, sizeof *gu), **dn = calloc((size_t)E, sizeof *dn);
-    int rc = ew && gu && dn && (m->ex_tables = calloc(2 * (size_t)n_layers, sizeof *m->ex_tables))
+    int rc = ew && gu && dn && (!tables || (m->ex_tables = calloc(2 * (size_t)n_layers, sizeof *m->ex_tables)))
                  ? TSR_OK
                  : tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for expert tables");
-    for (int l = 0; rc == TSR_OK && l < n_layers; l++) {
+    m->ex_resident = rc == TSR_OK;
+    for (int l = 0; rc == TSR_OK && m->ex_resident && l < n_layers; l++) {
         if (!m->layers[l].moe) continue;
-        rc = tsr_expert_resident(m->experts, l, ew);
-        if (rc != TSR_OK && rc != TSR_ERR_UNSUPPORTED) {
-            rc = tsr_model_slot_error(m, m->experts, rc, err, "the resident experts");
+        int r = tsr_expert_resident(m->experts, l, ew);
+        if (r != TSR_OK) {
+            m->ex_resident = 0;
+            if (tables && r != TSR_ERR_UNSUPPORTED)
+                rc = tsr_model_slot_error(m, m->experts, r, err, "the resident experts");
             break;
         }
-        for (int e = 0; rc == TSR_OK && e < E; e++) {
-            if (ew[e]->up) rc = TSR_ERR_UNSUPPORTED; /* gate and up apart: no run_experts pairs */
+        if (!tables) continue;
+        for (int e = 0; r == TSR_OK && e < E; e++) {
+            if (ew[e]->up) r = TSR_ERR_UNSUPPORTED; /* gate and up apart: no run_experts pairs */
             gu[e] = ew[e]->gate;
             dn[e] = ew[e]->down;
         }
-        if (rc == TSR_OK) rc = tsr_gemv_prepare_experts(m->gemv, gu, E, &m->ex_tables[2 * l]);
-        if (rc == TSR_OK) rc = tsr_gemv_prepare_experts(m->gemv, dn, E, &m->ex_tables[2 * l + 1]);
-        if (rc != TSR_OK && rc != TSR_ERR_UNSUPPORTED)
-            rc = tsr_model_slot_error(m, m->gemv, rc, err, "preparing the expert tables");
+        if (r == TSR_OK) r = tsr_gemv_prepare_experts(m->gemv, gu, E, &m->ex_tables[2 * l]);
+        if (r == TSR_OK) r = tsr_gemv_prepare_experts(m->gemv, dn, E, &m->ex_tables[2 * l + 1]);
+        if (r == TSR_ERR_UNSUPPORTED) {
+            free_expert_tables(m);
+            tables = 0;
+        } else if (r != TSR_OK) {
+            rc = tsr_model_slot_error(m, m->gemv, r, err, "preparing the expert tables");
+        }
     }
-    if (rc != TSR_OK) free_expert_tables(m);
+    if (rc != TSR_OK || !m->ex_resident) free_expert_tables(m);
     free(ew);
     free(gu);
     free(dn);
-    return rc == TSR_ERR_UNSUPPORTED ? TSR_OK : rc;
+    return rc;
 }
 
 static int load_layer(tsr_model *m, int l, tsr_error *err) {
@@ -672,8 +674,7 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
             tsr_model_slot_error(m, m->experts, rc, err, "attaching the experts");
             goto fail;
         }
-        m->ex_resident = experts_resident(m);
-        if (experts_on_device(m) && (rc = expert_tables(m, err)) != TSR_OK) goto fail;
+        if ((rc = expert_residency(m, err)) != TSR_OK) goto fail;
         if (!m->ex_tables && tsr_engine_cuda_graphs(m->engine)) {
             rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED,
                                "assembly %s: runtime.cuda_graphs: plugin %s declined to choose this model's "
