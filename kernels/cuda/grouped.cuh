@@ -179,19 +179,23 @@ template <bool GLU, int BK> __global__ void __launch_bounds__(THREADS) grouped_k
     }
 }
 
-// Tiles for rows grouped as off[0..n] (host) over weights of n_out rows
-// (glu: a [gate; up] pair of n_out / 2 each): how many (tiles null), or
-// written into tiles.
-inline int64_t make_tiles(const int32_t *off, int n, int n_out, bool glu, Tile *tiles) {
+// How many tiles rows grouped as off[0..n] (host) make over weights of
+// n_out rows (glu: a [gate; up] pair of n_out / 2 each).
+inline int64_t tile_count(const int32_t *off, int n, int n_out, bool glu) {
+    const int outs = glu ? n_out / 2 : n_out, step = glu ? BN / 2 : BN;
+    int64_t k = 0;
+    for (int e = 0; e < n; e++) k += (int64_t)((off[e + 1] - off[e] + BM - 1) / BM) * ((outs + step - 1) / step);
+    return k;
+}
+
+// Those tiles, written into tiles (tile_count of them).
+inline void make_tiles(const int32_t *off, int n, int n_out, bool glu, Tile *tiles) {
     const int outs = glu ? n_out / 2 : n_out, step = glu ? BN / 2 : BN;
     int64_t k = 0;
     for (int e = 0; e < n; e++)
         for (int r0 = off[e]; r0 < off[e + 1]; r0 += BM)
-            for (int o0 = 0; o0 < outs; o0 += step) {
-                if (tiles) tiles[k] = Tile{e, r0, off[e + 1] - r0 < BM ? off[e + 1] - r0 : BM, o0};
-                k++;
-            }
-    return k;
+            for (int o0 = 0; o0 < outs; o0 += step)
+                tiles[k++] = Tile{e, r0, off[e + 1] - r0 < BM ? off[e + 1] - r0 : BM, o0};
 }
 
 // K steps of 64 columns: a 512-token prompt at the qwen3moe-7b-a1b shape

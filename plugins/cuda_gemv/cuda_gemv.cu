@@ -185,7 +185,7 @@ int run_grouped(Gemv *g, const Experts *t, const int32_t *off, int n, int glu, c
         return TSR_ERR_UNSUPPORTED;
     for (int e = 0; e < n; e++)
         if (off[e + 1] < off[e]) return TSR_ERR_UNSUPPORTED;
-    const int64_t k = tsr_grouped::make_tiles(off, n, (int)w.rows, glu != 0, nullptr);
+    const int64_t k = tsr_grouped::tile_count(off, n, (int)w.rows, glu != 0);
     if (k > 0x7fffffff) return TSR_ERR_UNSUPPORTED;
     if (k > g->tiles_cap) { // grown to the largest list seen
         const tsr_host_api *h = g->ctx->host;
