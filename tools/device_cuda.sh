@@ -6,6 +6,7 @@
 # TESTS=0 to skip the GPU tests, SAMPLED=0 the sampled decode runs.
 set -u
 cd "$(dirname "$0")/.."
+[ -f .device/build.tar.xz ] && tar xJf .device/build.tar.xz -C .device # tools/device_pack.sh
 B=.device/build
 export LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
 export TESSERA_SOURCE_DIR=$PWD TESSERA_CATALOG=$PWD/$B/catalog

@@ -3,7 +3,10 @@
 # (carry [".device"]): binaries, the catalog (unstripped: the manifests pin
 # each library's sha256), the GPU tests, the libraries the device image
 # lacks, the checkpoint generator (mk_fp8_checkpoint is in bin/) and the
-# pystd mixture of experts.
+# pystd mixture of experts. The binaries and libraries go as one xz archive
+# (.device/build.tar.xz, ~4 MB against ~21 MB: the carried tree must stay
+# under 64 MiB with the 29 MB model); device scripts unpack it first:
+#   tar xJf .device/build.tar.xz -C .device
 set -eu
 cd "$(dirname "$0")/.."
 rm -rf .device/build && mkdir -p .device/build/tests/bin .device/lib
@@ -17,4 +20,5 @@ cp ../shared/tools/mk_random_checkpoint.py .device/
 # the trained mixture of experts (29 MB; TESSERA_SHARED_DIR=.device/shared on the device)
 mkdir -p .device/shared/data/models/pystd
 cp -r ../shared/data/models/pystd/moe .device/shared/data/models/pystd/
+tar cJf .device/build.tar.xz -C .device build lib && rm -rf .device/build .device/lib
 du -sh .device

@@ -3,16 +3,17 @@
 # the GPU tests with one summary line each, then `tessera passes` by row
 # count and two decode runs per assembly on a Llama-3-8B-shaped random bf16
 # checkpoint. Expects a build carried in .device/ (tools/device_pack.sh).
-# Env: TESTS (test binaries; default all eight), PASSES and RUNS (assembly
+# Env: TESTS (test binaries; default all nine), PASSES and RUNS (assembly
 # names; default cuda-fast cuda-fast-fp8). tools/device_cuda.sh is the full
 # call (greedy text of every CUDA assembly, sampled decode, more runs).
 cd "$(dirname "$0")/.."
+[ -f .device/build.tar.xz ] && tar xJf .device/build.tar.xz -C .device # tools/device_pack.sh
 B=.device/build
 export LD_LIBRARY_PATH=$PWD/.device/lib TESSERA_SOURCE_DIR=$PWD TESSERA_CATALOG=$PWD/$B/catalog
 chmod 755 $B/catalog $B/catalog/*.so; chmod 644 $B/catalog/*.yaml
 CK=/tmp/llama3-8b
 [ -d $CK ] || python3 .device/mk_random_checkpoint.py llama3-8b $CK > /dev/null &
-for t in ${TESTS:-test_cuda test_cuda_prefill test_cuda_fp8 test_cuda_gemv test_cuda_paged test_cuda_paged_kernels test_cuda_sample test_cuda_fp8_ckpt}; do
+for t in ${TESTS:-test_cuda test_cuda_prefill test_cuda_fp8 test_cuda_gemv test_cuda_paged test_cuda_paged_kernels test_cuda_sample test_cuda_fp8_ckpt test_cuda_moe_ops}; do
   MK_FP8_CHECKPOINT=$PWD/$B/bin/mk_fp8_checkpoint $B/tests/bin/$t > /tmp/$t.log 2>&1
   echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' /tmp/$t.log | tr '\n' ' ')"
   grep -E "FAILED|fail|Error|error" /tmp/$t.log | grep -v "^\[  PASSED" | head -5
