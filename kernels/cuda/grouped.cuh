@@ -18,16 +18,29 @@
 // qwen3moe-7b-a1b shape 64 experts a layer, several launches each
 // (BENCHMARKS.md, nineteenth session).
 //
-// Preconditions (cuda_gemv checks them): weight rows ldw bytes apart, ldw a
+// E4M3 weights (cuda_gemv_fp8; FP8 = true): the rows as that plugin stores
+// them (columns permuted within 512-column steps, gemv_mma.cuh), so the
+// activations come in bf16 already in that order (xb; the plugin converts
+// them as its prefill tiles do); the B tile's codes are widened to bf16 as
+// they are staged (exactly; with a block-scaled checkpoint's ratios, each
+// product rounded once, as the plugin's widen_bs_kernel does) and the
+// epilogue multiplies by the expert's row scale: the arithmetic of the
+// plugin's prefill tiles.
+//
+// Preconditions (the plugins check them): weight rows ldw bytes apart, ldw a
 // multiple of 16, zero from cols to the end of the row; x rows ldx
-// floats apart, ldx a multiple of 4, x 16-byte aligned.
+// floats apart, ldx a multiple of 4, x 16-byte aligned. FP8: cols (the
+// stored row length) a multiple of BK, xb rows ldx values apart, ldx a
+// multiple of 4.
 #ifndef TSR_GROUPED_CUH
 #define TSR_GROUPED_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "gemv_mma.cuh"
 #include "silu.cuh"
 
 namespace tsr_grouped {
@@ -41,14 +54,21 @@ struct Tile {
 };
 
 struct Args {
-    const uint8_t *const *etab; // [experts] device: each expert's bf16 rows
+    const uint8_t *const *etab; // [experts] device: each expert's bf16 (FP8: E4M3) rows
     const Tile *tiles;          // device
-    const float *x;             // [rows, ldx] sorted by expert
+    const float *x;             // [rows, ldx] sorted by expert (bf16 weights)
+    const __nv_bfloat16 *xb;    // FP8: the same rows in bf16, in the weights' stored column order
     float *y;                   // [rows, ldy]
     int ldx, ldy;
     int n_out;                  // the weights' rows (GLU: 2f)
-    int cols;
+    int cols;                   // FP8: the stored row length (whole K steps, zero past the columns)
     int64_t ldw;                // bytes
+    // FP8 only: each expert's row scales [n_out]; block-scaled checkpoints
+    // also each expert's block ratios (Weight.cm: rows cm_ld apart, a row
+    // per cm_rows weight rows, blocks of 1 << cm_shift columns), else null
+    const float *const *stab, *const *ctab;
+    int cm_rows, cm_shift, cm_ld;
+    int wcols;                  // FP8: the weights' true columns (the ratios' columns)
 };
 
 __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint32_t *b) {
@@ -58,7 +78,32 @@ __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-template <bool GLU, int BK> __global__ void __launch_bounds__(THREADS) grouped_k(const Args p) {
+// 8 stored E4M3 codes (v) at stored column pos of weight row o of expert e
+// as 8 bf16 (exact; with block ratios, each code times its block's ratio
+// rounded once).
+__device__ __forceinline__ uint4 widen8(uint2 v, const Args &p, int e, int o, int pos) {
+    const uint32_t words[2] = {v.x, v.y};
+    uint32_t out[4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float m = 1.0f;
+        if (p.ctab) { // a lane's four consecutive columns lie in one block (blocks of at least four)
+            const int at = pos + 4 * h, full = p.wcols / 512 * 512;
+            const int c = at < full ? (int)tsr_mma::e4m3_step_rot(at, false) : at;
+            m = c < p.wcols ? p.ctab[e][(int64_t)(o / p.cm_rows) * p.cm_ld + (c >> p.cm_shift)] : 0.0f;
+        }
+        const float2 lo = __half22float2(
+            __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[h] & 0xffffu), __NV_E4M3)));
+        const float2 hi =
+            __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[h] >> 16), __NV_E4M3)));
+        const __nv_bfloat162 a = __floats2bfloat162_rn(lo.x * m, lo.y * m), b = __floats2bfloat162_rn(hi.x * m, hi.y * m);
+        out[2 * h] = *reinterpret_cast<const uint32_t *>(&a);
+        out[2 * h + 1] = *reinterpret_cast<const uint32_t *>(&b);
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+template <bool GLU, int BK, bool FP8> __global__ void __launch_bounds__(THREADS) grouped_k(const Args p) {
     struct Stage {
         __nv_bfloat16 a[BM][BK + PAD]; // x rows, k contiguous
         __nv_bfloat16 b[BN][BK + PAD]; // weight rows, k contiguous
@@ -90,12 +135,14 @@ template <bool GLU, int BK> __global__ void __launch_bounds__(THREADS) grouped_k
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
 
-    // each thread's share of a K step: NA x loads of 4 floats, NB weight
-    // loads of 8 bf16; the next step's are issued before this one's products
+    // each thread's share of a K step: NA x loads of 4 floats (FP8: 4 bf16),
+    // NB weight loads of 8 bf16 (FP8: 8 codes); the next step's are issued
+    // before this one's products
     constexpr int NA = BM * BK / 4 / THREADS, NB = BN * BK / 8 / THREADS;
     float4 ra[NA];
     uint4 rb[NB];
-    auto load = [&](int k0) {
+    uint2 rx[FP8 ? NA : 1], rq[FP8 ? NB : 1]; // FP8: 4 bf16 activations, 8 E4M3 codes
+    auto load_bf16 = [&](int k0) {
 #pragma unroll
         for (int i = 0; i < NA; i++) {
             const int idx = tid + i * THREADS, r = idx / (BK / 4), c = idx % (BK / 4) * 4, k = k0 + c;
@@ -121,18 +168,48 @@ template <bool GLU, int BK> __global__ void __launch_bounds__(THREADS) grouped_k
                         : make_uint4(0, 0, 0, 0);
         }
     };
+    auto load = [&](int k0) {
+        if constexpr (FP8) {
+#pragma unroll
+            for (int i = 0; i < NA; i++) {
+                const int idx = tid + i * THREADS, r = idx / (BK / 4), c = idx % (BK / 4) * 4;
+                rx[i] = r < t.nr ? *reinterpret_cast<const uint2 *>(p.xb + (int64_t)(t.r0 + r) * p.ldx + k0 + c)
+                                 : make_uint2(0, 0);
+            }
+#pragma unroll
+            for (int i = 0; i < NB; i++) {
+                const int idx = tid + i * THREADS, j = idx / (BK / 8), c = idx % (BK / 8) * 8, o = wrow(j);
+                rq[i] = o >= 0 ? *reinterpret_cast<const uint2 *>(w + (int64_t)o * p.ldw + k0 + c) : make_uint2(0, 0);
+            }
+        } else {
+            load_bf16(k0);
+        }
+    };
     load(0);
     for (int k0 = 0; k0 < p.cols; k0 += BK) {
+        if constexpr (FP8) {
 #pragma unroll
-        for (int i = 0; i < NA; i++) { // x rounded to bf16 as staged
-            const int idx = tid + i * THREADS, r = idx / (BK / 4), c = idx % (BK / 4) * 4;
-            *reinterpret_cast<__nv_bfloat162 *>(&s.a[r][c]) = __floats2bfloat162_rn(ra[i].x, ra[i].y);
-            *reinterpret_cast<__nv_bfloat162 *>(&s.a[r][c + 2]) = __floats2bfloat162_rn(ra[i].z, ra[i].w);
-        }
+            for (int i = 0; i < NA; i++) {
+                const int idx = tid + i * THREADS, r = idx / (BK / 4), c = idx % (BK / 4) * 4;
+                *reinterpret_cast<uint2 *>(&s.a[r][c]) = rx[i];
+            }
 #pragma unroll
-        for (int i = 0; i < NB; i++) {
-            const int idx = tid + i * THREADS, j = idx / (BK / 8), c = idx % (BK / 8) * 8;
-            *reinterpret_cast<uint4 *>(&s.b[j][c]) = rb[i];
+            for (int i = 0; i < NB; i++) {
+                const int idx = tid + i * THREADS, j = idx / (BK / 8), c = idx % (BK / 8) * 8, o = wrow(j);
+                *reinterpret_cast<uint4 *>(&s.b[j][c]) = widen8(rq[i], p, t.e, o < 0 ? 0 : o, k0 + c);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < NA; i++) { // x rounded to bf16 as staged
+                const int idx = tid + i * THREADS, r = idx / (BK / 4), c = idx % (BK / 4) * 4;
+                *reinterpret_cast<__nv_bfloat162 *>(&s.a[r][c]) = __floats2bfloat162_rn(ra[i].x, ra[i].y);
+                *reinterpret_cast<__nv_bfloat162 *>(&s.a[r][c + 2]) = __floats2bfloat162_rn(ra[i].z, ra[i].w);
+            }
+#pragma unroll
+            for (int i = 0; i < NB; i++) {
+                const int idx = tid + i * THREADS, j = idx / (BK / 8), c = idx % (BK / 8) * 8;
+                *reinterpret_cast<uint4 *>(&s.b[j][c]) = rb[i];
+            }
         }
         __syncthreads();
         if (k0 + BK < p.cols) load(k0 + BK);
@@ -171,11 +248,14 @@ template <bool GLU, int BK> __global__ void __launch_bounds__(THREADS) grouped_k
         }
     __syncthreads();
     constexpr int OUT = GLU ? BN / 2 : BN;
+    const float *sc = FP8 ? p.stab[t.e] : nullptr; // FP8: the expert's row scales
     for (int idx = tid; idx < BM * OUT; idx += THREADS) {
         const int r = idx / OUT, j = idx % OUT, o = t.o0 + j;
         if (r >= t.nr || o >= (GLU ? f : p.n_out)) continue;
         float *yr = p.y + (int64_t)(t.r0 + r) * p.ldy;
-        yr[o] = GLU ? tsr_silu_mul(cs[r][j], cs[r][j + HB]) : cs[r][j];
+        float a = cs[r][j], b = GLU ? cs[r][j + HB] : 0.0f;
+        if constexpr (FP8) a *= sc[o], b = GLU ? b * sc[f + o] : b;
+        yr[o] = GLU ? tsr_silu_mul(a, b) : a;
     }
 }
 
@@ -204,8 +284,16 @@ constexpr int BK = 64;
 
 inline cudaError_t launch(const Args &p, int64_t n_tiles, bool glu, cudaStream_t st) {
     if (n_tiles < 1) return cudaSuccess;
-    if (glu) grouped_k<true, BK><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
-    else grouped_k<false, BK><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
+    if (glu) grouped_k<true, BK, false><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
+    else grouped_k<false, BK, false><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
+    return cudaGetLastError();
+}
+
+// The same over E4M3 experts (Args' FP8 fields set).
+inline cudaError_t launch_fp8(const Args &p, int64_t n_tiles, bool glu, cudaStream_t st) {
+    if (n_tiles < 1) return cudaSuccess;
+    if (glu) grouped_k<true, BK, true><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
+    else grouped_k<false, BK, true><<<(unsigned)n_tiles, THREADS, 0, st>>>(p);
     return cudaGetLastError();
 }
 

@@ -29,7 +29,7 @@
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemv_row.cuh"
-#include "kernels/cuda/grouped.cuh"
+#include "plugins/common/grouped_tiles.h"
 #include "kernels/dtype.h"
 #include "slots/tsr_gemv.h"
 
@@ -66,9 +66,7 @@ struct Gemv {
     int decode_rows;     // rows up to which the tensor-core kernel runs
     int glu;             // param glu: run_glu fuses one row's gate/up and SiLU (CUDA_GEMV_DECODE)
     Algo plans[kPlans];  // cuBLASLt plans by shape (a heuristic query costs ~0.1 ms)
-    // run_grouped's tile lists: built on the host, copied to the device
-    tsr_grouped::Tile *tiles_h, *tiles_d;
-    int64_t tiles_cap;
+    GroupedTiles tiles; // run_grouped's tile lists
 };
 
 struct Weight {
@@ -180,38 +178,14 @@ int run_experts(Gemv *g, const Experts *t, const int32_t *sel, int k, int per_x,
 int run_grouped(Gemv *g, const Experts *t, const int32_t *off, int n, int glu, const float *x, int ldx, float *y,
                 cudaStream_t st) {
     const Weight &w = t->shape;
-    if (n < 1 || !off || off[0] != 0 || ldx % 4 || ldx < w.cols || (reinterpret_cast<uintptr_t>(x) & 15) ||
+    if (!grouped_offsets_ok(off, n) || ldx % 4 || ldx < w.cols || (reinterpret_cast<uintptr_t>(x) & 15) ||
         (glu && (!w.pair || w.rows % 2)))
         return TSR_ERR_UNSUPPORTED;
-    for (int e = 0; e < n; e++)
-        if (off[e + 1] < off[e]) return TSR_ERR_UNSUPPORTED;
-    const int64_t k = tsr_grouped::tile_count(off, n, (int)w.rows, glu != 0);
-    if (k > 0x7fffffff) return TSR_ERR_UNSUPPORTED;
-    if (k > g->tiles_cap) { // grown to the largest list seen
-        const tsr_host_api *h = g->ctx->host;
-        tsr_grouped::Tile *hn = static_cast<tsr_grouped::Tile *>(malloc((size_t)k * sizeof *hn));
-        void *dn = nullptr;
-        int rc = hn ? h->dev_alloc(g->ctx, (size_t)k * sizeof *hn, &dn) : TSR_ERR_NOMEM;
-        if (rc != TSR_OK) {
-            free(hn);
-            return rc;
-        }
-        free(g->tiles_h);
-        if (g->tiles_d) {
-            cudaStreamSynchronize(st); // the last list may still be read
-            h->dev_free(g->ctx, g->tiles_d);
-        }
-        g->tiles_h = hn, g->tiles_d = static_cast<tsr_grouped::Tile *>(dn), g->tiles_cap = k;
-    }
-    tsr_grouped::make_tiles(off, n, (int)w.rows, glu != 0, g->tiles_h);
-    // from pageable memory: staged before the call returns, so the host list
-    // may be rewritten by the next call; the device list is read in stream
-    // order
-    int rc = cuda_err(g, cudaMemcpyAsync(g->tiles_d, g->tiles_h, (size_t)k * sizeof *g->tiles_h,
-                                         cudaMemcpyHostToDevice, st), "expert tiles");
+    int64_t k;
+    const int rc = grouped_tiles_upload(g->ctx, &g->tiles, off, n, (int)w.rows, glu != 0, st, &k);
     if (rc != TSR_OK) return rc;
     tsr_grouped::Args a = {};
-    a.etab = t->table, a.tiles = g->tiles_d, a.x = x, a.y = y, a.ldx = ldx;
+    a.etab = t->table, a.tiles = g->tiles.d, a.x = x, a.y = y, a.ldx = ldx;
     a.ldy = glu ? (int)w.rows / 2 : (int)w.rows;
     a.n_out = (int)w.rows, a.cols = (int)w.cols, a.ldw = w.ld * 2;
     return cuda_err(g, tsr_grouped::launch(a, k, glu != 0, st), "grouped expert gemm launch");
@@ -386,8 +360,7 @@ void g_fini(void *inst) {
     if (g->workspace) g->ctx->host->dev_free(g->ctx, g->workspace);
     if (g->xb) g->ctx->host->dev_free(g->ctx, g->xb);
     if (g->graph_xb) g->ctx->host->dev_free(g->ctx, g->graph_xb);
-    if (g->tiles_d) g->ctx->host->dev_free(g->ctx, g->tiles_d);
-    free(g->tiles_h);
+    grouped_tiles_free(g->ctx, &g->tiles);
     for (int i = 0; i < kPlans; i++) unplan(&g->plans[i]);
     if (g->lt) cublasLtDestroy(g->lt);
 }

@@ -15,6 +15,9 @@
 //   matmul (activations quantised per tensor on the device, s_x = max|x| /
 //   448, handed to cuBLASLt as the B scale; the product lands in scratch and
 //   a last kernel applies s_o while copying it into y).
+// - a mixture of experts' prompt rows grouped by expert (run_grouped):
+//   kernels/cuda/grouped.cuh's E4M3 variant, the tiles' arithmetic in one
+//   launch per projection for all of a layer's experts.
 // Stored E4M3 weights (FP8 checkpoints) keep their bytes and scales: a row's,
 // or with blocks along the rows its row block's largest, each block's ratio
 // to it applied to the activations in decode and to the widened weights in
@@ -34,6 +37,7 @@
 
 #include "core/util/checked.h"
 #include "kernels/cuda/gemv_row.cuh"
+#include "plugins/common/grouped_tiles.h"
 #include "kernels/dtype.h"
 #include "slots/tsr_gemv.h"
 
@@ -99,6 +103,7 @@ struct Gemv {
     int fp8_prefill;      // prefill: fp8 (cuBLASLt FP8), else bf16 tiles
     Algo plans[kPlans];
     Algo bplans[kPlans];  // bf16 tile GEMMs by shape
+    GroupedTiles tiles;   // run_grouped's tile lists
 };
 
 struct Weight {
@@ -261,16 +266,16 @@ __global__ void widen_bs_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *
     d[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
-// x [rows, cols] f32 -> bf16 [rows, ld] in the weights' column order
+// x [rows, cols] f32 (rows ldx apart) -> bf16 [rows, ld] in the weights' column order
 // (permute: E4M3's, tsr_mma::e4m3_stored_col; else the columns' own, as a
 // wide weight holds them), zero past cols
 __global__ void to_bf16_kernel(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ x, int64_t rows,
-                               int64_t cols, int64_t ld, bool permute) {
+                               int64_t cols, int64_t ld, bool permute, int64_t ldx) {
     const int64_t n = rows * ld;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / ld, c = i % ld;
         dst[r * ld + (permute ? tsr_mma::e4m3_stored_col(c, cols) : c)] =
-            __float2bfloat16_rn(c < cols ? x[r * cols + c] : 0.0f);
+            __float2bfloat16_rn(c < cols ? x[r * ldx + c] : 0.0f);
     }
 }
 
@@ -428,7 +433,7 @@ int plan_bf16(Gemv *g, int64_t m, int64_t n, int64_t k, int64_t ldd, Algo *a) {
 // y = D * s_o. The same launches every call: replayable.
 int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch *sc, cudaStream_t st) {
     float *d = static_cast<float *>(sc->d);
-    to_bf16_kernel<<<grid_for((int64_t)rows * w->ld, 256), 256, 0, st>>>(sc->xb, x, rows, w->cols, w->ld, !w->wide);
+    to_bf16_kernel<<<grid_for((int64_t)rows * w->ld, 256), 256, 0, st>>>(sc->xb, x, rows, w->cols, w->ld, !w->wide, w->cols);
     int rc = cuda_err(g, cudaGetLastError(), "activations to bf16");
     const float one = 1.0f, zero = 0.0f;
     for (int64_t r0 = 0; rc == TSR_OK && r0 < w->rows_pad; r0 += kTileRows) {
@@ -603,6 +608,7 @@ void g_fini(void *inst) {
     scratch_free(g, &g->eager);
     scratch_free(g, &g->graph);
     for (int i = 0; i < kPlans; i++) unplan(&g->plans[i]), unplan(&g->bplans[i]);
+    grouped_tiles_free(g->ctx, &g->tiles);
     if (g->lt) cublasLtDestroy(g->lt);
 }
 
@@ -1103,6 +1109,39 @@ int g_run_experts(void *inst, const void *table, const int32_t *sel, int k, int 
     return cuda_err(g, e, "fp8 expert gemv launch");
 }
 
+// A layer's prompt rows grouped by expert (off, host) through their E4M3
+// experts in one launch (kernels/cuda/grouped.cuh, launch_fp8): the rows
+// first in bf16 in the weights' stored column order (as the prefill tiles
+// take them), then codes widened in the kernel, the row scales in its
+// epilogue. TSR_ERR_UNSUPPORTED, nothing launched, for rows it does not
+// take or in a captured pass (its scratch grows).
+int g_run_grouped(void *inst, const void *table, const int32_t *off, int n, int glu, const float *x, int ldx,
+                  float *y, const tsr_exec *ex) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    const Experts *t = static_cast<const Experts *>(table);
+    const Weight &w = t->shape;
+    if (!grouped_offsets_ok(off, n) || ex->step || ldx < w.cols || w.wide || w.ld % tsr_grouped::BK ||
+        w.ld > 0x7fffffff || (glu && (!w.pair || w.rows % 2)) || (w.cm && (w.cm_rows < 1 || w.cm_shift < 2)))
+        return TSR_ERR_UNSUPPORTED;
+    const int64_t rows = off[n];
+    if (rows == 0) return TSR_OK;
+    cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
+    Scratch *sc = &g->eager;
+    int rc = grow(g, reinterpret_cast<void **>(&sc->xb), &sc->xb_bytes, (size_t)rows * (size_t)w.ld * 2);
+    if (rc != TSR_OK) return rc;
+    to_bf16_kernel<<<grid_for(rows * w.ld, 256), 256, 0, st>>>(sc->xb, x, rows, w.cols, w.ld, true, ldx);
+    if ((rc = cuda_err(g, cudaGetLastError(), "grouped activations to bf16"))) return rc;
+    int64_t k;
+    if ((rc = grouped_tiles_upload(g->ctx, &g->tiles, off, n, (int)w.rows, glu != 0, st, &k))) return rc;
+    tsr_grouped::Args a = {};
+    a.etab = t->etab, a.tiles = g->tiles.d, a.xb = sc->xb, a.y = y, a.ldx = (int)w.ld;
+    a.ldy = glu ? (int)w.rows / 2 : (int)w.rows;
+    a.n_out = (int)w.rows, a.cols = (int)w.ld, a.ldw = w.ld, a.wcols = (int)w.cols;
+    a.stab = t->stab, a.ctab = w.cm ? t->ctab : nullptr;
+    a.cm_rows = w.cm_rows, a.cm_shift = w.cm_shift, a.cm_ld = w.cm_ld;
+    return cuda_err(g, tsr_grouped::launch_fp8(a, k, glu != 0, st), "grouped E4M3 expert gemm launch");
+}
+
 uint64_t g_bytes(void *inst, const void *prepared) {
     (void)inst;
     const Weight *w = static_cast<const Weight *>(prepared);
@@ -1113,7 +1152,7 @@ uint64_t g_bytes(void *inst, const void *prepared) {
 
 const tsr_gemv_i iface = {
     sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group, g_run_glu,
-    g_prepare_experts, g_release_experts, g_run_experts, nullptr, // no run_grouped: E4M3 prompts go expert by expert
+    g_prepare_experts, g_release_experts, g_run_experts, g_run_grouped,
 };
 
 const tsr_plugin_desc desc = {
