@@ -88,6 +88,22 @@ int lt_err(Gemv *g, cublasStatus_t s, const char *what) {
     return TSR_ERR_DEVICE;
 }
 
+// *xb: the eager bf16 scratch, grown to hold at least need values (never
+// while a graph is captured: callers in a captured pass use graph_xb).
+int eager_xb(Gemv *g, size_t need, __nv_bfloat16 **xb) {
+    if (need > g->xb_elems) {
+        if (need < 2 * g->xb_elems) need = 2 * g->xb_elems;
+        if (g->xb) g->ctx->host->dev_free(g->ctx, g->xb);
+        g->xb = nullptr;
+        g->xb_elems = 0;
+        int rc = g->ctx->host->dev_alloc(g->ctx, need * 2, reinterpret_cast<void **>(&g->xb));
+        if (rc != TSR_OK) return rc;
+        g->xb_elems = need;
+    }
+    *xb = g->xb;
+    return TSR_OK;
+}
+
 #ifdef CUDA_GEMV_DECODE
 constexpr int kMaxDecodeRows = 8;
 
@@ -178,17 +194,23 @@ int run_experts(Gemv *g, const Experts *t, const int32_t *sel, int k, int per_x,
 int run_grouped(Gemv *g, const Experts *t, const int32_t *off, int n, int glu, const float *x, int ldx, float *y,
                 cudaStream_t st) {
     const Weight &w = t->shape;
-    if (!grouped_offsets_ok(off, n) || ldx % 4 || ldx < w.cols || (reinterpret_cast<uintptr_t>(x) & 15) ||
-        (glu && (!w.pair || w.rows % 2)))
+    if (!grouped_offsets_ok(off, n) || ldx < w.cols || (glu && (!w.pair || w.rows % 2)))
         return TSR_ERR_UNSUPPORTED;
-    int64_t k;
-    const int rc = grouped_tiles_upload(g->ctx, &g->tiles, off, n, (int)w.rows, glu != 0, st, &k);
+    const int64_t rows = off[n];
+    if (rows == 0) return TSR_OK;
+    const int kx = tsr_grouped::k_extent((int)w.cols);
+    __nv_bfloat16 *xb = nullptr;
+    int rc = eager_xb(g, (size_t)rows * (size_t)kx, &xb);
     if (rc != TSR_OK) return rc;
+    if ((rc = cuda_err(g, tsr_grouped::to_bf16_rows(xb, x, rows, (int)w.cols, ldx, kx, st), "grouped activations")))
+        return rc;
+    int64_t k;
+    if ((rc = grouped_tiles_upload(g->ctx, &g->tiles, off, n, (int)w.rows, glu != 0, st, &k))) return rc;
     tsr_grouped::Args a = {};
-    a.etab = t->table, a.tiles = g->tiles.d, a.x = x, a.y = y, a.ldx = ldx;
+    a.etab = t->table, a.tiles = g->tiles.d, a.xb = xb, a.y = y, a.ldxb = kx, a.kx = kx;
     a.ldy = glu ? (int)w.rows / 2 : (int)w.rows;
-    a.n_out = (int)w.rows, a.cols = (int)w.cols, a.ldw = w.ld * 2;
-    return cuda_err(g, tsr_grouped::launch(a, k, glu != 0, st), "grouped expert gemm launch");
+    a.n_out = (int)w.rows, a.ldw = w.ld * 2;
+    return cuda_err(g, tsr_grouped::launch(a, k, glu != 0, false, st), "grouped expert gemm launch");
 }
 
 // Whether run_decode takes these rows (x read as it is).
@@ -463,7 +485,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     /* x as it is (cuBLASLt below for rows the kernel cannot read: cols % 4) */
     if (decodes(g, w, rows, x)) return run_decode(g, w, rows, x, y, st, ex->pdl != 0);
 #endif
-    size_t need = (size_t)rows * (size_t)w->ld;
+    const size_t need = (size_t)rows * (size_t)w->ld;
     __nv_bfloat16 *xb = g->xb;
     if (ex->step) { // captured: the fixed scratch; nothing may be allocated
         if (need > g->graph_xb_elems) {
@@ -472,15 +494,9 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
             return TSR_ERR_UNSUPPORTED;
         }
         xb = g->graph_xb;
-    } else if (need > g->xb_elems) {
-        if (need < 2 * g->xb_elems) need = 2 * g->xb_elems;
-        if (g->xb) g->ctx->host->dev_free(g->ctx, g->xb);
-        g->xb = nullptr;
-        g->xb_elems = 0;
-        int rc = g->ctx->host->dev_alloc(g->ctx, need * 2, reinterpret_cast<void **>(&g->xb));
+    } else {
+        int rc = eager_xb(g, need, &xb);
         if (rc != TSR_OK) return rc;
-        g->xb_elems = need;
-        xb = g->xb;
     }
     if (tsr_cu_f32_to_bf16_pad(reinterpret_cast<uint16_t *>(xb), x, rows, (int)w->cols, (int)w->ld, st) != 0)
         return cuda_err(g, cudaGetLastError(), "activations to bf16");

@@ -1110,7 +1110,7 @@ int g_run_experts(void *inst, const void *table, const int32_t *sel, int k, int 
 }
 
 // A layer's prompt rows grouped by expert (off, host) through their E4M3
-// experts in one launch (kernels/cuda/grouped.cuh, launch_fp8): the rows
+// experts in one launch (kernels/cuda/grouped.cuh): the rows
 // first in bf16 in the weights' stored column order (as the prefill tiles
 // take them), then codes widened in the kernel, the row scales in its
 // epilogue. TSR_ERR_UNSUPPORTED, nothing launched, for rows it does not
@@ -1134,12 +1134,12 @@ int g_run_grouped(void *inst, const void *table, const int32_t *off, int n, int 
     int64_t k;
     if ((rc = grouped_tiles_upload(g->ctx, &g->tiles, off, n, (int)w.rows, glu != 0, st, &k))) return rc;
     tsr_grouped::Args a = {};
-    a.etab = t->etab, a.tiles = g->tiles.d, a.xb = sc->xb, a.y = y, a.ldx = (int)w.ld;
+    a.etab = t->etab, a.tiles = g->tiles.d, a.xb = sc->xb, a.y = y, a.ldxb = (int)w.ld;
     a.ldy = glu ? (int)w.rows / 2 : (int)w.rows;
-    a.n_out = (int)w.rows, a.cols = (int)w.ld, a.ldw = w.ld, a.wcols = (int)w.cols;
+    a.n_out = (int)w.rows, a.kx = (int)w.ld, a.ldw = w.ld, a.wcols = (int)w.cols;
     a.stab = t->stab, a.ctab = w.cm ? t->ctab : nullptr;
     a.cm_rows = w.cm_rows, a.cm_shift = w.cm_shift, a.cm_ld = w.cm_ld;
-    return cuda_err(g, tsr_grouped::launch_fp8(a, k, glu != 0, st), "grouped E4M3 expert gemm launch");
+    return cuda_err(g, tsr_grouped::launch(a, k, glu != 0, true, st), "grouped E4M3 expert gemm launch");
 }
 
 uint64_t g_bytes(void *inst, const void *prepared) {
