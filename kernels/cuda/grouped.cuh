@@ -8,7 +8,7 @@
 // the host, which knows the counts) and one block computes each tile on the
 // tensor cores: mma.sync m16n8k16 bf16 with f32 accumulation, fragments by
 // ldmatrix, K steps of BK columns brought into shared memory by cp.async
-// stages() - 1 steps ahead of the one being multiplied (no registers held for
+// one step ahead of the one being multiplied (no registers held for
 // them). The activations come in bf16 (xb: the plugin converts the f32 rows
 // first, rounding them as its cuBLASLt prompt GEMMs do; rows zero past the
 // columns to a whole K step). GLU: a tile's BN columns are BN / 2 gate rows
@@ -47,11 +47,14 @@
 namespace tsr_grouped {
 
 constexpr int BM = 64, BN = 128, BK = 64, PAD = 8, THREADS = 128;
-// K steps in shared memory at once: one being multiplied, the rest in
-// flight. At the qwen3moe-7b-a1b shape (a 512-token prompt, H200): bf16
-// 12.10 / 11.86 / 11.88 ms with 2 / 3 / 4, E4M3 13.71 / 14.00 / 14.10 ms
-// (BENCHMARKS.md, twentieth session).
-template <bool FP8> __host__ __device__ constexpr int stages() { return FP8 ? 2 : 3; }
+// K steps in shared memory at once (one being multiplied, the next in
+// flight) and blocks per SM (launch bounds: at most 128 registers a thread,
+// no spills): 2 stages of 55 KiB (bf16) or 53 KiB (E4M3) let four blocks
+// share an SM. At the qwen3moe-7b-a1b shape (a 512-token prompt, H200),
+// against 3 stages (bf16) and registers unbounded (164-216 a thread: two
+// blocks an SM): bf16 12.30 / 12.18 -> 12.02 / 11.96 ms, E4M3 14.25 / 14.56 ->
+// 13.23 / 12.92 ms (BENCHMARKS.md, twentieth session).
+constexpr int STAGES = 2, MIN_BLOCKS = 4;
 
 // One block's work: rows [r0, r0 + nr) of the sorted input, all of expert
 // e; weight rows o0.. (GLU: gate rows o0.. and up rows f + o0..).
@@ -127,18 +130,17 @@ __device__ __forceinline__ uint4 widen8(uint2 v, const Args &p, int e, int o, in
     return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// Shared memory of a block: stages() x (A tile, B tile: bf16 rows, or FP8's
+// Shared memory of a block: STAGES x (A tile, B tile: bf16 rows, or FP8's
 // codes), then (FP8) the widened B tile; the epilogue's f32 tile reuses it.
 constexpr int LDS = BK + PAD; // bf16 tiles' row stride (elements): rows 144 bytes apart, ldmatrix without conflicts
 constexpr int A_BYTES = BM * LDS * 2;
 template <bool FP8> __host__ __device__ constexpr int b_bytes() { return FP8 ? BN * BK : BN * LDS * 2; }
 template <bool FP8> __host__ __device__ constexpr int smem_bytes() {
-    const int pipe = stages<FP8>() * (A_BYTES + b_bytes<FP8>()) + (FP8 ? BN * LDS * 2 : 0), epi = BM * (BN + 4) * 4;
+    const int pipe = STAGES * (A_BYTES + b_bytes<FP8>()) + (FP8 ? BN * LDS * 2 : 0), epi = BM * (BN + 4) * 4;
     return pipe > epi ? pipe : epi;
 }
 
-template <bool GLU, bool FP8> __global__ void __launch_bounds__(THREADS) grouped_k(const Args p) {
-    constexpr int STAGES = stages<FP8>();
+template <bool GLU, bool FP8> __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) grouped_k(const Args p) {
     extern __shared__ __align__(16) unsigned char smem[];
     auto a_tile = [&](int st) { return reinterpret_cast<__nv_bfloat16(*)[LDS]>(smem + st * (A_BYTES + b_bytes<FP8>())); };
     auto b_raw = [&](int st) { return smem + st * (A_BYTES + b_bytes<FP8>()) + A_BYTES; };
