@@ -10,8 +10,8 @@
 //   rounding, products summed in f32 on CUDA cores), which for the stacked
 //   gate/up projection also applies the SiLU (run_glu: one launch less per
 //   layer; param glu).
-// - more rows (prefill): by default 2,048 weight rows at a time widened to
-//   bf16 (exact) for cuBLASLt's bf16 GEMM; with `prefill: fp8` a cuBLASLt FP8
+// - more rows (prefill): by default tiles of weight rows (tile_rows) widened
+//   to bf16 (exact) for cuBLASLt's bf16 GEMM; with `prefill: fp8` a cuBLASLt FP8
 //   matmul (activations quantised per tensor on the device, s_x = max|x| /
 //   448, handed to cuBLASLt as the B scale; the product lands in scratch and
 //   a last kernel applies s_o while copying it into y).
@@ -81,14 +81,21 @@ struct Scratch {
     unsigned *stat;       // kStatWords: [0] max|x| as f32 bits, [kScaleWord] s_x as f32 bits
     __nv_bfloat16 *xb;    // bf16 activations [rows, ld] (prefill: bf16 tiles)
     size_t xb_bytes;
-    __nv_bfloat16 *tile;  // kTileRows weight rows widened to bf16 (prefill: bf16 tiles)
+    __nv_bfloat16 *tile;  // a tile of weight rows widened to bf16 (prefill: bf16 tiles; tile_rows)
     size_t tile_bytes;
 };
 
-// Prefill by tiles: kTileRows e4m3 weight rows at a time widened to bf16
+// Prefill by tiles: e4m3 weight rows widened to bf16 a tile at a time
 // (exactly: e4m3 values are bf16 values; the row scales come after) and
-// multiplied by cuBLASLt's bf16 GEMM.
+// multiplied by cuBLASLt's bf16 GEMM. Captured passes: kTileRows rows (the
+// graph scratch is reserved at init); eager ones as many rows as fit
+// kTileBytes, at least kTileRows: fewer, larger GEMMs. A 512-token prompt
+// at the Llama-3-8B shape (H200): 32.2 ms with 2,048-row tiles, 28.4 / 27.6 /
+// 27.3 / 26.9 ms with 4,096 / 8,192 / 16,384 / 32,768 (BENCHMARKS.md,
+// twentieth session).
 constexpr int64_t kTileRows = 2048;
+constexpr size_t kTileBytes = (size_t)64 << 20;
+
 
 struct Gemv {
     const tsr_plugin_ctx *ctx;
@@ -429,15 +436,23 @@ int plan_bf16(Gemv *g, int64_t m, int64_t n, int64_t k, int64_t ldd, Algo *a) {
     return TSR_OK;
 }
 
+// Weight rows of a prefill tile of w (tile_rows(w) x ld bf16 values).
+int64_t tile_rows(const Weight *w, bool captured) {
+    int64_t t = captured ? kTileRows : (int64_t)(kTileBytes / ((size_t)w->ld * 2)) / 16 * 16;
+    if (t < kTileRows) t = kTileRows;
+    return w->rows_pad < t ? w->rows_pad : t;
+}
+
 // Prefill through bf16 tiles: D (f32, [rows, rows_pad]) tile by tile, then
 // y = D * s_o. The same launches every call: replayable.
 int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch *sc, cudaStream_t st) {
+    const int64_t tr = tile_rows(w, sc == &g->graph);
     float *d = static_cast<float *>(sc->d);
     to_bf16_kernel<<<grid_for((int64_t)rows * w->ld, 256), 256, 0, st>>>(sc->xb, x, rows, w->cols, w->ld, !w->wide, w->cols);
     int rc = cuda_err(g, cudaGetLastError(), "activations to bf16");
     const float one = 1.0f, zero = 0.0f;
-    for (int64_t r0 = 0; rc == TSR_OK && r0 < w->rows_pad; r0 += kTileRows) {
-        const int64_t t = w->rows_pad - r0 < kTileRows ? w->rows_pad - r0 : kTileRows;
+    for (int64_t r0 = 0; rc == TSR_OK && r0 < w->rows_pad; r0 += tr) {
+        const int64_t t = w->rows_pad - r0 < tr ? w->rows_pad - r0 : tr;
         // a wide weight's rows are bf16 already: the GEMM reads them where they are
         const __nv_bfloat16 *tile = w->wide ? reinterpret_cast<const __nv_bfloat16 *>(w->w) + r0 * w->ld : sc->tile;
         if (!w->wide) {
@@ -976,7 +991,7 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
     if (!g->fp8_prefill || w->wide) { // bf16 tiles (a wide weight, a router: its own rows)
         const size_t xb_need = (size_t)rows * (size_t)w->ld * 2, d_need = (size_t)rows * (size_t)w->rows_pad * 4;
         const size_t tile_need =
-            w->wide ? 0 : (size_t)(w->rows_pad < kTileRows ? w->rows_pad : kTileRows) * (size_t)w->ld * 2;
+            w->wide ? 0 : (size_t)tile_rows(w, captured) * (size_t)w->ld * 2;
         if (captured) {
             if (xb_need > sc->xb_bytes || d_need > sc->d_bytes || tile_need > sc->tile_bytes) {
                 h->set_error(g->ctx, "a captured pass of %d rows through a [%lld, %lld] weight exceeds the scratch "

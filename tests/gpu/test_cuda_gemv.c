@@ -472,6 +472,9 @@ static void plugin_cases(const char *plugin) {
     gemv_case(&v, 2000, 1024, 1);
     gemv_case(&v, 5003, 1040, 1);
     gemv_case(&v, 16390, 1024, 1);
+    /* prefill rows through a matrix of more than 64 MiB of bf16 (cuda_gemv_fp8's
+     * eager tiles: two of them) */
+    gemv_case(&v, 16400, 2048, TSR_GRAPH_MAX_ROWS + 8);
     /* run_glu at each of launch_glu's configurations by height, partial blocks */
     const int fp8 = strstr(plugin, "fp8") != NULL;
     glu_case(&v, 999, 256, !fp8); /* E4M3: gemv_mma's height, refused */
