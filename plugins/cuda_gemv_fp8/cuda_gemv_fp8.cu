@@ -228,15 +228,29 @@ __global__ void rescale_kernel(float *__restrict__ y, const DT *__restrict__ d, 
     }
 }
 
-// rows of e4m3 weights widened to bf16 (exact), n = rows * ld values
+// rows of e4m3 weights widened to bf16 (exact), n = rows * ld values (a
+// multiple of 16): 16 codes a thread a step (one 16-byte load, two 16-byte
+// stores), where 2 a step made a thread's loads 2 bytes wide (BENCHMARKS.md,
+// twentieth session)
 __global__ void widen_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ src, int64_t n) {
-    for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2; i < n;
-         i += (int64_t)gridDim.x * blockDim.x * 2) {
-        const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(*reinterpret_cast<const __nv_fp8x2_storage_t *>(src + i),
-                                                             __NV_E4M3));
-        const float2 f = __half22float2(h);
-        dst[i] = __float2bfloat16_rn(f.x);
-        dst[i + 1] = __float2bfloat16_rn(f.y);
+    for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 16; i < n;
+         i += (int64_t)gridDim.x * blockDim.x * 16) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(src + i);
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+        uint32_t out[8];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float2 lo = __half22float2(
+                __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[q] & 0xffffu), __NV_E4M3)));
+            const float2 hi = __half22float2(
+                __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[q] >> 16), __NV_E4M3)));
+            const __nv_bfloat162 p0 = __floats2bfloat162_rn(lo.x, lo.y), p1 = __floats2bfloat162_rn(hi.x, hi.y);
+            out[2 * q] = *reinterpret_cast<const uint32_t *>(&p0);
+            out[2 * q + 1] = *reinterpret_cast<const uint32_t *>(&p1);
+        }
+        uint4 *d = reinterpret_cast<uint4 *>(dst + i);
+        d[0] = make_uint4(out[0], out[1], out[2], out[3]);
+        d[1] = make_uint4(out[4], out[5], out[6], out[7]);
     }
 }
 
@@ -461,7 +475,7 @@ int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scra
                     sc->tile, w->w + r0 * w->ld, w->ld, w->cols, r0, w->cm, w->cm_rows, w->cm_shift, w->cm_ld,
                     w->rows);
             else
-                widen_kernel<<<grid_for(t * w->ld / 2, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld);
+                widen_kernel<<<grid_for(t * w->ld / 16, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld);
             if ((rc = cuda_err(g, cudaGetLastError(), "weights to bf16"))) break;
         }
         Algo tmp = {}, *a = nullptr;
