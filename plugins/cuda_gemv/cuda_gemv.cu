@@ -189,8 +189,9 @@ int run_experts(Gemv *g, const Experts *t, const int32_t *sel, int k, int per_x,
 }
 
 // A layer's prompt rows grouped by expert (off, host) through their experts
-// in one launch (kernels/cuda/grouped.cuh); TSR_ERR_UNSUPPORTED, nothing
-// launched, where x cannot be read as the kernel reads it.
+// in one launch (kernels/cuda/grouped.cuh), the rows converted to bf16
+// first; TSR_ERR_UNSUPPORTED, nothing launched, for offsets or shapes it
+// does not take.
 int run_grouped(Gemv *g, const Experts *t, const int32_t *off, int n, int glu, const float *x, int ldx, float *y,
                 cudaStream_t st) {
     const Weight &w = t->shape;
@@ -548,6 +549,7 @@ int g_run_experts(void *inst, const void *table, const int32_t *sel, int k, int 
 int g_run_grouped(void *inst, const void *table, const int32_t *off, int n, int glu, const float *x, int ldx,
                   float *y, const tsr_exec *ex) {
 #ifdef CUDA_GEMV_DECODE
+    if (ex->step) return TSR_ERR_UNSUPPORTED; // a captured pass: its scratch and tile list grow
     return run_grouped(static_cast<Gemv *>(inst), static_cast<const Experts *>(table), off, n, glu, x, ldx, y,
                        static_cast<cudaStream_t>(ex->stream));
 #else
