@@ -270,25 +270,6 @@ template <bool GLU, bool FP8> __global__ void __launch_bounds__(THREADS, MIN_BLO
     }
 }
 
-// x [rows, cols] f32 (rows ldx apart) -> dst [rows, kx] bf16, zero from cols:
-// the A rows of the bf16 weights' launch.
-__global__ void to_bf16_rows_k(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ x, int64_t rows,
-                               int cols, int64_t ldx, int kx) {
-    const int64_t n = rows * kx;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / kx;
-        const int c = (int)(i % kx);
-        dst[i] = __float2bfloat16_rn(c < cols ? x[r * ldx + c] : 0.0f);
-    }
-}
-
-inline cudaError_t to_bf16_rows(__nv_bfloat16 *dst, const float *x, int64_t rows, int cols, int64_t ldx, int kx,
-                                cudaStream_t st) {
-    const int64_t n = rows * kx, blocks = (n + 255) / 256;
-    if (n > 0) to_bf16_rows_k<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(dst, x, rows, cols, ldx, kx);
-    return cudaGetLastError();
-}
-
 // The K extent of a launch over weights of cols columns (bf16 weights: xb's
 // row length, zero-padded).
 inline int k_extent(int cols) { return (cols + BK - 1) / BK * BK; }

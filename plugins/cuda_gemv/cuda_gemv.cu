@@ -189,13 +189,13 @@ int run_experts(Gemv *g, const Experts *t, const int32_t *sel, int k, int per_x,
 }
 
 // A layer's prompt rows grouped by expert (off, host) through their experts
-// in one launch (kernels/cuda/grouped.cuh), the rows converted to bf16
-// first; TSR_ERR_UNSUPPORTED, nothing launched, for offsets or shapes it
-// does not take.
+// in one launch (kernels/cuda/grouped.cuh), the rows (cols apart, as the
+// host gathers them) converted to bf16 first; TSR_ERR_UNSUPPORTED, nothing
+// launched, for offsets, rows or shapes it does not take.
 int run_grouped(Gemv *g, const Experts *t, const int32_t *off, int n, int glu, const float *x, int ldx, float *y,
                 cudaStream_t st) {
     const Weight &w = t->shape;
-    if (!grouped_offsets_ok(off, n) || ldx < w.cols || (glu && (!w.pair || w.rows % 2)))
+    if (!grouped_offsets_ok(off, n) || ldx != w.cols || (glu && (!w.pair || w.rows % 2)))
         return TSR_ERR_UNSUPPORTED;
     const int64_t rows = off[n];
     if (rows == 0) return TSR_OK;
@@ -203,8 +203,8 @@ int run_grouped(Gemv *g, const Experts *t, const int32_t *off, int n, int glu, c
     __nv_bfloat16 *xb = nullptr;
     int rc = eager_xb(g, (size_t)rows * (size_t)kx, &xb);
     if (rc != TSR_OK) return rc;
-    if ((rc = cuda_err(g, tsr_grouped::to_bf16_rows(xb, x, rows, (int)w.cols, ldx, kx, st), "grouped activations")))
-        return rc;
+    if (tsr_cu_f32_to_bf16_pad(reinterpret_cast<uint16_t *>(xb), x, (int)rows, (int)w.cols, kx, st) != 0)
+        return cuda_err(g, cudaGetLastError(), "grouped activations to bf16");
     int64_t k;
     if ((rc = grouped_tiles_upload(g->ctx, &g->tiles, off, n, (int)w.rows, glu != 0, st, &k))) return rc;
     tsr_grouped::Args a = {};
