@@ -29,9 +29,9 @@
 //         activations are multiplied by 2^-4 before they are rounded to f16
 //         (range to ~1e6, at least bf16's precision above 2^-10); the power
 //         of two is undone exactly on the f32 result.
-// The block is MT tiles of 16 rows times KW warps that split each row's
-// chunks between them (see gemv_mma's work split); the KW partial sums are
-// added in shared memory.
+// The block is MT groups of TPW tiles of 16 rows times KW warps that split
+// each row's chunks between them (see gemv_mma's work split); the KW partial
+// sums are added in shared memory.
 //
 // Measured on the H200 (tools/cuda_lab/gemv_lab.cu, BENCHMARKS.md): 8 rows
 // cost 1.0-1.06x one row; at one row a plain warp-per-row kernel that
@@ -206,31 +206,41 @@ __device__ __forceinline__ void load_x_e4m3(const float *xr, int off, int cols, 
     }
 }
 
-// The lane's 16 bytes at byte off of its two rows against input row g's
-// activations of the same k (zero for lanes whose g is not an input row).
+// The lane's activations of input row g for its 16 bytes at byte off of a
+// row (zero for lanes whose g is not an input row), as the mma's B
+// fragments: bf16 4 words, fp8 8 (two a product).
+template <int WK> constexpr int kXWords = WK == kBf16 ? 4 : 8;
 template <int WK, bool BS = false>
-__device__ __forceinline__ void chunk_mma(const Args &p, float *acc, const uint4 &a, const uint4 &b, const float *xr,
-                                          int off, bool has_x, const float *cmr = nullptr) {
+__device__ __forceinline__ void chunk_x(const Args &p, uint32_t *xp, const float *xr, int off, bool has_x,
+                                        const float *cmr = nullptr) {
     if (WK == kBf16) {
         float xv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         if (has_x) load_x<8>(xr, off / 2, p.cols, xv);
-        const uint32_t x0 = pack_bf16(xv[0], xv[1]), x1 = pack_bf16(xv[2], xv[3]);
-        const uint32_t x2 = pack_bf16(xv[4], xv[5]), x3 = pack_bf16(xv[6], xv[7]);
-        mma_bf16(acc, a.x, b.x, a.y, b.y, x0, x1);
-        mma_bf16(acc, a.z, b.z, a.w, b.w, x2, x3);
+#pragma unroll
+        for (int j = 0; j < 4; j++) xp[j] = pack_bf16(xv[2 * j], xv[2 * j + 1]);
     } else {
         float xv[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) xv[i] = 0.f;
         if (has_x) load_x_e4m3<BS>(xr, off, p.cols, xv, cmr, p.cm_shift);
+#pragma unroll
+        for (int j = 0; j < 8; j++) xp[j] = pack_f16(xv[2 * j] * 0.0625f, xv[2 * j + 1] * 0.0625f);
+    }
+}
+
+// The lane's 16 bytes of its two rows (a: row g, b: row g + 8) against the
+// activations chunk_x packed.
+template <int WK>
+__device__ __forceinline__ void chunk_mma(float *acc, const uint4 &a, const uint4 &b, const uint32_t *xp) {
+    if (WK == kBf16) {
+        mma_bf16(acc, a.x, b.x, a.y, b.y, xp[0], xp[1]);
+        mma_bf16(acc, a.z, b.z, a.w, b.w, xp[2], xp[3]);
+    } else {
         const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t x0 = pack_f16(xv[4 * i] * 0.0625f, xv[4 * i + 1] * 0.0625f);
-            const uint32_t x1 = pack_f16(xv[4 * i + 2] * 0.0625f, xv[4 * i + 3] * 0.0625f);
+        for (int i = 0; i < 4; i++)
             mma_f16(acc, e4m3_pair(aw[i], false), e4m3_pair(bw[i], false), e4m3_pair(aw[i], true),
-                    e4m3_pair(bw[i], true), x0, x1);
-        }
+                    e4m3_pair(bw[i], true), xp[2 * i], xp[2 * i + 1]);
     }
 }
 
@@ -239,37 +249,49 @@ template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == 
 
 // Work split: each row's 64-byte chunks are dealt to the tile's KW warps in
 // turn (chunk c to warp c % KW), each warp issuing the loads of U chunks
-// before it multiplies them.
+// before it multiplies them, for TPW consecutive 16-row tiles (the lane's
+// activations of a chunk loaded once for all of them: tiles_for). MINB:
+// blocks an SM asked of the register allocator (the labs try it; the
+// launcher leaves it 1).
 // Launched as a programmatic dependent (pdl.cuh), the kernel issues its
 // first weight loads (which depend on nothing) before it waits for the
 // kernel before it, and lets the next kernel launch once its products are
 // done (measured on the H200 at the Llama-3-8B shape, an 8-row pass: 5.097
 // ms waiting first, 4.909 loading first and letting the next launch at
 // once, 4.778 loading first and letting it launch at the end).
-template <int WK, int NR, int KW, int MT, int U, bool BS = false>
-__global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
+template <int WK, int NR, int KW, int MT, int U, bool BS = false, int TPW = 1, int MINB = 1>
+__global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
+    static_assert(!BS || TPW == 1, "block ratios are a row block's: one tile a warp");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int mt = warp / KW, kw = warp % KW;
     const int g = lane >> 2, t = lane & 3;
-    const int row0 = (blockIdx.x * MT + mt) * 16;
+    const int row0 = (blockIdx.x * MT + mt) * 16 * TPW;
     // rows past n_out read the last row (their results are not stored)
-    const int ra = min(row0 + g, p.n_out - 1), rb = min(row0 + g + 8, p.n_out - 1);
-    const uint8_t *pa = p.w + (int64_t)ra * p.ldw + 16 * t, *pb = p.w + (int64_t)rb * p.ldw + 16 * t;
+    const uint8_t *pa[TPW], *pb[TPW];
+#pragma unroll
+    for (int j = 0; j < TPW; j++) {
+        const int ra = min(row0 + 16 * j + g, p.n_out - 1), rb = min(row0 + 16 * j + g + 8, p.n_out - 1);
+        pa[j] = p.w + (int64_t)ra * p.ldw + 16 * t, pb[j] = p.w + (int64_t)rb * p.ldw + 16 * t;
+    }
     const bool has_x = g < NR;
     const float *xr = p.x + (int64_t)(has_x ? g : 0) * p.ldx;
     const int nch = (int)(p.ldw / 64);
     const float *cmr = BS ? cm_row(p, row0) : nullptr; // a tile's 16 rows lie in one row block
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[TPW][4];
+#pragma unroll
+    for (int j = 0; j < TPW; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     bool waited = false;
     for (int c0 = kw; c0 < nch; c0 += KW * U) {
-        uint4 a[U], b[U];
+        uint4 a[U][TPW], b[U][TPW];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * KW;
-            if (c < nch) {
-                a[u] = load_w(pa + (int64_t)c * 64);
-                b[u] = load_w(pb + (int64_t)c * 64);
-            }
+            if (c < nch)
+#pragma unroll
+                for (int j = 0; j < TPW; j++) {
+                    a[u][j] = load_w(pa[j] + (int64_t)c * 64);
+                    b[u][j] = load_w(pb[j] + (int64_t)c * 64);
+                }
         }
         if (!waited) { // the first weights are on their way before anything waits on x
             tsr_pdl::wait();
@@ -278,34 +300,43 @@ __global__ void __launch_bounds__(32 * KW * MT) gemv_mma(const Args p) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * KW;
-            if (c < nch) chunk_mma<WK, BS>(p, acc, a[u], b[u], xr, c * 64 + 16 * t, has_x, cmr);
+            if (c >= nch) continue;
+            uint32_t xp[kXWords<WK>]; // the activations once for the warp's TPW tiles
+            chunk_x<WK, BS>(p, xp, xr, c * 64 + 16 * t, has_x, cmr);
+#pragma unroll
+            for (int j = 0; j < TPW; j++) chunk_mma<WK>(acc[j], a[u][j], b[u][j], xp);
         }
     }
     if (!waited) tsr_pdl::wait(); // before y is written
     tsr_pdl::trigger();
-    // acc: rows g (acc 0, 1) and g + 8 (acc 2, 3) for input rows 2t, 2t + 1
+    // acc[j]: rows 16 j + g (acc 0, 1) and 16 j + g + 8 (acc 2, 3) for input rows 2t, 2t + 1
     if (KW > 1) {
-        __shared__ float4 part[MT][KW][32];
-        part[mt][kw][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __shared__ float4 part[MT][KW][TPW][32];
+#pragma unroll
+        for (int j = 0; j < TPW; j++) part[mt][kw][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
         __syncthreads();
         if (kw != 0) return;
-        for (int i = 1; i < KW; i++) {
-            const float4 q = part[mt][i][lane];
-            acc[0] += q.x, acc[1] += q.y, acc[2] += q.z, acc[3] += q.w;
-        }
+        for (int i = 1; i < KW; i++)
+#pragma unroll
+            for (int j = 0; j < TPW; j++) {
+                const float4 q = part[mt][i][j][lane];
+                acc[j][0] += q.x, acc[j][1] += q.y, acc[j][2] += q.z, acc[j][3] += q.w;
+            }
     }
     const float mul = kind_mul<WK>();
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int o = row0 + g + 8 * h;
-        if (o >= p.n_out) continue;
-        const float s = (p.scale ? p.scale[o] : 1.0f) * mul;
+    for (int j = 0; j < TPW; j++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            if (2 * t + j >= NR) continue;
-            p.y[(int64_t)(2 * t + j) * p.n_out + o] = acc[2 * h + j] * s;
+        for (int h = 0; h < 2; h++) {
+            const int o = row0 + 16 * j + g + 8 * h;
+            if (o >= p.n_out) continue;
+            const float s = (p.scale ? p.scale[o] : 1.0f) * mul;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (2 * t + r >= NR) continue;
+                p.y[(int64_t)(2 * t + r) * p.n_out + o] = acc[j][2 * h + r] * s;
+            }
         }
-    }
 }
 
 // Bytes between weight rows the kernels need: a multiple of 64.
@@ -323,20 +354,50 @@ template <int WK> inline int warps_for(int n_out, int cols) {
     return WK == kFp8 || n_out <= 8192 || cols >= 8192 ? 16 : 8;
 }
 
+// 16-row tiles a warp: E4M3 weights at 2..8 rows take several on tall
+// matrices. Every lane of a tile then loads 64 bytes of f32 activations for
+// 32 bytes of weights, which bounded those passes; a warp with TPW tiles
+// loads and rounds them once for all its tiles, and has TPW times the weight
+// bytes in flight. tools/cuda_lab/tpw_lab.cu on the H200 (TB/s at 8 rows, 16
+// warps a tile and one tile a warp against the choice here): q/k/v 6,144 x
+// 4,096 1.74 -> 1.97 (8 warps, 2 tiles), gate/up 28,672 x 4,096 2.87 ->
+// 3.34 and the LM head 3.25 -> 3.87 (4 warps, 4 tiles); o and down (4,096
+// rows: too few tiles to share) keep one; one token's GEMVs 2.86 -> 2.60 ms
+// at 8 rows, 2.52 -> 2.35 at 2. bf16 (activations half as many a weight
+// byte) gained nothing and one row keeps gemv_row or one tile.
+template <int WK> inline int tiles_for(int n_out, int rows) {
+    if (WK != kFp8 || rows < 2) return 1;
+    return n_out >= 16384 ? 4 : n_out >= 6144 ? 2 : 1;
+}
+
 // y = scale * x W^T for 1..8 rows of x; the preconditions above hold
 // (reads_x) or the result is wrong, so the callers check them.
 // pdl: launched as a programmatic dependent of the kernel before it.
 template <int WK>
 inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
-    const unsigned grid = (unsigned)((p.n_out + 15) / 16);
+    const int tpw = tiles_for<WK>(p.n_out, rows);
+    const unsigned grid = (unsigned)((p.n_out + 16 * tpw - 1) / (16 * tpw));
     if constexpr (WK == kFp8) {
-        if (p.cm) { // block scales: 16 warps a tile, as warps_for gives E4M3
+        if (p.cm) { // block scales (a tile's ratios, so one tile a warp): 16 warps a tile, as warps_for gives E4M3
+            const unsigned grid1 = (unsigned)((p.n_out + 15) / 16);
             switch (rows) {
 #define TSR_MMA_BS(R)                                                                                       \
-    case R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, true>, grid, 32 * 16, 0, st, pdl, p);
+    case R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, true>, grid1, 32 * 16, 0, st, pdl, p);
                 TSR_MMA_BS(1) TSR_MMA_BS(2) TSR_MMA_BS(3) TSR_MMA_BS(4)
                 TSR_MMA_BS(5) TSR_MMA_BS(6) TSR_MMA_BS(7) TSR_MMA_BS(8)
 #undef TSR_MMA_BS
+            default: return cudaErrorInvalidValue;
+            }
+        }
+        if (tpw > 1) { // 8 warps a tile for 2 tiles, 4 for 4
+            switch (rows * 10 + tpw) {
+#define TSR_MMA_TPW(R, T)                                                                                   \
+    case R * 10 + T: return tsr_pdl::launch(gemv_mma<WK, R, 16 / T, 1, 1, false, T>, grid, 32 * 16 / T, 0, st, pdl, p);
+#define TSR_MMA_TPW_ROWS(R) TSR_MMA_TPW(R, 2) TSR_MMA_TPW(R, 4)
+                TSR_MMA_TPW_ROWS(2) TSR_MMA_TPW_ROWS(3) TSR_MMA_TPW_ROWS(4)
+                TSR_MMA_TPW_ROWS(5) TSR_MMA_TPW_ROWS(6) TSR_MMA_TPW_ROWS(7) TSR_MMA_TPW_ROWS(8)
+#undef TSR_MMA_TPW_ROWS
+#undef TSR_MMA_TPW
             default: return cudaErrorInvalidValue;
             }
         }

@@ -472,6 +472,12 @@ static void plugin_cases(const char *plugin) {
     gemv_case(&v, 2000, 1024, 1);
     gemv_case(&v, 5003, 1040, 1);
     gemv_case(&v, 16390, 1024, 1);
+    /* E4M3 verification rows on tall matrices: several row tiles a warp
+     * (gemv_mma.cuh tiles_for: 2 from 6,144 rows, 4 from 16,384), partial */
+    for (int rows = 2; rows <= 8; rows += 3) {
+        gemv_case(&v, 6200, 1552, rows);
+        gemv_case(&v, 16390, 1040, rows);
+    }
     /* prefill rows through a matrix of more than 64 MiB of bf16 (cuda_gemv_fp8's
      * eager tiles: two of them) */
     gemv_case(&v, 16400, 2048, TSR_GRAPH_MAX_ROWS + 8);
