@@ -357,10 +357,12 @@ int run_decode(Gemv *g, const Weight *w, int rows, const float *x, int ldx, int 
                         "bf16 router gemv launch");
     if (rows == 1 && w->expert && tsr_row::row_reads(tsr_mma::kFp8, a))
         return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, false>(a, st, pdl), "fp8 expert gemv launch");
-    // runtime.pdl for one row only: 2..8 rows (the tensor-core kernel) as
-    // programmatic dependents made an 8-row pass slower on the H200 (4.52 ->
-    // 4.82 ms at the Llama-3-8B shape, BENCHMARKS.md), one row faster.
-    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kFp8>(a, rows, st, pdl && rows == 1),
+    // runtime.pdl at every row count: 2..8 rows as programmatic dependents
+    // had made an 8-row pass slower (4.52 -> 4.82 ms, the seventh session's
+    // kernels); since gemv_mma takes several tiles a warp on tall matrices
+    // they are faster (Llama-3-8B shape on the H200, 2 / 4 / 8 rows 2.95 /
+    // 3.11 / 3.35 -> 2.83 / 2.98 / 3.32 ms, BENCHMARKS.md).
+    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kFp8>(a, rows, st, pdl),
                     "fp8 decode gemv launch");
 }
 
