@@ -252,14 +252,17 @@ template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == 
 // before it multiplies them, for TPW consecutive 16-row tiles (the lane's
 // activations of a chunk loaded once for all of them: tiles_for). MINB:
 // blocks an SM asked of the register allocator (the labs try it; the
-// launcher leaves it 1).
+// launcher leaves it 0, the compiler's choice: an explicit 1 lets it take up
+// to 128 registers a thread, and the bf16 kernel at 8 rows went from 40 to
+// 88, a third of the blocks an SM; 2..8-row passes of the Llama-3-8B shape
+// 4.52-4.62 -> 4.82-5.41 ms, measured before this was found).
 // Launched as a programmatic dependent (pdl.cuh), the kernel issues its
 // first weight loads (which depend on nothing) before it waits for the
 // kernel before it, and lets the next kernel launch once its products are
 // done (measured on the H200 at the Llama-3-8B shape, an 8-row pass: 5.097
 // ms waiting first, 4.909 loading first and letting the next launch at
 // once, 4.778 loading first and letting it launch at the end).
-template <int WK, int NR, int KW, int MT, int U, bool BS = false, int TPW = 1, int MINB = 1>
+template <int WK, int NR, int KW, int MT, int U, bool BS = false, int TPW = 1, int MINB = 0>
 __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
     static_assert(!BS || TPW == 1, "block ratios are a row block's: one tile a warp");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
