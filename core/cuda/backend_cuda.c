@@ -102,8 +102,8 @@ static int cu_scatter_axpy(float *y, const float *src, const int32_t *rows, cons
 }
 
 static int cu_combine_experts(float *y, const float *d, const int32_t *idx, const float *w, int rows, int k,
-                              int cols, int add, tsr_error *err) {
-    int rc = tsr_cu_combine_experts(y, d, idx, w, rows, k, cols, add, g_pdl, tsr_cuda_stream());
+                              int cols, int add, const int32_t *pos, tsr_error *err) {
+    int rc = tsr_cu_combine_experts(y, d, idx, w, rows, k, cols, add, pos, g_pdl, tsr_cuda_stream());
     if (rc == -5) return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "combining %d experts a token (1..64)", k);
     return tsr_cuda_check(rc, "expert combine", err);
 }

@@ -31,7 +31,7 @@ static int view_open(tsr_model *parent, int n_layers, tsr_model **out, tsr_error
     v->router = v->moe_out = v->ex_in = v->ex_g = v->ex_u = v->ex_d = v->sh_gate_out = NULL;
     v->gx_in = v->gx_g = v->gx_d = NULL;
     v->route_w = v->ex_wts = v->route_w_h = v->ex_wts_h = NULL;
-    v->route_idx = v->ex_rows = v->route_idx_h = v->ex_rows_h = v->ids = NULL;
+    v->route_idx = v->ex_rows = v->route_idx_h = v->ex_rows_h = v->ex_pos = v->ex_pos_h = v->ids = NULL;
     v->logits_dev = NULL;
     v->qkv = v->gu = NULL;
     v->io = v->io_host = v->out_host = NULL;

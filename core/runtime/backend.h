@@ -87,13 +87,13 @@ typedef struct tsr_backend {
      * and w in backend memory) */
     int (*scatter_axpy)(float *y, const float *src, const int32_t *rows, const float *w, int n, int cols,
                         tsr_error *err);
-    /* y[r, :] = sum of w[r, j] * d[r k + j, :] over the row's experts
-     * idx[r, j] >= 0 in increasing id: zero then scatter_axpy expert by
-     * expert, in one pass; with add, y += that sum (add of it) (NULL where
-     * the backend has none: the CPU, whose gemv plugins choose no experts
-     * themselves) */
+    /* y[r, :] = sum of w[r, j] * d[p, :] over the row's experts idx[r, j]
+     * >= 0 in increasing id, p = pos[r k + j] (pos NULL: r k + j): zero then
+     * scatter_axpy expert by expert, in one pass; with add, y += that sum
+     * (add of it) (NULL where the backend has none: the CPU, whose gemv
+     * plugins choose no experts themselves) */
     int (*combine_experts)(float *y, const float *d, const int32_t *idx, const float *w, int rows, int k, int cols,
-                           int add, tsr_error *err);
+                           int add, const int32_t *pos, tsr_error *err);
     /* y[r, :] += sigmoid(gate[r]) * src[r, :] for rows rows of cols */
     int (*add_gated)(float *y, const float *src, const float *gate, int rows, int cols, tsr_error *err);
     /* y[:n] = 0 */

@@ -107,15 +107,17 @@ static int experts_called(tsr_model *m, int rc, int down, const char *how, tsr_e
 /* The rows of every expert of a prompt at once (m->gx_*, where the gemv
  * plugin groups them: run_grouped over the layer's tables): one gather of
  * the rows sorted by expert, the gate/up pairs with their SiLU and the downs
- * in one call each, then each expert's weighted rows added in increasing
- * expert id as moe_on_host adds them. start: the rows of expert e at
- * [start[e], start[e + 1]) of m->ex_rows / m->ex_wts (uploaded).
- * TSR_ERR_UNSUPPORTED, with nothing but the gather done, where the plugin
- * does not take them. */
-static int moe_grouped(tsr_model *m, int layer, const int *start, tsr_error *err) {
+ * in one call each, then each row's experts' weighted downs summed in
+ * increasing expert id as moe_on_host sums them (one combine_experts over
+ * the rows, each choice's down at its sorted place m->ex_pos; one
+ * scatter_axpy an expert where the backend has no combine) into moe_out.
+ * start: the rows of expert e at [start[e], start[e + 1]) of m->ex_rows /
+ * m->ex_wts (uploaded). TSR_ERR_UNSUPPORTED, with nothing but the gather
+ * done, where the plugin does not take them. */
+static int moe_grouped(tsr_model *m, int layer, int rows, const int *start, tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     const tsr_backend *be = m->be;
-    const int E = c->n_experts, h = c->hidden, f = c->expert_ffn;
+    const int E = c->n_experts, K = c->n_experts_used, h = c->hidden, f = c->expert_ffn;
     void *const *t = m->ex_tables + 2 * layer;
     int rc;
     BE(be->gather_rows(m->gx_in, m->xn, m->ex_rows, start[E], h, err));
@@ -123,6 +125,9 @@ static int moe_grouped(tsr_model *m, int layer, const int *start, tsr_error *err
     if ((rc = experts_called(m, rc, 0, "grouped", err))) return rc;
     OP(TSR_PROF_DOWN, rc = tsr_gemv_run_grouped(m->gemv, t[1], start, E, 0, m->gx_g, f, m->gx_d, EX));
     if ((rc = experts_called(m, rc, 1, "grouped", err))) return rc;
+    if (be->combine_experts)
+        return be->combine_experts(m->moe_out, m->gx_d, m->route_idx, m->route_w, rows, K, h, 0, m->ex_pos, err);
+    BE(be->zero(m->moe_out, (int64_t)rows * h, err));
     for (int e = 0; e < E; e++) {
         const int off = start[e], cnt = start[e + 1] - off;
         if (cnt > 0)
@@ -156,14 +161,19 @@ static int moe_on_host(tsr_model *m, int layer, int rows, tsr_error *err) {
     memcpy(fill, start, (size_t)E * sizeof(int));
     for (int i = 0; i < nk; i++) {
         const int e = m->route_idx_h[i];
+        m->ex_pos_h[i] = 0; /* no expert: never read */
         if (e < 0) continue;
+        m->ex_pos_h[i] = fill[e];
         m->ex_rows_h[fill[e]] = i / K;
         m->ex_wts_h[fill[e]++] = m->route_w_h[i];
     }
     BE(be->upload(m->ex_rows, m->ex_rows_h, (size_t)start[E] * sizeof(int32_t), err));
     BE(be->upload(m->ex_wts, m->ex_wts_h, (size_t)start[E] * sizeof(float), err));
+    if (m->gx_in && m->ex_tables) {
+        BE(be->upload(m->ex_pos, m->ex_pos_h, (size_t)nk * sizeof(int32_t), err));
+        if ((rc = moe_grouped(m, layer, rows, start, err)) != TSR_ERR_UNSUPPORTED) return rc;
+    }
     BE(be->zero(m->moe_out, (int64_t)rows * h, err));
-    if (m->gx_in && m->ex_tables && (rc = moe_grouped(m, layer, start, err)) != TSR_ERR_UNSUPPORTED) return rc;
     int32_t group[MAX_USED];
     /* a lookup may release the experts of the one before, still read by
      * queued work on a device, unless the cache keeps every expert for its
@@ -212,7 +222,7 @@ static int moe_on_device(tsr_model *m, int layer, int rows, int into_x, tsr_erro
     OP(TSR_PROF_DOWN, rc = tsr_gemv_run_experts(m->gemv, t[1], m->route_idx, rows * K, 1, 0, m->ex_g, f, m->ex_d, EX));
     if ((rc = experts_called(m, rc, 1, "chosen", err))) return rc;
     return m->be->combine_experts(into_x ? m->x : m->moe_out, m->ex_d, m->route_idx, m->route_w, rows, K, h, into_x,
-                                  err);
+                                  NULL, err);
 }
 
 /* Mixture of experts over m->xn, adding into m->x. The router and the

@@ -489,12 +489,14 @@ int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err) {
         const size_t gx_floats[] = {R * K * h, R * K * (size_t)c->expert_ffn, R * K * h};
         for (size_t i = 0; i < 3; i++)
             if (!(*gx[i] = be->alloc(gx_floats[i] * sizeof(float), err))) return err->code;
+        if (!(m->ex_pos = be->alloc(R * K * sizeof(int32_t), err))) return err->code;
     }
     m->route_idx_h = calloc(R * K, sizeof(int32_t));
     m->ex_rows_h = calloc(R * K, sizeof(int32_t));
     m->route_w_h = calloc(R * K, sizeof(float));
     m->ex_wts_h = calloc(R * K, sizeof(float));
-    if (!m->route_idx_h || !m->ex_rows_h || !m->route_w_h || !m->ex_wts_h)
+    m->ex_pos_h = calloc(R * K, sizeof(int32_t));
+    if (!m->route_idx_h || !m->ex_rows_h || !m->route_w_h || !m->ex_wts_h || !m->ex_pos_h)
         return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
     return TSR_OK;
 }
@@ -702,7 +704,8 @@ void tsr_model_free_scratch(tsr_model *m) {
     void *dev[] = {m->x,        m->xn,         m->q,     m->k,       m->v,       m->att,       m->o,
                    m->g,        m->u,          m->logits_dev, m->qkv, m->gu,     m->io,        m->argmax_dev,
                    m->router,   m->moe_out,    m->ex_in, m->ex_g,    m->ex_u,    m->ex_d,      m->sh_gate_out,
-                   m->route_idx, m->route_w,   m->ex_rows, m->ex_wts,    m->gx_in,   m->gx_g,      m->gx_d};
+                   m->route_idx, m->route_w,   m->ex_rows, m->ex_wts,    m->gx_in,   m->gx_g,      m->gx_d,
+                   m->ex_pos};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) m->be->free(dev[i]);
     void *host_io[] = {m->io_host, m->out_host};
@@ -712,6 +715,7 @@ void tsr_model_free_scratch(tsr_model *m) {
     free(m->ex_rows_h);
     free(m->route_w_h);
     free(m->ex_wts_h);
+    free(m->ex_pos_h);
     free(m->embed_rows);
     free(m->embed_iota);
 }

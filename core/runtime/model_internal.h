@@ -120,6 +120,7 @@ struct tsr_model {
      * n_experts_used rows]: inputs, gate/up outputs, downs; only where the
      * gemv plugin groups them (run_grouped over ex_tables), else NULL */
     float *gx_in, *gx_g, *gx_d;
+    int32_t *ex_pos; /* each row's choice's place in that order [chunk * n_experts_used] (with gx_*) */
     /* [n_layers][2]: each MoE layer's experts as tables of the gemv plugin
      * (gate/up pairs, downs; prepare_experts) where the expert cache keeps
      * them all resident and the plugin chooses experts on the device; NULL
@@ -128,7 +129,7 @@ struct tsr_model {
     int ex_resident;              /* the expert cache keeps every expert for its life (resident answered) */
     /* host copies of the routing: read to look the experts up, written to
      * say which rows go to which */
-    int32_t *route_idx_h, *ex_rows_h;
+    int32_t *route_idx_h, *ex_rows_h, *ex_pos_h;
     float *route_w_h, *ex_wts_h;
 };
 

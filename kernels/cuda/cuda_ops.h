@@ -66,12 +66,12 @@ int tsr_cu_gather_rows(float *dst, const float *src, const int32_t *rows, int n,
 /* y[rows[j], :] += w[j] * src[j, :] for j < n; rows distinct */
 int tsr_cu_scatter_axpy(float *y, const float *src, const int32_t *rows, const float *w, int n, int cols, int pdl,
                         void *stream);
-/* y[r, :] = sum of w[r, j] * d[r k + j, :] over j < k with idx[r, j] >= 0,
- * in increasing idx (the sums tsr_cu_zero then tsr_cu_scatter_axpy expert
- * by expert give, bit for bit), or with add y[r, :] += that sum (as
- * tsr_cu_add of it); k <= 64, else -5 */
+/* y[r, :] = sum of w[r, j] * d[p, :] over j < k with idx[r, j] >= 0, where
+ * p = pos[r k + j] (pos NULL: r k + j), in increasing idx (the sums
+ * tsr_cu_zero then tsr_cu_scatter_axpy expert by expert give, bit for bit),
+ * or with add y[r, :] += that sum (as tsr_cu_add of it); k <= 64, else -5 */
 int tsr_cu_combine_experts(float *y, const float *d, const int32_t *idx, const float *w, int rows, int k, int cols,
-                           int add, int pdl, void *stream);
+                           int add, const int32_t *pos, int pdl, void *stream);
 /* y[r, :] += sigmoid(gate[r]) * src[r, :] for rows of cols */
 int tsr_cu_add_gated(float *y, const float *src, const float *gate, int rows, int cols, int pdl, void *stream);
 /* y[:n] = 0 */

@@ -337,12 +337,14 @@ __global__ void scatter_axpy_k(float *y, const float *src, const int32_t *rows, 
     for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = fmaf(a, in[i], out[i]);
 }
 
-// y[r] = sum of w[r, j] * d[r k + j] over the row's chosen experts j in
+// y[r] = sum of w[r, j] * d[row (r, j)] over the row's chosen experts j in
 // increasing expert id (idx[r, j] < 0: none), a block per row: each element
 // the fmaf chain that zeroing then scatter_axpy_k expert by expert gives;
-// with add, y[r] += that sum (one rounding more, as add_k's).
+// with add, y[r] += that sum (one rounding more, as add_k's). Row (r, j) of
+// d: pos[r k + j] (rows sorted by expert, as the grouped experts write
+// them), or r k + j where pos is null.
 __global__ void combine_experts_k(float *y, const float *d, const int32_t *idx, const float *w, int k, int cols,
-                                  int add) {
+                                  int add, const int32_t *pos) {
     tsr_pdl::enter();
     __shared__ int order[64];
     __shared__ int n;
@@ -359,11 +361,16 @@ __global__ void combine_experts_k(float *y, const float *d, const int32_t *idx, 
     }
     __syncthreads();
     const float *wr = w + (int64_t)blockIdx.x * k;
-    const float *dr = d + (int64_t)blockIdx.x * k * cols;
+    __shared__ const float *rows[64]; // each chosen expert's row of d, in the order above
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        const int64_t j = (int64_t)blockIdx.x * k + order[t];
+        rows[t] = d + (pos ? (int64_t)pos[j] : j) * cols;
+    }
+    __syncthreads();
     float *out = y + (int64_t)blockIdx.x * cols;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
         float acc = 0.0f;
-        for (int t = 0; t < n; t++) acc = fmaf(wr[order[t]], dr[(int64_t)order[t] * cols + i], acc);
+        for (int t = 0; t < n; t++) acc = fmaf(wr[order[t]], rows[t][i], acc);
         out[i] = add ? out[i] + acc : acc;
     }
 }
@@ -516,7 +523,7 @@ extern "C" int tsr_cu_zero(float *y, int64_t n, int pdl, void *stream) {
 }
 
 extern "C" int tsr_cu_combine_experts(float *y, const float *d, const int32_t *idx, const float *w, int rows, int k,
-                                      int cols, int add, int pdl, void *stream) {
+                                      int cols, int add, const int32_t *pos, int pdl, void *stream) {
     if (k < 1 || k > 64) return -5;
-    return launch(combine_experts_k, rows, kThreads, stream, pdl, y, d, idx, w, k, cols, add);
+    return launch(combine_experts_k, rows, kThreads, stream, pdl, y, d, idx, w, k, cols, add, pos);
 }

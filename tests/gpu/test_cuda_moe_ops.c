@@ -192,7 +192,7 @@ static void test_combine(void **state) {
     float *dy = on_device(dev, got, sizeof(float) * ROWS * COLS), *dy2 = on_device(dev, got, sizeof(float) * ROWS * COLS);
     tsr_error err;
     tsr_error_clear(&err);
-    assert_int_equal(dev->combine_experts(dy, dd, didx, dw, ROWS, K, COLS, 0, &err), TSR_OK);
+    assert_int_equal(dev->combine_experts(dy, dd, didx, dw, ROWS, K, COLS, 0, NULL, &err), TSR_OK);
     assert_int_equal(dev->zero(dy2, ROWS * COLS, &err), TSR_OK);
     for (int e = 0; e < E; e++) { /* each expert's rows and their products, as forward.c's host path */
         for (int i = 0; i < ROWS * K; i++)
@@ -209,16 +209,33 @@ static void test_combine(void **state) {
     back(dev, got, dy, sizeof(float) * ROWS * COLS);
     back(dev, want, dy2, sizeof(float) * ROWS * COLS);
     assert_memory_equal(got, want, sizeof(float) * ROWS * COLS);
+    /* d's rows elsewhere (pos: a permutation, as the grouped experts' sorted
+     * rows lie): the same sums */
+    int32_t pos[ROWS * K];
+    float *dp = malloc(sizeof(float) * ROWS * K * COLS);
+    assert_non_null(dp);
+    for (int i = 0; i < ROWS * K; i++) {
+        pos[i] = (i * 17 + 5) % (ROWS * K); /* 17 and 40 coprime: a permutation */
+        memcpy(dp + (size_t)pos[i] * COLS, d + (size_t)i * COLS, sizeof(float) * COLS);
+    }
+    float *ddp = on_device(dev, dp, sizeof(float) * ROWS * K * COLS);
+    int32_t *dpos = on_device(dev, pos, sizeof pos);
+    float *dy3 = on_device(dev, d, sizeof(float) * ROWS * COLS); /* overwritten */
+    assert_int_equal(dev->combine_experts(dy3, ddp, didx, dw, ROWS, K, COLS, 0, dpos, &err), TSR_OK);
+    back(dev, got, dy3, sizeof(float) * ROWS * COLS);
+    assert_memory_equal(got, want, sizeof(float) * ROWS * COLS);
+    dev->free(ddp), dev->free(dpos), dev->free(dy3);
+    free(dp);
     /* with add: onto y as add() of the sum does */
     for (int i = 0; i < ROWS * COLS; i++) got[i] = uniform();
     float *dz = on_device(dev, got, sizeof(float) * ROWS * COLS), *dz2 = on_device(dev, got, sizeof(float) * ROWS * COLS);
-    assert_int_equal(dev->combine_experts(dz, dd, didx, dw, ROWS, K, COLS, 1, &err), TSR_OK);
+    assert_int_equal(dev->combine_experts(dz, dd, didx, dw, ROWS, K, COLS, 1, NULL, &err), TSR_OK);
     assert_int_equal(dev->add(dz2, dy2, ROWS * COLS, &err), TSR_OK);
     back(dev, got, dz, sizeof(float) * ROWS * COLS);
     back(dev, want, dz2, sizeof(float) * ROWS * COLS);
     assert_memory_equal(got, want, sizeof(float) * ROWS * COLS);
     dev->free(dz), dev->free(dz2);
-    assert_int_equal(dev->combine_experts(dy, dd, didx, dw, ROWS, 65, COLS, 0, &err), TSR_ERR_UNSUPPORTED);
+    assert_int_equal(dev->combine_experts(dy, dd, didx, dw, ROWS, 65, COLS, 0, NULL, &err), TSR_ERR_UNSUPPORTED);
     void *p[] = {dd, dw, didx, dy, dy2};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dev->free(p[i]);
     free(d), free(got), free(want);
