@@ -39,10 +39,19 @@ typedef struct tsr_weight_scale {
     int64_t block_cols;   /* >= 1 */
 } tsr_weight_scale;
 
+/* What a matrix is to the model, as the host loads it: a plugin may treat
+ * them differently (cuda_gemv_fp8 keeps routers unquantised, and runs an
+ * expert's one row through the kernel its run_experts uses). */
+typedef enum tsr_weight_role {
+    TSR_WEIGHT_DENSE = 0,  /* every other projection: attention, a dense or shared expert's MLP, the head */
+    TSR_WEIGHT_EXPERT = 1, /* a projection of one expert of a mixture of experts (gate, up or down) */
+    TSR_WEIGHT_ROUTER = 2, /* a mixture of experts' router, or its shared expert's gate */
+} tsr_weight_role;
+
 /* A stored weight matrix: a borrowed view that outlives every prepared
  * handle made from it (it points into the model file's mmap). */
 typedef struct tsr_weight {
-    const char *name;     /* canonical (Hugging Face) tensor name */
+    const char *name;     /* canonical (Hugging Face) tensor name, for messages */
     uint32_t dtype;       /* tsr_dtype as stored */
     int64_t rows;         /* output features */
     int64_t cols;         /* input features */
@@ -50,6 +59,8 @@ typedef struct tsr_weight {
     uint64_t nbytes;
     /* --- version 3 (hosts of tsr_host_api version >= 4 fill it) --- */
     const tsr_weight_scale *scale; /* NULL: the stored values are the weights */
+    /* --- hosts of tsr_host_api version >= 5 fill it --- */
+    uint32_t role;                 /* tsr_weight_role; read it through tsr_weight_role_of */
 } tsr_weight;
 
 /* w's scales, or NULL when it has none. Read the member only through this:
@@ -57,6 +68,12 @@ typedef struct tsr_weight {
 static inline const tsr_weight_scale *tsr_weight_scale_of(const tsr_plugin_ctx *ctx,
                                                           const tsr_weight *w) {
     return ctx && ctx->host && ctx->host->version >= 4 ? w->scale : NULL;
+}
+
+/* w's role, or TSR_WEIGHT_DENSE from a host older than tsr_host_api
+ * version 5 (whose tsr_weight has no role). */
+static inline tsr_weight_role tsr_weight_role_of(const tsr_plugin_ctx *ctx, const tsr_weight *w) {
+    return ctx && ctx->host && ctx->host->version >= 5 ? (tsr_weight_role)w->role : TSR_WEIGHT_DENSE;
 }
 
 /* row[c] *= the scale of element (r, c) for c < cols: row r of a scaled

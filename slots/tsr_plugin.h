@@ -182,7 +182,8 @@ typedef void (*tsr_work_fn)(void *arg, int64_t i0, int64_t i1, int tid);
 typedef struct tsr_host_api {
     uint32_t struct_size;
     uint32_t version; /* 4: every member below is present, and tsr_weight
-                       * carries its version-3 member scale (tsr_gemv.h) */
+                       * carries its version-3 member scale (tsr_gemv.h);
+                       * 5: and its member role */
     /* Log a line under the plugin's name. */
     void (*log)(const struct tsr_plugin_ctx *ctx, int level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));

@@ -241,7 +241,7 @@ void tsr_engine_set_aux(tsr_engine *e, const tsr_aux_api *api) { e->aux = api; }
 
 static const tsr_host_api host_api = {
     .struct_size = sizeof(tsr_host_api),
-    .version = 4,
+    .version = 5,
     .log = h_log,
     .set_error = h_set_error,
     .alloc = h_alloc,

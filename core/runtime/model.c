@@ -74,10 +74,11 @@ static void populate(const void *p, uint64_t n) {
 #endif
 }
 
-/* The tsr_weight of t; *sc receives its scales (w.scale points at it) when
- * t is an F8_E4M3 matrix of an FP8 checkpoint. */
-static tsr_weight weight_of(const tsr_tensor *t, int64_t rows, int64_t cols, tsr_weight_scale *sc) {
-    tsr_weight w = {t->name, t->dtype, rows, cols, t->data, t->nbytes, NULL};
+/* The tsr_weight of t in its role (tsr_weight_role); *sc receives its
+ * scales (w.scale points at it) when t is an F8_E4M3 matrix of an FP8
+ * checkpoint. */
+static tsr_weight weight_of(const tsr_tensor *t, int64_t rows, int64_t cols, uint32_t role, tsr_weight_scale *sc) {
+    tsr_weight w = {t->name, t->dtype, rows, cols, t->data, t->nbytes, NULL, role};
     if (t->scale) {
         *sc = (tsr_weight_scale){t->scale, t->scale_block[0], t->scale_block[1]};
         w.scale = sc;
@@ -96,23 +97,32 @@ static int check_scaled(tsr_model *m, const tsr_weight *w, tsr_error *err) {
                          ((const uint32_t *)m->gemv->iface)[1]);
 }
 
-/* How a matrix is loaded (load_matrix's flags). */
+/* How a matrix is loaded (load_matrix's flags) and what it is. */
 enum {
     LOAD_OPTIONAL = 1,  /* may be absent (*out NULL) */
     LOAD_ON_DEMAND = 2, /* prepared when asked for and released again (an expert), not for the model's life */
+    LOAD_EXPERT = 4,    /* one expert's projection (TSR_WEIGHT_EXPERT) */
+    LOAD_ROUTER = 8,    /* a router or shared expert's gate (TSR_WEIGHT_ROUTER) */
 };
 
-/* Prepare t through the gemv plugin; adds its prepared size to *bytes. A
- * weight prepared for the model's life goes through prepare_group (one
- * matrix alone) where the plugin has it, one prepared on demand through
+/* The tsr_weight_role load flags say. */
+static uint32_t role_of(int flags) {
+    return flags & LOAD_EXPERT ? TSR_WEIGHT_EXPERT : flags & LOAD_ROUTER ? TSR_WEIGHT_ROUTER : TSR_WEIGHT_DENSE;
+}
+
+/* Prepare t through the gemv plugin (flags: LOAD_*); adds its prepared size
+ * to *bytes. A weight prepared for the model's life goes through
+ * prepare_group (one matrix alone) where the plugin has it, one prepared on
+ * demand (LOAD_ON_DEMAND) through
  * prepare (tsr_gemv.h: a plugin may keep the first in its own memory and
  * read the second in place). *gave_back (may be NULL): whether the plugin
  * handed t's pages back (weight_done): it no longer reads the mapping. */
-static int prepare(tsr_model *m, const tsr_tensor *t, int on_demand, void **out, uint64_t *bytes,
+static int prepare(tsr_model *m, const tsr_tensor *t, int flags, void **out, uint64_t *bytes,
                    int *gave_back, tsr_error *err) {
     tsr_weight_scale sc;
     tsr_weight w = weight_of(t, t->n_dims == 1 ? 1 : t->shape[0],
-                             t->n_dims > 1 ? t->shape[1] : t->shape[0], &sc);
+                             t->n_dims > 1 ? t->shape[1] : t->shape[0], role_of(flags), &sc);
+    const int on_demand = (flags & LOAD_ON_DEMAND) != 0;
     int rc = check_scaled(m, &w, err);
     if (rc != TSR_OK) {
         *out = NULL;
@@ -142,13 +152,13 @@ static int load_matrix(tsr_model *m, const char *name, int64_t rows, int64_t col
     *out = NULL;
     int rc = find_matrix(m, name, rows, cols, flags & LOAD_OPTIONAL, &t, err);
     if (rc != TSR_OK || !t) return rc;
-    return prepare(m, t, (flags & LOAD_ON_DEMAND) != 0, out, bytes, NULL, err);
+    return prepare(m, t, flags, out, bytes, NULL, err);
 }
 
-/* Prepare the n matrices names[i] ([rows[i], cols]) as one stacked handle
- * when the gemv plugin groups them (TSR_ERR_UNSUPPORTED when it does not,
- * or when they differ in dtype). */
-static int load_group(tsr_model *m, const char *const *names, const int64_t *rows, int n, int64_t cols,
+/* Prepare the n matrices names[i] ([rows[i], cols]; flags: LOAD_EXPERT or
+ * 0) as one stacked handle when the gemv plugin groups them
+ * (TSR_ERR_UNSUPPORTED when it does not, or when they differ in dtype). */
+static int load_group(tsr_model *m, const char *const *names, const int64_t *rows, int n, int64_t cols, int flags,
                       void **out, uint64_t *bytes, tsr_error *err) {
     tsr_weight ws[4];
     tsr_weight_scale sc[4];
@@ -159,7 +169,7 @@ static int load_group(tsr_model *m, const char *const *names, const int64_t *row
         int rc = find_matrix(m, names[i], rows[i], cols, 0, &t, err);
         if (rc != TSR_OK) return rc;
         if (i > 0 && t->dtype != ws[0].dtype) return TSR_ERR_UNSUPPORTED;
-        ws[i] = weight_of(t, rows[i], cols, &sc[i]);
+        ws[i] = weight_of(t, rows[i], cols, role_of(flags), &sc[i]);
         if ((rc = check_scaled(m, &ws[i], err))) return rc;
     }
     int rc = tsr_gemv_prepare_group(m->gemv, ws, n, out);
@@ -178,7 +188,7 @@ static int load_group(tsr_model *m, const char *const *names, const int64_t *row
  * each alone into *each[i] (*group then NULL). */
 static int load_stacked(tsr_model *m, const char *const *names, const int64_t *rows, int n, int64_t cols,
                         void **group, void **const *each, tsr_error *err) {
-    int rc = load_group(m, names, rows, n, cols, group, &m->weight_bytes_token, err);
+    int rc = load_group(m, names, rows, n, cols, 0, group, &m->weight_bytes_token, err);
     if (rc != TSR_ERR_UNSUPPORTED) return rc;
     for (int i = 0; i < n; i++)
         if ((rc = load_matrix(m, names[i], rows[i], cols, 0, each[i], &m->weight_bytes_token, err))) return rc;
@@ -252,13 +262,14 @@ static int expert_load(void *data, int layer, int e, tsr_expert_weights *out, ui
     if (m->be->device != TSR_DEVICE_CPU) {
         const char *const gu_names[] = {gn, un};
         const int64_t gu_rows[] = {f, f};
-        rc = load_group(m, gu_names, gu_rows, 2, h, &g, bytes, &err);
+        rc = load_group(m, gu_names, gu_rows, 2, h, LOAD_EXPERT, &g, bytes, &err);
     }
+    const int ex = LOAD_ON_DEMAND | LOAD_EXPERT;
     if (rc == TSR_ERR_UNSUPPORTED) {
-        rc = load_matrix(m, gn, f, h, LOAD_ON_DEMAND, &g, bytes, &err);
-        if (rc == TSR_OK) rc = load_matrix(m, un, f, h, LOAD_ON_DEMAND, &u, bytes, &err);
+        rc = load_matrix(m, gn, f, h, ex, &g, bytes, &err);
+        if (rc == TSR_OK) rc = load_matrix(m, un, f, h, ex, &u, bytes, &err);
     }
-    if (rc == TSR_OK) rc = load_matrix(m, dn, h, f, LOAD_ON_DEMAND, &d, bytes, &err);
+    if (rc == TSR_OK) rc = load_matrix(m, dn, h, f, ex, &d, bytes, &err);
     if (rc != TSR_OK) {
         fprintf(stderr, "tessera: expert %d of layer %d: %s\n", e, layer, err.msg);
         tsr_gemv_release(m->gemv, g);
@@ -395,7 +406,8 @@ static int load_layer(tsr_model *m, int l, tsr_error *err) {
         const char *router = c->arch == TSR_ARCH_MIXTRAL ? "block_sparse_moe.gate.weight"
                                                          : "mlp.gate.weight";
         snprintf(n, sizeof n, "model.layers.%d.%s", l, router);
-        if ((rc = load_matrix(m, n, c->n_experts, h, 0, &L->w_router, &m->weight_bytes_token, err))) return rc;
+        if ((rc = load_matrix(m, n, c->n_experts, h, LOAD_ROUTER, &L->w_router, &m->weight_bytes_token, err)))
+            return rc;
         if (c->shared_expert_ffn > 0) {
             const int64_t sf = c->shared_expert_ffn;
             if ((rc = load_matrix(m, NAME("mlp.shared_expert.gate_proj.weight"), sf, h, 0,
@@ -407,7 +419,7 @@ static int load_layer(tsr_model *m, int l, tsr_error *err) {
             if ((rc = load_matrix(m, NAME("mlp.shared_expert.down_proj.weight"), h, sf, 0,
                                   &L->sh_down, &m->weight_bytes_token, err)))
                 return rc;
-            if ((rc = load_matrix(m, NAME("mlp.shared_expert_gate.weight"), 1, h, 0, &L->sh_router,
+            if ((rc = load_matrix(m, NAME("mlp.shared_expert_gate.weight"), 1, h, LOAD_ROUTER, &L->sh_router,
                                   &m->weight_bytes_token, err)))
                 return rc;
         }

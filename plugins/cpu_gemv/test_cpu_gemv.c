@@ -191,7 +191,7 @@ static double run_case(const gcase *gc, int nx, const char *isa, int mode) {
     for (size_t i = 0; i < ny + 2 * GUARD; i++) memcpy(ybuf + i, &guard_bits, 4);
     float *y = ybuf + GUARD;
 
-    tsr_weight tw = {"test.weight", gc->dtype, gc->rows, gc->cols, w, rb * (uint64_t)gc->rows, NULL};
+    tsr_weight tw = {"test.weight", gc->dtype, gc->rows, gc->cols, w, rb * (uint64_t)gc->rows, NULL, TSR_WEIGHT_DENSE};
     void *prep = NULL;
     assert_int_equal(b.g->prepare(b.inst, &tw, &prep), TSR_OK);
     assert_int_equal(b.g->bytes(b.inst, prep), rb * (uint64_t)gc->rows);
@@ -277,7 +277,7 @@ static void test_nan_parity(void **state) {
                 float x[3 * 256], y[3 * 21];
                 for (int i = 0; i < 3 * 256; i++) x[i] = rndf(-1, 1);
                 x[256 + 77] = NAN;
-                tsr_weight tw = {"nan.weight", dts[d], rows, cols, w, rb * (uint64_t)rows, NULL};
+                tsr_weight tw = {"nan.weight", dts[d], rows, cols, w, rb * (uint64_t)rows, NULL, TSR_WEIGHT_DENSE};
                 void *prep;
                 assert_int_equal(b.g->prepare(b.inst, &tw, &prep), TSR_OK);
                 assert_int_equal(b.g->run(b.inst, prep, 3, x, y, NULL), TSR_OK);
@@ -301,29 +301,29 @@ static void test_errors(void **state) {
     uint8_t buf[4096] = {0};
     void *prep = (void *)1;
     /* too few bytes for the shape */
-    tsr_weight w1 = {"blk.0.short", TSR_DTYPE_F16, 10, 100, buf, 1999, NULL};
+    tsr_weight w1 = {"blk.0.short", TSR_DTYPE_F16, 10, 100, buf, 1999, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(b.g->prepare(b.inst, &w1, &prep), TSR_ERR_INVALID);
     assert_non_null(strstr(th_err, "blk.0.short"));
     /* cols not a multiple of the block */
-    tsr_weight w2 = {"blk.0.q8", TSR_DTYPE_Q8_0, 2, 33, buf, sizeof buf, NULL};
+    tsr_weight w2 = {"blk.0.q8", TSR_DTYPE_Q8_0, 2, 33, buf, sizeof buf, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(b.g->prepare(b.inst, &w2, &prep), TSR_ERR_INVALID);
     assert_non_null(strstr(th_err, "blk.0.q8"));
     /* rows * row_bytes overflows */
-    tsr_weight w3 = {"huge", TSR_DTYPE_F32, INT64_MAX / 4, 1024, buf, UINT64_MAX, NULL};
+    tsr_weight w3 = {"huge", TSR_DTYPE_F32, INT64_MAX / 4, 1024, buf, UINT64_MAX, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(b.g->prepare(b.inst, &w3, &prep), TSR_ERR_INVALID);
     /* negative and zero shapes */
-    tsr_weight w4 = {"neg", TSR_DTYPE_F32, -1, 4, buf, sizeof buf, NULL};
+    tsr_weight w4 = {"neg", TSR_DTYPE_F32, -1, 4, buf, sizeof buf, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(b.g->prepare(b.inst, &w4, &prep), TSR_ERR_INVALID);
-    tsr_weight w5 = {"zero", TSR_DTYPE_F32, 4, 0, buf, sizeof buf, NULL};
+    tsr_weight w5 = {"zero", TSR_DTYPE_F32, 4, 0, buf, sizeof buf, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(b.g->prepare(b.inst, &w5, &prep), TSR_ERR_INVALID);
     /* not a weight type */
-    tsr_weight w6 = {"ids", TSR_DTYPE_I32, 4, 4, buf, sizeof buf, NULL};
+    tsr_weight w6 = {"ids", TSR_DTYPE_I32, 4, 4, buf, sizeof buf, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(b.g->prepare(b.inst, &w6, &prep), TSR_ERR_UNSUPPORTED);
     assert_non_null(strstr(th_err, "i32"));
-    tsr_weight w7 = {"bad", 99, 4, 4, buf, sizeof buf, NULL};
+    tsr_weight w7 = {"bad", 99, 4, 4, buf, sizeof buf, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(b.g->prepare(b.inst, &w7, &prep), TSR_ERR_UNSUPPORTED);
     /* run with no rows */
-    tsr_weight ok = {"ok", TSR_DTYPE_F32, 4, 4, buf, sizeof buf, NULL};
+    tsr_weight ok = {"ok", TSR_DTYPE_F32, 4, 4, buf, sizeof buf, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(b.g->prepare(b.inst, &ok, &prep), TSR_OK);
     float x[4] = {0}, y[4];
     assert_int_equal(b.g->run(b.inst, prep, 0, x, y, NULL), TSR_ERR_INVALID);
@@ -376,7 +376,7 @@ static void test_group(void **state) {
         for (int i = 0; i < 3; i++) {
             w[i] = make_weights(dtypes[di], rows[i], cols, &rb);
             ws[i] = (tsr_weight){i == 0 ? "blk.wq" : i == 1 ? "blk.wk" : "blk.wv", dtypes[di], rows[i], cols, w[i],
-                                 rb * (uint64_t)rows[i], NULL};
+                                 rb * (uint64_t)rows[i], NULL, TSR_WEIGHT_DENSE};
         }
         float *x = malloc(70 * cols * sizeof *x), *yg = malloc(70 * all * sizeof *yg), *y1 = malloc(70 * 20 * sizeof *y1);
         double *yref = malloc(70 * 20 * sizeof *yref), *tol = malloc(70 * 20 * sizeof *tol);
@@ -462,8 +462,8 @@ static void test_glu(void **state) {
         rng = SEED + 101 + ci;
         uint64_t rb;
         uint8_t *w[2] = {make_weights(gc->dtype, f, cols, &rb), make_weights(gc->dtype, f, cols, &rb)};
-        tsr_weight ws[3] = {{"blk.gate", gc->dtype, f, cols, w[0], rb * (uint64_t)f, NULL},
-                            {"blk.up", gc->dtype, f, cols, w[1], rb * (uint64_t)f, NULL}};
+        tsr_weight ws[3] = {{"blk.gate", gc->dtype, f, cols, w[0], rb * (uint64_t)f, NULL, TSR_WEIGHT_DENSE},
+                            {"blk.up", gc->dtype, f, cols, w[1], rb * (uint64_t)f, NULL, TSR_WEIGHT_DENSE}};
         ws[2] = ws[1];
         const int nmax = 3;
         float *x = malloc((size_t)(nmax * cols) * sizeof *x), *gu = malloc((size_t)(nmax * 2 * f) * sizeof *gu);
@@ -528,7 +528,7 @@ static void test_alloc_failure(void **state) {
         inst_box b;
         assert_int_equal(open_inst(&b), TSR_OK);
         atomic_store(&th_fail_at, atomic_load(&th_count) + n);
-        tsr_weight tw = {"f.weight", TSR_DTYPE_F16, rows, cols, w, rb * (uint64_t)rows, NULL};
+        tsr_weight tw = {"f.weight", TSR_DTYPE_F16, rows, cols, w, rb * (uint64_t)rows, NULL, TSR_WEIGHT_DENSE};
         void *prep = NULL;
         int rc = b.g->prepare(b.inst, &tw, &prep);
         if (rc == TSR_OK) {
@@ -607,7 +607,8 @@ static void test_f8(void **state) {
             const tsr_weight_scale per_row = {sc_rows, 1, cols}, per_tensor = {&sc_tensor, rows, cols};
             const tsr_weight_scale *scs[] = {&per_row, &per_tensor};
             for (int k = 0; k < 2; k++) {
-                tsr_weight tw = {"f8.weight", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows, scs[k]};
+                tsr_weight tw = {"f8.weight", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows,
+                                 scs[k], TSR_WEIGHT_DENSE};
                 void *prep;
                 assert_int_equal(b.g->prepare(b.inst, &tw, &prep), TSR_OK);
                 assert_int_equal(b.g->run(b.inst, prep, nx, x, y, NULL), TSR_OK);
@@ -620,7 +621,8 @@ static void test_f8(void **state) {
                 b.g->release(b.inst, prep);
             }
             w[5 * rb + 17] = 0x7f; /* the NaN code in row 5 */
-            tsr_weight tn = {"f8.weight", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows, NULL};
+            tsr_weight tn = {"f8.weight", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows,
+                             NULL, TSR_WEIGHT_DENSE};
             void *prep;
             assert_int_equal(b.g->prepare(b.inst, &tn, &prep), TSR_OK);
             assert_int_equal(b.g->run(b.inst, prep, nx, x, y, NULL), TSR_OK);
@@ -636,7 +638,8 @@ static void test_f8(void **state) {
                 float *sblk = malloc((size_t)nb * sizeof *sblk);
                 for (int64_t i = 0; i < nb; i++) sblk[i] = rndf(0.001f, 0.1f);
                 const tsr_weight_scale blocks = {sblk, br, bc};
-                tsr_weight tb = {"f8.blocks", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows, &blocks};
+                tsr_weight tb = {"f8.blocks", TSR_DTYPE_F8_E4M3, rows, cols, w, rb * (uint64_t)rows,
+                                 &blocks, TSR_WEIGHT_DENSE};
                 assert_int_equal(b.g->prepare(b.inst, &tb, &prep), TSR_OK);
                 assert_int_equal(b.g->run(b.inst, prep, nx, x, y, NULL), TSR_OK);
                 reference_blocks(w, rb, rows, cols, sblk, br, bc, x, nx, yref, tol);

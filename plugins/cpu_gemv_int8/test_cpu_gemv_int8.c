@@ -87,7 +87,7 @@ static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char
     int8_t *q = malloc((size_t)cols);
     for (int64_t i = 0; i < nx * cols; i++) x[i] = rndf(-1, 1);
     size_t esz = dtype == TSR_DTYPE_F32 ? 4 : 2;
-    tsr_weight tw = {"int8.weight", dtype, rows, cols, w, (uint64_t)(rows * cols) * esz, NULL};
+    tsr_weight tw = {"int8.weight", dtype, rows, cols, w, (uint64_t)(rows * cols) * esz, NULL, TSR_WEIGHT_DENSE};
     void *prep;
     assert_int_equal(g->prepare(inst, &tw, &prep), TSR_OK);
     assert_int_equal(g->bytes(inst, prep), (uint64_t)(rows * cols) + 4 * (uint64_t)rows);
@@ -179,7 +179,7 @@ static void check_q8_0(int64_t rows, int64_t cols, int nx, const char *isa, int 
         for (int k = 0; k < 32; k++) w[34 * b + 2 + k] = (uint8_t)(int)rndf(0, 256);
     }
     for (int64_t i = 0; i < nx * cols; i++) x[i] = rndf(-1, 1) * (i % 97 == 0 ? 20.0f : 1.0f);
-    tsr_weight tw = {"q8.weight", TSR_DTYPE_Q8_0, rows, cols, w, (uint64_t)(rows * nb * 34), NULL};
+    tsr_weight tw = {"q8.weight", TSR_DTYPE_Q8_0, rows, cols, w, (uint64_t)(rows * nb * 34), NULL, TSR_WEIGHT_DENSE};
     void *prep;
     assert_int_equal(g->prepare(inst, &tw, &prep), TSR_OK);
     assert_int_equal(g->bytes(inst, prep), tw.nbytes); /* the stored blocks, no copy */
@@ -243,27 +243,27 @@ static void test_errors(void **state) {
     float w[4 * 8];
     for (int i = 0; i < 32; i++) w[i] = (float)i;
     w[2 * 8 + 5] = NAN;
-    tsr_weight tw = {"blk.1.nan", TSR_DTYPE_F32, 4, 8, w, sizeof w, NULL};
+    tsr_weight tw = {"blk.1.nan", TSR_DTYPE_F32, 4, 8, w, sizeof w, NULL, TSR_WEIGHT_DENSE};
     void *prep = NULL;
     assert_int_equal(g->prepare(inst, &tw, &prep), TSR_ERR_INVALID);
     assert_non_null(strstr(th_err, "blk.1.nan"));
     assert_non_null(strstr(th_err, "row 2"));
-    tsr_weight big = {"huge", TSR_DTYPE_I8, INT64_MAX / 2, 4, w, UINT64_MAX, NULL};
+    tsr_weight big = {"huge", TSR_DTYPE_I8, INT64_MAX / 2, 4, w, UINT64_MAX, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(g->prepare(inst, &big, &prep), TSR_ERR_NOMEM); /* its int8 copy cannot exist */
     assert_non_null(strstr(th_err, "huge"));
-    tsr_weight sh = {"short", TSR_DTYPE_F32, 4, 8, w, sizeof w - 1, NULL};
+    tsr_weight sh = {"short", TSR_DTYPE_F32, 4, 8, w, sizeof w - 1, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(g->prepare(inst, &sh, &prep), TSR_ERR_INVALID);
     assert_int_equal(atomic_load(&th_live), 0);
     /* an all-zero row has scale 0 and gives 0 */
     float z[8] = {0}, x[8] = {1, 1, 1, 1, 1, 1, 1, 1}, y[1] = {5};
-    tsr_weight zw = {"zero", TSR_DTYPE_F32, 1, 8, z, sizeof z, NULL};
+    tsr_weight zw = {"zero", TSR_DTYPE_F32, 1, 8, z, sizeof z, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(g->prepare(inst, &zw, &prep), TSR_OK);
     assert_int_equal(g->run(inst, prep, 1, x, y, NULL), TSR_OK);
     assert_true(y[0] == 0.0f);
     g->release(inst, prep);
     /* NaN in the activations propagates (the int16 path steps aside) */
     float wv[8] = {1, -2, 3, -4, 5, -6, 7, -8};
-    tsr_weight nw = {"w", TSR_DTYPE_F32, 1, 8, wv, sizeof wv, NULL};
+    tsr_weight nw = {"w", TSR_DTYPE_F32, 1, 8, wv, sizeof wv, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(g->prepare(inst, &nw, &prep), TSR_OK);
     x[3] = NAN;
     assert_int_equal(g->run(inst, prep, 1, x, y, NULL), TSR_OK);
@@ -293,7 +293,7 @@ static void test_alloc_failure(void **state) {
         void *inst = open_inst(&rc);
         assert_int_equal(rc, TSR_OK);
         atomic_store(&th_fail_at, atomic_load(&th_count) + n);
-        tsr_weight tw = {"f.weight", TSR_DTYPE_F32, 16, 64, wf, sizeof wf, NULL};
+        tsr_weight tw = {"f.weight", TSR_DTYPE_F32, 16, 64, wf, sizeof wf, NULL, TSR_WEIGHT_DENSE};
         void *prep = NULL;
         rc = g->prepare(inst, &tw, &prep);
         if (rc == TSR_OK) {
@@ -343,7 +343,7 @@ static void test_weight_done(void **state) {
     float *y1 = malloc((size_t)rows * sizeof *y1), *y3 = malloc((size_t)rows * sizeof *y3);
     uint8_t *w = make(TSR_DTYPE_F32, rows, cols, wf);
     for (int64_t c = 0; c < cols; c++) x[c] = rndf(-1, 1);
-    tsr_weight tw = {"int8.weight", TSR_DTYPE_F32, rows, cols, w, (uint64_t)(rows * cols) * 4, NULL};
+    tsr_weight tw = {"int8.weight", TSR_DTYPE_F32, rows, cols, w, (uint64_t)(rows * cols) * 4, NULL, TSR_WEIGHT_DENSE};
     wd_base = w;
     wd_n = tw.nbytes;
     wd_seen = calloc(1, wd_n);
@@ -395,7 +395,7 @@ static void test_group(void **state) {
             }
             ws[i] = (tsr_weight){i ? "blk.up" : "blk.gate", q8 ? TSR_DTYPE_Q8_0 : TSR_DTYPE_BF16, rows[i], cols,
                                  w[i], q8 ? (uint64_t)(rows[i] * cols / 32 * 34) : (uint64_t)(rows[i] * cols * 2),
-                                 NULL};
+                                 NULL, TSR_WEIGHT_DENSE};
         }
         float *x = malloc(40 * cols * sizeof *x), *yg = malloc(40 * all * sizeof *yg), *y1 = malloc(40 * 24 * sizeof *y1);
         assert_true(wf && x && yg && y1);
@@ -460,7 +460,8 @@ static void test_glu(void **state) {
                 w[i] = make(TSR_DTYPE_BF16, f, cols, wf);
             }
             ws[i] = (tsr_weight){i ? "blk.up" : "blk.gate", q8 ? TSR_DTYPE_Q8_0 : TSR_DTYPE_BF16, f, cols, w[i],
-                                 q8 ? (uint64_t)(f * cols / 32 * 34) : (uint64_t)(f * cols * 2), NULL};
+                                 q8 ? (uint64_t)(f * cols / 32 * 34) : (uint64_t)(f * cols * 2),
+                                 NULL, TSR_WEIGHT_DENSE};
         }
         float *x = malloc(3 * cols * sizeof *x), *gu = malloc(3 * 2 * f * sizeof *gu);
         float *want = malloc(3 * f * sizeof *want), *y = malloc(3 * f * sizeof *y);

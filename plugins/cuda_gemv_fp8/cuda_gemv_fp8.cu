@@ -125,30 +125,17 @@ struct Weight {
     // on the device (tsr_mma::Args.cm), the largest in scale; null otherwise
     float *cm;
     int cm_rows, cm_shift, cm_ld;
-    // An expert's matrix (its name holds ".experts."): one row goes through
+    // An expert's matrix (role TSR_WEIGHT_EXPERT): one row goes through
     // gemv_row whatever its height (elsewhere matrices of at most 4,096 rows
     // take gemv_mma), so that run() and run_glu give the sums run_experts
     // does, whether the host looks the expert up or the device chooses it.
     int expert;
-    // A mixture of experts' router (is_router), stored in f32, f16 or bf16:
+    // A mixture of experts' router (role TSR_WEIGHT_ROUTER), stored in f32, f16 or bf16:
     // held in bf16 (w: [rows_pad, ld] bf16 in the columns' own order, scale
     // 1), not quantised: an error in a router's probabilities switches
     // experts, and FP8 checkpoints keep their routers unquantised too.
     int wide;
 };
-
-// Whether a weight is a mixture of experts' router or shared-expert gate
-// (Hugging Face names).
-bool is_router(const char *name) {
-    static const char *const ends[] = {".mlp.gate.weight", ".block_sparse_moe.gate.weight",
-                                       ".mlp.shared_expert_gate.weight"};
-    const size_t n = name ? strlen(name) : 0;
-    for (const char *e : ends) {
-        const size_t m = strlen(e);
-        if (n >= m && !strcmp(name + n - m, e)) return true;
-    }
-    return false;
-}
 
 int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 int64_t round64(int64_t n) { return (n + 63) / 64 * 64; } // rows as gemv_mma reads them
@@ -799,7 +786,8 @@ int make_wide(Gemv *g, const tsr_weight *tw, void **out);
 
 int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     const tsr_host_api *h = g->ctx->host;
-    if (n == 1 && ws[0].dtype != TSR_DTYPE_F8_E4M3 && is_router(ws[0].name) && !tsr_weight_scale_of(g->ctx, &ws[0]))
+    if (n == 1 && ws[0].dtype != TSR_DTYPE_F8_E4M3 && tsr_weight_role_of(g->ctx, &ws[0]) == TSR_WEIGHT_ROUTER &&
+        !tsr_weight_scale_of(g->ctx, &ws[0]))
         return make_wide(g, &ws[0], out);
     int64_t rows = 0;
     for (int i = 0; i < n; i++) {
@@ -846,7 +834,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     memset(w, 0, sizeof *w);
     w->rows = rows, w->cols = cols, w->ld = ld, w->rows_pad = rows_pad;
     w->pair = n == 2 && ws[0].rows == ws[1].rows;
-    w->expert = ws[0].name && strstr(ws[0].name, ".experts.") != nullptr;
+    w->expert = tsr_weight_role_of(g->ctx, &ws[0]) == TSR_WEIGHT_EXPERT;
     int rc = h->dev_alloc(g->ctx, (size_t)bytes, reinterpret_cast<void **>(&w->w));
     if (rc == TSR_OK) rc = h->dev_alloc(g->ctx, (size_t)rows_pad * sizeof(float), reinterpret_cast<void **>(&w->scale));
     uint8_t *q = static_cast<uint8_t *>(calloc((size_t)bytes, 1));          // zero padding

@@ -45,7 +45,7 @@ static int ex_load(void *data, int layer, int e, tsr_expert_weights *out, uint64
     for (int w = 0; w < 3; w++) {
         int64_t rows = w == 2 ? EX_HIDDEN : EX_FFN, cols = w == 2 ? EX_FFN : EX_HIDDEN;
         tsr_weight tw = {"conf.expert", TSR_DTYPE_F32, rows, cols, mat(s, layer, e, w),
-                         (uint64_t)(rows * cols * 4), NULL};
+                         (uint64_t)(rows * cols * 4), NULL, TSR_WEIGHT_DENSE};
         int rc = CONF_MEMBER(s->gemv, tsr_gemv_i, prepare)(CONF_INST(s->gemv), &tw, &h[w]);
         if (rc != TSR_OK) return rc;
     }

@@ -113,7 +113,7 @@ static void weight_cases(conf_env *env, gemv_pair *p, uint32_t dt, int out, int 
     }
     unsigned char *wcopy = malloc(nbytes);
     memcpy(wcopy, wb, nbytes);
-    tsr_weight w = {"conf.weight", dt, out, in, wb, nbytes, sc};
+    tsr_weight w = {"conf.weight", dt, out, in, wb, nbytes, sc, TSR_WEIGHT_DENSE};
     void *h = NULL, *rh = NULL;
     snprintf(what, sizeof what, "gemv prepare %dx%d %s%s", out, in, tsr_dtype_name(dt), label);
     int rc = CONF_MEMBER(p->ref, tsr_gemv_i, prepare)(CONF_INST(p->ref), &w, &rh);
@@ -226,7 +226,8 @@ static void group_cases(conf_env *env, gemv_pair *p, uint32_t dt, uint64_t *rng)
     for (int i = 0; ok && i < N; i++) {
         uint64_t nb;
         ok = (wb[i] = make_weights(dt, outs[i], IN, rng, &nb)) != NULL;
-        if (ok) ws[i] = (tsr_weight){i == 0 ? "conf.q" : i == 1 ? "conf.k" : "conf.v", dt, outs[i], IN, wb[i], nb, NULL};
+        if (ok) ws[i] = (tsr_weight){i == 0 ? "conf.q" : i == 1 ? "conf.k" : "conf.v", dt, outs[i], IN, wb[i], nb,
+                                     NULL, TSR_WEIGHT_DENSE};
         ok = ok && CONF_MEMBER(p->ref, tsr_gemv_i, prepare)(CONF_INST(p->ref), &ws[i], &rh[i]) == TSR_OK;
     }
     if (!ok) {
@@ -288,7 +289,7 @@ static void glu_cases(conf_env *env, gemv_pair *p, uint32_t dt, uint64_t *rng) {
     for (int i = 0; ok && i < 2; i++) {
         uint64_t nb;
         ok = (wb[i] = make_weights(dt, F, IN, rng, &nb)) != NULL;
-        if (ok) ws[i] = (tsr_weight){i ? "conf.up" : "conf.gate", dt, F, IN, wb[i], nb, NULL};
+        if (ok) ws[i] = (tsr_weight){i ? "conf.up" : "conf.gate", dt, F, IN, wb[i], nb, NULL, TSR_WEIGHT_DENSE};
         ok = ok && CONF_MEMBER(p->ref, tsr_gemv_i, prepare)(CONF_INST(p->ref), &ws[i], &rh[i]) == TSR_OK;
     }
     if (!ok) {

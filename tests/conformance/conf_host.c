@@ -283,7 +283,7 @@ int conf_inst_new(const tsr_plugin_desc *desc, const tsr_manifest *m, const tsr_
     conf_inst *ci = calloc(1, sizeof *ci);
     *out = ci;
     if (!ci) return TSR_ERR_NOMEM;
-    ci->api = (tsr_host_api){.struct_size = sizeof(tsr_host_api), .version = 4, .log = h_log,
+    ci->api = (tsr_host_api){.struct_size = sizeof(tsr_host_api), .version = 5, .log = h_log,
                              .set_error = h_set_error, .alloc = h_alloc, .free = h_free,
                              .dev_alloc = h_dev_alloc, .dev_free = h_dev_free, .parallel_for = h_parallel_for,
                              .param = h_param, .model_open = h_model_open, .model_close = h_model_close,

@@ -260,7 +260,7 @@ static void kernel_case(kenv *k, uint32_t dtype, const int64_t *mrows, int n, in
     for (int i = 0, at = 0; i < n; at += (int)mrows[i], i++) {
         uint64_t nb;
         data[i] = make_matrix(dtype, mrows[i], cols, wf_all + (int64_t)at * cols, &nb);
-        ws[i] = (tsr_weight){"test.weight", dtype, mrows[i], cols, data[i], nb, NULL};
+        ws[i] = (tsr_weight){"test.weight", dtype, mrows[i], cols, data[i], nb, NULL, TSR_WEIGHT_DENSE};
     }
     void *h = NULL;
     int rc = n == 1 ? tsr_gemv_prepare(k->gemv, &ws[0], &h) : tsr_gemv_prepare_group(k->gemv, ws, n, &h);
@@ -354,13 +354,13 @@ static void test_kernels(void **state) {
     float bad[2 * 16];
     for (int i = 0; i < 32; i++) bad[i] = 0.5f;
     bad[16 + 3] = NAN;
-    tsr_weight w = {"nan.weight", TSR_DTYPE_F32, 2, 16, bad, sizeof bad, NULL};
+    tsr_weight w = {"nan.weight", TSR_DTYPE_F32, 2, 16, bad, sizeof bad, NULL, TSR_WEIGHT_DENSE};
     void *h = NULL;
     assert_int_equal(tsr_gemv_prepare(k.gemv, &w, &h), TSR_ERR_INVALID);
     assert_null(h);
     assert_non_null(strstr(tsr_engine_plugin_error(k.e, TSR_SLOT_GEMV), "row 1"));
     uint8_t q8[34] = {0};
-    tsr_weight wq = {"q8.weight", TSR_DTYPE_Q8_0, 1, 32, q8, sizeof q8, NULL};
+    tsr_weight wq = {"q8.weight", TSR_DTYPE_Q8_0, 1, 32, q8, sizeof q8, NULL, TSR_WEIGHT_DENSE};
     assert_int_equal(tsr_gemv_prepare(k.gemv, &wq, &h), TSR_ERR_UNSUPPORTED);
     kenv_close(&k);
 #endif
@@ -480,7 +480,7 @@ static void block_case(kenv *k, const int64_t *mrows, int n, int64_t cols, int64
     for (int i = 0; i < n; i++) {
         bmat_make(&ms[i], mrows[i], cols, br, bc);
         ws[i] = (tsr_weight){"blocks.weight", TSR_DTYPE_F8_E4M3, mrows[i], cols, ms[i].codes,
-                             (uint64_t)(mrows[i] * cols), &ms[i].sc};
+                             (uint64_t)(mrows[i] * cols), &ms[i].sc, TSR_WEIGHT_DENSE};
         n_out += mrows[i];
     }
     void *h = NULL;
@@ -538,7 +538,8 @@ static void block_case(kenv *k, const int64_t *mrows, int n, int64_t cols, int64
 static void block_refused(kenv *k, int64_t rows, int64_t cols, int64_t br, int64_t bc, const char *why) {
     bmat b;
     bmat_make(&b, rows, cols, br, bc);
-    tsr_weight w = {"refused.weight", TSR_DTYPE_F8_E4M3, rows, cols, b.codes, (uint64_t)(rows * cols), &b.sc};
+    tsr_weight w = {"refused.weight", TSR_DTYPE_F8_E4M3, rows, cols, b.codes, (uint64_t)(rows * cols),
+                    &b.sc, TSR_WEIGHT_DENSE};
     void *h = NULL;
     assert_int_equal(tsr_gemv_prepare(k->gemv, &w, &h), TSR_ERR_UNSUPPORTED);
     const char *msg = tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV);

@@ -1,7 +1,10 @@
 /* test_gemv: y = x . W^T for f32 weights, plus exports for the libffi tests.
  * Built again as test_gemv_v2 (TEST_GEMV_V2): a plugin of gemv interface
  * version 2, from before tsr_weight.scale, that takes f8_e4m3 weights as
- * they are stored: the host must never hand it a scaled weight. */
+ * they are stored: the host must never hand it a scaled weight. And as
+ * test_gemv_roles (TEST_GEMV_ROLES): it refuses a weight whose role
+ * (tsr_weight.role) is not the one its canonical name says (test_models runs
+ * mixtures of experts through it). */
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -21,8 +24,31 @@ static int g_init(void *p, const tsr_plugin_ctx *ctx) {
     return TSR_OK;
 }
 
+#ifdef TEST_GEMV_ROLES
+static bool ends_with(const char *s, const char *end) {
+    const size_t n = strlen(s), m = strlen(end);
+    return n >= m && !strcmp(s + n - m, end);
+}
+
+/* The role a canonical (Hugging Face) tensor name implies. */
+static tsr_weight_role role_by_name(const char *name) {
+    if (strstr(name, ".experts.")) return TSR_WEIGHT_EXPERT;
+    if (ends_with(name, ".mlp.gate.weight") || ends_with(name, ".block_sparse_moe.gate.weight") ||
+        ends_with(name, ".mlp.shared_expert_gate.weight"))
+        return TSR_WEIGHT_ROUTER;
+    return TSR_WEIGHT_DENSE;
+}
+#endif
+
 static int g_prepare(void *p, const tsr_weight *w, void **out) {
     inst *g = p;
+#ifdef TEST_GEMV_ROLES
+    const tsr_weight_role role = tsr_weight_role_of(g->ctx, w), want = role_by_name(w->name ? w->name : "");
+    if (role != want) {
+        g->ctx->host->set_error(g->ctx, "%s: role %d where its name says %d", w->name, (int)role, (int)want);
+        return TSR_ERR_INVALID;
+    }
+#endif
 #ifdef TEST_GEMV_V2
     if (w->dtype != TSR_DTYPE_F32 && w->dtype != TSR_DTYPE_F8_E4M3) {
 #else
@@ -74,6 +100,8 @@ static const tsr_plugin_desc desc = {
     .abi_minor = TSR_ABI_MINOR,
 #ifdef TEST_GEMV_V2
     .name = "test_gemv_v2",
+#elif defined TEST_GEMV_ROLES
+    .name = "test_gemv_roles",
 #else
     .name = "test_gemv",
 #endif

@@ -171,6 +171,58 @@ static void test_qwen3_moe(void **state) { (void)state; check_fixture("qwen3_moe
  * transformers-4 key spelling */
 static void test_qwen2_moe(void **state) { (void)state; check_fixture_from("numpy", "qwen2_moe"); }
 
+/* Each weight's role (tsr_weight.role: expert, router, dense) as the host
+ * loads it: the mixtures of experts through tests/plugins' test_gemv_roles, which
+ * refuses a weight whose role is not the one its canonical name says
+ * (experts prepared on demand included), linked into a temporary catalog
+ * beside the engine's plugins; the logits still the references'. */
+static void test_weight_roles(void **state) {
+    (void)state;
+    const char *b = getenv("TESSERA_BUILD_DIR"), *engine = getenv("TESSERA_CATALOG");
+    char tests[4096], tmp[] = "/tmp/tsr_roles_XXXXXX", cmd[16384], asm_roles[4200];
+    snprintf(tests, sizeof tests, "%s/tests/catalog", b ? b : "build");
+    snprintf(cmd, sizeof cmd, "%s/libtest_gemv_roles.so", tests);
+    if (!engine || access(cmd, R_OK) != 0) {
+        printf("# %s or $TESSERA_CATALOG absent: skipped (build tessera_test_plugins)\n", cmd);
+        skip();
+    }
+    assert_non_null(mkdtemp(tmp));
+    if (snprintf(cmd, sizeof cmd, "mkdir '%s/catalog' && ln -s '%s'/* '%s/catalog/' && "
+                 "ln -s '%s'/libtest_gemv_roles.so '%s'/test_gemv_roles.yaml '%s/catalog/'",
+                 tmp, engine, tmp, tests, tests, tmp) >= (int)sizeof cmd)
+        fail_msg("paths too long");
+    assert_int_equal(system(cmd), 0);
+    snprintf(asm_roles, sizeof asm_roles, "%s/roles.yaml", tmp);
+    FILE *f = fopen(asm_roles, "w");
+    assert_non_null(f);
+    fputs("name: roles\ndevice: cpu\nslots:\n  gemv: test_gemv_roles\n", f);
+    fclose(f);
+    char catalog[4200];
+    snprintf(catalog, sizeof catalog, "%s/catalog", tmp);
+    const char *const fams[][2] = {{"transformers", "mixtral"}, {"transformers", "qwen3_moe"}, {"numpy", "qwen2_moe"}};
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
+        char dir[4096], ref_path[4200];
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/%s/%s", src_dir(), fams[i][0], fams[i][1]);
+        snprintf(ref_path, sizeof ref_path, "%s/reference.safetensors", dir);
+        tsr_model_opts o = {.model_path = dir, .assembly_path = asm_roles, .catalog_dir = catalog, .n_threads = 2,
+                            .no_tokenizer = 1};
+        tsr_error err;
+        tsr_error_clear(&err);
+        tsr_model *m = NULL;
+        if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s through test_gemv_roles: %s", fams[i][1], err.msg);
+        tsr_safetensors *ref;
+        assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
+        int n_ids;
+        int32_t *ids = read_i32(ref_tensor(ref, "input_ids", TSR_DTYPE_I32), &n_ids);
+        check_logits(m, ids, n_ids, ref_tensor(ref, "logits", TSR_DTYPE_F32), 1e-3, fams[i][1]);
+        free(ids);
+        tsr_safetensors_free(ref);
+        tsr_model_free(m);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* stories260K from one of its files: logits (when tol > 0) and greedy text of
  * every reference.json case. */
 static void check_stories(const char *file, const char *tokenizer, double tol) {
@@ -303,6 +355,7 @@ int main(void) {
         cmocka_unit_test(test_mixtral),
         cmocka_unit_test(test_qwen3_moe),
         cmocka_unit_test(test_qwen2_moe),
+        cmocka_unit_test(test_weight_roles),
         cmocka_unit_test(test_pystd_target),
         cmocka_unit_test(test_pystd_draft),
         cmocka_unit_test(test_pystd_moe),
