@@ -42,6 +42,7 @@
 #include "tests/runtime/seq_logits.h"
 
 #include "tests/runtime/fp8_fixture.h"
+#include "tests/runtime/test_gemv_catalog.h"
 
 #define KL_BOUND 0.1
 
@@ -356,25 +357,8 @@ static void test_refusals(void **s) {
  * beside the engine's plugins. */
 static void test_old_plugin_refused(void **s) {
     (void)s;
-    const char *b = getenv("TESSERA_BUILD_DIR"), *engine = getenv("TESSERA_CATALOG");
-    char tests[4096], catalog[4096], cmd[16384], asm_path[4200], ch[4096];
-    snprintf(tests, sizeof tests, "%s/tests/catalog", b ? b : "build");
-    snprintf(cmd, sizeof cmd, "%s/libtest_gemv_v2.so", tests);
-    if (!engine || access(cmd, R_OK) != 0) {
-        printf("# %s or $TESSERA_CATALOG absent: skipped (build tessera_test_plugins)\n", cmd);
-        skip();
-    }
-    snprintf(catalog, sizeof catalog, "%s/catalog", fp8_tmp_root);
-    if (snprintf(cmd, sizeof cmd, "mkdir -p '%s' && ln -sf '%s'/* '%s'/ && "
-                 "ln -sf '%s'/libtest_gemv_v2.so '%s'/test_gemv_v2.yaml '%s'/",
-                 catalog, engine, catalog, tests, tests, catalog) >= (int)sizeof cmd)
-        fail_msg("paths too long");
-    assert_int_equal(system(cmd), 0);
-    snprintf(asm_path, sizeof asm_path, "%s/v2.yaml", fp8_tmp_root);
-    FILE *f = fopen(asm_path, "w");
-    assert_non_null(f);
-    fputs("name: v2\ndevice: cpu\nslots:\n  gemv: test_gemv_v2\n", f);
-    fclose(f);
+    char catalog[4096], asm_path[4096], ch[4096];
+    test_gemv_catalog(fp8_tmp_root, "test_gemv_v2", catalog, asm_path);
     fp8_make_ckpt("llama", "v2-channel", "--style channel", ch, NULL, sizeof ch);
     tsr_model_opts o = {.model_path = ch, .assembly_path = asm_path, .catalog_dir = catalog, .n_threads = 2,
                         .no_tokenizer = 1};

@@ -21,6 +21,7 @@
 #include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
 #include "tests/runtime/seq_logits.h"
+#include "tests/runtime/test_gemv_catalog.h"
 
 static const char *src_dir(void) {
     const char *s = getenv("TESSERA_SOURCE_DIR");
@@ -178,27 +179,9 @@ static void test_qwen2_moe(void **state) { (void)state; check_fixture_from("nump
  * beside the engine's plugins; the logits still the references'. */
 static void test_weight_roles(void **state) {
     (void)state;
-    const char *b = getenv("TESSERA_BUILD_DIR"), *engine = getenv("TESSERA_CATALOG");
-    char tests[4096], tmp[] = "/tmp/tsr_roles_XXXXXX", cmd[16384], asm_roles[4200];
-    snprintf(tests, sizeof tests, "%s/tests/catalog", b ? b : "build");
-    snprintf(cmd, sizeof cmd, "%s/libtest_gemv_roles.so", tests);
-    if (!engine || access(cmd, R_OK) != 0) {
-        printf("# %s or $TESSERA_CATALOG absent: skipped (build tessera_test_plugins)\n", cmd);
-        skip();
-    }
+    char tmp[] = "/tmp/tsr_roles_XXXXXX", catalog[4096], asm_roles[4096], cmd[4200];
     assert_non_null(mkdtemp(tmp));
-    if (snprintf(cmd, sizeof cmd, "mkdir '%s/catalog' && ln -s '%s'/* '%s/catalog/' && "
-                 "ln -s '%s'/libtest_gemv_roles.so '%s'/test_gemv_roles.yaml '%s/catalog/'",
-                 tmp, engine, tmp, tests, tests, tmp) >= (int)sizeof cmd)
-        fail_msg("paths too long");
-    assert_int_equal(system(cmd), 0);
-    snprintf(asm_roles, sizeof asm_roles, "%s/roles.yaml", tmp);
-    FILE *f = fopen(asm_roles, "w");
-    assert_non_null(f);
-    fputs("name: roles\ndevice: cpu\nslots:\n  gemv: test_gemv_roles\n", f);
-    fclose(f);
-    char catalog[4200];
-    snprintf(catalog, sizeof catalog, "%s/catalog", tmp);
+    test_gemv_catalog(tmp, "test_gemv_roles", catalog, asm_roles);
     const char *const fams[][2] = {{"transformers", "mixtral"}, {"transformers", "qwen3_moe"}, {"numpy", "qwen2_moe"}};
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
         char dir[4096], ref_path[4200];
