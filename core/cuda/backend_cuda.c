@@ -39,6 +39,14 @@ static int cu_rope(const tsr_rope *r, const float *inv_freq, float *x, int rows,
                           "rope", err);
 }
 
+static int cu_qk_norm_rope(const tsr_rope *r, const float *inv_freq, float *q, float *k, const float *q_norm,
+                           const float *k_norm, int rows, int n_heads, int n_kv, float eps, int pos0,
+                           const int32_t *dev_pos0, tsr_error *err) {
+    return tsr_cuda_check(tsr_cu_qk_norm_rope(q, k, q_norm, k_norm, rows, n_heads, n_kv, r->head_dim, eps, inv_freq,
+                                              pos0, dev_pos0, r->pos_scale, r->interleaved, g_pdl, tsr_cuda_stream()),
+                          "q/k norm and rope", err);
+}
+
 static int cu_rope_split(const tsr_rope *r, const float *inv_freq, float *q, float *k, float *v, const float *src,
                          int rows, int n_heads, int n_kv, int pos0, const int32_t *dev_pos0, tsr_error *err) {
     return tsr_cuda_check(tsr_cu_rope_split(q, k, v, src, inv_freq, rows, n_heads, n_kv, r->head_dim, pos0, dev_pos0,
@@ -141,6 +149,7 @@ static const tsr_backend cuda_backend = {
     .rmsnorm = cu_rmsnorm,
     .add_rmsnorm = cu_add_rmsnorm,
     .rope = cu_rope,
+    .qk_norm_rope = cu_qk_norm_rope,
     .rope_split = cu_rope_split,
     .silu_mul = cu_silu_mul,
     .silu_mul_cat = cu_silu_mul_cat,

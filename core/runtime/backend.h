@@ -53,6 +53,13 @@ typedef struct tsr_backend {
      * capturing a graph) holds pos0 in backend memory instead */
     int (*rope)(const tsr_rope *r, const float *inv_freq, float *x, int rows, int n_heads, int pos0,
                 const int32_t *dev_pos0, tsr_error *err);
+    /* q [rows, n_heads, head_dim] and k [rows, n_kv, head_dim] each head
+     * rmsnormed by q_norm / k_norm then rotated: the same values as rmsnorm
+     * over the heads then rope, in one pass (NULL where the backend has none:
+     * the runtime runs the three) */
+    int (*qk_norm_rope)(const tsr_rope *r, const float *inv_freq, float *q, float *k, const float *q_norm,
+                        const float *k_norm, int rows, int n_heads, int n_kv, float eps, int pos0,
+                        const int32_t *dev_pos0, tsr_error *err);
     /* split3 of a stacked q/k/v projection src [rows, (n_heads + 2 n_kv) *
      * head_dim] into q, k, v, then rope of q and k: one pass where it can */
     int (*rope_split)(const tsr_rope *r, const float *inv_freq, float *q, float *k, float *v, const float *src,

@@ -296,7 +296,11 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
     if (L->bq || L->bk || L->bv)
         OP(TSR_PROF_QKV, BE(add_bias(m, q, L->bq, rows, qd, err)); BE(add_bias(m, k, L->bk, rows, kvd, err));
            BE(add_bias(m, v, L->bv, rows, kvd, err)));
-    if (L->q_norm) { /* per head, before RoPE */
+    if (L->q_norm && !rotated && be->qk_norm_rope) { /* per head, then RoPE: one pass */
+        OP(TSR_PROF_NORM, BE(be->qk_norm_rope(&m->rope, m->inv_freq, q, k, L->q_norm, L->k_norm, rows, c->n_heads,
+                                              c->n_kv_heads, c->norm_eps, pos0, dev_pos0, err)));
+        rotated = 1;
+    } else if (L->q_norm) { /* per head, before RoPE */
         OP(TSR_PROF_NORM, BE(be->rmsnorm(q, q, L->q_norm, rows * c->n_heads, hd, c->norm_eps, err));
            BE(be->rmsnorm(k, k, L->k_norm, rows * c->n_kv_heads, hd, c->norm_eps, err)));
     }

@@ -68,17 +68,12 @@ __device__ __forceinline__ bool norm_weights(const float *w, int n, float *wv) {
     return true;
 }
 
-// y[r] = rmsnorm(v) * w with v = x[r] (rmsnorm; y may be x) or, with ADD,
-// v = x[r] + o[r] stored back into x[r] (the residual add fused with the next
-// norm: the same arithmetic as add then rmsnorm).
+// yr = rmsnorm(v) * w over one row of n with v = xr (yr may be xr) or, with
+// ADD, v = xr + orow stored back into xr; called by every thread of the
+// block, wv and regs from norm_weights.
 template <bool ADD>
-__global__ void norm_k(float *x, const float *o, float *y, const float *w, int n, float eps) {
-    float wv[kNormRegs];
-    const bool regs = norm_weights(w, n, wv);
-    tsr_pdl::enter();
-    float *xr = x + (int64_t)blockIdx.x * n;
-    const float *orow = ADD ? o + (int64_t)blockIdx.x * n : nullptr;
-    float *yr = y + (int64_t)blockIdx.x * n;
+__device__ __forceinline__ void norm_row(float *xr, const float *orow, float *yr, const float *w, const float *wv,
+                                         bool regs, int n, float eps) {
     float ss = 0.0f;
     if (regs) {
         float v[kNormRegs];
@@ -109,6 +104,18 @@ __global__ void norm_k(float *x, const float *o, float *y, const float *w, int n
     ss = block_sum(ss);
     const float inv = rsqrtf(ss / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+}
+
+// y[r] = rmsnorm(v) * w with v = x[r] (rmsnorm; y may be x) or, with ADD,
+// v = x[r] + o[r] stored back into x[r] (the residual add fused with the next
+// norm: the same arithmetic as add then rmsnorm).
+template <bool ADD>
+__global__ void norm_k(float *x, const float *o, float *y, const float *w, int n, float eps) {
+    float wv[kNormRegs];
+    const bool regs = norm_weights(w, n, wv);
+    tsr_pdl::enter();
+    const int64_t r = blockIdx.x;
+    norm_row<ADD>(x + r * n, ADD ? o + r * n : nullptr, y + r * n, w, wv, regs, n, eps);
 }
 
 // The sine and cosine of pair i's angle at the (scaled) position p.
@@ -178,6 +185,29 @@ __global__ void rope_split_k(float *q, float *k, float *v, const float *src, con
         if (first) rotate_sc(in + h * hd, o, j % half, half, s0, c0, interleaved);
         else rotate_pair(in + h * hd, o, j % half, half, p, inv_freq, interleaved);
     }
+}
+
+// Qwen3's q/k norms and RoPE in one launch: a block per (row, head) of q
+// [rows, nh, hd] then k [rows, nkv, hd], each head normed as norm_k norms a
+// row of hd (the same sums: launched with norm_threads(hd) threads) times
+// the q or k norm's weights into shared memory, then its pairs rotated as
+// rope_k rotates them: the same values as the two norm launches and the
+// rope launch(es) it replaces. Weights and position before the wait.
+__global__ void qk_norm_rope_k(float *q, float *k, const float *qw, const float *kw, int nh, int nkv, int hd,
+                               float eps, const float *inv_freq, int pos0, const int32_t *dev_pos0, float pos_scale,
+                               int interleaved) {
+    extern __shared__ float normed[]; // [hd]
+    const int heads = nh + nkv, r = blockIdx.x / heads, hh = blockIdx.x % heads, half = hd / 2;
+    const float *w = hh < nh ? qw : kw;
+    float wv[kNormRegs];
+    const bool regs = norm_weights(w, hd, wv);
+    if (dev_pos0) pos0 = *dev_pos0;
+    const float p = (float)(pos0 + r) * pos_scale;
+    tsr_pdl::enter();
+    float *x = hh < nh ? q + ((int64_t)r * nh + hh) * hd : k + ((int64_t)r * nkv + hh - nh) * hd;
+    norm_row<false>(x, nullptr, normed, w, wv, regs, hd, eps);
+    __syncthreads();
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rotate_pair(normed, x, i, half, p, inv_freq, interleaved);
 }
 
 // y[r, i] = silu(gu[r, i]) * gu[r, f + i]: gate and up side by side; grid
@@ -396,14 +426,21 @@ int grid_for(int64_t n) {
 
 int launched() { return cudaGetLastError() == cudaSuccess ? 0 : -10; }
 
-// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent
-// when pdl; 0 or -10 (the launch's error left as the last error for the
-// caller's message).
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic
+// dependent when pdl; 0 or -10 (the launch's error left as the last error
+// for the caller's message).
 template <typename... KArgs, typename... Args>
-int launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, void *stream, int pdl, Args &&...args) {
-    const cudaError_t e = tsr_pdl::launch(kernel, grid, block, 0, static_cast<cudaStream_t>(stream), pdl != 0,
+int launch_smem(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, void *stream, int pdl,
+                Args &&...args) {
+    const cudaError_t e = tsr_pdl::launch(kernel, grid, block, smem, static_cast<cudaStream_t>(stream), pdl != 0,
                                           std::forward<Args>(args)...);
     return e == cudaSuccess ? launched() : -10;
+}
+
+// launch_smem without dynamic shared memory.
+template <typename... KArgs, typename... Args>
+int launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, void *stream, int pdl, Args &&...args) {
+    return launch_smem(kernel, grid, block, 0, stream, pdl, std::forward<Args>(args)...);
 }
 
 } // namespace
@@ -439,6 +476,14 @@ extern "C" int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_head
     dim3 grid((unsigned)((n_heads * (head_dim / 2) + kThreads - 1) / kThreads), (unsigned)rows);
     return launch(rope_k, grid, kThreads, stream, pdl, x, inv_freq, n_heads, head_dim, pos0, dev_pos0, pos_scale,
                   interleaved);
+}
+
+extern "C" int tsr_cu_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_norm, int rows,
+                                   int n_heads, int n_kv, int head_dim, float eps, const float *inv_freq, int pos0,
+                                   const int32_t *dev_pos0, float pos_scale, int interleaved, int pdl, void *stream) {
+    return launch_smem(qk_norm_rope_k, (unsigned)(rows * (n_heads + n_kv)), norm_threads(head_dim),
+                       (size_t)head_dim * sizeof(float), stream, pdl, q, k, q_norm, k_norm, n_heads, n_kv, head_dim,
+                       eps, inv_freq, pos0, dev_pos0, pos_scale, interleaved);
 }
 
 extern "C" int tsr_cu_rope_split(float *q, float *k, float *v, const float *src, const float *inv_freq, int rows,

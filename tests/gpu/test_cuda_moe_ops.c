@@ -1,15 +1,18 @@
 /*
  * The CUDA backend's mixture-of-experts ops (routing, row gather, weighted
  * scatter, gated add; kernels/cuda/ops.cu) against the CPU backend's
- * (core/runtime/backend_cpu.c over kernels/cpu/ops.c), ctest label "gpu";
- * skipped cleanly where no CUDA device is present.
+ * (core/runtime/backend_cpu.c over kernels/cpu/ops.c), and its fused ops
+ * against the device ops they replace, ctest label "gpu"; skipped cleanly
+ * where no CUDA device is present.
  *
  * Bound, stated and tested: routing chooses the same experts in the same
  * order as the CPU (logits on a grid of 1/64, apart or exactly equal: ties go to
  * the lower id on both; NaN never chosen, -1 past the last number) and the
  * weights agree within 1e-5 relative (softmax sums in another order); the
  * data movers are exact; the gated add within 1e-6 relative (expf); the
- * experts' combination equals zero-then-scatter expert by expert bit for bit.
+ * experts' combination equals zero-then-scatter expert by expert bit for bit;
+ * Qwen3's q/k norms and RoPE in one launch equal the two norms and the
+ * rope(s) bit for bit.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -241,11 +244,62 @@ static void test_combine(void **state) {
     free(d), free(got), free(want);
 }
 
+/* qk_norm_rope against rmsnorm over q's heads and k's, then rope of each:
+ * bit for bit, at head_dim 64 and 128, 1 and 3 rows, pairs (i, i + d/2)
+ * and interleaved, the position given and read from the device. */
+static void test_qk_norm_rope(void **state) {
+    (void)state;
+    const tsr_backend *dev = device();
+    SKIP_WITHOUT_DEVICE(dev);
+    enum { NH = 6, NKV = 2 };
+    for (int hd = 64; hd <= 128; hd *= 2)
+        for (int rows = 1; rows <= 3; rows += 2)
+            for (int inter = 0; inter < 2; inter++)
+                for (int on_dev = 0; on_dev < 2; on_dev++) {
+                    tsr_rope rp;
+                    assert_int_equal(tsr_rope_init(&rp, hd, 1e6f, inter, 0, 0, 0, 0, 0), TSR_OK);
+                    const size_t nq = (size_t)rows * NH * hd, nk = (size_t)rows * NKV * hd;
+                    float *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *qw = malloc(hd * sizeof *qw),
+                          *kw = malloc(hd * sizeof *kw), *a = malloc((nq + nk) * sizeof *a),
+                          *b = malloc((nq + nk) * sizeof *b);
+                    assert_true(q && k && qw && kw && a && b);
+                    for (size_t i = 0; i < nq; i++) q[i] = 4 * uniform() - 2;
+                    for (size_t i = 0; i < nk; i++) k[i] = 4 * uniform() - 2;
+                    for (int i = 0; i < hd; i++) qw[i] = 2 * uniform(), kw[i] = 2 * uniform();
+                    const int pos0 = 37;
+                    float *dq1 = on_device(dev, q, nq * sizeof *q), *dk1 = on_device(dev, k, nk * sizeof *k);
+                    float *dq2 = on_device(dev, q, nq * sizeof *q), *dk2 = on_device(dev, k, nk * sizeof *k);
+                    float *dqw = on_device(dev, qw, hd * sizeof *qw), *dkw = on_device(dev, kw, hd * sizeof *kw);
+                    float *dfreq = on_device(dev, rp.inv_freq, sizeof rp.inv_freq);
+                    int32_t *dpos = on_device(dev, &pos0, sizeof pos0);
+                    const int32_t *dp = on_dev ? dpos : NULL;
+                    const int p0 = on_dev ? 0 : pos0; /* ignored where the device holds it */
+                    tsr_error err;
+                    tsr_error_clear(&err);
+                    assert_int_equal(dev->rmsnorm(dq1, dq1, dqw, rows * NH, hd, 1e-6f, &err), TSR_OK);
+                    assert_int_equal(dev->rmsnorm(dk1, dk1, dkw, rows * NKV, hd, 1e-6f, &err), TSR_OK);
+                    assert_int_equal(dev->rope(&rp, dfreq, dq1, rows, NH, p0, dp, &err), TSR_OK);
+                    assert_int_equal(dev->rope(&rp, dfreq, dk1, rows, NKV, p0, dp, &err), TSR_OK);
+                    assert_int_equal(
+                        dev->qk_norm_rope(&rp, dfreq, dq2, dk2, dqw, dkw, rows, NH, NKV, 1e-6f, p0, dp, &err), TSR_OK);
+                    back(dev, a, dq1, nq * sizeof *a), back(dev, a + nq, dk1, nk * sizeof *a);
+                    back(dev, b, dq2, nq * sizeof *b), back(dev, b + nq, dk2, nk * sizeof *b);
+                    assert_memory_equal(a, b, (nq + nk) * sizeof *a);
+                    int moved = 0; /* and it did something */
+                    for (size_t i = 0; i < nq; i++) moved |= a[i] != q[i];
+                    assert_true(moved);
+                    void *d[] = {dq1, dk1, dq2, dk2, dqw, dkw, dfreq, dpos};
+                    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) dev->free(d[i]);
+                    free(q), free(k), free(qw), free(kw), free(a), free(b);
+                }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_combine),
+        cmocka_unit_test(test_qk_norm_rope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
