@@ -12,7 +12,8 @@
  * data movers are exact; the gated add within 1e-6 relative (expf); the
  * experts' combination equals zero-then-scatter expert by expert bit for bit;
  * Qwen3's q/k norms and RoPE in one launch equal the two norms and the
- * rope(s) bit for bit.
+ * rope(s) bit for bit; argmax chooses the CPU's index (ties to the lowest,
+ * NaN and -inf never, -1 for a row of nothing else).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -294,12 +295,56 @@ static void test_qk_norm_rope(void **state) {
                 }
 }
 
+/* argmax against the CPU backend's: rows of a vocabulary (whole 16-byte
+ * pieces, the vector path), of odd widths and at an odd offset (the scalar
+ * path); values on a coarse grid (many ties), NaN and -inf scattered, the
+ * largest value repeated far apart, a row of only NaN and -inf. */
+static void test_argmax(void **state) {
+    (void)state;
+    const tsr_backend *dev = device(), *cpu = tsr_backend_cpu();
+    SKIP_WITHOUT_DEVICE(dev);
+    const int widths[] = {151936, 128256, 4097, 1001, 7, 4};
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+        for (int shift = 0; shift < 2; shift++) {
+            enum { ROWS = 4 };
+            const int n = widths[wi];
+            float *x = malloc(((size_t)ROWS * n + 1) * sizeof *x);
+            assert_non_null(x);
+            for (size_t i = 0; i < (size_t)ROWS * n + 1; i++) {
+                const float u = uniform();
+                x[i] = u < 0.01f ? NAN : u < 0.02f ? -INFINITY : (float)(int)(uniform() * 64) / 8;
+            }
+            for (int r = 0; r < ROWS; r++) { /* the largest twice, far apart, past every grid value */
+                float *row = x + shift + (size_t)r * n;
+                row[n - 1] = 9.0f;
+                if (r == 1) row[n / 3] = 9.0f;
+                if (r == 2) row[0] = 9.0f;
+            }
+            for (int i = 0; i < n; i++) x[shift + (size_t)3 * n + i] = i % 2 ? NAN : -INFINITY;
+            int32_t want[ROWS], got[ROWS] = {0};
+            tsr_error err;
+            tsr_error_clear(&err);
+            assert_int_equal(cpu->argmax(x + shift, ROWS, n, want, &err), TSR_OK);
+            float *dx = on_device(dev, x, ((size_t)ROWS * n + 1) * sizeof *x);
+            int32_t *dout = on_device(dev, got, sizeof got);
+            assert_int_equal(dev->argmax(dx + shift, ROWS, n, dout, &err), TSR_OK);
+            back(dev, got, dout, sizeof got);
+            for (int r = 0; r < ROWS; r++)
+                if (got[r] != want[r])
+                    fail_msg("width %d, offset %d, row %d: argmax %d, CPU %d", n, shift, r, got[r], want[r]);
+            assert_int_equal(want[3], -1);
+            dev->free(dx), dev->free(dout);
+            free(x);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_combine),
         cmocka_unit_test(test_qk_norm_rope),
+        cmocka_unit_test(test_argmax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
