@@ -161,9 +161,8 @@ static int moe_on_host(tsr_model *m, int layer, int rows, tsr_error *err) {
     memcpy(fill, start, (size_t)E * sizeof(int));
     for (int i = 0; i < nk; i++) {
         const int e = m->route_idx_h[i];
-        m->ex_pos_h[i] = 0; /* no expert: never read */
+        m->ex_pos_h[i] = e < 0 ? 0 : fill[e]; /* its place in that order (no expert: never read) */
         if (e < 0) continue;
-        m->ex_pos_h[i] = fill[e];
         m->ex_rows_h[fill[e]] = i / K;
         m->ex_wts_h[fill[e]++] = m->route_w_h[i];
     }
