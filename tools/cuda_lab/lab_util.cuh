@@ -104,6 +104,22 @@ static double lab_case_worst(const LabCase &c, int fp8, int n_out, int cols, int
     return worst;
 }
 
+// The host activations of a case's nx rows put in the byte order of the
+// production kernels' E4M3 rows (gemv_mma.cuh: columns permuted within whole
+// 512-column steps, e4m3_stored_col), so that lab_case_worst's sum over
+// bytes b of w[b] x[b] is the product those kernels compute from the
+// stored bytes and the device's activations (which stay as they are: call
+// after the case is on the device). Needs kernels/cuda/gemv_mma.cuh.
+static void lab_case_x_as_stored(LabCase &c, int nx, int cols) {
+    float *row = (float *)malloc(sizeof(float) * cols);
+    for (int r = 0; r < nx; r++) {
+        float *xr = c.hx + (int64_t)r * cols;
+        memcpy(row, xr, sizeof(float) * cols);
+        for (int b = 0; b < cols; b++) xr[b] = row[b >= cols / 512 * 512 ? b : tsr_mma::e4m3_step_rot(b, false)];
+    }
+    free(row);
+}
+
 // n bytes of bf16 pairs and E4M3 quads of modest magnitude, no NaN.
 __global__ void lab_fill(uint8_t *p, size_t n, uint32_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {

@@ -9,8 +9,6 @@
 //     ragged shapes); (2) TB/s at the Llama-3-8B shapes, weights out of L2;
 //     (3) one token's GEMVs as a graph by row count: the production launcher
 //     against the fastest configuration per shape.
-#include <vector>
-
 #include "kernels/cuda/gemv_mma.cuh"
 #include "kernels/cuda/gemv_row.cuh"
 
@@ -68,13 +66,9 @@ static double check(int wk, int ci, int nr, int n_out, int cols, cudaStream_t st
     CK(cudaStreamSynchronize(st));
     CK(cudaMemcpy(t.hy, t.dy, sizeof(float) * 8 * n_out, cudaMemcpyDeviceToHost));
     double worst = 0;
-    std::vector<float> row((size_t)cols);
+    if (wk == kFp8) lab_case_x_as_stored(t, nr, cols);
     for (int r = 0; r < nr; r++) {
         float *xr = t.hx + (int64_t)r * cols;
-        if (wk == kFp8) { // stored byte b holds column col(b) (e4m3_stored_col's inverse): x taken in byte order
-            memcpy(row.data(), xr, sizeof(float) * cols);
-            for (int b = 0; b < cols; b++) xr[b] = row[b >= cols / 512 * 512 ? b : e4m3_step_rot(b, false)];
-        }
         if (wk == kBf16) // lab_case_worst takes f32 activations against bf16 weights; gemv_mma rounds them
             for (int k = 0; k < cols; k++) {
                 float &v = xr[k];
