@@ -30,15 +30,12 @@
 
 #include "core/runtime/backend.h"
 
-static const tsr_backend *device(void) { return gpu_ready() ? tsr_backend_cuda() : NULL; }
-
-#define SKIP_WITHOUT_DEVICE(be)                                   \
-    do {                                                          \
-        if (!(be)) {                                              \
-            printf("# no CUDA device: MoE ops skipped\n");        \
-            skip();                                               \
-        }                                                         \
-    } while (0)
+/* The CUDA backend, device 0 initialised (after GPU_REQUIRE: a device is
+ * present, so one that does not start fails the test). */
+static const tsr_backend *device(void) {
+    assert_true(gpu_ready());
+    return tsr_backend_cuda();
+}
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float uniform(void) { /* [0, 1) */
@@ -113,8 +110,8 @@ static void route_case(const tsr_backend *dev, int rows, int E, int K, int norm)
 
 static void test_route(void **state) {
     (void)state;
+    GPU_REQUIRE("MoE ops");
     const tsr_backend *dev = device();
-    SKIP_WITHOUT_DEVICE(dev);
     const int shapes[][2] = {{8, 1}, {8, 2}, {16, 2}, {60, 4}, {64, 8}, {128, 8}, {1024, 8}, {1024, 64}, {33, 33}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int norm = 0; norm <= 1; norm++) route_case(dev, 37, shapes[s][0], shapes[s][1], norm);
@@ -126,8 +123,8 @@ static void test_route(void **state) {
 
 static void test_rows(void **state) {
     (void)state;
+    GPU_REQUIRE("MoE ops");
     const tsr_backend *dev = device(), *cpu = tsr_backend_cpu();
-    SKIP_WITHOUT_DEVICE(dev);
     enum { ROWS = 40, COLS = 2053, N = 17 };
     float *src = malloc(ROWS * COLS * sizeof *src), *y = malloc(ROWS * COLS * sizeof *y),
           *got = malloc(ROWS * COLS * sizeof *got), *gate = malloc(ROWS * sizeof *gate), w[N];
@@ -177,8 +174,8 @@ static void test_rows(void **state) {
  * increasing id (the host path's sums): bit for bit. */
 static void test_combine(void **state) {
     (void)state;
+    GPU_REQUIRE("MoE ops");
     const tsr_backend *dev = device();
-    SKIP_WITHOUT_DEVICE(dev);
     enum { ROWS = 5, K = 8, E = 20, COLS = 777 };
     int32_t idx[ROWS * K];
     float w[ROWS * K];
@@ -250,8 +247,8 @@ static void test_combine(void **state) {
  * and interleaved, the position given and read from the device. */
 static void test_qk_norm_rope(void **state) {
     (void)state;
+    GPU_REQUIRE("MoE ops");
     const tsr_backend *dev = device();
-    SKIP_WITHOUT_DEVICE(dev);
     enum { NH = 6, NKV = 2 };
     for (int hd = 64; hd <= 128; hd *= 2)
         for (int rows = 1; rows <= 3; rows += 2)
@@ -301,8 +298,8 @@ static void test_qk_norm_rope(void **state) {
  * largest value repeated far apart, a row of only NaN and -inf. */
 static void test_argmax(void **state) {
     (void)state;
+    GPU_REQUIRE("MoE ops");
     const tsr_backend *dev = device(), *cpu = tsr_backend_cpu();
-    SKIP_WITHOUT_DEVICE(dev);
     const int widths[] = {151936, 128256, 4097, 1001, 7, 4};
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
         for (int shift = 0; shift < 2; shift++) {
