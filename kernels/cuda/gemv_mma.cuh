@@ -378,14 +378,14 @@ template <int WK> inline int tiles_for(int n_out, int rows) {
 // pdl: launched as a programmatic dependent of the kernel before it.
 template <int WK>
 inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
-    const int tpw = tiles_for<WK>(p.n_out, rows);
+    // block scales: a tile's ratios, so one tile a warp
+    const int tpw = p.cm ? 1 : tiles_for<WK>(p.n_out, rows);
     const unsigned grid = (unsigned)((p.n_out + 16 * tpw - 1) / (16 * tpw));
     if constexpr (WK == kFp8) {
-        if (p.cm) { // block scales (a tile's ratios, so one tile a warp): 16 warps a tile, as warps_for gives E4M3
-            const unsigned grid1 = (unsigned)((p.n_out + 15) / 16);
+        if (p.cm) { // 16 warps a tile, as warps_for gives E4M3
             switch (rows) {
 #define TSR_MMA_BS(R)                                                                                       \
-    case R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, true>, grid1, 32 * 16, 0, st, pdl, p);
+    case R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, true>, grid, 32 * 16, 0, st, pdl, p);
                 TSR_MMA_BS(1) TSR_MMA_BS(2) TSR_MMA_BS(3) TSR_MMA_BS(4)
                 TSR_MMA_BS(5) TSR_MMA_BS(6) TSR_MMA_BS(7) TSR_MMA_BS(8)
 #undef TSR_MMA_BS

@@ -1063,7 +1063,7 @@ int g_prepare_experts(void *inst, const void *const *prepared, int n, void **out
     const tsr_host_api *h = g->ctx->host;
     if (n < 1 || !prepared || !prepared[0]) return TSR_ERR_UNSUPPORTED;
     const Weight *w0 = static_cast<const Weight *>(prepared[0]);
-    // not named as experts (run() keeps gemv_mma for them), or rows gemv_row
+    // not experts by role (run() keeps gemv_mma for them), or rows gemv_row
     // cannot read: the host looks them up
     if (!w0->expert || w0->cols % 16) return TSR_ERR_UNSUPPORTED;
     const size_t per = (size_t)n * sizeof(void *);
