@@ -112,13 +112,16 @@ static void test_route(void **state) {
     (void)state;
     GPU_REQUIRE("MoE ops");
     const tsr_backend *dev = device();
-    const int shapes[][2] = {{8, 1}, {8, 2}, {16, 2}, {60, 4}, {64, 8}, {128, 8}, {1024, 8}, {1024, 64}, {33, 33}};
+    const int shapes[][2] = {{8, 1}, {8, 2}, {16, 2}, {60, 4}, {64, 8}, {65, 8}, {128, 8}, {129, 40},
+                              {256, 16}, {257, 4}, {1024, 8}, {1024, 64}, {33, 33}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int norm = 0; norm <= 1; norm++) route_case(dev, 37, shapes[s][0], shapes[s][1], norm);
     tsr_error err;
     tsr_error_clear(&err);
     assert_int_equal(dev->route(NULL, 1, 1025, 2, 1, NULL, NULL, &err), TSR_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "1025 experts"));
+    assert_int_equal(dev->route(NULL, 1, 128, 65, 1, NULL, NULL, &err), TSR_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "65 per token"));
 }
 
 static void test_rows(void **state) {
