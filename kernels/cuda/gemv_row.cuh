@@ -236,30 +236,60 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny =
 // of at most 4,096 rows go to gemv_mma).
 inline bool row_kernel_for(int WK, int n_out) { return WK == kBf16 || n_out > 4096; }
 
-// One row through gemv_row at the configuration for p.n_out rows (above),
-// as plain rows or (GLU) as a gate/up pair, which then gets the same sums.
-// Requires row_kernel_for.
-// ny: as launch_cfg's.
-template <int WK, bool GLU> inline cudaError_t launch_row(const Args &p, cudaStream_t st, bool pdl, int ny = 1) {
-    if (WK == kBf16)
-        return p.n_out >= 16384 ? launch_cfg<WK, 1, 2, 4, GLU>(p, st, pdl, ny)
-                                : launch_cfg<WK, 2, 2, 2, GLU>(p, st, pdl, ny);
-    return p.n_out >= 16384 ? launch_cfg<WK, 4, 1, 1, GLU>(p, st, pdl, ny)
-                            : launch_cfg<WK, 2, 1, 1, GLU>(p, st, pdl, ny);
+// What a matrix is to the model, for launch_row's choice: the values of
+// slots/tsr_gemv.h's tsr_weight_role, which the plugins keep with each
+// handle. A chosen expert runs beside the token's other chosen experts (k
+// times the blocks of one matrix), a router is a few rows.
+enum RowRole { kRowDense = 0, kRowExpert = 1, kRowRouter = 2 };
+
+// One row through gemv_row at the configuration for the matrix (rows a
+// warp, steps in flight, warps a row group), as plain rows or (GLU) as a
+// gate/up pair. The choice depends on the shape and the role only, never on
+// GLU or ny, so that run_glu is run() and the SiLU bit for bit and an
+// expert chosen on the device gets the sums run() gives it. ny: as
+// launch_cfg's. Beyond the choices above (bf16 1, 2, 4 on tall matrices,
+// else 2, 2, 2; E4M3 4, 1, 1 tall, else 2, 1, 1), measured at the
+// qwen3moe-7b-a1b shape (hidden 2,048, 64 experts of 1,024 rows, 8 a token)
+// in the engine's one-row pass on the H200 (BENCHMARKS.md, twenty-second
+// session; ms a pass, cuda-fast 1.111 and cuda-fast-fp8 0.842 before):
+// - bf16 rows of at most 2,048 columns (q/k/v, o): 4 warps a row, 1.095
+//   (2, 1, 4: 1.103; 2, 2, 1: 1.134; 4, 2, 1: 1.127);
+// - bf16 routers: 8 warps a row (one row a block), 1.093 (2, 2, 2 gave the
+//   64 rows 8 blocks);
+// - bf16 experts' rows of at most 1,024 columns (the downs): 2 rows a warp,
+//   one warp a group, 1.096 (1, 2, 4: 1.190); their gate/up pairs keep 2,
+//   2, 2 (1, 2, 4: 1.173);
+// - E4M3 experts of at most 2,048 columns: 4 rows a warp, downs 0.826 and
+//   gate/up 0.822 (1, 1, 2 / 1, 1, 4: 0.90-0.99).
+template <int WK, bool GLU>
+inline cudaError_t launch_row(const Args &p, RowRole role, cudaStream_t st, bool pdl, int ny = 1) {
+    if (WK == kBf16) {
+        if constexpr (!GLU)
+            if (role == kRowRouter) return launch_cfg<WK, 1, 2, 8, GLU>(p, st, pdl, ny);
+        if (role == kRowExpert && p.n_out < 16384 && p.cols <= 1024)
+            return launch_cfg<WK, 2, 2, 1, GLU>(p, st, pdl, ny);
+        return p.n_out >= 16384 || (role != kRowExpert && p.cols <= 2048)
+                   ? launch_cfg<WK, 1, 2, 4, GLU>(p, st, pdl, ny)
+                   : launch_cfg<WK, 2, 2, 2, GLU>(p, st, pdl, ny);
+    }
+    return p.n_out >= 16384 || (role == kRowExpert && p.cols <= 2048) ? launch_cfg<WK, 4, 1, 1, GLU>(p, st, pdl, ny)
+                                                                       : launch_cfg<WK, 2, 1, 1, GLU>(p, st, pdl, ny);
 }
 
 // k experts chosen on the device (p.etab, p.sel, p.per_x; their scales
 // p.stab, or p.scale null; E4M3 block ratios p.ctab), each row through
-// launch_row's configuration for its shape: each output row the same sums
-// as launch_row (GLU: launch_glu) of that one row, which launch_decode takes
-// where row_kernel_for (cuda_gemv_fp8 also for its experts' smaller
-// matrices). Requires row_reads of the first expert (all alike).
-template <int WK, bool GLU> inline cudaError_t launch_experts(const Args &p, int k, cudaStream_t st, bool pdl) {
-    return launch_row<WK, GLU>(p, st, pdl, k);
+// launch_row's configuration for its shape and role: each output row the
+// same sums as launch_row (GLU: launch_glu) of that one row, which
+// launch_decode takes where row_kernel_for (cuda_gemv_fp8 also for its
+// experts' smaller matrices). Requires row_reads of the first expert (all
+// alike).
+template <int WK, bool GLU>
+inline cudaError_t launch_experts(const Args &p, RowRole role, int k, cudaStream_t st, bool pdl) {
+    return launch_row<WK, GLU>(p, role, st, pdl, k);
 }
 
-template <int WK> inline cudaError_t launch_decode(const Args &p, int rows, cudaStream_t st, bool pdl) {
-    if (rows == 1 && row_reads(WK, p) && row_kernel_for(WK, p.n_out)) return launch_row<WK, false>(p, st, pdl);
+template <int WK> inline cudaError_t launch_decode(const Args &p, int rows, RowRole role, cudaStream_t st, bool pdl) {
+    if (rows == 1 && row_reads(WK, p) && row_kernel_for(WK, p.n_out)) return launch_row<WK, false>(p, role, st, pdl);
     return tsr_mma::launch<WK>(p, rows, st, pdl);
 }
 
@@ -272,8 +302,8 @@ template <int WK> inline bool glu_reads(const Args &p) {
 
 // One row of a gate/up pair: y[f] = silu(gate) * up, through launch_decode's
 // configuration for the 2f rows. Requires glu_reads.
-template <int WK> inline cudaError_t launch_glu(const Args &p, cudaStream_t st, bool pdl) {
-    return launch_row<WK, true>(p, st, pdl);
+template <int WK> inline cudaError_t launch_glu(const Args &p, RowRole role, cudaStream_t st, bool pdl) {
+    return launch_row<WK, true>(p, role, st, pdl);
 }
 
 } // namespace tsr_row

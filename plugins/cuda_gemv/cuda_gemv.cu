@@ -73,6 +73,7 @@ struct Weight {
     int64_t rows, cols;
     int64_t ld;          // cols rounded up to 32 (64-byte rows, as gemv_mma reads them); the padding is zero
     int pair;            // stacked from two matrices of equal rows (gate/up: run_glu)
+    int role;            // tsr_weight_role (of the first matrix stacked): the one-row kernel's configuration
     __nv_bfloat16 *w;    // [rows, cols] device
 };
 
@@ -116,10 +117,13 @@ tsr_mma::Args decode_args(const Weight *w, const float *x, float *y) {
     return a;
 }
 
+// The handle's role as gemv_row.cuh's launch_row takes it.
+tsr_row::RowRole row_role(const Weight *w) { return static_cast<tsr_row::RowRole>(w->role); }
+
 // 1..8 rows: kernels/cuda/gemv_row.cuh's launch_decode (whole rows streamed
 // for one row, the tensor-core GEMV of gemv_mma.cuh for 2..8).
 int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st, bool pdl) {
-    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(decode_args(w, x, y), rows, st, pdl),
+    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(decode_args(w, x, y), rows, row_role(w), st, pdl),
                     "decode gemv launch");
 }
 
@@ -130,7 +134,7 @@ int run_glu(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaSt
     const tsr_mma::Args a = decode_args(w, x, y);
     if (!g->glu || !w->pair || rows != 1 || g->decode_rows < 1 || !tsr_row::glu_reads<tsr_mma::kBf16>(a))
         return TSR_ERR_UNSUPPORTED;
-    return cuda_err(g, tsr_row::launch_glu<tsr_mma::kBf16>(a, st, pdl), "gate/up gemv launch");
+    return cuda_err(g, tsr_row::launch_glu<tsr_mma::kBf16>(a, row_role(w), st, pdl), "gate/up gemv launch");
 }
 
 // A layer's experts for run_experts: their weight pointers in device memory.
@@ -183,8 +187,9 @@ int run_experts(Gemv *g, const Experts *t, const int32_t *sel, int k, int per_x,
         (glu ? !t->shape.pair || !tsr_row::glu_reads<tsr_mma::kBf16>(a)
              : !tsr_row::row_reads(tsr_mma::kBf16, a) || !tsr_row::row_kernel_for(tsr_mma::kBf16, a.n_out)))
         return TSR_ERR_UNSUPPORTED;
-    const cudaError_t e = glu ? tsr_row::launch_experts<tsr_mma::kBf16, true>(a, k, st, pdl)
-                              : tsr_row::launch_experts<tsr_mma::kBf16, false>(a, k, st, pdl);
+    const tsr_row::RowRole role = row_role(&t->shape);
+    const cudaError_t e = glu ? tsr_row::launch_experts<tsr_mma::kBf16, true>(a, role, k, st, pdl)
+                              : tsr_row::launch_experts<tsr_mma::kBf16, false>(a, role, k, st, pdl);
     return cuda_err(g, e, "expert gemv launch");
 }
 
@@ -424,6 +429,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     w->rows = rows;
     w->cols = ws[0].cols;
     w->pair = n == 2 && ws[0].rows == ws[1].rows;
+    w->role = tsr_weight_role_of(g->ctx, &ws[0]);
     w->ld = tsr_mma::row_bytes(tsr_mma::kBf16, w->cols) / 2;
     const size_t elems = (size_t)rows * (size_t)w->ld;
     int rc = h->dev_alloc(g->ctx, elems * 2, reinterpret_cast<void **>(&w->w));

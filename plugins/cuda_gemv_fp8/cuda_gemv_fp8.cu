@@ -332,6 +332,11 @@ tsr_mma::Args decode_args(const Weight *w, const float *x, int ldx, int cols, fl
     return a;
 }
 
+// The handle's role as gemv_row.cuh's launch_row takes it.
+tsr_row::RowRole row_role(const Weight *w) {
+    return w->wide ? tsr_row::kRowRouter : w->expert ? tsr_row::kRowExpert : tsr_row::kRowDense;
+}
+
 // 1..8 rows through kernels/cuda/gemv_row.cuh's launch_decode (the
 // tensor-core GEMV of gemv_mma.cuh, or for one row of most shapes a kernel
 // streaming whole rows; x rows ldx floats apart, read as they are, zero past
@@ -340,16 +345,16 @@ int run_decode(Gemv *g, const Weight *w, int rows, const float *x, int ldx, int 
                bool pdl) {
     const tsr_mma::Args a = decode_args(w, x, ldx, cols, y);
     if (w->wide) // cuda_gemv's kernels (with scale 1): gemv_row at one row, else gemv_mma
-        return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, rows, st, pdl && rows == 1),
+        return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, rows, row_role(w), st, pdl && rows == 1),
                         "bf16 router gemv launch");
     if (rows == 1 && w->expert && tsr_row::row_reads(tsr_mma::kFp8, a))
-        return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, false>(a, st, pdl), "fp8 expert gemv launch");
+        return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, false>(a, row_role(w), st, pdl), "fp8 expert gemv launch");
     // runtime.pdl at every row count: 2..8 rows as programmatic dependents
     // had made an 8-row pass slower (4.52 -> 4.82 ms, the seventh session's
     // kernels); since gemv_mma takes several tiles a warp on tall matrices
     // they are faster (Llama-3-8B shape on the H200, 2 / 4 / 8 rows 2.95 /
     // 3.11 / 3.35 -> 2.83 / 2.98 / 3.32 ms, BENCHMARKS.md).
-    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kFp8>(a, rows, st, pdl),
+    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kFp8>(a, rows, row_role(w), st, pdl),
                     "fp8 decode gemv launch");
 }
 
@@ -1044,7 +1049,8 @@ int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float 
     if (!g->glu || rows != 1 || g->decode_rows < 1 || !tsr_mma::reads_x(x, (int)w->cols, (int)w->cols) ||
         !glu_takes(w, a))
         return TSR_ERR_UNSUPPORTED;
-    return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, true>(a, static_cast<cudaStream_t>(ex->stream), ex->pdl != 0),
+    return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, true>(a, row_role(w), static_cast<cudaStream_t>(ex->stream),
+                                                                ex->pdl != 0),
                     "fp8 gate/up gemv launch");
 }
 
@@ -1123,8 +1129,9 @@ int g_run_experts(void *inst, const void *table, const int32_t *sel, int k, int 
         (glu && a.n_out % 2))
         return TSR_ERR_UNSUPPORTED;
     cudaStream_t st = static_cast<cudaStream_t>(ex->stream);
-    const cudaError_t e = glu ? tsr_row::launch_experts<tsr_mma::kFp8, true>(a, k, st, ex->pdl != 0)
-                              : tsr_row::launch_experts<tsr_mma::kFp8, false>(a, k, st, ex->pdl != 0);
+    const tsr_row::RowRole role = row_role(&t->shape);
+    const cudaError_t e = glu ? tsr_row::launch_experts<tsr_mma::kFp8, true>(a, role, k, st, ex->pdl != 0)
+                              : tsr_row::launch_experts<tsr_mma::kFp8, false>(a, role, k, st, ex->pdl != 0);
     return cuda_err(g, e, "fp8 expert gemv launch");
 }
 

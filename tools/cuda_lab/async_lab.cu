@@ -116,7 +116,7 @@ static const int kNumCfgs = sizeof kCfgs / sizeof kCfgs[0];
 template <int WK> static void launch(int ci, bool early, const Args &p, cudaStream_t st, bool pdl) {
     switch (ci * 2 + early) {
     case 0:
-    case 1: CK(tsr_row::launch_decode<WK>(p, 1, st, pdl)); break;
+    case 1: CK(tsr_row::launch_decode<WK>(p, 1, tsr_row::kRowDense, st, pdl)); break;
 #define C(I, R, S)                                                                                           \
     case 2 * I: launch_async<WK, R, S, false>(p, st, pdl); break;                                            \
     case 2 * I + 1: launch_async<WK, R, S, true>(p, st, pdl); break;

@@ -143,7 +143,7 @@ static const int kNumCfgs = sizeof kCfgs / sizeof kCfgs[0];
 
 template <int WK> static void launch_k(int ci, const Args &p, const Bal &b, cudaStream_t st, bool pdl) {
     switch (ci) {
-    case 0: CK(tsr_row::launch_decode<WK>(p, 1, st, pdl)); break;
+    case 0: CK(tsr_row::launch_decode<WK>(p, 1, tsr_row::kRowDense, st, pdl)); break;
     case 1: launch_bal<WK, 1, 2>(p, b, st, pdl); break;
     case 2: launch_bal<WK, 1, 4>(p, b, st, pdl); break;
     case 3: launch_bal<WK, 2, 1>(p, b, st, pdl); break;

@@ -264,7 +264,7 @@ template <int WK, int W> static void launch_bulk2(const Args &p, cudaStream_t st
 // 0: production (launch_decode, one row); 1, 2: gemv_bulk with 4 and 8
 // consumer warps; 3-5: gemv_bulk2 (rows a stage, consumer warps).
 template <int WK> static void launch(int v, const Args &p, cudaStream_t st) {
-    if (v == 0) CK(tsr_row::launch_decode<WK>(p, 1, st, false));
+    if (v == 0) CK(tsr_row::launch_decode<WK>(p, 1, tsr_row::kRowDense, st, false));
     else if (v == 1) launch_bulk<WK>(p, st, 4);
     else if (v == 2) launch_bulk<WK>(p, st, 8);
     else if (v == 3) launch_bulk2<WK, 8>(p, st, 4);

@@ -55,7 +55,7 @@ static void launch_row(const Args &p, cudaStream_t st, bool pdl, bool cap) {
 // same capped.
 template <int WK> static void launch(int mode, const Args &p, cudaStream_t st, bool pdl) {
     if (mode == 0) {
-        CK(tsr_row::launch_decode<WK>(p, 1, st, pdl));
+        CK(tsr_row::launch_decode<WK>(p, 1, tsr_row::kRowDense, st, pdl));
         return;
     }
     const bool cap = mode == 2;

@@ -119,7 +119,7 @@ static const int kNumCfgs = sizeof kCfgs / sizeof kCfgs[0];
 
 static void launch(int ci, const Args &p, cudaStream_t st, bool pdl) {
     switch (ci) {
-    case 0: CK(tsr_row::launch_decode<kFp8>(p, 1, st, pdl)); break;
+    case 0: CK(tsr_row::launch_decode<kFp8>(p, 1, tsr_row::kRowDense, st, pdl)); break;
 #define C(I, CV, R, U, KS)                                                                                   \
     case I: launch_h2<CV, R, U, KS>(p, st, pdl); break;
         C(1, 0, 1, 2, 1) C(2, 0, 2, 1, 1) C(3, 0, 2, 2, 1) C(4, 0, 4, 1, 1) C(5, 0, 4, 2, 1) C(6, 0, 2, 1, 2)

@@ -98,7 +98,7 @@ static const int kNumCfgs = sizeof kCfgs / sizeof kCfgs[0];
 
 static void launch(int ci, const Args &p, cudaStream_t st, bool pdl) {
     if (ci == 0) {
-        CK(tsr_row::launch_decode<kFp8>(p, 1, st, pdl));
+        CK(tsr_row::launch_decode<kFp8>(p, 1, tsr_row::kRowDense, st, pdl));
         return;
     }
     const Cfg c = kCfgs[ci];

@@ -97,7 +97,7 @@ static const int kNumCfgs = 12;
 
 template <int WK> static void launch(int ci, const Args &p, cudaStream_t st, bool pdl) {
     if (ci == 0) {
-        CK(tsr_row::launch_decode<WK>(p, 1, st, pdl));
+        CK(tsr_row::launch_decode<WK>(p, 1, tsr_row::kRowDense, st, pdl));
         return;
     }
     const Cfg c = kCfgs[WK][ci];

@@ -148,8 +148,8 @@ int main(void) {
             for (int v = 0; v < 4; v++)
                 t[v] = lab_token_args_ms<Args>(st, b.pool, wk == kFp8 ? 1 : 2, b.s, x8, xb, [&](Args &a, int sh) {
                     if (v < 2)
-                        CK(wk == kBf16 ? tsr_row::launch_decode<kBf16>(a, rows, st, v)
-                                       : tsr_row::launch_decode<kFp8>(a, rows, st, v));
+                        CK(wk == kBf16 ? tsr_row::launch_decode<kBf16>(a, rows, tsr_row::kRowDense, st, v)
+                                       : tsr_row::launch_decode<kFp8>(a, rows, tsr_row::kRowDense, st, v));
                     else
                         CK(launch_any(wk, best[wk][r][sh], rows, a, st, v == 3));
                 });
