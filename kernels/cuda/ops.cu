@@ -442,36 +442,55 @@ __global__ void scatter_axpy_k(float *y, const float *src, const int32_t *rows, 
 // expert gives; with add, y[r] += that sum (one rounding more, as add_k's).
 // Row (r, j) of d: pos[r k + j] (rows sorted by expert, as the grouped
 // experts write them), or r k + j where pos is null. (A block a row took
-// 10 us of a Qwen3-MoE decode layer's ~80 at 2,048 columns.)
+// 10 us of a Qwen3-MoE decode layer's ~80 at 2,048 columns; one thread
+// sorting the choices from memory, then one load a step, ~5 us.)
 __global__ void combine_experts_k(float *y, const float *d, const int32_t *idx, const float *w, int k, int cols,
                                   int add, const int32_t *pos) {
     tsr_pdl::enter();
-    __shared__ int order[64];
+    __shared__ int32_t ids[64];
+    __shared__ const float *rows[64]; // each chosen expert's row of d, in increasing id
+    __shared__ float wt[64];          // and its weight
     __shared__ int n;
     const int r = blockIdx.y;
-    const int32_t *ir = idx + (int64_t)r * k;
-    if (threadIdx.x == 0) { // insertion sort of the row's k (<= 64) choices by id
-        int m = 0;
-        for (int j = 0; j < k; j++) {
-            if (ir[j] < 0) continue;
-            int i = m++;
-            for (; i > 0 && ir[order[i - 1]] > ir[j]; i--) order[i] = order[i - 1];
-            order[i] = j;
+    if (threadIdx.x < 32) { // warp 0 places the row's k (<= 64) choices: lane l takes l and l + 32
+        const int lane = threadIdx.x;
+        int32_t id[2];
+        float wj[2];
+        int64_t at[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) { // every load at once
+            const int j = lane + 32 * h;
+            const int64_t rj = (int64_t)r * k + j;
+            id[h] = j < k ? idx[rj] : -1;
+            wj[h] = j < k ? w[rj] : 0.0f;
+            at[h] = j < k ? (pos ? (int64_t)pos[rj] : rj) : 0;
+            if (j < k) ids[j] = id[h];
         }
-        n = m;
-    }
-    __syncthreads();
-    const float *wr = w + (int64_t)r * k;
-    __shared__ const float *rows[64]; // each chosen expert's row of d, in the order above
-    for (int t = threadIdx.x; t < n; t += blockDim.x) {
-        const int64_t j = (int64_t)r * k + order[t];
-        rows[t] = d + (pos ? (int64_t)pos[j] : j) * cols;
+        __syncwarp();
+#pragma unroll
+        for (int h = 0; h < 2; h++) { // place: the chosen before it in id, equal ids in j (insertion sort's order)
+            const int j = lane + 32 * h;
+            if (j >= k || id[h] < 0) continue;
+            int place = 0;
+            for (int i = 0; i < k; i++) place += ids[i] >= 0 && (ids[i] < id[h] || (ids[i] == id[h] && i < j));
+            rows[place] = d + at[h] * cols;
+            wt[place] = wj[h];
+        }
+        const int chosen = __popc(__ballot_sync(0xffffffffu, id[0] >= 0)) + __popc(__ballot_sync(0xffffffffu, id[1] >= 0));
+        if (lane == 0) n = chosen;
     }
     __syncthreads();
     float *out = y + (int64_t)r * cols;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += gridDim.x * blockDim.x) {
         float acc = 0.0f;
-        for (int t = 0; t < n; t++) acc = fmaf(wr[order[t]], rows[t][i], acc);
+        for (int t0 = 0; t0 < n; t0 += 8) { // eight loads in flight, then their chain in order
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = t0 + u < n ? rows[t0 + u][i] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (t0 + u < n) acc = fmaf(wt[t0 + u], v[u], acc);
+        }
         out[i] = add ? out[i] + acc : acc;
     }
 }

@@ -174,15 +174,14 @@ static void test_rows(void **state) {
 }
 
 /* combine_experts against zero then scatter_axpy expert by expert in
- * increasing id (the host path's sums): bit for bit. */
-static void test_combine(void **state) {
-    (void)state;
-    GPU_REQUIRE("MoE ops");
-    const tsr_backend *dev = device();
-    enum { ROWS = 5, K = 8, E = 20, COLS = 777 };
-    int32_t idx[ROWS * K];
-    float w[ROWS * K];
-    for (int r = 0; r < ROWS; r++) /* distinct ids per row, some rows with -1s */
+ * increasing id (the host path's sums): bit for bit. K choices a row of E
+ * experts (K <= 64); ids distinct per row where E allows (else repeated:
+ * equal ids in choice order, as the host path takes them), row 2 with -1s. */
+static void combine_case(const tsr_backend *dev, const int K, const int E) {
+    enum { ROWS = 5, COLS = 777 };
+    int32_t idx[ROWS * 64];
+    float w[ROWS * 64];
+    for (int r = 0; r < ROWS; r++)
         for (int j = 0; j < K; j++) {
             idx[r * K + j] = r == 2 && j >= 5 ? -1 : (r * 7 + j * 3 + (j > 3)) % E;
             w[r * K + j] = uniform();
@@ -191,8 +190,8 @@ static void test_combine(void **state) {
           *want = malloc(sizeof(float) * ROWS * COLS);
     assert_true(d && got && want);
     for (int i = 0; i < ROWS * K * COLS; i++) d[i] = uniform() - 0.5f;
-    float *dd = on_device(dev, d, sizeof(float) * ROWS * K * COLS), *dw = on_device(dev, w, sizeof w);
-    int32_t *didx = on_device(dev, idx, sizeof idx);
+    float *dd = on_device(dev, d, sizeof(float) * ROWS * K * COLS), *dw = on_device(dev, w, sizeof(float) * ROWS * K);
+    int32_t *didx = on_device(dev, idx, sizeof(int32_t) * ROWS * K);
     float *dy = on_device(dev, got, sizeof(float) * ROWS * COLS), *dy2 = on_device(dev, got, sizeof(float) * ROWS * COLS);
     tsr_error err;
     tsr_error_clear(&err);
@@ -215,15 +214,15 @@ static void test_combine(void **state) {
     assert_memory_equal(got, want, sizeof(float) * ROWS * COLS);
     /* d's rows elsewhere (pos: a permutation, as the grouped experts' sorted
      * rows lie): the same sums */
-    int32_t pos[ROWS * K];
+    int32_t pos[ROWS * 64];
     float *dp = malloc(sizeof(float) * ROWS * K * COLS);
     assert_non_null(dp);
     for (int i = 0; i < ROWS * K; i++) {
-        pos[i] = (i * 17 + 5) % (ROWS * K); /* 17 and 40 coprime: a permutation */
+        pos[i] = (i * 17 + 5) % (ROWS * K); /* 17 and 5 K coprime: a permutation */
         memcpy(dp + (size_t)pos[i] * COLS, d + (size_t)i * COLS, sizeof(float) * COLS);
     }
     float *ddp = on_device(dev, dp, sizeof(float) * ROWS * K * COLS);
-    int32_t *dpos = on_device(dev, pos, sizeof pos);
+    int32_t *dpos = on_device(dev, pos, sizeof(int32_t) * ROWS * K);
     float *dy3 = on_device(dev, d, sizeof(float) * ROWS * COLS); /* overwritten */
     assert_int_equal(dev->combine_experts(dy3, ddp, didx, dw, ROWS, K, COLS, 0, dpos, &err), TSR_OK);
     back(dev, got, dy3, sizeof(float) * ROWS * COLS);
@@ -243,6 +242,15 @@ static void test_combine(void **state) {
     void *p[] = {dd, dw, didx, dy, dy2};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dev->free(p[i]);
     free(d), free(got), free(want);
+}
+
+static void test_combine(void **state) {
+    (void)state;
+    GPU_REQUIRE("MoE ops");
+    const tsr_backend *dev = device();
+    combine_case(dev, 8, 20);
+    combine_case(dev, 40, 64); /* two choices a lane of the placing warp; repeated ids */
+    combine_case(dev, 64, 128);
 }
 
 /* qk_norm_rope against rmsnorm over q's heads and k's, then rope of each:
