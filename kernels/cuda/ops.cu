@@ -476,7 +476,8 @@ __global__ void combine_experts_k(float *y, const float *d, const int32_t *idx, 
             rows[place] = d + at[h] * cols;
             wt[place] = wj[h];
         }
-        const int chosen = __popc(__ballot_sync(0xffffffffu, id[0] >= 0)) + __popc(__ballot_sync(0xffffffffu, id[1] >= 0));
+        const int chosen =
+            __popc(__ballot_sync(0xffffffffu, id[0] >= 0)) + __popc(__ballot_sync(0xffffffffu, id[1] >= 0));
         if (lane == 0) n = chosen;
     }
     __syncthreads();

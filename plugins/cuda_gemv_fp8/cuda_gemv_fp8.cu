@@ -348,7 +348,8 @@ int run_decode(Gemv *g, const Weight *w, int rows, const float *x, int ldx, int 
         return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, rows, row_role(w), st, pdl && rows == 1),
                         "bf16 router gemv launch");
     if (rows == 1 && w->expert && tsr_row::row_reads(tsr_mma::kFp8, a))
-        return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, false>(a, row_role(w), st, pdl), "fp8 expert gemv launch");
+        return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, false>(a, row_role(w), st, pdl),
+                        "fp8 expert gemv launch");
     // runtime.pdl at every row count: 2..8 rows as programmatic dependents
     // had made an 8-row pass slower (4.52 -> 4.82 ms, the seventh session's
     // kernels); since gemv_mma takes several tiles a warp on tall matrices
