@@ -4,7 +4,9 @@
 # count and two decode runs per assembly on a Llama-3-8B-shaped random bf16
 # checkpoint. Expects a build carried in .device/ (tools/device_pack.sh).
 # Env: TESTS (test binaries; default all nine), PASSES and RUNS (assembly
-# names; default cuda-fast cuda-fast-fp8). tools/device_cuda.sh is the full
+# names; default cuda-fast cuda-fast-fp8), MOE_PASSES (assembly names whose
+# one- and 8-row passes are also measured on a qwen3moe-7b-a1b-shaped random
+# checkpoint; default none: it takes ~25 s to write). tools/device_cuda.sh is the full
 # call (greedy text of every CUDA assembly, sampled decode, more runs).
 cd "$(dirname "$0")/.."
 [ -f .device/build.tar.xz ] && tar xJf .device/build.tar.xz -C .device # tools/device_pack.sh
@@ -13,6 +15,8 @@ export LD_LIBRARY_PATH=$PWD/.device/lib TESSERA_SOURCE_DIR=$PWD TESSERA_CATALOG=
 chmod 755 $B/catalog $B/catalog/*.so; chmod 644 $B/catalog/*.yaml
 CK=/tmp/llama3-8b
 [ -d $CK ] || python3 .device/mk_random_checkpoint.py llama3-8b $CK > /dev/null &
+MOE=/tmp/qwen3moe-7b-a1b
+[ -n "${MOE_PASSES:-}" ] && { [ -d $MOE ] || python3 .device/mk_random_checkpoint.py qwen3moe-7b-a1b $MOE > /dev/null & }
 for t in ${TESTS:-test_cuda test_cuda_prefill test_cuda_fp8 test_cuda_gemv test_cuda_paged test_cuda_paged_kernels test_cuda_sample test_cuda_fp8_ckpt test_cuda_moe_ops}; do
   MK_FP8_CHECKPOINT=$PWD/$B/bin/mk_fp8_checkpoint $B/tests/bin/$t > /tmp/$t.log 2>&1
   echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' /tmp/$t.log | tr '\n' ' ')"
@@ -22,6 +26,10 @@ wait
 for a in ${PASSES:-cuda-fast cuda-fast-fp8}; do
   echo "== passes $a"
   $B/bin/tessera passes assemblies/$a.yaml --model $CK --context 512 --rows 1,2,4,8 --reps 20 2>&1 | grep -E "rows|error"
+done
+for a in ${MOE_PASSES:-}; do
+  echo "== passes $a (qwen3moe-7b-a1b)"
+  $B/bin/tessera passes assemblies/$a.yaml --model $MOE --context 512 --rows 1,8 --reps 20 2>&1 | grep -E "rows|error"
 done
 for a in ${RUNS:-cuda-fast cuda-fast-fp8}; do
   for r in 1 2; do
