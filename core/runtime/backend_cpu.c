@@ -49,9 +49,17 @@ static void each_row(const row_job *j, int rows) {
         j->rows(j, 0, rows);
 }
 
+/* Zeroed and 64-byte aligned: the kernels read activations in whole
+ * cache-line vectors, and calloc's 16-byte alignment split every 64-byte
+ * load across two lines (tools/cpu_lab/seq_lab.c, two threads, Q8_0 of the
+ * Qwen2.5-0.5B shape: down projection 156 -> 166 us, output head 4.42 ->
+ * 4.50 ms with x 16 bytes off; BENCHMARKS.md, twenty-second session). */
 static void *cpu_alloc(size_t bytes, tsr_error *err) {
-    void *p = calloc(1, bytes ? bytes : 1);
+    const size_t n = bytes ? (bytes + 63) / 64 * 64 : 64;
+    void *p = NULL;
+    if (n < bytes || posix_memalign(&p, 64, n) != 0) p = NULL;
     if (!p) tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for %zu bytes", bytes);
+    else memset(p, 0, n);
     return p;
 }
 
