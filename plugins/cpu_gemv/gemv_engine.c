@@ -262,6 +262,9 @@ int gemv_engine_weights(const gemv_engine_cfg *cfg, gemv_arena *arena, const tsr
  * 0.5B shape from 345 to 314 us on a Xeon VM (fewer stream starts). */
 #define GLU_TAKE 1024
 
+/* Most workers whose shares of a decode call's rows are kept (more: take_items). */
+#define MAX_SHARES 64
+
 typedef struct run_job {
     const gemv_engine_cfg *cfg;
     const tsr_plugin_ctx *ctx;
@@ -277,6 +280,8 @@ typedef struct run_job {
     tsr_gemv_i8_kernel_fn i8; /* int16 activations: their kernel and arguments (else cfg->kernel, args) */
     tsr_gemv_i8_args i8args;
     int64_t glu;              /* run_glu: the gate rows f (then f up rows); 0: run */
+    int shares;               /* decode rows: a share per worker (rows_in_shares); 0: take_items */
+    _Atomic uint64_t share[MAX_SHARES]; /* share t's rows not yet taken: [low 32 bits, high 32 bits) */
 } run_job;
 
 /* Items [*p0, *p1) for the next take, 0 when none are left. Guided: a
@@ -304,16 +309,82 @@ static int take_items(run_job *j, int64_t items, int64_t *p0, int64_t *p1) {
     return 1;
 }
 
-/* Weight rows shared out in guided takes of at least ~64 KiB (a run the
- * hardware prefetcher follows) rather than one fixed half per worker: on a
- * shared machine a worker slowed by its core's neighbour does fewer rows
- * instead of making the other wait at the end of every call. */
-static void rows_in_takes(run_job *j) {
+/* Decode rows: one contiguous share per worker (each a multiple of 8 rows
+ * but the last), taken front to back, each take half of what is left of it
+ * (at least ~64 KiB, j->least rows; at most j->group), so that each worker
+ * streams its share as one run in a few kernel calls; a worker done with
+ * its own share takes ~64 KiB at a time from the back of the share with the
+ * most rows left, so that one slowed by its core's neighbour still does
+ * fewer rows instead of making the other wait. Takes
+ * start at multiples of 8 (j->align) whatever the timing: the kernels that
+ * take four rows at a time (and run_glu's SiLU, eight at a time) group the
+ * same rows in every call, and a row's sum never depends on which worker
+ * was faster. (Guided takes from one counter, 1 / (2 x workers) of what was
+ * left, each worker's takes scattered over the matrix: a pass's GEMVs of
+ * the Qwen2.5-0.5B shape in Q8_0 took 551 instead of 493 us a layer on two
+ * threads, tools/cpu_lab/seq_lab.c; one-row passes of that shape 18.2 ->
+ * 17.8 ms in Q8_0, 29.3 -> 28.6 bf16, 17.8 -> 16.3 int8: BENCHMARKS.md,
+ * twenty-second session.) */
+static uint64_t share_of(int64_t lo, int64_t hi) { return (uint64_t)lo | (uint64_t)hi << 32; }
+
+static void rows_in_shares(run_job *j, int64_t items) {
     const int64_t least = (int64_t)((65536 + j->m->row_bytes - 1) / j->m->row_bytes);
-    j->group = j->glu ? GLU_TAKE : j->m->rows;
-    j->least = least < 1 ? 1 : least > j->group ? j->group : least;
+    j->group = j->glu ? GLU_TAKE : items;
     j->align = 8;
+    j->least = least < 1 ? 1 : least > j->group ? j->group : least;
+    j->least = (j->least + j->align - 1) / j->align * j->align;
+    if (j->least > j->group) j->least = j->group; /* GLU_TAKE is a multiple of 8 */
     atomic_store(&j->next, 0);
+    j->shares = 0;
+    if (items >= INT32_MAX || j->threads < 1 || j->threads > MAX_SHARES) return; /* take_items instead */
+    int64_t per = (items + j->threads - 1) / j->threads;
+    per = (per + j->align - 1) / j->align * j->align;
+    for (int t = 0; t < j->threads; t++) {
+        const int64_t lo = t * per < items ? t * per : items, hi = lo + per < items ? lo + per : items;
+        atomic_store(&j->share[t], share_of(lo, hi));
+    }
+    j->shares = j->threads;
+}
+
+/* Items [*p0, *p1) for worker tid's next take (rows_in_shares), 0 when none
+ * are left anywhere. */
+static int take_share(run_job *j, int tid, int64_t items, int64_t *p0, int64_t *p1) {
+    if (!j->shares) return take_items(j, items, p0, p1);
+    if (tid >= 0 && tid < j->shares) { /* its own, from the front */
+        uint64_t v = atomic_load(&j->share[tid]);
+        for (;;) {
+            const int64_t lo = (int64_t)(uint32_t)v, hi = (int64_t)(v >> 32);
+            if (lo >= hi) break;
+            int64_t n = (hi - lo) / 2; /* half of what is left (few kernel calls), at least j->least */
+            n = n < j->least ? j->least : n - n % j->align;
+            if (n > j->group) n = j->group;
+            if (n > hi - lo) n = hi - lo;
+            if (atomic_compare_exchange_weak(&j->share[tid], &v, share_of(lo + n, hi))) {
+                *p0 = lo, *p1 = lo + n;
+                return 1;
+            }
+        }
+    }
+    for (;;) { /* another's, from the back of the one with the most left */
+        int best = -1;
+        int64_t most = 0;
+        for (int t = 0; t < j->shares; t++) {
+            const uint64_t v = atomic_load(&j->share[t]);
+            const int64_t left = (int64_t)(v >> 32) - (int64_t)(uint32_t)v;
+            if (left > most) most = left, best = t;
+        }
+        if (best < 0) return 0;
+        uint64_t v = atomic_load(&j->share[best]);
+        const int64_t lo = (int64_t)(uint32_t)v, hi = (int64_t)(v >> 32);
+        if (lo >= hi) continue;
+        /* at most j->least rows (run_glu's scratch holds GLU_TAKE), starting at a multiple of 8 */
+        int64_t start = hi - j->least;
+        start = start <= lo ? lo : (start + j->align - 1) / j->align * j->align;
+        if (atomic_compare_exchange_strong(&j->share[best], &v, share_of(lo, start))) {
+            *p0 = start, *p1 = hi;
+            return 1;
+        }
+    }
 }
 
 /* Weight rows [a, b) by the job's kernel into y (input row i at y + i * ldy):
@@ -340,7 +411,7 @@ static void rows_into(const run_job *j, int64_t a, int64_t b, float *y, int64_t 
 /* run_glu: takes of gate rows [a, b); each computes those rows and the up
  * rows [f + a, f + b) into the worker's scratch (one row of 2 x GLU_TAKE
  * floats per input row), then silu(gate) * up into y ([nx, f]). */
-static void run_glu_takes(run_job *j) {
+static void run_glu_takes(run_job *j, int tid) {
     const int64_t f = j->glu, nx = j->args.nx;
     float *buf = j->ctx->host->alloc(j->ctx, (size_t)(nx * 2 * GLU_TAKE) * sizeof(float), 64);
     if (!buf) {
@@ -348,7 +419,7 @@ static void run_glu_takes(run_job *j) {
         return;
     }
     int64_t a, b;
-    while (take_items(j, f, &a, &b)) {
+    while (take_share(j, tid, f, &a, &b)) {
         const int64_t n = b - a;
         rows_into(j, a, b, buf, 2 * n);
         rows_into(j, f + a, f + b, buf + n, 2 * n);
@@ -358,23 +429,23 @@ static void run_glu_takes(run_job *j) {
     j->ctx->host->free(j->ctx, buf);
 }
 
-/* Decode and verification: weight rows taken in guided shares (take_items). */
+/* Decode and verification: weight rows taken from the workers' shares (take_share). */
 static void run_rows(void *arg, int64_t r0, int64_t r1, int tid) {
-    (void)r0, (void)r1, (void)tid;
+    (void)r0, (void)r1;
     run_job *j = arg;
     if (j->glu) {
-        run_glu_takes(j);
+        run_glu_takes(j, tid);
         return;
     }
     int64_t a, b;
-    while (take_items(j, j->m->rows, &a, &b))
+    while (take_share(j, tid, j->m->rows, &a, &b))
         if (j->i8) j->i8(&j->i8args, a, b);
         else j->cfg->kernel(j->m->dtype, &j->args, a, b);
 }
 
 /* run_rows over the pool (one call per worker: ranges unused). */
 static int run_takes(run_job *j) {
-    rows_in_takes(j);
+    rows_in_shares(j, j->glu ? j->glu : j->m->rows);
     j->ctx->host->parallel_for(j->ctx, j->m->rows, run_rows, j);
     if (!j->failed) return TSR_OK;
     j->ctx->host->set_error(j->ctx, "out of memory for the gate/up scratch of %d rows", j->args.nx);
