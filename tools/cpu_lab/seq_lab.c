@@ -10,7 +10,10 @@
  * they run in a pass's order over distinct matrices?
  *   gcc -O2 -I. -o /tmp/seq_lab tools/cpu_lab/seq_lab.c build/kernels/libtsr_kernels.a \
  *       build/core/util/libtsr_util.a -lpthread -lm
- *   /tmp/seq_lab [bf16|q8_0] [THREADS] [0 static halves | 1 guided takes | 2 and gate/up as run_glu]
+ *   [BF16=1 for bf16 | REAL=1 for Q8_0] [XOFF=floats] /tmp/seq_lab [bf16|q8_0] [THREADS]
+ *       [0 static halves | 1 guided takes | 2 and gate/up as run_glu]
+ * (The default fill is a byte pattern: Q8_0 blocks of small codes; as bf16 it
+ * holds subnormals, which are slow: use BF16=1.)
  * Prints, per shape, the median us a call and GB/s in the pass order and cycled.
  */
 #define _GNU_SOURCE
@@ -99,6 +102,14 @@ static uint8_t *pages(size_t bytes) {
     uint8_t *p = aligned_alloc(huge, n);
     if (!p) exit(1);
     madvise(p, n, MADV_HUGEPAGE);
+    if (getenv("BF16")) { /* bf16 values of magnitude 2^-7..2^-4, either sign (no subnormals) */
+        uint64_t r = 88172645463325252ull;
+        for (size_t i = 0; i < n; i++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            p[i] = i & 1 ? (uint8_t)(0x3c | (r & 0x83)) : (uint8_t)r;
+        }
+        return p;
+    }
     if (getenv("REAL")) { /* Q8_0 blocks as a quantised random matrix holds them: d ~ 6e-4, codes over +-127 */
         uint64_t r = 88172645463325252ull;
         for (size_t i = 0; i < n; i++) {
