@@ -1,7 +1,7 @@
 /*
  * lab.h - what the CPU kernel labs share (each lab is one file, built with
  * the line in its header; this header sits beside them): a monotonic clock,
- * the horizontal sum, the read loop of `tessera probe` (prefetching PF bytes
+ * a comparison for medians, the horizontal sum, the read loop of `tessera probe` (prefetching PF bytes
  * ahead), the inputs they fill, and the bf16 decode kernel's shape (a 64-byte step: two 32-byte
  * loads split into even and odd halves, four FMA chains).
  */
@@ -22,6 +22,12 @@ static inline double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* qsort's comparison of doubles (the labs' medians). */
+static inline int lab_cmp_double(const void *p, const void *q) {
+    const double a = *(const double *)p, b = *(const double *)q;
+    return (a > b) - (a < b);
 }
 
 static inline float hsum8(__m256 v) {

@@ -16,26 +16,11 @@
  * instruction ceilings), then one core and two threads streaming 1.5 GiB
  * of copies from DRAM.
  */
-#define _GNU_SOURCE
-#include <immintrin.h>
+#include "tools/cpu_lab/lab.h"
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 #include "core/util/threadpool.h"
 #include "kernels/cpu/gemv_cpu.h"
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-static int cmp(const void *p, const void *q) {
-    double a = *(const double *)p, b = *(const double *)q;
-    return (a > b) - (a < b);
-}
 static float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 /* rows % 16 == 0, cols % 32 == 0: stored rows (34-byte blocks) -> groups */
@@ -165,7 +150,7 @@ int main(int argc, char **argv) {
             part(j, 0, lg > 0 ? lg : 1);
             t[n] = now() - a;
         }
-        qsort(t, n, 8, cmp);
+        qsort(t, n, 8, lab_cmp_double);
         printf("%s, one core, %ld KiB in L2: %.1f GB/s\n", m ? "groups of 16" : "rows (production)",
                (long)(lg * nb * 34 * 16 / 1024), lg * nb * 34 * 16 / t[n / 2] / 1e9);
     }
@@ -182,7 +167,7 @@ int main(int argc, char **argv) {
                 else tsr_threadpool_run(tp, rows / 16, run, &j);
                 t[m][n] = now() - a;
             }
-        qsort(t[0], n, 8, cmp), qsort(t[1], n, 8, cmp);
+        qsort(t[0], n, 8, lab_cmp_double), qsort(t[1], n, 8, lab_cmp_double);
         printf("%d thread(s) from DRAM: rows %.1f GB/s, groups %.1f GB/s (%d)\n", th, mb / t[0][n / 2] / 1e9,
                mb / t[1][n / 2] / 1e9, n);
     }

@@ -8,7 +8,7 @@
  * q8_lab measure). The question (BENCHMARKS.md, twenty-second session): do
  * the engine's GEMV calls read slower on two threads than a lab's because
  * they run in a pass's order over distinct matrices?
- *   gcc -O2 -I. -o /tmp/seq_lab tools/cpu_lab/seq_lab.c build/kernels/libtsr_kernels.a \
+ *   gcc -O2 -mavx2 -mfma -I. -o /tmp/seq_lab tools/cpu_lab/seq_lab.c build/kernels/libtsr_kernels.a \
  *       build/core/util/libtsr_util.a -lpthread -lm
  *   [BF16=1 for bf16 | REAL=1 for Q8_0] [XOFF=floats] /tmp/seq_lab [bf16|q8_0] [THREADS]
  *       [0 static halves | 1 guided takes | 2 and gate/up as run_glu]
@@ -16,26 +16,11 @@
  * holds subnormals, which are slow: use BF16=1.)
  * Prints, per shape, the median us a call and GB/s in the pass order and cycled.
  */
-#define _GNU_SOURCE
+#include "tools/cpu_lab/lab.h"
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 #include "core/util/threadpool.h"
 #include "kernels/cpu/gemv_cpu.h"
 #include "kernels/dtype.h"
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-static int cmp(const void *p, const void *q) {
-    double a = *(const double *)p, b = *(const double *)q;
-    return (a > b) - (a < b);
-}
 
 enum { QKV, O, GU, DOWN, HEAD, SHAPES, LAYERS = 24 };
 static const int64_t shape[SHAPES][2] = {{1152, 896}, {896, 896}, {9728, 896}, {896, 4864}, {151936, 896}};
@@ -163,7 +148,7 @@ int main(int argc, char **argv) {
         const double mb = shape[s][0] * rb[s] / 1e9;
         double m[2];
         for (int mode = 0; mode < 2; mode++) {
-            qsort(t[mode][s], cnt[mode][s], 8, cmp);
+            qsort(t[mode][s], cnt[mode][s], 8, lab_cmp_double);
             m[mode] = t[mode][s][cnt[mode][s] / 2];
         }
         printf("  %-8s pass order %7.1f us (%.1f GB/s)   cycled %7.1f us (%.1f GB/s)\n", name[s], m[0] * 1e6,
