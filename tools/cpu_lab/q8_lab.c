@@ -9,8 +9,8 @@
  * multiply-add, with no horizontal sum and no per-block broadcast (what
  * bounds the row kernel: BENCHMARKS.md, seventeenth session). Sums within
  * f32 rounding of the row kernel's (checked against f64).
- *   gcc -O2 -mavx512f -mavx512bw -mf16c -mfma -I. -o /tmp/q8_lab tools/cpu_lab/q8_lab.c build/kernels/libtsr_kernels.a \
- *       build/core/util/libtsr_util.a -lpthread -lm
+ *   gcc -O2 -mavx512f -mavx512bw -mf16c -mfma -I. -o /tmp/q8_lab tools/cpu_lab/q8_lab.c \
+ *       build/kernels/libtsr_kernels.a build/core/util/libtsr_util.a -lpthread -lm
  *   /tmp/q8_lab ROWS COLS      e.g. 896 4864 (the 0.5B down projection), 4864 896
  * Prints GB/s (medians): one core with the matrix in L2 (the kernels'
  * instruction ceilings), then one core and two threads streaming 1.5 GiB

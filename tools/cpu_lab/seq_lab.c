@@ -101,7 +101,10 @@ static uint8_t *pages(size_t bytes) {
             r ^= r << 13, r ^= r >> 7, r ^= r << 17;
             p[i] = (uint8_t)r;
         }
-        for (size_t b = 0; b + 34 <= n; b += 34) { const uint16_t d = 0x1100 + (uint16_t)(p[b] & 0xff); memcpy(p + b, &d, 2); }
+        for (size_t b = 0; b + 34 <= n; b += 34) {
+            const uint16_t d = 0x1100 + (uint16_t)(p[b] & 0xff);
+            memcpy(p + b, &d, 2);
+        }
         return p;
     }
     for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(i * 2654435761u >> 13) & 0x3b; /* finite codes, small scales */
