@@ -198,6 +198,17 @@ static double run_case(const gcase *gc, int nx, const char *isa, int mode) {
     tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 2};
     assert_int_equal(b.g->run(b.inst, prep, nx, x, y, &ex), TSR_OK);
     reference(gc->dtype, w, rb, gc->rows, gc->cols, x, nx, yref, tol);
+    /* five shares of the rows over the pool's two workers: three have no
+     * owner and are taken from the back by whichever worker is idle (the
+     * path of a worker slowed by its neighbour): the same sums bit for bit */
+    float *y5 = malloc(ny * sizeof *y5);
+    assert_non_null(y5);
+    tsr_exec ex5 = {.device = TSR_DEVICE_CPU, .n_threads = 5};
+    assert_int_equal(b.g->run(b.inst, prep, nx, x, y5, &ex5), TSR_OK);
+    if (memcmp(y5, y, ny * sizeof *y5) != 0)
+        fail_msg("%s %lldx%lld nx=%d %s %s: rows taken from other workers' shares differ", tsr_dtype_name(gc->dtype),
+                 (long long)gc->rows, (long long)gc->cols, nx, isa, prefills[mode]);
+    free(y5);
 
     for (int i = 0; i < GUARD; i++) {
         uint32_t u0, u1;
@@ -478,14 +489,16 @@ static void test_glu(void **state) {
         void *g = NULL, *g3 = NULL, *odd = NULL;
         assert_int_equal(b.g->prepare_group(b.inst, ws, 2, &g), TSR_OK);
         tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 2};
-        for (int nx = 1; nx <= nmax; nx += 2) {
-            for (int64_t i = 0; i < nx * f + GUARD; i++) memcpy(ybuf + i, &guard_bits, 4);
-            const int rc = th_glu_check(b.g, b.inst, g, nx, x, f, &ex, gu, want, ybuf);
-            if (rc != TSR_OK)
-                fail_msg("%s %lld x %lld, %d rows: run_glu differs from run + silu (%d)",
-                         tsr_dtype_name(gc->dtype), (long long)f, (long long)cols, nx, rc);
-            for (int i = 0; i < GUARD; i++) assert_memory_equal(ybuf + nx * f + i, &guard_bits, 4);
-        }
+        for (int nx = 1; nx <= nmax; nx += 2)
+            for (int shares = 2; shares <= 5; shares += 3) { /* 5: three shares taken by the idle worker */
+                tsr_exec exs = {.device = TSR_DEVICE_CPU, .n_threads = shares};
+                for (int64_t i = 0; i < nx * f + GUARD; i++) memcpy(ybuf + i, &guard_bits, 4);
+                const int rc = th_glu_check(b.g, b.inst, g, nx, x, f, &exs, gu, want, ybuf);
+                if (rc != TSR_OK)
+                    fail_msg("%s %lld x %lld, %d rows, %d shares: run_glu differs from run + silu (%d)",
+                             tsr_dtype_name(gc->dtype), (long long)f, (long long)cols, nx, shares, rc);
+                for (int i = 0; i < GUARD; i++) assert_memory_equal(ybuf + nx * f + i, &guard_bits, 4);
+            }
         /* not fused: the prefill path's row counts, three matrices, two of unequal rows, f not a
          * multiple of 4 */
         th_err[0] = 0;
