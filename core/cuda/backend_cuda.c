@@ -93,7 +93,8 @@ static int cu_route(float *p, int rows, int n_experts, int k, int norm, int32_t 
     int rc = tsr_cu_route(p, rows, n_experts, k, norm, idx, w, g_pdl, tsr_cuda_stream());
     if (rc == -5)
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED,
-                             "device routing: %d experts, %d per token (1..1024 experts, 1..64 and at most the experts per token)",
+                             "device routing: %d experts, %d per token (1..1024 experts, 1..64 and at most the "
+                             "experts per token)",
                              n_experts, k);
     return tsr_cuda_check(rc, "routing", err);
 }

@@ -29,14 +29,14 @@ int tsr_cu_add_rmsnorm(float *x, const float *o, float *y, const float *w, int r
 /* Rotate rows x [rows, n_heads, head_dim] to positions pos0 + r (pos0 read
  * from the device at dev_pos0 when that is not NULL). inv_freq: device
  * [head_dim / 2]. */
+int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim, int pos0,
+                const int32_t *dev_pos0, float pos_scale, int interleaved, int pdl, void *stream);
 /* rmsnorm of each head of q [rows, n_heads, head_dim] by q_norm and of k
  * [rows, n_kv, head_dim] by k_norm, then RoPE at row r's position: the same
  * values as tsr_cu_rmsnorm over the heads and tsr_cu_rope, in one launch */
 int tsr_cu_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_norm, int rows, int n_heads,
                         int n_kv, int head_dim, float eps, const float *inv_freq, int pos0, const int32_t *dev_pos0,
                         float pos_scale, int interleaved, int pdl, void *stream);
-int tsr_cu_rope(float *x, const float *inv_freq, int rows, int n_heads, int head_dim, int pos0,
-                const int32_t *dev_pos0, float pos_scale, int interleaved, int pdl, void *stream);
 /* q [rows, n_heads, head_dim], k [rows, n_kv, head_dim] and v [rows, n_kv *
  * head_dim] out of their stacked projection src [rows, (n_heads + 2 n_kv) *
  * head_dim], q and k rotated as tsr_cu_rope rotates: one launch. */

@@ -123,7 +123,8 @@ __device__ __forceinline__ uint4 widen8(uint2 v, const Args &p, int e, int o, in
             __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[h] & 0xffffu), __NV_E4M3)));
         const float2 hi =
             __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[h] >> 16), __NV_E4M3)));
-        const __nv_bfloat162 a = __floats2bfloat162_rn(lo.x * m, lo.y * m), b = __floats2bfloat162_rn(hi.x * m, hi.y * m);
+        const __nv_bfloat162 a = __floats2bfloat162_rn(lo.x * m, lo.y * m);
+        const __nv_bfloat162 b = __floats2bfloat162_rn(hi.x * m, hi.y * m);
         out[2 * h] = *reinterpret_cast<const uint32_t *>(&a);
         out[2 * h + 1] = *reinterpret_cast<const uint32_t *>(&b);
     }
@@ -142,7 +143,9 @@ template <bool FP8> __host__ __device__ constexpr int smem_bytes() {
 
 template <bool GLU, bool FP8> __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) grouped_k(const Args p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    auto a_tile = [&](int st) { return reinterpret_cast<__nv_bfloat16(*)[LDS]>(smem + st * (A_BYTES + b_bytes<FP8>())); };
+    auto a_tile = [&](int st) {
+        return reinterpret_cast<__nv_bfloat16(*)[LDS]>(smem + st * (A_BYTES + b_bytes<FP8>()));
+    };
     auto b_raw = [&](int st) { return smem + st * (A_BYTES + b_bytes<FP8>()) + A_BYTES; };
     __nv_bfloat16(*wide)[LDS] = reinterpret_cast<__nv_bfloat16(*)[LDS]>(smem + STAGES * (A_BYTES + b_bytes<FP8>()));
 
@@ -297,7 +300,8 @@ template <bool GLU, bool FP8> inline cudaError_t launch_t(const Args &p, int64_t
     constexpr int bytes = smem_bytes<FP8>();
     static bool set = false; // the opt-in above 48 KiB, once a process per instantiation
     if (!set) {
-        const cudaError_t e = cudaFuncSetAttribute(grouped_k<GLU, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        const cudaError_t e =
+            cudaFuncSetAttribute(grouped_k<GLU, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (e != cudaSuccess) return e;
         set = true;
     }

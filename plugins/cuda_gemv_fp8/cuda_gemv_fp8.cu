@@ -96,7 +96,6 @@ struct Scratch {
 constexpr int64_t kTileRows = 2048;
 constexpr size_t kTileBytes = (size_t)64 << 20;
 
-
 struct Gemv {
     const tsr_plugin_ctx *ctx;
     cublasLtHandle_t lt;
@@ -457,7 +456,8 @@ int64_t tile_rows(const Weight *w, bool captured) {
 int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch *sc, cudaStream_t st) {
     const int64_t tr = tile_rows(w, sc == &g->graph);
     float *d = static_cast<float *>(sc->d);
-    to_bf16_kernel<<<grid_for((int64_t)rows * w->ld, 256), 256, 0, st>>>(sc->xb, x, rows, w->cols, w->ld, !w->wide, w->cols);
+    to_bf16_kernel<<<grid_for((int64_t)rows * w->ld, 256), 256, 0, st>>>(sc->xb, x, rows, w->cols, w->ld, !w->wide,
+                                                                          w->cols);
     int rc = cuda_err(g, cudaGetLastError(), "activations to bf16");
     const float one = 1.0f, zero = 0.0f;
     for (int64_t r0 = 0; rc == TSR_OK && r0 < w->rows_pad; r0 += tr) {

@@ -137,7 +137,8 @@ int main(int argc, char **argv) {
     for (int l = 0; l < LAYERS; l++)
         for (int s = 0; s < HEAD; s++) w[l][s] = pages(shape[s][0] * rb[s]);
     w[LAYERS][HEAD] = pages(shape[HEAD][0] * rb[HEAD]);
-    float *x = aligned_alloc(64, 4864 * 4 + 64), *y = aligned_alloc(64, 151936 * 4), *ws = aligned_alloc(64, 151936 * 4);
+    float *x = aligned_alloc(64, 4864 * 4 + 64), *y = aligned_alloc(64, 151936 * 4);
+    float *ws = aligned_alloc(64, 151936 * 4);
     int16_t *xq = aligned_alloc(64, 4864 * 2);
     for (int i = 0; i < 151936; i++) ws[i] = 1e-3f;
     if (getenv("XOFF")) x += atoi(getenv("XOFF")); /* activations off a 64-byte boundary by XOFF floats */

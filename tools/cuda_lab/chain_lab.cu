@@ -204,7 +204,8 @@ static Args stage_args(const Stage &s) {
 static void production(int wk, const Stage *h, int n, cudaStream_t st, bool pdl) {
     for (int i = 0; i < n; i++) {
         const Args a = stage_args(h[i]);
-        CK(wk == kBf16 ? tsr_row::launch_decode<kBf16>(a, 1, tsr_row::kRowDense, st, pdl) : tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, pdl));
+        CK(wk == kBf16 ? tsr_row::launch_decode<kBf16>(a, 1, tsr_row::kRowDense, st, pdl)
+                       : tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, pdl));
     }
 }
 

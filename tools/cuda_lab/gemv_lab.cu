@@ -308,7 +308,8 @@ static float production_chain_ms(cudaStream_t st, int wk, int rows, bool pdl, fl
         a.w = w, a.ldw = ldw;
         a.scale = wk == kFp8 ? s : nullptr;
         a.n_out = S.out, a.cols = S.in, a.ldx = S.in, a.x = xa, a.y = xb;
-        CK(wk == kBf16 ? tsr_row::launch_decode<kBf16>(a, rows, tsr_row::kRowDense, st, pdl) : tsr_row::launch_decode<kFp8>(a, rows, tsr_row::kRowDense, st, pdl));
+        CK(wk == kBf16 ? tsr_row::launch_decode<kBf16>(a, rows, tsr_row::kRowDense, st, pdl)
+                       : tsr_row::launch_decode<kFp8>(a, rows, tsr_row::kRowDense, st, pdl));
     });
     CK(cudaStreamEndCapture(st, &g));
     return lab_graph_ms(st, g);
