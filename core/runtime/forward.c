@@ -159,16 +159,17 @@ static int moe_on_host(tsr_model *m, int layer, int rows, tsr_error *err) {
     for (int e = 0; e < E; e++) start[e + 1] += start[e];
     int fill[MAX_EXPERTS];
     memcpy(fill, start, (size_t)E * sizeof(int));
+    const int grouped = m->gx_in && m->ex_tables; /* the plugin may take the rows at once (moe_grouped) */
     for (int i = 0; i < nk; i++) {
         const int e = m->route_idx_h[i];
-        m->ex_pos_h[i] = e < 0 ? 0 : fill[e]; /* its place in that order (no expert: never read) */
+        if (grouped) m->ex_pos_h[i] = e < 0 ? 0 : fill[e]; /* its place in that order (no expert: never read) */
         if (e < 0) continue;
         m->ex_rows_h[fill[e]] = i / K;
         m->ex_wts_h[fill[e]++] = m->route_w_h[i];
     }
     BE(be->upload(m->ex_rows, m->ex_rows_h, (size_t)start[E] * sizeof(int32_t), err));
     BE(be->upload(m->ex_wts, m->ex_wts_h, (size_t)start[E] * sizeof(float), err));
-    if (m->gx_in && m->ex_tables) {
+    if (grouped) {
         BE(be->upload(m->ex_pos, m->ex_pos_h, (size_t)nk * sizeof(int32_t), err));
         if ((rc = moe_grouped(m, layer, rows, start, err)) != TSR_ERR_UNSUPPORTED) return rc;
     }

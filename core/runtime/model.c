@@ -502,13 +502,14 @@ int tsr_model_alloc_scratch(tsr_model *m, tsr_error *err) {
         for (size_t i = 0; i < 3; i++)
             if (!(*gx[i] = be->alloc(gx_floats[i] * sizeof(float), err))) return err->code;
         if (!(m->ex_pos = be->alloc(R * K * sizeof(int32_t), err))) return err->code;
+        if (!(m->ex_pos_h = calloc(R * K, sizeof(int32_t))))
+            return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
     }
     m->route_idx_h = calloc(R * K, sizeof(int32_t));
     m->ex_rows_h = calloc(R * K, sizeof(int32_t));
     m->route_w_h = calloc(R * K, sizeof(float));
     m->ex_wts_h = calloc(R * K, sizeof(float));
-    m->ex_pos_h = calloc(R * K, sizeof(int32_t));
-    if (!m->route_idx_h || !m->ex_rows_h || !m->route_w_h || !m->ex_wts_h || !m->ex_pos_h)
+    if (!m->route_idx_h || !m->ex_rows_h || !m->route_w_h || !m->ex_wts_h)
         return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory for scratch");
     return TSR_OK;
 }

@@ -128,7 +128,7 @@ struct tsr_model {
     void **ex_tables;
     int ex_resident;              /* the expert cache keeps every expert for its life (resident answered) */
     /* host copies of the routing: read to look the experts up, written to
-     * say which rows go to which */
+     * say which rows go to which (ex_pos_h: with gx_*, ex_pos's) */
     int32_t *route_idx_h, *ex_rows_h, *ex_pos_h;
     float *route_w_h, *ex_wts_h;
 };
