@@ -12,7 +12,8 @@
 
 #include "tsr_plugin.h"
 
-/* Version 6: run_grouped (a mixture of experts' prompt rows, grouped by
+/* Version 7: run_fused (the input's RMSNorm and the residual add done by
+ * the product's own launch). Version 6: run_grouped (a mixture of experts' prompt rows, grouped by
  * expert, in one call). Version 5: prepare_experts / run_experts /
  * release_experts (a mixture of experts' projections with the experts
  * chosen on the device). Version 4:
@@ -22,7 +23,7 @@
  * message for a scaled weight it cannot apply; the host never hands a scaled
  * weight to a plugin of version < 3 (it refuses the model, naming the plugin
  * and the tensor). */
-#define TSR_GEMV_IFACE_VERSION 6
+#define TSR_GEMV_IFACE_VERSION 7
 
 /* The scales of a weight stored as F8_E4M3 with scale companions (per
  * tensor, per output row, or per block; docs/FORMATS.md has the checkpoint
@@ -83,6 +84,16 @@ static inline void tsr_weight_scale_row(const tsr_weight_scale *sc, int64_t r, i
     const float *s = sc->data + (r / sc->block_rows) * grid_cols;
     for (int64_t c = 0; c < cols; c++) row[c] *= s[c / sc->block_cols];
 }
+
+/* What run_fused (version 7) does around the product. */
+typedef struct tsr_gemv_fuse {
+    /* non-NULL: each row of x RMS-normalised first by these weights [cols]
+     * (f32, on ex->device): xn[c] = x[c] / sqrt(mean(x^2) + eps) * norm[c] */
+    const float *norm;
+    float eps;
+    int glu;        /* 1: a gate/up pair (prepare_group of two), y = silu(gate) * up as run_glu */
+    int accumulate; /* 1: y += the product (y holds the residual stream); 0: y = the product */
+} tsr_gemv_fuse;
 
 typedef struct tsr_gemv_i {
     uint32_t struct_size; /* sizeof(tsr_gemv_i) at the plugin's build */
@@ -172,6 +183,26 @@ typedef struct tsr_gemv_i {
      * does not take the table, the rows or x. */
     int (*run_grouped)(void *inst, const void *table, const int32_t *off, int n, int glu, const float *x,
                        int ldx, float *y, const tsr_exec *ex);
+
+    /* --- version 7 --- */
+    /* optional (default: TSR_ERR_UNSUPPORTED, nothing done): the product
+     * run() (fu->glu: run_glu) gives, with the host's ops around it done in
+     * the same call:
+     *     y  = P(xn)        or, with fu->accumulate,   y += P(xn)
+     * xn = x normalised as fu->norm says (x itself without it). The
+     * accumulation alone is bit for bit y + run()'s result added as the
+     * host backend's add does (one f32 sum an element); with a norm, y is
+     * within the rounding of f32 arithmetic of the host's rmsnorm followed
+     * by run() (the norm's factor may multiply each sum instead of each
+     * activation). x and y do not overlap. TSR_ERR_UNSUPPORTED, with nothing
+     * done and no error set, where the plugin does not fuse that
+     * combination for the handle and row count: the host then runs its own
+     * norm, run() and add. On a GPU each fused op is a launch less, and the
+     * product no longer waits for a one-block norm kernel (the host fuses
+     * dense layers' input norms into q/k/v and gate/up and their residual
+     * adds into o and down). */
+    int (*run_fused)(void *inst, const void *prepared, int rows, const float *x, float *y,
+                     const tsr_gemv_fuse *fu, const tsr_exec *ex);
 } tsr_gemv_i;
 
 #endif /* TSR_GEMV_H */

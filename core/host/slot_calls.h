@@ -79,6 +79,13 @@ static inline int tsr_gemv_run_grouped(const tsr_slot_ref *s, const void *table,
         TSR_SLOT_MEMBER(s, tsr_gemv_i, run_grouped);
     return f ? f(s->inst, table, off, n, glu, x, ldx, y, ex) : TSR_ERR_UNSUPPORTED;
 }
+/* default: TSR_ERR_UNSUPPORTED (the host runs its norm, run() and add) */
+static inline int tsr_gemv_run_fused(const tsr_slot_ref *s, const void *prepared, int rows, const float *x, float *y,
+                                     const tsr_gemv_fuse *fu, const tsr_exec *ex) {
+    int (*f)(void *, const void *, int, const float *, float *, const tsr_gemv_fuse *, const tsr_exec *) =
+        TSR_SLOT_MEMBER(s, tsr_gemv_i, run_fused);
+    return f ? f(s->inst, prepared, rows, x, y, fu, ex) : TSR_ERR_UNSUPPORTED;
+}
 /* default: w->nbytes */
 static inline uint64_t tsr_gemv_bytes(const tsr_slot_ref *s, const void *prepared, const tsr_weight *w) {
     uint64_t (*f)(void *, const void *) = TSR_SLOT_MEMBER(s, tsr_gemv_i, bytes);

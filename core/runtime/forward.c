@@ -58,6 +58,41 @@ static int gemv(tsr_model *m, const void *w, int rows, const float *x, float *y,
     return TSR_OK;
 }
 
+/* The gemv plugin's run_fused (the norm before a product, the residual add
+ * after it, in the product's own launch): *done = 1 where it took the call,
+ * 0 (nothing done) where it answered that it does not fuse it. */
+static int fused(tsr_model *m, const void *w, int rows, const float *x, float *y, const tsr_gemv_fuse *fu, int *done,
+                 tsr_error *err) {
+    int rc = tsr_gemv_run_fused(m->gemv, w, rows, x, y, fu, EX);
+    *done = rc == TSR_OK;
+    if (rc == TSR_OK || rc == TSR_ERR_UNSUPPORTED) return TSR_OK;
+    return tsr_model_slot_error(m, m->gemv, rc, err, "gemv fused");
+}
+
+/* The residual stream x normed by nw into m->xn, for a layer's projections
+ * that the plugin did not take the norm into; *pending: m->o is still to
+ * be added into x (the add and the norm in one launch), 0 after. */
+static int input_norm(tsr_model *m, const float *nw, int rows, int *pending, tsr_error *err) {
+    const tsr_model_config *c = &m->cfg;
+    if (*pending) OP(TSR_PROF_NORM, BE(m->be->add_rmsnorm(m->x, m->o, m->xn, nw, rows, c->hidden, c->norm_eps, err)));
+    else OP(TSR_PROF_NORM, BE(m->be->rmsnorm(m->xn, m->x, nw, rows, c->hidden, c->norm_eps, err)));
+    *pending = 0;
+    return TSR_OK;
+}
+
+/* x += in . W^T, a projection into the residual stream (o, down): in the
+ * product's launch where the plugin takes the add (*pending = 0), else
+ * into m->o with its bias b, the add left to the next norm (*pending = 1). */
+static int into_stream(tsr_model *m, int kind, const void *w, const float *b, int rows, const float *in, int *pending,
+                       tsr_error *err) {
+    int added = 0, rc;
+    if (!b) OP(kind, BE(fused(m, w, rows, in, m->x, &(tsr_gemv_fuse){.accumulate = 1}, &added, err)));
+    if (!added) OP(kind, if ((rc = gemv(m, w, rows, in, m->o, err))) return rc;
+                   BE(add_bias(m, m->o, b, rows, m->cfg.hidden, err)));
+    *pending = !added;
+    return TSR_OK;
+}
+
 /* down(silu(gate(x)) * up(x)) for rows rows of x into y. */
 static int ffn(tsr_model *m, const void *wg, const void *wu, const void *wd, int rows, int f,
                const float *x, float *g, float *u, float *y, tsr_error *err) {
@@ -80,14 +115,40 @@ static int gate_up(tsr_model *m, const void *wgu, int rows, const float *x, floa
     return rc == TSR_OK ? TSR_OK : tsr_model_slot_error(m, m->gemv, rc, err, "gemv glu");
 }
 
-/* The same with gate and up stacked into one matrix (prepare_group). */
-static int ffn_stacked(tsr_model *m, const void *wgu, const void *wd, int rows, int f, const float *x,
-                       float *g, float *y, tsr_error *err) {
+/* silu(gate) * up of x into g through gate and up stacked into one
+ * matrix (prepare_group). */
+static int glu_stacked(tsr_model *m, const void *wgu, int rows, int f, const float *x, float *g, tsr_error *err) {
     int rc, fused;
     OP(TSR_PROF_GATE_UP, if ((rc = gate_up(m, wgu, rows, x, g, &fused, err))) return rc);
     if (!fused) OP(TSR_PROF_SILU, BE(m->be->silu_mul_cat(g, m->gu, rows, f, err)));
+    return TSR_OK;
+}
+
+/* ffn with gate and up stacked. */
+static int ffn_stacked(tsr_model *m, const void *wgu, const void *wd, int rows, int f, const float *x,
+                       float *g, float *y, tsr_error *err) {
+    int rc;
+    BE(glu_stacked(m, wgu, rows, f, x, g, err));
     OP(TSR_PROF_DOWN, if ((rc = gemv(m, wd, rows, g, y, err))) return rc);
     return TSR_OK;
+}
+
+/* A dense layer's MLP (gate and up stacked), its input the residual stream
+ * normed by L->ffn_norm, its output added into the stream (*pending: as
+ * into_stream). The norm goes into the gate/up product where the plugin
+ * takes it (run_fused). */
+static int layer_mlp(tsr_model *m, const tsr_layer_w *L, int rows, int *pending, tsr_error *err) {
+    const tsr_model_config *c = &m->cfg;
+    int done = 0;
+    if (!*pending)
+        OP(TSR_PROF_GATE_UP, BE(fused(m, L->w_gu, rows, m->x, m->g,
+                                      &(tsr_gemv_fuse){.norm = L->ffn_norm, .eps = c->norm_eps, .glu = 1}, &done,
+                                      err)));
+    if (!done) {
+        BE(input_norm(m, L->ffn_norm, rows, pending, err));
+        BE(glu_stacked(m, L->w_gu, rows, c->ffn, m->xn, m->g, err));
+    }
+    return into_stream(m, TSR_PROF_DOWN, L->w_down, NULL, rows, m->g, pending, err);
 }
 
 enum { MAX_EXPERTS = 1024, MAX_USED = 64 };
@@ -263,22 +324,27 @@ static int moe(tsr_model *m, int layer, int rows, tsr_error *err) {
     return be->add(m->x, m->moe_out, (int64_t)rows * h, err);
 }
 
-/* The attention half of a layer, leaving x + attention out in x. normed:
- * m->xn already holds the layer's input norm (fused with the last add). */
-static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int rows, int normed,
+/* The attention half of a layer over the residual stream (*pending: m->o
+ * still to be added into x, as into_stream leaves it), its output added
+ * into the stream the same way. The input norm goes into a stacked q/k/v
+ * product where the plugin takes it (run_fused). */
+static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int rows, int *pending,
                            tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     const tsr_backend *be = m->be;
     const tsr_layer_w *L = &m->layers[layer];
-    const int h = c->hidden, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
-    int rc;
-    if (!normed) OP(TSR_PROF_NORM, BE(be->rmsnorm(m->xn, m->x, L->attn_norm, rows, h, c->norm_eps, err)));
+    const int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    int rc, qkv_done = 0;
+    if (L->wqkv && !*pending)
+        OP(TSR_PROF_QKV, BE(fused(m, L->wqkv, rows, m->x, m->qkv,
+                                  &(tsr_gemv_fuse){.norm = L->attn_norm, .eps = c->norm_eps}, &qkv_done, err)));
+    if (!qkv_done) BE(input_norm(m, L->attn_norm, rows, pending, err));
     float *q = m->q, *k = m->k, *v = m->v;
     const int32_t *dev_pos0 = EX->step ? &EX->step->pos0 : NULL;
     /* rotated while split out of the stacked projection (nothing between) */
     int rotated = 0;
     if (L->wqkv) { /* one pass over q, k, v stacked: [rows, qd + 2 kvd] */
-        OP(TSR_PROF_QKV, if ((rc = gemv(m, L->wqkv, rows, m->xn, m->qkv, err))) return rc);
+        if (!qkv_done) OP(TSR_PROF_QKV, if ((rc = gemv(m, L->wqkv, rows, m->xn, m->qkv, err))) return rc);
         if (rows == 1) { /* a single row is already three contiguous vectors */
             q = m->qkv, k = m->qkv + qd, v = m->qkv + qd + kvd;
         } else if (!L->bq && !L->bk && !L->bv && !L->q_norm) {
@@ -328,9 +394,7 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
         .out = m->att,
     };
     OP(TSR_PROF_ATTN, CALL(m->attn, tsr_attention_run(m->attn, &a, EX), "attention"));
-    OP(TSR_PROF_O, if ((rc = gemv(m, L->wo, rows, m->att, m->o, err))) return rc;
-       BE(add_bias(m, m->o, L->bo, rows, h, err)));
-    return TSR_OK; /* the caller adds m->o into x (with the next norm) */
+    return into_stream(m, TSR_PROF_O, L->wo, L->bo, rows, m->att, pending, err);
 }
 
 /* The embedding lookup of a table whose pages the gemv plugin gave back
@@ -360,27 +424,33 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     m->prof_phase = pos0 == 0 || rows > TSR_GRAPH_MAX_ROWS ? 0 : 1;
     if (m->embed_read) OP(TSR_PROF_EMBED, BE(embed_from_file(m, rows, err)));
     else OP(TSR_PROF_EMBED, BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, m->ids, rows, err)));
+    /* the residual stream: x, and m->o still to be added into it where pending
+     * (each add goes with the next norm, or into the product's launch) */
+    int pending = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const tsr_layer_w *L = &m->layers[l];
-        if ((rc = attention_block(m, l, kv_seq, pos0, rows, l > 0 && !m->layers[l - 1].moe, err))) return rc;
-        OP(TSR_PROF_NORM, BE(be->add_rmsnorm(m->x, m->o, m->xn, L->ffn_norm, rows, h, c->norm_eps, err)));
+        if ((rc = attention_block(m, l, kv_seq, pos0, rows, &pending, err))) return rc;
+        if (L->w_gu && !L->moe) {
+            if ((rc = layer_mlp(m, L, rows, &pending, err))) return rc;
+            continue;
+        }
+        BE(input_norm(m, L->ffn_norm, rows, &pending, err));
         if (L->moe) {
-            if ((rc = moe(m, l, rows, err))) return rc;
+            if ((rc = moe(m, l, rows, err))) return rc; /* adds into x */
         } else {
-            rc = L->w_gu ? ffn_stacked(m, L->w_gu, L->w_down, rows, c->ffn, m->xn, m->g, m->o, err)
-                         : ffn(m, L->w_gate, L->w_up, L->w_down, rows, c->ffn, m->xn, m->g, m->u, m->o, err);
-            if (rc) return rc;
-            if (l + 1 < c->n_layers) /* the residual add and the next layer's input norm */
-                OP(TSR_PROF_NORM, BE(be->add_rmsnorm(m->x, m->o, m->xn, m->layers[l + 1].attn_norm, rows, h,
-                                                     c->norm_eps, err)));
-            else
-                OP(TSR_PROF_ADD, BE(be->add(m->x, m->o, (int64_t)rows * h, err)));
+            if ((rc = ffn(m, L->w_gate, L->w_up, L->w_down, rows, c->ffn, m->xn, m->g, m->u, m->o, err))) return rc;
+            pending = 1;
         }
     }
+    if (pending) OP(TSR_PROF_ADD, BE(be->add(m->x, m->o, (int64_t)rows * h, err)));
     if (out == TSR_FWD_NONE) return TSR_OK;
     const int first = tsr_fwd_all_rows(out) ? 0 : rows - 1, n = rows - first;
-    OP(TSR_PROF_HEAD, BE(be->rmsnorm(m->xn, m->x + (int64_t)first * h, m->final_norm, n, h, c->norm_eps, err));
-       if ((rc = gemv(m, m->lm_head, n, m->xn, m->head_out, err))) return rc);
+    int head_done = 0;
+    OP(TSR_PROF_HEAD, BE(fused(m, m->lm_head, n, m->x + (int64_t)first * h, m->head_out,
+                               &(tsr_gemv_fuse){.norm = m->final_norm, .eps = c->norm_eps}, &head_done, err)));
+    if (!head_done)
+        OP(TSR_PROF_HEAD, BE(be->rmsnorm(m->xn, m->x + (int64_t)first * h, m->final_norm, n, h, c->norm_eps, err));
+           if ((rc = gemv(m, m->lm_head, n, m->xn, m->head_out, err))) return rc);
     if (tsr_fwd_argmax(out))
         OP(TSR_PROF_ARGMAX, BE(be->argmax(m->head_out, n, c->vocab, m->argmax_dev, err)));
     return TSR_OK;

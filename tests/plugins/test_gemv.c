@@ -4,12 +4,28 @@
  * they are stored: the host must never hand it a scaled weight. And as
  * test_gemv_roles (TEST_GEMV_ROLES): it refuses a weight whose role
  * (tsr_weight.role) is not the one its canonical name says (test_models runs
- * mixtures of experts through it). */
+ * mixtures of experts through it). And as test_gemv_fused (TEST_GEMV_FUSED):
+ * with prepare_group (matrices stacked by rows) and run_fused at every row
+ * count (the input's RMSNorm, a gate/up pair's SiLU, the residual add), in
+ * f64, counting its calls (test_gemv_fused_calls), so that test_models runs
+ * the host's fused forward pass on the CPU. */
+#include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "slots/tsr_gemv.h"
+
+/* A prepared matrix: the weight (its data the mapping's, or own's copy of
+ * matrices stacked by prepare_group) and, for a stacked gate/up pair, the
+ * rows of each. */
+typedef struct handle {
+    tsr_weight w;
+    float *own;
+    int64_t pair;
+} handle;
 
 typedef struct inst {
     const tsr_plugin_ctx *ctx;
@@ -57,22 +73,24 @@ static int g_prepare(void *p, const tsr_weight *w, void **out) {
         g->ctx->host->set_error(g->ctx, "test_gemv reads f32 weights only");
         return TSR_ERR_UNSUPPORTED;
     }
-    tsr_weight *copy = g->ctx->host->alloc(g->ctx, sizeof *copy, 16);
-    if (!copy) return TSR_ERR_NOMEM;
-    *copy = *w;
-    *out = copy;
+    handle *h = g->ctx->host->alloc(g->ctx, sizeof *h, 16);
+    if (!h) return TSR_ERR_NOMEM;
+    *h = (handle){.w = *w};
+    *out = h;
     return TSR_OK;
 }
 
 static void g_release(void *p, void *prepared) {
     inst *g = p;
-    g->ctx->host->free(g->ctx, prepared);
+    handle *h = prepared;
+    if (h->own) g->ctx->host->free(g->ctx, h->own);
+    g->ctx->host->free(g->ctx, h);
 }
 
 static int g_run(void *p, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
     (void)p;
     (void)ex;
-    const tsr_weight *w = prepared;
+    const tsr_weight *w = &((const handle *)prepared)->w;
     const float *W = w->data;
     for (int r = 0; r < rows; r++)
         for (int64_t o = 0; o < w->rows; o++) {
@@ -82,6 +100,71 @@ static int g_run(void *p, const void *prepared, int rows, const float *x, float 
         }
     return TSR_OK;
 }
+
+#ifdef TEST_GEMV_FUSED
+/* n f32 matrices of one width stacked by rows into the handle's copy. */
+static int g_prepare_group(void *p, const tsr_weight *ws, int n, void **out) {
+    inst *g = p;
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (ws[i].dtype != TSR_DTYPE_F32 || ws[i].cols != ws[0].cols) return TSR_ERR_UNSUPPORTED;
+        rows += ws[i].rows;
+    }
+    handle *h = g->ctx->host->alloc(g->ctx, sizeof *h, 16);
+    float *data = g->ctx->host->alloc(g->ctx, (size_t)(rows * ws[0].cols) * sizeof *data, 64);
+    if (!h || !data) {
+        g->ctx->host->free(g->ctx, h), g->ctx->host->free(g->ctx, data);
+        return TSR_ERR_NOMEM;
+    }
+    int64_t at = 0;
+    for (int i = 0; i < n; i++, at += ws[i - 1].rows)
+        memcpy(data + at * ws[0].cols, ws[i].data, (size_t)(ws[i].rows * ws[i].cols) * sizeof *data);
+    h->w = ws[0];
+    h->w.rows = rows, h->w.data = data, h->w.nbytes = (uint64_t)(rows * ws[0].cols) * sizeof *data;
+    h->own = data;
+    h->pair = n == 2 && ws[0].rows == ws[1].rows ? ws[0].rows : 0;
+    *out = h;
+    return TSR_OK;
+}
+
+static atomic_long fused_calls[3]; /* with a norm, a gate/up pair's SiLU, the add */
+
+static int g_run_fused(void *p, const void *prepared, int rows, const float *x, float *y, const tsr_gemv_fuse *fu,
+                       const tsr_exec *ex) {
+    (void)p, (void)ex;
+    const tsr_weight *w = &((const handle *)prepared)->w;
+    const int64_t f = fu->glu ? ((const handle *)prepared)->pair : w->rows, cols = w->cols; /* outputs */
+    if (f == 0 || (fu->glu && fu->accumulate)) return TSR_ERR_UNSUPPORTED;
+    const float *W = w->data;
+    double *xn = malloc((size_t)cols * sizeof *xn);
+    if (!xn) return TSR_ERR_NOMEM;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        double ss = 0;
+        for (int64_t c = 0; c < cols; c++) ss += (double)xr[c] * xr[c];
+        const double inv = 1 / sqrt(ss / (double)cols + fu->eps);
+        for (int64_t c = 0; c < cols; c++) xn[c] = fu->norm ? xr[c] * inv * fu->norm[c] : xr[c];
+        for (int64_t o = 0; o < f; o++) {
+            double a = 0, b = 0;
+            for (int64_t c = 0; c < cols; c++) a += xn[c] * W[o * cols + c];
+            if (fu->glu)
+                for (int64_t c = 0; c < cols; c++) b += xn[c] * W[(f + o) * cols + c];
+            const double v = fu->glu ? a / (1 + exp(-a)) * b : a;
+            y[r * f + o] = fu->accumulate ? (float)(y[r * f + o] + v) : (float)v;
+        }
+    }
+    free(xn);
+    if (fu->norm) atomic_fetch_add(&fused_calls[0], 1);
+    if (fu->glu) atomic_fetch_add(&fused_calls[1], 1);
+    if (fu->accumulate) atomic_fetch_add(&fused_calls[2], 1);
+    return TSR_OK;
+}
+
+/* run_fused's calls so far: kind 0 with a norm, 1 a gate/up pair's, 2 adds. */
+TSR_PLUGIN_EXPORT int64_t test_gemv_fused_calls(int32_t kind) {
+    return kind >= 0 && kind < 3 ? (int64_t)atomic_load(&fused_calls[kind]) : -1;
+}
+#endif
 
 static const tsr_gemv_i iface = {
     .struct_size = sizeof(tsr_gemv_i),
@@ -93,6 +176,10 @@ static const tsr_gemv_i iface = {
     .prepare = g_prepare,
     .release = g_release,
     .run = g_run,
+#ifdef TEST_GEMV_FUSED
+    .prepare_group = g_prepare_group,
+    .run_fused = g_run_fused,
+#endif
 };
 
 static const tsr_plugin_desc desc = {
@@ -102,6 +189,8 @@ static const tsr_plugin_desc desc = {
     .name = "test_gemv_v2",
 #elif defined TEST_GEMV_ROLES
     .name = "test_gemv_roles",
+#elif defined TEST_GEMV_FUSED
+    .name = "test_gemv_fused",
 #else
     .name = "test_gemv",
 #endif

@@ -6,6 +6,7 @@
  * transformers on those fixtures) for qwen2_moe, which has no transformers
  * fixture.
  */
+#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -206,6 +207,60 @@ static void test_weight_roles(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* The host's fused forward pass (tsr_gemv_i.run_fused: the input norms
+ * taken into q/k/v, gate/up and the LM head, the residual adds into o and
+ * down) on the CPU, through tests/plugins' test_gemv_fused, which fuses
+ * every one at every row count in f64: each family's logits still the
+ * references', and the plugin's count of fused calls of each kind grew
+ * (so the pass took them). */
+static void test_fused_pass(void **state) {
+    (void)state;
+    char tmp[] = "/tmp/tsr_fused_XXXXXX", catalog[4096], asm_fused[4096], lib[4200], cmd[4200];
+    assert_non_null(mkdtemp(tmp));
+    test_gemv_catalog(tmp, "test_gemv_fused", catalog, asm_fused);
+    const char *const fams[][2] = {{"transformers", "llama"},   {"transformers", "qwen2"},
+                                   {"transformers", "qwen3"},   {"transformers", "mixtral"},
+                                   {"transformers", "qwen3_moe"}, {"numpy", "qwen2_moe"}};
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
+        char dir[4096], ref_path[4200];
+        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/%s/%s", src_dir(), fams[i][0], fams[i][1]);
+        snprintf(ref_path, sizeof ref_path, "%s/reference.safetensors", dir);
+        tsr_model_opts o = {.model_path = dir, .assembly_path = asm_fused, .catalog_dir = catalog, .n_threads = 2,
+                            .no_tokenizer = 1};
+        tsr_error err;
+        tsr_error_clear(&err);
+        tsr_model *m = NULL;
+        if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s through test_gemv_fused: %s", fams[i][1], err.msg);
+        /* the library the model loaded, found again by its path */
+        snprintf(lib, sizeof lib, "%s/libtest_gemv_fused.so", catalog);
+        void *dl = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+        assert_non_null(dl);
+        int64_t (*calls)(int32_t) = NULL;
+        *(void **)&calls = dlsym(dl, "test_gemv_fused_calls");
+        assert_non_null(calls);
+        int64_t before[3];
+        for (int k = 0; k < 3; k++) before[k] = calls(k);
+        tsr_safetensors *ref;
+        assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
+        int n_ids;
+        int32_t *ids = read_i32(ref_tensor(ref, "input_ids", TSR_DTYPE_I32), &n_ids);
+        check_logits(m, ids, n_ids, ref_tensor(ref, "logits", TSR_DTYPE_F32), 1e-3, fams[i][1]);
+        const int dense = i < 3; /* the mixtures' layers have no dense MLP, so no fused gate/up */
+        for (int k = 0; k < 3; k++) {
+            const int64_t now = calls(k);
+            printf("# %s: %lld fused calls of kind %d\n", fams[i][1], (long long)(now - before[k]), k);
+            if (now <= before[k] && (k != 1 || dense))
+                fail_msg("%s: no fused call of kind %d (0 norm, 1 gate/up, 2 add)", fams[i][1], k);
+        }
+        dlclose(dl); /* the model's own handle keeps it loaded until tsr_model_free */
+        free(ids);
+        tsr_safetensors_free(ref);
+        tsr_model_free(m);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* stories260K from one of its files: logits (when tol > 0) and greedy text of
  * every reference.json case. */
 static void check_stories(const char *file, const char *tokenizer, double tol) {
@@ -339,6 +394,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_moe),
         cmocka_unit_test(test_qwen2_moe),
         cmocka_unit_test(test_weight_roles),
+        cmocka_unit_test(test_fused_pass),
         cmocka_unit_test(test_pystd_target),
         cmocka_unit_test(test_pystd_draft),
         cmocka_unit_test(test_pystd_moe),
