@@ -132,7 +132,21 @@ struct Args {
     const float *const *ctab;
     const int32_t *sel;
     int per_x;
+    // The host's ops around the product done here (tsr_gemv_i.run_fused):
+    // accum: y += the product, one f32 sum an output (the host's add, bit
+    // for bit); nw (gemv_row only, without cm or etab): x RMS-normalised
+    // first by these f32 weights [cols] in natural column order, eps its
+    // epsilon: the kernel multiplies each activation by its weight, sums
+    // the squares of x on the way, and multiplies each output's sum by
+    // 1 / sqrt(mean + eps) at the end.
+    int accum;
+    const float *nw;
+    float eps;
 };
+
+// y = v, or y + v with accum (never contracted into a multiply-add, so that
+// it is the host's add of run()'s result).
+__device__ __forceinline__ void store_y(const Args &p, float *y, float v) { *y = p.accum ? __fadd_rn(*y, v) : v; }
 
 // The row of the ratios cm (shaped as p's) for output row o's row block
 // (rows past n_out: the last's).
@@ -337,7 +351,7 @@ __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 if (2 * t + r >= NR) continue;
-                p.y[(int64_t)(2 * t + r) * p.n_out + o] = acc[j][2 * h + r] * s;
+                store_y(p, p.y + (int64_t)(2 * t + r) * p.n_out + o, acc[j][2 * h + r] * s);
             }
         }
 }

@@ -35,6 +35,17 @@
 // the core's silu_mul_cat, bit for bit, with one launch and no [2f] vector
 // in between.
 //
+// Fused (Args.accum, Args.nw; tsr_gemv_i.run_fused, plain rows only): the
+// outputs added into y (the residual add), and with NORM (E4M3 only:
+// fused_takes) the input's RMSNorm: each activation multiplied by its norm
+// weight as it is loaded, the squares of x summed on the way (each row
+// group's warps cover every column once: the same sum in every group), and
+// each output's sum multiplied by 1 / sqrt(mean + eps) before its scale, so
+// that the product no longer waits for a one-block norm kernel. The
+// activations then stay in f32 (not rounded to f16 after 2^-4: the stream
+// before its norm may lie outside f16's range, a layer's first far below
+// it): within the rounding of the norm kernel followed by the plain kernel.
+//
 // Preconditions (row_reads): cols a multiple of 8 (bf16) or 16 (E4M3); w, ldw
 // and x 16-byte aligned.
 #ifndef TSR_GEMV_ROW_CUH
@@ -87,12 +98,14 @@ __device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, floa
 // with the weights of expert sel[j] (a template flag: the kernel of one
 // matrix keeps its code, which a runtime test made 2% slower at the
 // Llama-3-8B shape).
-template <int WK, int RPW, int U, int KS = 1, bool GLU = false, bool BS = false, bool SEL = false>
+// NORM: x RMS-normalised by p.nw first (the header; E4M3 plain rows only).
+template <int WK, int RPW, int U, int KS = 1, bool GLU = false, bool BS = false, bool SEL = false, bool NORM = false>
 __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     constexpr int K = Piece<WK>::k, ES = WK == kBf16 ? 2 : 1, STEP = 32 * K;
     constexpr int G = 8 / KS, HG = G / 2; // row groups per block; GLU: the gate half
     static_assert(8 % KS == 0, "a block of 8 warps holds whole groups of KS");
     static_assert(!GLU || G % 2 == 0, "GLU pairs the block's row groups");
+    static_assert(!NORM || (!BS && !SEL && !GLU), "the norm: one matrix, its weights in natural column order");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = warp % KS, grp = warp / KS;
     const int f = p.n_out / 2; // GLU: gate rows [0, f), up rows [f, 2f)
     const int o0 = !GLU           ? (blockIdx.x * G + grp) * RPW
@@ -102,7 +115,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     const uint8_t *row[RPW]; // rows past n_out read the last row (not stored)
 #pragma unroll
     for (int r = 0; r < RPW; r++) row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
-    float acc[RPW];
+    float acc[RPW], ss = 0.0f; // ss: NORM's squares of the lane's activations
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
     const float *cmr = BS && !SEL ? tsr_mma::cm_row(p, o0) : nullptr;
@@ -141,15 +154,36 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             float xv[K];
             if (WK == kFp8) tsr_mma::load_x_e4m3<BS>(x, k, p.cols, xv, cmr, p.cm_shift);
             else tsr_mma::load_x<K>(x, k, p.cols, xv);
-            if (WK == kFp8)
+            if (NORM) {
+                float gv[K];
+                if (WK == kFp8) tsr_mma::load_x_e4m3(p.nw, k, p.cols, gv);
+                else tsr_mma::load_x<K>(p.nw, k, p.cols, gv);
+#pragma unroll
+                for (int i = 0; i < K; i++) ss = fmaf(xv[i], xv[i], ss), xv[i] *= gv[i];
+            }
+            if (WK == kFp8 && !NORM) // NORM: in f32 (the stream, not yet normalised, may lie outside f16's range)
 #pragma unroll
                 for (int i = 0; i < K; i++) xv[i] = __half2float(__float2half_rn(xv[i] * 0.0625f));
 #pragma unroll
             for (int r = 0; r < RPW; r++) acc[r] = dot_piece<WK>(w[u][r], xv, acc[r]);
         }
     }
-    const float mul = tsr_mma::kind_mul<WK>();
+    const float mul = NORM ? 1.0f : tsr_mma::kind_mul<WK>();
     __shared__ float part[KS > 1 || GLU ? 8 : 1][RPW];
+    __shared__ float part_ss[NORM && KS > 1 ? 8 : 1];
+    if (NORM) {
+        for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
+        if (KS > 1 && lane == 0) part_ss[warp] = ss;
+    }
+    // NORM: the factor of the row group of warps g * KS .. (their squares in warp order)
+    const auto inv_rms = [&](int g) {
+        float t = ss;
+        if (KS > 1) {
+            t = 0.0f;
+            for (int s = 0; s < KS; s++) t += part_ss[g * KS + s];
+        }
+        return rsqrtf(t / (float)p.cols + p.eps);
+    };
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
         float v = acc[r];
@@ -159,7 +193,8 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             continue;
         }
         const int o = o0 + r;
-        if (lane == 0 && o < p.n_out) y[o] = v * (scale ? scale[o] : 1.0f) * mul;
+        if (NORM) v *= inv_rms(0);
+        if (lane == 0 && o < p.n_out) tsr_mma::store_y(p, y + o, v * (scale ? scale[o] : 1.0f) * mul);
     }
     if (GLU) { // thread t: gate row group t / RPW's row t % RPW and its up row
         __syncthreads();
@@ -181,8 +216,9 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
         for (int r = 0; r < RPW; r++) {
             float v = 0.0f;
             for (int s = 0; s < KS; s++) v += part[warp + s][r];
+            if (NORM) v *= inv_rms(grp);
             const int o = o0 + r;
-            if (o < p.n_out) y[o] = v * (scale ? scale[o] : 1.0f) * mul;
+            if (o < p.n_out) tsr_mma::store_y(p, y + o, v * (scale ? scale[o] : 1.0f) * mul);
         }
     }
 }
@@ -204,6 +240,8 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny =
             if (p.cm) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, true, true>, grid, 256, 0, st, pdl, p);
         return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, true>, grid, 256, 0, st, pdl, p);
     }
+    if constexpr (WK == kFp8 && !GLU) // the norm: fused_takes
+        if (p.nw) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, false, true>, grid, 256, 0, st, pdl, p);
     if constexpr (WK == kFp8)
         if (p.cm) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, true>, grid, 256, 0, st, pdl, p);
     return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU>, grid, 256, 0, st, pdl, p);
@@ -304,6 +342,28 @@ template <int WK> inline bool glu_reads(const Args &p) {
 // configuration for the 2f rows. Requires glu_reads.
 template <int WK> inline cudaError_t launch_glu(const Args &p, RowRole role, cudaStream_t st, bool pdl) {
     return launch_row<WK, true>(p, role, st, pdl);
+}
+
+// Whether launch_fused takes one row of a matrix (not a gate/up pair) with
+// these fusions: the residual add (Args.accum) through either kernel; the
+// norm (Args.nw) only where it made the one-row pass shorter, E4M3 rows
+// through gemv_row below 16,384 rows (q/k/v) without block ratios.
+// Measured on the H200 at the Llama-3-8B shape (one-row passes, two rounds,
+// none / the adds / the adds and the norm into q/k/v / ... into gate/up /
+// ... into the LM head; BENCHMARKS.md, twenty-third session): bf16 4.060-
+// 4.069, 4.022, 4.089-4.100, 4.883-4.888, 4.143-4.152 ms; E4M3 2.584-2.597,
+// 2.578-2.579, 2.550-2.555, 2.665-2.671, 2.570-2.576. Multiplying each
+// activation by its norm weight doubles the activations' loads, which
+// bound the one-row kernel where a warp holds one or two bf16 rows.
+template <int WK> inline bool fused_takes(const Args &p) {
+    if (!p.nw) return true;
+    return WK == kFp8 && !p.cm && row_reads(WK, p) && row_kernel_for(WK, p.n_out) && p.n_out < 16384;
+}
+
+// One row of tsr_gemv_i.run_fused: launch_decode's launch with p's
+// fusions. Requires fused_takes.
+template <int WK> inline cudaError_t launch_fused(const Args &p, RowRole role, cudaStream_t st, bool pdl) {
+    return launch_decode<WK>(p, 1, role, st, pdl);
 }
 
 } // namespace tsr_row

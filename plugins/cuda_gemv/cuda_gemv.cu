@@ -65,6 +65,7 @@ struct Gemv {
     size_t graph_xb_elems;
     int decode_rows;     // rows up to which the tensor-core kernel runs
     int glu;             // param glu: run_glu fuses one row's gate/up and SiLU (CUDA_GEMV_DECODE)
+    int fuse;            // param fuse: run_fused takes one row's residual add (CUDA_GEMV_DECODE)
     Algo plans[kPlans];  // cuBLASLt plans by shape (a heuristic query costs ~0.1 ms)
     GroupedTiles tiles; // run_grouped's tile lists
 };
@@ -224,6 +225,19 @@ bool decodes(const Gemv *g, const Weight *w, int rows, const float *x) {
     return rows >= 1 && rows <= g->decode_rows && rows <= kMaxDecodeRows &&
            tsr_mma::reads_x(x, (int)w->cols, (int)w->cols);
 }
+
+// One row with the host's residual add (tsr_gemv_i.run_fused) through
+// gemv_row.cuh's launch_fused; TSR_ERR_UNSUPPORTED, nothing launched, for a
+// norm or a gate/up pair (bf16 rows read slower with the norm: fused_takes)
+// and where run() would not take the decode kernels.
+int run_fused(Gemv *g, const Weight *w, int rows, const float *x, float *y, const tsr_gemv_fuse *fu,
+              cudaStream_t st, bool pdl) {
+    if (!g->fuse || rows != 1 || fu->glu || !decodes(g, w, rows, x)) return TSR_ERR_UNSUPPORTED;
+    tsr_mma::Args a = decode_args(w, x, y);
+    a.nw = fu->norm, a.eps = fu->eps, a.accum = fu->accumulate != 0;
+    if (!tsr_row::fused_takes<tsr_mma::kBf16>(a)) return TSR_ERR_UNSUPPORTED;
+    return cuda_err(g, tsr_row::launch_fused<tsr_mma::kBf16>(a, row_role(w), st, pdl), "fused gemv launch");
+}
 #endif
 
 // A plan for D[n_out x rows] = W^T-view x X-view (column-major), found once.
@@ -369,6 +383,8 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
     g->decode_rows = p ? (int)p->v.i : kMaxDecodeRows;
     p = ctx->host->param(ctx, "glu");
     g->glu = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
+    p = ctx->host->param(ctx, "fuse");
+    g->fuse = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
 #endif
     const tsr_model_desc *md = ctx->model;
     if (md) { // the widest input of any projection, for captured passes
@@ -564,6 +580,17 @@ int g_run_grouped(void *inst, const void *table, const int32_t *off, int n, int 
 #endif
 }
 
+int g_run_fused(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_gemv_fuse *fu,
+                const tsr_exec *ex) {
+#ifdef CUDA_GEMV_DECODE
+    return run_fused(static_cast<Gemv *>(inst), static_cast<const Weight *>(prepared), rows, x, y, fu,
+                     static_cast<cudaStream_t>(ex->stream), ex->pdl != 0);
+#else
+    (void)inst, (void)prepared, (void)rows, (void)x, (void)y, (void)fu, (void)ex;
+    return TSR_ERR_UNSUPPORTED; // the baseline: the core's norm, cuBLASLt, the core's add
+#endif
+}
+
 uint64_t g_bytes(void *inst, const void *prepared) {
     (void)inst;
     const Weight *w = static_cast<const Weight *>(prepared);
@@ -572,7 +599,7 @@ uint64_t g_bytes(void *inst, const void *prepared) {
 
 const tsr_gemv_i iface = {
     sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group, g_run_glu,
-    g_prepare_experts, g_release_experts, g_run_experts, g_run_grouped,
+    g_prepare_experts, g_release_experts, g_run_experts, g_run_grouped, g_run_fused,
 };
 
 const tsr_plugin_desc desc = {

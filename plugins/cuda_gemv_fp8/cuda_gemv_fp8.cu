@@ -105,6 +105,7 @@ struct Gemv {
     int64_t graph_ld, graph_out; // what the graph scratch holds per row
     int decode_rows;
     int glu; // param glu: run_glu fuses one row's gate/up and SiLU
+    int fuse; // param fuse: run_fused takes one row's residual add and (q/k/v) input norm
     int out_bf16;         // cuBLASLt writes bf16 (prefill_out: bf16), else f32
     int fp8_prefill;      // prefill: fp8 (cuBLASLt FP8), else bf16 tiles
     Algo plans[kPlans];
@@ -572,6 +573,8 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
     g->decode_rows = p ? (int)p->v.i : kMaxDecodeRows;
     p = h->param(ctx, "glu");
     g->glu = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
+    p = h->param(ctx, "fuse");
+    g->fuse = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
     p = h->param(ctx, "prefill_out");
     g->out_bf16 = p && p->type == TSR_PARAM_STRING && p->v.s && !strcmp(p->v.s, "bf16");
     p = h->param(ctx, "prefill");
@@ -1055,6 +1058,26 @@ int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float 
                     "fp8 gate/up gemv launch");
 }
 
+// One row of a dense layer's matrix with the host's residual add or input
+// norm (tsr_gemv_i.run_fused) through gemv_row.cuh's launch_fused (the norm
+// where fused_takes: q/k/v-like heights), x read as it is;
+// TSR_ERR_UNSUPPORTED, nothing launched, for gate/up pairs, routers (bf16),
+// experts, and where run() would not take the decode kernels.
+int g_run_fused(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_gemv_fuse *fu,
+                const tsr_exec *ex) {
+    Gemv *g = static_cast<Gemv *>(inst);
+    const Weight *w = static_cast<const Weight *>(prepared);
+    if (!g->fuse || rows != 1 || fu->glu || g->decode_rows < 1 || w->wide || w->expert ||
+        !tsr_mma::reads_x(x, (int)w->cols, (int)w->cols))
+        return TSR_ERR_UNSUPPORTED;
+    tsr_mma::Args a = decode_args(w, x, (int)w->cols, (int)w->cols, y);
+    a.nw = fu->norm, a.eps = fu->eps, a.accum = fu->accumulate != 0;
+    if (!tsr_row::fused_takes<tsr_mma::kFp8>(a)) return TSR_ERR_UNSUPPORTED;
+    return cuda_err(g, tsr_row::launch_fused<tsr_mma::kFp8>(a, row_role(w), static_cast<cudaStream_t>(ex->stream),
+                                                            ex->pdl != 0),
+                    "fp8 fused gemv launch");
+}
+
 // ---- experts chosen on the device ------------------------------------------
 
 // A layer's experts for run_experts: each one's weights, row scales and
@@ -1179,7 +1202,7 @@ uint64_t g_bytes(void *inst, const void *prepared) {
 
 const tsr_gemv_i iface = {
     sizeof(tsr_gemv_i), TSR_GEMV_IFACE_VERSION, g_prepare, g_release, g_run, g_bytes, g_prepare_group, g_run_glu,
-    g_prepare_experts, g_release_experts, g_run_experts, g_run_grouped,
+    g_prepare_experts, g_release_experts, g_run_experts, g_run_grouped, g_run_fused,
 };
 
 const tsr_plugin_desc desc = {

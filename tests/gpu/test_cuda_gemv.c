@@ -14,7 +14,9 @@
  * graph (cuda_gemv_fp8: its experts' one-row run() is gemv_row at every
  * height, checked against f64 here too). run_grouped (a prompt's rows
  * grouped by expert, both plugins: bf16 weights, and E4M3 codes widened in
- * the kernel) against f64 within bf16's bound.
+ * the kernel) against f64 within bf16's bound. run_fused (the input's
+ * RMSNorm and the residual add in the one-row product's launch) against
+ * the core's norm kernel, run() and an add (fused_case).
  *
  * Weights are chosen so that both plugins hold them exactly: each is
  * s * (an E4M3 value) with s = 2^-6 and every row holds +-448 s, so that
@@ -260,6 +262,104 @@ static void glu_case_as(env *v, int expert, int f, int cols, int want_fused) {
 
 static void glu_case(env *v, int f, int cols, int want_fused) { glu_case_as(v, 0, f, cols, want_fused); }
 
+/* run_fused (one row: the input's RMSNorm and the residual add in the
+ * product's launch) on an [n_out, cols] matrix (glu: a [gate; up] pair of
+ * n_out rows each) against the core's rmsnorm kernel, run() (run_glu:
+ * run() and silu_mul_cat) and an f32 add: the add alone bit for bit; with
+ * the norm within tol of S = sum_c |w_c xn_c| (the norm's factor applied to
+ * the sums instead of each activation), eagerly and replayed from a graph.
+ * want: whether the plugin takes it (else TSR_ERR_UNSUPPORTED, nothing
+ * written). */
+static void fused_case(env *v, int n_out, int cols, int norm, int acc, int glu, int want) {
+    const int n = glu ? 2 * n_out : n_out, out = n_out; /* weight rows, outputs */
+    const float eps = 1e-5f;
+    float *w = malloc(sizeof(float) * (size_t)n * cols), *x = malloc(sizeof(float) * (size_t)cols);
+    float *nw = malloc(sizeof(float) * (size_t)cols), *xn = malloc(sizeof(float) * (size_t)cols);
+    float *y0 = malloc(sizeof(float) * (size_t)out), *prod = malloc(sizeof(float) * (size_t)n);
+    float *want_y = malloc(sizeof(float) * (size_t)out), *got = malloc(sizeof(float) * (size_t)out);
+    assert_true(w && x && nw && xn && y0 && prod && want_y && got);
+    for (int64_t i = 0; i < (int64_t)n * cols; i++) w[i] = (float)((urand() - 0.5) * 0x1p-3);
+    for (int c = 0; c < cols; c++) nw[c] = (float)(0.25 + urand() * 1.5);
+    tsr_weight tw[2] = {{"blk.a", TSR_DTYPE_F32, n_out, cols, w, sizeof(float) * (uint64_t)n_out * cols, NULL,
+                         TSR_WEIGHT_DENSE},
+                        {"blk.b", TSR_DTYPE_F32, n_out, cols, w + (int64_t)n_out * cols,
+                         sizeof(float) * (uint64_t)n_out * cols, NULL, TSR_WEIGHT_DENSE}};
+    void *h = NULL;
+    assert_int_equal(tsr_gemv_prepare_group(v->gemv, tw, glu ? 2 : 1, &h), TSR_OK);
+    tsr_error err;
+    tsr_error_clear(&err);
+    float *dx = tsr_cuda_malloc(sizeof(float) * (size_t)cols, &err), *dxn = tsr_cuda_malloc(sizeof(float) * (size_t)cols, &err);
+    float *dnw = tsr_cuda_malloc(sizeof(float) * (size_t)cols, &err), *dp = tsr_cuda_malloc(sizeof(float) * (size_t)n, &err);
+    float *dy = tsr_cuda_malloc(sizeof(float) * (size_t)out, &err);
+    assert_true(dx && dxn && dnw && dp && dy);
+    assert_int_equal(tsr_cuda_upload(dnw, nw, sizeof(float) * (size_t)cols, &err), TSR_OK);
+    const tsr_gemv_fuse fu = {.norm = norm ? dnw : NULL, .eps = eps, .glu = glu, .accumulate = acc};
+    const double tol = strstr(v->gemv->plugin, "fp8") ? 0x1p-10 : 1e-5;
+    double worst = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const double scale = pass ? 0.01 : 30; /* a residual stream of any size */
+        for (int i = 0; i < cols; i++) x[i] = (float)((urand() - 0.5) * scale);
+        for (int i = 0; i < out; i++) y0[i] = (float)(urand() * 4 - 2);
+        assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * (size_t)cols, &err), TSR_OK);
+        /* the unfused ops: norm, product, SiLU */
+        const float *in = dx;
+        if (norm) assert_int_equal(tsr_cu_rmsnorm(dxn, dx, dnw, 1, cols, eps, 0, v->ex.stream), 0), in = dxn;
+        assert_int_equal(tsr_gemv_run(v->gemv, h, 1, in, dp, &v->ex), TSR_OK);
+        assert_int_equal(tsr_cuda_download(prod, dp, sizeof(float) * (size_t)n, &err), TSR_OK);
+        if (glu) assert_int_equal(tsr_cu_silu_mul_cat(dp, dp, 1, n_out, 0, v->ex.stream), 0);
+        assert_int_equal(tsr_cuda_download(want_y, dp, sizeof(float) * (size_t)out, &err), TSR_OK);
+        assert_int_equal(tsr_cuda_download(xn, in, sizeof(float) * (size_t)cols, &err), TSR_OK);
+        for (int i = 0; i < out && acc; i++) want_y[i] = y0[i] + want_y[i];
+        assert_int_equal(tsr_cuda_upload(dy, y0, sizeof(float) * (size_t)out, &err), TSR_OK);
+        int rc;
+        if (pass == 0) {
+            rc = tsr_gemv_run_fused(v->gemv, h, 1, dx, dy, &fu, &v->ex);
+        } else { /* captured once, replayed */
+            tsr_exec ex = v->ex;
+            ex.step = v->dev_step;
+            void *graph = NULL;
+            assert_int_equal(tsr_cuda_capture_begin(&err), TSR_OK);
+            rc = tsr_gemv_run_fused(v->gemv, h, 1, dx, dy, &fu, &ex);
+            assert_int_equal(tsr_cuda_capture_end(&graph, &err), TSR_OK);
+            if (rc == TSR_OK) assert_int_equal(tsr_cuda_graph_launch(graph, &err), TSR_OK);
+            tsr_cuda_graph_free(graph);
+        }
+        assert_int_equal(tsr_cuda_download(got, dy, sizeof(float) * (size_t)out, &err), TSR_OK);
+        if (!want) {
+            assert_int_equal(rc, TSR_ERR_UNSUPPORTED);
+            assert_memory_equal(got, y0, sizeof(float) * (size_t)out); /* nothing written */
+            break;
+        }
+        if (rc != TSR_OK) fail_msg("run_fused [%d x %d]: %d %s", n, cols, rc, tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
+        assert_int_equal(tsr_gemv_run_fused(v->gemv, h, 2, dx, dy, &fu, &v->ex), TSR_ERR_UNSUPPORTED); /* one row */
+        for (int o = 0; o < out; o++) {
+            double bound = 0; /* bit for bit without the norm */
+            if (norm) {
+                double s[2] = {0, 0};
+                for (int j = 0; j < (glu ? 2 : 1); j++)
+                    for (int c = 0; c < cols; c++) s[j] += fabs((double)w[((int64_t)j * n_out + o) * cols + c] * xn[c]);
+                if (!glu) {
+                    bound = tol * s[0];
+                } else { /* |d silu(g) / dg| < 1.1 */
+                    const double g = prod[o], u = prod[n_out + o];
+                    bound = tol * (1.1 * fabs(u) * s[0] + fabs(g / (1 + exp(-g))) * s[1]) + tol * tol * s[0] * s[1] * 1.1;
+                }
+            }
+            const double d = fabs((double)got[o] - want_y[o]);
+            if (!(d <= bound))
+                fail_msg("%s run_fused%s%s%s [%d x %d] %s: y[%d] = %.9g, unfused %.9g (|diff| %.3g > %.3g)",
+                         v->gemv->plugin, norm ? " norm" : "", acc ? " add" : "", glu ? " glu" : "", n, cols,
+                         pass ? "graph replay" : "eager", o, got[o], want_y[o], d, bound);
+            if (bound > 0 && d / bound > worst) worst = d / bound;
+        }
+    }
+    printf("# %s run_fused%s%s%s [%d x %d]: %s (worst %.1f%% of the bound)\n", v->gemv->plugin, norm ? " norm" : "",
+           acc ? " add" : "", glu ? " glu" : "", n, cols, want ? "as unfused" : "refused", 100 * worst);
+    tsr_gemv_release(v->gemv, h);
+    tsr_cuda_free(dx), tsr_cuda_free(dxn), tsr_cuda_free(dnw), tsr_cuda_free(dp), tsr_cuda_free(dy);
+    free(w), free(x), free(nw), free(xn), free(y0), free(prod), free(want_y), free(got);
+}
+
 /* run_experts over a table of E experts ([gate; up] pairs of f rows and
  * downs [cols, f]) for `tokens` rows of x with K choices each (some -1):
  * each chosen row against run_glu / run of that one row on the chosen
@@ -494,6 +594,17 @@ static void plugin_cases(const char *plugin) {
     glu_case(&v, 2501, 1040, 1);
     glu_case(&v, 2501, 80, 1);
     glu_case(&v, 8195, 64, 1);
+    /* run_fused: the add through either kernel; the norm through gemv_row
+     * in E4M3 below 16,384 rows (gemv_row.cuh fused_takes); no gate/up pair */
+    fused_case(&v, 1000, 1040, 0, 1, 0, 1);
+    fused_case(&v, 5003, 1040, 0, 1, 0, 1);
+    fused_case(&v, 5003, 1040, 1, 0, 0, fp8);
+    fused_case(&v, 5003, 1552, 1, 1, 0, fp8);
+    fused_case(&v, 6150, 80, 1, 0, 0, fp8);
+    fused_case(&v, 16390, 1024, 1, 0, 0, 0);
+    fused_case(&v, 1000, 1040, 1, 0, 0, 0);
+    fused_case(&v, 2501, 1040, 1, 0, 1, 0);
+    fused_case(&v, 2501, 1040, 0, 1, 1, 0);
     /* an expert's matrices: gemv_row at any height for one row in E4M3
      * (run_experts' sums), against f64 and run + silu; gemv_mma above */
     gemv_case_as(&v, EXPERT, 37, 256, 1);
