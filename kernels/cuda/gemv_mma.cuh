@@ -87,6 +87,18 @@ __device__ __forceinline__ uint32_t e4m3_pair(uint32_t w, bool hi) {
     return r;
 }
 
+// Four E4M3 codes (a word, the lower byte first) as four bf16 values, each
+// times m (m = 1: exact, every E4M3 value is a bf16 value; else each
+// product rounded once), in two bf16 pairs: out[0] the lower two codes'.
+__device__ __forceinline__ void e4m3x4_bf16(uint32_t w, float m, uint32_t *out) {
+    const uint32_t l = e4m3_pair(w, false), h = e4m3_pair(w, true);
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2 *>(&l));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+    const __nv_bfloat162 a = __floats2bfloat162_rn(lo.x * m, lo.y * m), b = __floats2bfloat162_rn(hi.x * m, hi.y * m);
+    out[0] = *reinterpret_cast<const uint32_t *>(&a);
+    out[1] = *reinterpret_cast<const uint32_t *>(&b);
+}
+
 __device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

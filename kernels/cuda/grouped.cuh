@@ -37,7 +37,6 @@
 #define TSR_GROUPED_CUH
 
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -119,14 +118,7 @@ __device__ __forceinline__ uint4 widen8(uint2 v, const Args &p, int e, int o, in
             const int c = at < full ? (int)tsr_mma::e4m3_step_rot(at, false) : at;
             m = c < p.wcols ? p.ctab[e][(int64_t)(o / p.cm_rows) * p.cm_ld + (c >> p.cm_shift)] : 0.0f;
         }
-        const float2 lo = __half22float2(
-            __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[h] & 0xffffu), __NV_E4M3)));
-        const float2 hi =
-            __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[h] >> 16), __NV_E4M3)));
-        const __nv_bfloat162 a = __floats2bfloat162_rn(lo.x * m, lo.y * m);
-        const __nv_bfloat162 b = __floats2bfloat162_rn(hi.x * m, hi.y * m);
-        out[2 * h] = *reinterpret_cast<const uint32_t *>(&a);
-        out[2 * h + 1] = *reinterpret_cast<const uint32_t *>(&b);
+        tsr_mma::e4m3x4_bf16(words[h], m, out + 2 * h);
     }
     return make_uint4(out[0], out[1], out[2], out[3]);
 }

@@ -226,15 +226,7 @@ __global__ void widen_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__r
         const uint32_t words[4] = {v.x, v.y, v.z, v.w};
         uint32_t out[8];
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const float2 lo = __half22float2(
-                __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[q] & 0xffffu), __NV_E4M3)));
-            const float2 hi = __half22float2(
-                __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[q] >> 16), __NV_E4M3)));
-            const __nv_bfloat162 p0 = __floats2bfloat162_rn(lo.x, lo.y), p1 = __floats2bfloat162_rn(hi.x, hi.y);
-            out[2 * q] = *reinterpret_cast<const uint32_t *>(&p0);
-            out[2 * q + 1] = *reinterpret_cast<const uint32_t *>(&p1);
-        }
+        for (int q = 0; q < 4; q++) tsr_mma::e4m3x4_bf16(words[q], 1.0f, out + 2 * q);
         uint4 *d = reinterpret_cast<uint4 *>(dst + i);
         d[0] = make_uint4(out[0], out[1], out[2], out[3]);
         d[1] = make_uint4(out[4], out[5], out[6], out[7]);
@@ -260,14 +252,7 @@ __global__ void widen_bs_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         const int64_t c = b < full ? tsr_mma::e4m3_step_rot(b + 4 * q, false) : b + 4 * q; // its four columns
-        const float m = c < cols ? cmr[c >> cm_shift] : 0.0f;
-        const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-                         (__nv_fp8x2_storage_t)(words[q] & 0xffffu), __NV_E4M3)));
-        const float2 hi = __half22float2(
-            __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(words[q] >> 16), __NV_E4M3)));
-        const __nv_bfloat162 p0 = __floats2bfloat162_rn(lo.x * m, lo.y * m), p1 = __floats2bfloat162_rn(hi.x * m, hi.y * m);
-        out[2 * q] = *reinterpret_cast<const uint32_t *>(&p0);
-        out[2 * q + 1] = *reinterpret_cast<const uint32_t *>(&p1);
+        tsr_mma::e4m3x4_bf16(words[q], c < cols ? cmr[c >> cm_shift] : 0.0f, out + 2 * q);
     }
     uint4 *d = reinterpret_cast<uint4 *>(dst + i);
     d[0] = make_uint4(out[0], out[1], out[2], out[3]);
