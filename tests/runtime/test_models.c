@@ -173,6 +173,35 @@ static void test_qwen3_moe(void **state) { (void)state; check_fixture("qwen3_moe
  * transformers-4 key spelling */
 static void test_qwen2_moe(void **state) { (void)state; check_fixture_from("numpy", "qwen2_moe"); }
 
+/* Fixture kind/name (tests/data/fixtures) through the assembly asm_path,
+ * its plugins from catalog. */
+static tsr_model *fixture_through(const char *kind, const char *name, const char *asm_path, const char *catalog) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tests/data/fixtures/%s/%s", src_dir(), kind, name);
+    tsr_model_opts o = {.model_path = dir, .assembly_path = asm_path, .catalog_dir = catalog, .n_threads = 2,
+                        .no_tokenizer = 1};
+    tsr_error err;
+    tsr_error_clear(&err);
+    tsr_model *m = NULL;
+    if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s through %s: %s", name, asm_path, err.msg);
+    return m;
+}
+
+/* m's logits of fixture kind/name's input ids against its reference's, within 1e-3. */
+static void fixture_logits(tsr_model *m, const char *kind, const char *name) {
+    char ref_path[4200];
+    snprintf(ref_path, sizeof ref_path, "%s/tests/data/fixtures/%s/%s/reference.safetensors", src_dir(), kind, name);
+    tsr_error err;
+    tsr_error_clear(&err);
+    tsr_safetensors *ref;
+    assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
+    int n_ids;
+    int32_t *ids = read_i32(ref_tensor(ref, "input_ids", TSR_DTYPE_I32), &n_ids);
+    check_logits(m, ids, n_ids, ref_tensor(ref, "logits", TSR_DTYPE_F32), 1e-3, name);
+    free(ids);
+    tsr_safetensors_free(ref);
+}
+
 /* Each weight's role (tsr_weight.role: expert, router, dense) as the host
  * loads it: the mixtures of experts through tests/plugins' test_gemv_roles, which
  * refuses a weight whose role is not the one its canonical name says
@@ -185,22 +214,8 @@ static void test_weight_roles(void **state) {
     test_gemv_catalog(tmp, "test_gemv_roles", catalog, asm_roles);
     const char *const fams[][2] = {{"transformers", "mixtral"}, {"transformers", "qwen3_moe"}, {"numpy", "qwen2_moe"}};
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
-        char dir[4096], ref_path[4200];
-        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/%s/%s", src_dir(), fams[i][0], fams[i][1]);
-        snprintf(ref_path, sizeof ref_path, "%s/reference.safetensors", dir);
-        tsr_model_opts o = {.model_path = dir, .assembly_path = asm_roles, .catalog_dir = catalog, .n_threads = 2,
-                            .no_tokenizer = 1};
-        tsr_error err;
-        tsr_error_clear(&err);
-        tsr_model *m = NULL;
-        if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s through test_gemv_roles: %s", fams[i][1], err.msg);
-        tsr_safetensors *ref;
-        assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
-        int n_ids;
-        int32_t *ids = read_i32(ref_tensor(ref, "input_ids", TSR_DTYPE_I32), &n_ids);
-        check_logits(m, ids, n_ids, ref_tensor(ref, "logits", TSR_DTYPE_F32), 1e-3, fams[i][1]);
-        free(ids);
-        tsr_safetensors_free(ref);
+        tsr_model *m = fixture_through(fams[i][0], fams[i][1], asm_roles, catalog);
+        fixture_logits(m, fams[i][0], fams[i][1]);
         tsr_model_free(m);
     }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
@@ -222,15 +237,7 @@ static void test_fused_pass(void **state) {
                                    {"transformers", "qwen3"},   {"transformers", "mixtral"},
                                    {"transformers", "qwen3_moe"}, {"numpy", "qwen2_moe"}};
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
-        char dir[4096], ref_path[4200];
-        snprintf(dir, sizeof dir, "%s/tests/data/fixtures/%s/%s", src_dir(), fams[i][0], fams[i][1]);
-        snprintf(ref_path, sizeof ref_path, "%s/reference.safetensors", dir);
-        tsr_model_opts o = {.model_path = dir, .assembly_path = asm_fused, .catalog_dir = catalog, .n_threads = 2,
-                            .no_tokenizer = 1};
-        tsr_error err;
-        tsr_error_clear(&err);
-        tsr_model *m = NULL;
-        if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("%s through test_gemv_fused: %s", fams[i][1], err.msg);
+        tsr_model *m = fixture_through(fams[i][0], fams[i][1], asm_fused, catalog);
         /* the library the model loaded, found again by its path */
         snprintf(lib, sizeof lib, "%s/libtest_gemv_fused.so", catalog);
         void *dl = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
@@ -240,11 +247,7 @@ static void test_fused_pass(void **state) {
         assert_non_null(calls);
         int64_t before[3];
         for (int k = 0; k < 3; k++) before[k] = calls(k);
-        tsr_safetensors *ref;
-        assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
-        int n_ids;
-        int32_t *ids = read_i32(ref_tensor(ref, "input_ids", TSR_DTYPE_I32), &n_ids);
-        check_logits(m, ids, n_ids, ref_tensor(ref, "logits", TSR_DTYPE_F32), 1e-3, fams[i][1]);
+        fixture_logits(m, fams[i][0], fams[i][1]);
         const int dense = i < 3; /* the mixtures' layers have no dense MLP, so no fused gate/up */
         for (int k = 0; k < 3; k++) {
             const int64_t now = calls(k);
@@ -253,8 +256,6 @@ static void test_fused_pass(void **state) {
                 fail_msg("%s: no fused call of kind %d (0 norm, 1 gate/up, 2 add)", fams[i][1], k);
         }
         dlclose(dl); /* the model's own handle keeps it loaded until tsr_model_free */
-        free(ids);
-        tsr_safetensors_free(ref);
         tsr_model_free(m);
     }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
