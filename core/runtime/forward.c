@@ -34,17 +34,21 @@ static int add_bias(tsr_model *m, float *y, const float *b, int rows, int n, tsr
 #define EX (m->cur_ex)
 
 /* With profiling on (tsr_model_opts.profile): wait for the backend after
- * the op and add its time to its kind (prefill or decode pass). */
+ * an op begun at t0 and add its time to its kind (prefill or decode pass). */
+static int prof_add(tsr_model *m, int kind, double t0, tsr_error *err) {
+    if (!m->prof) return TSR_OK;
+    BE(m->be->sync(err));
+    tsr_prof *p = &m->prof[m->prof_phase];
+    p->seconds[kind] += tsr_now_seconds() - t0;
+    p->calls[kind]++;
+    return TSR_OK;
+}
+
 #define OP(kind, stmt)                                                                         \
     do {                                                                                       \
         double t0_ = m->prof ? tsr_now_seconds() : 0;                                          \
         stmt;                                                                                  \
-        if (m->prof) {                                                                         \
-            BE(m->be->sync(err));                                                              \
-            tsr_prof *p_ = &m->prof[m->prof_phase];                                            \
-            p_->seconds[kind] += tsr_now_seconds() - t0_;                                      \
-            p_->calls[kind]++;                                                                 \
-        }                                                                                      \
+        BE(prof_add(m, (kind), t0_, err));                                                     \
     } while (0)
 
 const char *const tsr_prof_names[TSR_PROF_KINDS] = {
@@ -59,14 +63,16 @@ static int gemv(tsr_model *m, const void *w, int rows, const float *x, float *y,
 }
 
 /* The gemv plugin's run_fused (the norm before a product, the residual add
- * after it, in the product's own launch): *done = 1 where it took the call,
- * 0 (nothing done) where it answered that it does not fuse it. */
-static int fused(tsr_model *m, const void *w, int rows, const float *x, float *y, const tsr_gemv_fuse *fu, int *done,
-                 tsr_error *err) {
+ * after it, in the product's own launch): *done = 1 where it took the call
+ * (profiled as kind), 0 (nothing done) where it answered that it does not
+ * fuse it. */
+static int fused(tsr_model *m, int kind, const void *w, int rows, const float *x, float *y, const tsr_gemv_fuse *fu,
+                 int *done, tsr_error *err) {
+    const double t0 = m->prof ? tsr_now_seconds() : 0;
     int rc = tsr_gemv_run_fused(m->gemv, w, rows, x, y, fu, EX);
     *done = rc == TSR_OK;
-    if (rc == TSR_OK || rc == TSR_ERR_UNSUPPORTED) return TSR_OK;
-    return tsr_model_slot_error(m, m->gemv, rc, err, "gemv fused");
+    if (rc == TSR_OK) return prof_add(m, kind, t0, err);
+    return rc == TSR_ERR_UNSUPPORTED ? TSR_OK : tsr_model_slot_error(m, m->gemv, rc, err, "gemv fused");
 }
 
 /* The residual stream x normed by nw into m->xn, for a layer's projections
@@ -86,7 +92,7 @@ static int input_norm(tsr_model *m, const float *nw, int rows, int *pending, tsr
 static int into_stream(tsr_model *m, int kind, const void *w, const float *b, int rows, const float *in, int *pending,
                        tsr_error *err) {
     int added = 0, rc;
-    if (!b) OP(kind, BE(fused(m, w, rows, in, m->x, &(tsr_gemv_fuse){.accumulate = 1}, &added, err)));
+    if (!b) BE(fused(m, kind, w, rows, in, m->x, &(tsr_gemv_fuse){.accumulate = 1}, &added, err));
     if (!added) OP(kind, if ((rc = gemv(m, w, rows, in, m->o, err))) return rc;
                    BE(add_bias(m, m->o, b, rows, m->cfg.hidden, err)));
     *pending = !added;
@@ -141,9 +147,8 @@ static int layer_mlp(tsr_model *m, const tsr_layer_w *L, int rows, int *pending,
     const tsr_model_config *c = &m->cfg;
     int done = 0;
     if (!*pending)
-        OP(TSR_PROF_GATE_UP, BE(fused(m, L->w_gu, rows, m->x, m->g,
-                                      &(tsr_gemv_fuse){.norm = L->ffn_norm, .eps = c->norm_eps, .glu = 1}, &done,
-                                      err)));
+        BE(fused(m, TSR_PROF_GATE_UP, L->w_gu, rows, m->x, m->g,
+                 &(tsr_gemv_fuse){.norm = L->ffn_norm, .eps = c->norm_eps, .glu = 1}, &done, err));
     if (!done) {
         BE(input_norm(m, L->ffn_norm, rows, pending, err));
         BE(glu_stacked(m, L->w_gu, rows, c->ffn, m->xn, m->g, err));
@@ -336,8 +341,8 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
     const int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     int rc, qkv_done = 0;
     if (L->wqkv && !*pending)
-        OP(TSR_PROF_QKV, BE(fused(m, L->wqkv, rows, m->x, m->qkv,
-                                  &(tsr_gemv_fuse){.norm = L->attn_norm, .eps = c->norm_eps}, &qkv_done, err)));
+        BE(fused(m, TSR_PROF_QKV, L->wqkv, rows, m->x, m->qkv,
+                 &(tsr_gemv_fuse){.norm = L->attn_norm, .eps = c->norm_eps}, &qkv_done, err));
     if (!qkv_done) BE(input_norm(m, L->attn_norm, rows, pending, err));
     float *q = m->q, *k = m->k, *v = m->v;
     const int32_t *dev_pos0 = EX->step ? &EX->step->pos0 : NULL;
@@ -446,8 +451,8 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     if (out == TSR_FWD_NONE) return TSR_OK;
     const int first = tsr_fwd_all_rows(out) ? 0 : rows - 1, n = rows - first;
     int head_done = 0;
-    OP(TSR_PROF_HEAD, BE(fused(m, m->lm_head, n, m->x + (int64_t)first * h, m->head_out,
-                               &(tsr_gemv_fuse){.norm = m->final_norm, .eps = c->norm_eps}, &head_done, err)));
+    BE(fused(m, TSR_PROF_HEAD, m->lm_head, n, m->x + (int64_t)first * h, m->head_out,
+             &(tsr_gemv_fuse){.norm = m->final_norm, .eps = c->norm_eps}, &head_done, err));
     if (!head_done)
         OP(TSR_PROF_HEAD, BE(be->rmsnorm(m->xn, m->x + (int64_t)first * h, m->final_norm, n, h, c->norm_eps, err));
            if ((rc = gemv(m, m->lm_head, n, m->xn, m->head_out, err))) return rc);
