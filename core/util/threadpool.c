@@ -67,7 +67,8 @@ struct tsr_threadpool {
     pthread_cond_t work_cv;
     pthread_cond_t done_cv;
     atomic_uint_fast64_t generation; /* bumped for each job */
-    atomic_int pending;              /* workers still running the current job */
+    atomic_uint_fast64_t *claimed;   /* [n_threads]: the last generation whose chunk t was claimed */
+    atomic_int pending;              /* chunks of the current job not yet done, but chunk 0 */
     atomic_int sleepers;             /* workers in (or entering) work_cv */
     atomic_int main_waits;           /* the caller is in (or entering) done_cv */
     atomic_int stop;
@@ -107,6 +108,22 @@ static uint64_t wait_job(tsr_threadpool *tp, uint64_t seen) {
     return g;
 }
 
+/* 1 if this call claims chunk t of job g (once per job: by worker t or by
+ * the caller, whichever comes first). */
+static int claim(tsr_threadpool *tp, int t, uint64_t g) {
+    uint_fast64_t c = atomic_load(&tp->claimed[t]);
+    while (c < g)
+        if (atomic_compare_exchange_weak(&tp->claimed[t], &c, g)) return 1;
+    return 0;
+}
+
+/* Chunk t of the current job, then one chunk fewer pending. */
+static void run_chunk(tsr_threadpool *tp, int t) {
+    int64_t i0, i1;
+    chunk_of(tp->n, tp->n_threads, t, &i0, &i1);
+    if (i1 > i0) tp->fn(tp->arg, i0, i1, t);
+}
+
 static void *worker_main(void *p) {
     worker_arg wa = *(worker_arg *)p;
     free(p);
@@ -117,9 +134,8 @@ static void *worker_main(void *p) {
         uint64_t g = wait_job(tp, seen);
         if (atomic_load(&tp->stop)) break;
         seen = g;
-        int64_t i0, i1;
-        chunk_of(tp->n, tp->n_threads, wa.tid, &i0, &i1);
-        if (i1 > i0) tp->fn(tp->arg, i0, i1, wa.tid);
+        if (!claim(tp, wa.tid, g)) continue; /* the caller ran it: this thread came late */
+        run_chunk(tp, wa.tid);
         if (atomic_fetch_sub(&tp->pending, 1) == 1 && atomic_load(&tp->main_waits)) {
             pthread_mutex_lock(&tp->mu);
             pthread_cond_signal(&tp->done_cv);
@@ -134,6 +150,11 @@ tsr_threadpool *tsr_threadpool_new(int n_threads) {
     tsr_threadpool *tp = calloc(1, sizeof *tp);
     if (!tp) return NULL;
     tp->n_threads = n_threads;
+    tp->claimed = calloc((size_t)n_threads, sizeof *tp->claimed);
+    if (!tp->claimed) {
+        free(tp);
+        return NULL;
+    }
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->work_cv, NULL);
     pthread_cond_init(&tp->done_cv, NULL);
@@ -171,6 +192,7 @@ void tsr_threadpool_free(tsr_threadpool *tp) {
     pthread_mutex_destroy(&tp->mu);
     pthread_cond_destroy(&tp->work_cv);
     pthread_cond_destroy(&tp->done_cv);
+    free(tp->claimed);
     free(tp);
 }
 
@@ -186,17 +208,26 @@ void tsr_threadpool_run(tsr_threadpool *tp, int64_t n, tsr_work_fn fn, void *arg
     tp->arg = arg;
     tp->n = n;
     atomic_store(&tp->pending, tp->n_threads - 1);
-    atomic_fetch_add(&tp->generation, 1);
+    const uint64_t g = atomic_fetch_add(&tp->generation, 1) + 1;
     if (atomic_load(&tp->sleepers) > 0) {
         pthread_mutex_lock(&tp->mu);
         pthread_cond_broadcast(&tp->work_cv);
         pthread_mutex_unlock(&tp->mu);
     }
 
-    int64_t i0, i1;
     tls_in_pool = 1;
-    chunk_of(n, tp->n_threads, 0, &i0, &i1);
-    if (i1 > i0) fn(arg, i0, i1, 0);
+    run_chunk(tp, 0);
+    /* Any chunk whose worker has not started it yet runs here: the caller
+     * never waits for a thread that is not running. Where the scheduler had
+     * put a worker on the caller's CPU, each call waited for the two to take
+     * turns (spin, then yield): ~100 us a call on this project's 2-vCPU VM,
+     * stories260K's one-row passes 2.16 ms on two threads against 0.024 ms
+     * on one (BENCHMARKS.md, CPU, twenty-third session). */
+    for (int t = 1; t < tp->n_threads; t++)
+        if (claim(tp, t, g)) {
+            run_chunk(tp, t);
+            atomic_fetch_sub(&tp->pending, 1);
+        }
     tls_in_pool = 0;
 
     poller pl = {0, 0};

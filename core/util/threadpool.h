@@ -18,6 +18,9 @@ void tsr_threadpool_free(tsr_threadpool *tp);
 int tsr_threadpool_size(const tsr_threadpool *tp);
 
 /* Split [0, n) into one contiguous chunk per thread, run fn on each, wait.
+ * Chunk t runs once, as worker t (fn's tid), on worker t's thread or, where
+ * that has not started it by the time the caller is done with chunk 0, on
+ * the caller's: the caller never waits for a thread that is not running.
  * tp may be NULL (runs inline as worker 0). */
 void tsr_threadpool_run(tsr_threadpool *tp, int64_t n, tsr_work_fn fn, void *arg);
 

@@ -1,12 +1,17 @@
 /* Tests of core/util: checked sizes, errors, the thread pool. */
-#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -111,12 +116,95 @@ static void test_threadpool_spin_and_sleep(void **state) {
     }
 }
 
+/* A chunk's runs and the thread that ran it, for test_threadpool_stalled_worker. */
+typedef struct chunk_arg {
+    _Atomic int runs[4];
+    pthread_t by[4];
+} chunk_arg;
+
+static void note_chunk(void *p, int64_t i0, int64_t i1, int tid) {
+    chunk_arg *a = p;
+    (void)i0, (void)i1;
+    atomic_fetch_add(&a->runs[tid], 1);
+    a->by[tid] = pthread_self();
+}
+
+static atomic_int stall_release, stalled;
+
+static void stall(int sig) { /* holds the thread it runs on until released */
+    (void)sig;
+    atomic_fetch_add(&stalled, 1);
+    while (!atomic_load(&stall_release)) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    atomic_fetch_sub(&stalled, 1);
+}
+
+/* Every thread of the process but this one held in stall (the pool's
+ * workers: the test starts no others); returns how many. */
+static int stall_other_threads(void) {
+    struct sigaction sa = {0};
+    sa.sa_handler = stall;
+    assert_int_equal(sigaction(SIGUSR1, &sa, NULL), 0);
+    atomic_store(&stall_release, 0);
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    const pid_t self = (pid_t)syscall(SYS_gettid);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        const pid_t t = (pid_t)atoi(e->d_name);
+        if (t <= 0 || t == self) continue;
+        assert_int_equal(syscall(SYS_tgkill, getpid(), t, SIGUSR1), 0);
+        n++;
+    }
+    closedir(d);
+    while (atomic_load(&stalled) < n) sched_yield();
+    return n;
+}
+
+/* A worker that does not run (held here by a signal handler; a scheduler
+ * that put it on the caller's CPU did much the same): each job still
+ * completes, the caller running that worker's chunk itself, once; after
+ * the worker is released, every chunk of every job still runs exactly
+ * once. (A pool whose caller waits for each worker hangs here: alarm.) */
+static void test_threadpool_stalled_worker(void **state) {
+    (void)state;
+    for (int nt = 2; nt <= 4; nt++) {
+        tsr_threadpool *tp = tsr_threadpool_new(nt);
+        assert_non_null(tp);
+        tsr_threadpool_run(tp, 64, count_items, &(count_arg){0, 0});
+        struct timespec idle = {0, 20 * 1000 * 1000}; /* past the polling: each worker waits on the */
+        nanosleep(&idle, NULL);                        /* condition variable, its mutex not held */
+        assert_int_equal(stall_other_threads(), nt - 1);
+        alarm(30);
+        for (int job = 0; job < 100; job++) {
+            chunk_arg a = {0};
+            tsr_threadpool_run(tp, 64, note_chunk, &a);
+            for (int t = 0; t < nt; t++) {
+                assert_int_equal(atomic_load(&a.runs[t]), 1);
+                assert_true(pthread_equal(a.by[t], pthread_self()));
+            }
+        }
+        atomic_store(&stall_release, 1);
+        while (atomic_load(&stalled) > 0) sched_yield();
+        for (int job = 0; job < 2000; job++) {
+            chunk_arg a = {0};
+            tsr_threadpool_run(tp, 64, note_chunk, &a);
+            for (int t = 0; t < nt; t++) assert_int_equal(atomic_load(&a.runs[t]), 1);
+        }
+        alarm(0);
+        tsr_threadpool_free(tp);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checked_overflow),
         cmocka_unit_test(test_error_format),
         cmocka_unit_test(test_threadpool_covers_range),
         cmocka_unit_test(test_threadpool_spin_and_sleep),
+        cmocka_unit_test(test_threadpool_stalled_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
