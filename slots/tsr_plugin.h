@@ -199,7 +199,10 @@ typedef struct tsr_host_api {
     int (*dev_alloc)(const struct tsr_plugin_ctx *ctx, size_t size, void **out);
     void (*dev_free)(const struct tsr_plugin_ctx *ctx, void *p);
     /* Split [0, n) into chunks over the host's thread pool and wait. Nested
-     * calls run inline. Returns TSR_OK. */
+     * calls run inline. Each chunk runs once, with its worker's tid (< the
+     * exec's n_threads): no two chunks of one call with the same tid run at
+     * once, but a chunk may run on another thread than its worker's (the
+     * caller runs those its workers have not started). Returns TSR_OK. */
     int (*parallel_for)(const struct tsr_plugin_ctx *ctx, int64_t n, tsr_work_fn fn, void *arg);
     /* Resolved value of a parameter the manifest declares, NULL otherwise. */
     const tsr_param *(*param)(const struct tsr_plugin_ctx *ctx, const char *name);
