@@ -365,7 +365,7 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
            if ((rc = gemv(m, L->wv, rows, m->xn, v, err))) return rc);
     }
     if (L->bq || L->bk || L->bv)
-        OP(TSR_PROF_QKV, BE(add_bias(m, q, L->bq, rows, qd, err)); BE(add_bias(m, k, L->bk, rows, kvd, err));
+        OP(TSR_PROF_ADD, BE(add_bias(m, q, L->bq, rows, qd, err)); BE(add_bias(m, k, L->bk, rows, kvd, err));
            BE(add_bias(m, v, L->bv, rows, kvd, err)));
     if (L->q_norm && !rotated && be->qk_norm_rope) { /* per head, then RoPE: one pass */
         OP(TSR_PROF_NORM, BE(be->qk_norm_rope(&m->rope, m->inv_freq, q, k, L->q_norm, L->k_norm, rows, c->n_heads,
