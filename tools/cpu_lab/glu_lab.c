@@ -12,7 +12,6 @@
  *   /tmp/glu_lab F COLS TAKE      e.g. 4864 896 -40
  */
 #include "tools/cpu_lab/lab.h"
-#include <stdatomic.h>
 #include "core/util/threadpool.h"
 #include "kernels/cpu/gemv_cpu.h"
 
@@ -23,30 +22,15 @@ typedef struct job {
     int64_t f, cols;
     const float *x;
     float *y;
-    atomic_long next;
+    atomic_llong next;
     tsr_gemv_kernel_fn k;
     int mode;
     long take;
 } job;
 
-/* Guided takes as gemv_engine.c's take_items: 1 / (2 x 2 threads) of what is left, within [least, group]. */
-static int take_items(job *j, long items, long group, long least, long *p0, long *p1) {
-    long at = atomic_load(&j->next), n;
-    do {
-        if (at >= items) return 0;
-        n = (items - at) / 4;
-        n = n < least ? least : n > group ? group : n;
-        n -= n % 8;
-        if (n < 8) n = 8;
-        if (n > items - at) n = items - at;
-    } while (!atomic_compare_exchange_weak(&j->next, &at, at + n));
-    *p0 = at, *p1 = at + n;
-    return 1;
-}
-
 /* The job's next take of gate rows [*a, *b): guided, or fixed at j->take. */
-static int next_take(job *j, long *a, long *b) {
-    if (j->take < 0) return take_items(j, j->f, 1024, -j->take, a, b);
+static int next_take(job *j, int64_t *a, int64_t *b) {
+    if (j->take < 0) return lab_take(&j->next, j->f, 2, -j->take, 1024, a, b);
     *a = atomic_fetch_add(&j->next, j->take);
     if (*a >= j->f) return 0;
     *b = *a + j->take < j->f ? *a + j->take : j->f;
@@ -58,7 +42,7 @@ static void run(void *arg, int64_t i0, int64_t i1, int tid) {
     job *j = arg;
     const tsr_gemv_args g = {.w = j->w, .row_bytes = (uint64_t)j->cols * 2, .cols = j->cols, .x = j->x,
                              .ldx = j->cols, .nx = 1, .y = j->y, .ldy = 2 * j->f};
-    long a, b;
+    int64_t a, b;
     while (next_take(j, &a, &b)) {
         if (j->mode == ONE_STREAM) {
             j->k(TSR_DTYPE_BF16, &g, 2 * a, 2 * b);

@@ -1,7 +1,7 @@
 /*
  * lab.h - what the CPU kernel labs share (each lab is one file, built with
  * the line in its header; this header sits beside them): a monotonic clock,
- * a comparison for medians, the horizontal sum, the read loop of `tessera probe` (prefetching PF bytes
+ * a comparison for medians, guided takes from a shared counter, the horizontal sum, the read loop of `tessera probe` (prefetching PF bytes
  * ahead), the inputs they fill, and the bf16 decode kernel's shape (a 64-byte step: two 32-byte
  * loads split into even and odd halves, four FMA chains).
  */
@@ -10,6 +10,7 @@
 
 #define _GNU_SOURCE
 #include <immintrin.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,25 @@ static inline double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* The next guided take of [0, items) from the shared counter *next, as
+ * gemv_engine.c's take_items: 1 / (2 x threads) of what is left, within
+ * [least, group], a multiple of 8 (at least 8); 0 when none is left. */
+static inline int lab_take(atomic_llong *next, int64_t items, int threads, int64_t least, int64_t group,
+                           int64_t *p0, int64_t *p1) {
+    long long at = atomic_load(next);
+    int64_t n;
+    do {
+        if (at >= items) return 0;
+        n = (items - at) / (2 * (int64_t)threads);
+        n = n < least ? least : n > group ? group : n;
+        n -= n % 8;
+        if (n < 8) n = 8;
+        if (n > items - at) n = items - at;
+    } while (!atomic_compare_exchange_weak(next, &at, at + n));
+    *p0 = at, *p1 = at + n;
+    return 1;
 }
 
 /* qsort's comparison of doubles (the labs' medians). */

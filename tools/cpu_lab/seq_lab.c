@@ -19,7 +19,6 @@
  * Prints, per shape, the median us a call and GB/s in the pass order and cycled.
  */
 #include "tools/cpu_lab/lab.h"
-#include <stdatomic.h>
 #include "core/util/threadpool.h"
 #include "kernels/cpu/gemv_cpu.h"
 #include "kernels/dtype.h"
@@ -41,21 +40,6 @@ typedef struct {
     atomic_llong next;
 } job;
 
-static int take(job *j, int64_t items, int64_t least, int64_t group, int64_t *p0, int64_t *p1) {
-    long long at = atomic_load(&j->next);
-    int64_t n;
-    do {
-        if (at >= items) return 0;
-        n = (items - at) / (2 * (int64_t)j->threads);
-        n = n < least ? least : n > group ? group : n;
-        n -= n % 8;
-        if (n < 8) n = 8;
-        if (n > items - at) n = items - at;
-    } while (!atomic_compare_exchange_weak(&j->next, &at, at + n));
-    *p0 = at, *p1 = at + n;
-    return 1;
-}
-
 static void run(void *arg, int64_t i0, int64_t i1, int tid) {
     (void)i0, (void)i1;
     job *j = arg;
@@ -70,13 +54,13 @@ static void run(void *arg, int64_t i0, int64_t i1, int tid) {
     const int64_t least0 = (int64_t)((least_bytes + j->a.row_bytes - 1) / j->a.row_bytes), f = j->rows / 2;
     int64_t a, b;
     if (!j->glu) {
-        while (take(j, j->rows, least0 < 1 ? 1 : least0, j->rows, &a, &b))
+        while (lab_take(&j->next, j->rows, j->threads, least0 < 1 ? 1 : least0, j->rows, &a, &b))
             if (j->i8) j->i8(&j->ia, a, b);
             else j->k(j->dtype, &j->a, a, b);
         return;
     }
     static __thread float buf[2 * 1024];
-    while (take(j, f, least0 > 1024 ? 1024 : least0, 1024, &a, &b)) {
+    while (lab_take(&j->next, f, j->threads, least0 > 1024 ? 1024 : least0, 1024, &a, &b)) {
         tsr_gemv_args g = j->a;
         tsr_gemv_i8_args ia = j->ia;
         const int64_t n = b - a;
