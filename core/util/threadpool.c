@@ -117,7 +117,7 @@ static int claim(tsr_threadpool *tp, int t, uint64_t g) {
     return 0;
 }
 
-/* Chunk t of the current job, then one chunk fewer pending. */
+/* Chunk t of the current job (whoever claimed it then counts it done in pending). */
 static void run_chunk(tsr_threadpool *tp, int t) {
     int64_t i0, i1;
     chunk_of(tp->n, tp->n_threads, t, &i0, &i1);

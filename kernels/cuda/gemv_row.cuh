@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     constexpr int G = 8 / KS, HG = G / 2; // row groups per block; GLU: the gate half
     static_assert(8 % KS == 0, "a block of 8 warps holds whole groups of KS");
     static_assert(!GLU || G % 2 == 0, "GLU pairs the block's row groups");
-    static_assert(!NORM || (!BS && !SEL && !GLU), "the norm: one matrix, its weights in natural column order");
+    static_assert(!NORM || (WK == kFp8 && !BS && !SEL && !GLU), "the norm: E4M3 plain rows (fused_takes)");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = warp % KS, grp = warp / KS;
     const int f = p.n_out / 2; // GLU: gate rows [0, f), up rows [f, 2f)
     const int o0 = !GLU           ? (blockIdx.x * G + grp) * RPW
@@ -154,10 +154,9 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
             float xv[K];
             if (WK == kFp8) tsr_mma::load_x_e4m3<BS>(x, k, p.cols, xv, cmr, p.cm_shift);
             else tsr_mma::load_x<K>(x, k, p.cols, xv);
-            if (NORM) {
+            if constexpr (NORM) {
                 float gv[K];
-                if (WK == kFp8) tsr_mma::load_x_e4m3(p.nw, k, p.cols, gv);
-                else tsr_mma::load_x<K>(p.nw, k, p.cols, gv);
+                tsr_mma::load_x_e4m3(p.nw, k, p.cols, gv);
 #pragma unroll
                 for (int i = 0; i < K; i++) ss = fmaf(xv[i], xv[i], ss), xv[i] *= gv[i];
             }
@@ -344,8 +343,8 @@ template <int WK> inline cudaError_t launch_glu(const Args &p, RowRole role, cud
     return launch_row<WK, true>(p, role, st, pdl);
 }
 
-// Whether launch_fused takes one row of a matrix (not a gate/up pair) with
-// these fusions: the residual add (Args.accum) through either kernel; the
+// Whether launch_decode takes one row of a matrix (not a gate/up pair) with
+// these fusions (tsr_gemv_i.run_fused): the residual add (Args.accum) through either kernel; the
 // norm (Args.nw) only where it made the one-row pass shorter, E4M3 rows
 // through gemv_row below 16,384 rows (q/k/v) without block ratios.
 // Measured on the H200 at the Llama-3-8B shape (one-row passes, two rounds,
@@ -360,11 +359,6 @@ template <int WK> inline bool fused_takes(const Args &p) {
     return WK == kFp8 && !p.cm && row_reads(WK, p) && row_kernel_for(WK, p.n_out) && p.n_out < 16384;
 }
 
-// One row of tsr_gemv_i.run_fused: launch_decode's launch with p's
-// fusions. Requires fused_takes.
-template <int WK> inline cudaError_t launch_fused(const Args &p, RowRole role, cudaStream_t st, bool pdl) {
-    return launch_decode<WK>(p, 1, role, st, pdl);
-}
 
 } // namespace tsr_row
 

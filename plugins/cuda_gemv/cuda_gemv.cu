@@ -227,7 +227,7 @@ bool decodes(const Gemv *g, const Weight *w, int rows, const float *x) {
 }
 
 // One row with the host's residual add (tsr_gemv_i.run_fused) through
-// gemv_row.cuh's launch_fused; TSR_ERR_UNSUPPORTED, nothing launched, for a
+// gemv_row.cuh's launch_decode; TSR_ERR_UNSUPPORTED, nothing launched, for a
 // norm or a gate/up pair (bf16 rows read slower with the norm: fused_takes)
 // and where run() would not take the decode kernels.
 int run_fused(Gemv *g, const Weight *w, int rows, const float *x, float *y, const tsr_gemv_fuse *fu,
@@ -236,7 +236,7 @@ int run_fused(Gemv *g, const Weight *w, int rows, const float *x, float *y, cons
     tsr_mma::Args a = decode_args(w, x, y);
     a.nw = fu->norm, a.eps = fu->eps, a.accum = fu->accumulate != 0;
     if (!tsr_row::fused_takes<tsr_mma::kBf16>(a)) return TSR_ERR_UNSUPPORTED;
-    return cuda_err(g, tsr_row::launch_fused<tsr_mma::kBf16>(a, row_role(w), st, pdl), "fused gemv launch");
+    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, 1, row_role(w), st, pdl), "fused gemv launch");
 }
 #endif
 

@@ -1044,7 +1044,7 @@ int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float 
 }
 
 // One row of a dense layer's matrix with the host's residual add or input
-// norm (tsr_gemv_i.run_fused) through gemv_row.cuh's launch_fused (the norm
+// norm (tsr_gemv_i.run_fused) through gemv_row.cuh's launch_decode (the norm
 // where fused_takes: q/k/v-like heights), x read as it is;
 // TSR_ERR_UNSUPPORTED, nothing launched, for gate/up pairs, routers (bf16),
 // experts, and where run() would not take the decode kernels.
@@ -1058,8 +1058,8 @@ int g_run_fused(void *inst, const void *prepared, int rows, const float *x, floa
     tsr_mma::Args a = decode_args(w, x, (int)w->cols, (int)w->cols, y);
     a.nw = fu->norm, a.eps = fu->eps, a.accum = fu->accumulate != 0;
     if (!tsr_row::fused_takes<tsr_mma::kFp8>(a)) return TSR_ERR_UNSUPPORTED;
-    return cuda_err(g, tsr_row::launch_fused<tsr_mma::kFp8>(a, row_role(w), static_cast<cudaStream_t>(ex->stream),
-                                                            ex->pdl != 0),
+    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kFp8>(a, 1, row_role(w), static_cast<cudaStream_t>(ex->stream),
+                                                             ex->pdl != 0),
                     "fp8 fused gemv launch");
 }
 
