@@ -117,8 +117,10 @@ static int g_prepare_group(void *p, const tsr_weight *ws, int n, void **out) {
         return TSR_ERR_NOMEM;
     }
     int64_t at = 0;
-    for (int i = 0; i < n; i++, at += ws[i - 1].rows)
+    for (int i = 0; i < n; i++) {
         memcpy(data + at * ws[0].cols, ws[i].data, (size_t)(ws[i].rows * ws[i].cols) * sizeof *data);
+        at += ws[i].rows;
+    }
     h->w = ws[0];
     h->w.rows = rows, h->w.data = data, h->w.nbytes = (uint64_t)(rows * ws[0].cols) * sizeof *data;
     h->own = data;
