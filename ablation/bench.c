@@ -233,6 +233,11 @@ int tsr_engine_figures_http(const char *url, tsr_engine_figures *f, tsr_error *e
     if (json_is_number(a)) f->attn_flops_per_ctx_token = json_number_value(a);
     a = json_object_get(j, "assembly");
     snprintf(f->assembly, sizeof f->assembly, "%s", json_is_string(a) ? json_string_value(a) : "");
+    a = json_object_get(j, "device");
+    if ((f->device = json_is_string(a) ? tsr_device_from_name(json_string_value(a)) : -1) < 0) {
+        json_decref(j);
+        return tsr_error_set(err, TSR_ERR_FORMAT, "GET /v1/engine: device missing or not \"cpu\" or \"cuda\"");
+    }
     snprintf(f->source, sizeof f->source, "GET /v1/engine");
     f->known = 1;
     json_decref(j);
@@ -265,6 +270,7 @@ int tsr_engine_figures_of(tsr_model *m, tsr_engine_figures *f, tsr_error *err) {
     }
     if (rc) return rc;
     snprintf(f->assembly, sizeof f->assembly, "%s", tsr_engine_name(tsr_model_get_engine(m)));
+    f->device = tsr_engine_device(tsr_model_get_engine(m));
     snprintf(f->source, sizeof f->source, "local");
     f->known = 1;
     return TSR_OK;
@@ -296,7 +302,8 @@ char *tsr_engine_info_json(tsr_model *m, tsr_error *err) {
                                                  "exactness", r->exact ? "exact" : "lossy", "baseline",
                                                  r->baseline));
     }
-    json_t *j = json_pack("{s:s, s:o, s:f, s:f, s:f, s:f, s:f, s:s}", "assembly", f.assembly, "plugins", plugins,
+    json_t *j = json_pack("{s:s, s:s, s:o, s:f, s:f, s:f, s:f, s:f, s:s}", "assembly", f.assembly, "device",
+                          tsr_device_name(f.device), "plugins", plugins,
                           "weight_bytes_per_token", f.weight_bytes_per_token, "kv_bytes_per_token",
                           f.kv_bytes_per_token, "flops_per_token", f.flops_per_token, "attn_flops_per_ctx_token",
                           f.attn_flops_per_ctx_token, "n_params", f.n_params, "note",
@@ -313,11 +320,16 @@ void tsr_bench_ceilings(const tsr_engine_figures *f, const tsr_probe_result *d, 
                         double *decode_tps, double *prefill_tps) {
     *decode_tps = *prefill_tps = 0;
     if (!f || !f->known || !d) return;
+    /* the machine the engine runs on: the host's read rate and sgemm, or the
+     * GPU's read rate and bf16 matmul (NAN where not measured: unknown) */
+    const int gpu = f->device == TSR_DEVICE_CUDA;
+    const double gbs = gpu ? (d->have_gpu ? d->gpu_read_gbs : NAN) : d->read_gbs;
+    const double gflops = gpu ? (d->have_gpu ? d->gpu_bf16_tflops * 1e3 : NAN) : d->gemm_gflops;
     double ctx = n_prompt + n_gen / 2.0;
     double bytes = f->weight_bytes_per_token + f->kv_bytes_per_token * ctx;
-    if (d->read_gbs > 0 && bytes > 0) *decode_tps = d->read_gbs * 1e9 / bytes;
+    if (gbs > 0 && bytes > 0) *decode_tps = gbs * 1e9 / bytes;
     double flops = f->flops_per_token + f->attn_flops_per_ctx_token * (n_prompt / 2.0);
-    if (d->gemm_gflops > 0 && flops > 0) *prefill_tps = d->gemm_gflops * 1e9 / flops;
+    if (gflops > 0 && flops > 0) *prefill_tps = gflops * 1e9 / flops;
 }
 
 /* ---- statistics ---- */

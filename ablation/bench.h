@@ -53,6 +53,7 @@ typedef struct tsr_engine_figures {
     int known;
     char source[32];                 /* "GET /v1/engine", "local", "" */
     char assembly[256];
+    int device;                      /* tsr_device_kind the engine runs on: whose ceilings apply */
     double weight_bytes_per_token;   /* weights actually read per decode token */
     double kv_bytes_per_token;       /* KV bytes written (and later read) per token */
     double flops_per_token;          /* matmul FLOPs per token, context excluded */
@@ -60,7 +61,8 @@ typedef struct tsr_engine_figures {
     double n_params;                 /* matmul parameters used per token */
 } tsr_engine_figures;
 
-/* GET url/v1/engine (404: known = 0, TSR_OK). */
+/* GET url/v1/engine (404: known = 0, TSR_OK; a body without the figures or
+ * the device: TSR_ERR_FORMAT naming the field). */
 int tsr_engine_figures_http(const char *url, tsr_engine_figures *f, tsr_error *err);
 /* Load the engine in this process (same assembly, model, catalog) and read
  * them from the runtime. */
@@ -133,7 +135,10 @@ int tsr_bench_request(const char *url, const tsr_wl_case *c, double timeout_s, t
 int tsr_prom_value(const char *text, const char *series, double *out);
 /* Median, min and max of n values (v reordered). */
 tsr_stat3 tsr_stat3_of(double *v, int n);
-/* Ceilings of a case for figures f on device d (0 when unknown). */
+/* Ceilings of a case for figures f measured on machine d (0 when unknown):
+ * decode at the read rate over the bytes a token reads, prefill at the matmul
+ * rate over its FLOPs; the host's rates (read, sgemm) for a CPU engine, the
+ * GPU's (read, bf16 matmul) for a CUDA one. */
 void tsr_bench_ceilings(const tsr_engine_figures *f, const tsr_probe_result *d, int n_prompt,
                         int n_gen, double *decode_tps, double *prefill_tps);
 

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "../core/host/manifest.h"
+
 /* a number, or null when not finite */
 static json_t *jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
@@ -66,7 +68,8 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
             json_object_set_new(q, "max_ppl_ratio", jnum(v->ppl_bound));
         }
         const tsr_engine_figures *f = &v->bench.fig;
-        json_t *fig = f->known ? json_pack("{s:s, s:o, s:o, s:o, s:o}", "source", f->source,
+        json_t *fig = f->known ? json_pack("{s:s, s:s, s:o, s:o, s:o, s:o}", "source", f->source, "device",
+                                           tsr_device_name(f->device),
                                            "weight_bytes_per_token", jnum(f->weight_bytes_per_token),
                                            "kv_bytes_per_token", jnum(f->kv_bytes_per_token), "flops_per_token",
                                            jnum(f->flops_per_token), "n_params", jnum(f->n_params))
@@ -157,6 +160,14 @@ static void md_cell(FILE *f, const char *s) {
     }
 }
 
+/* The device the measured variants ran on (their engines' figures), CPU if
+ * none was measured. */
+static int engine_device(const tsr_abl_result *r) {
+    for (int i = 0; i < r->n_variants; i++)
+        if (r->variants[i].bench.fig.known) return r->variants[i].bench.fig.device;
+    return TSR_DEVICE_CPU;
+}
+
 int tsr_abl_write_md(const tsr_abl_result *r, FILE *f) {
     fprintf(f, "# Ablation of `%s` (%s)\n\n", r->assembly_name, r->assembly_path);
     fprintf(f, "- model: %s\n- workload: %s (version %d, %d warm-up, median of %d", r->model[0] ? r->model : "embedded stories260K",
@@ -168,11 +179,17 @@ int tsr_abl_write_md(const tsr_abl_result *r, FILE *f) {
     md_num(f, "%.2f GB/s", r->dev.read_gbs);
     fputs(", sgemm ", f);
     md_num(f, "%.1f GFLOP/s", r->dev.gemm_gflops);
+    if (r->dev.have_gpu) {
+        fprintf(f, "\n- GPU: %s; read bandwidth ", r->dev.gpu_name);
+        md_num(f, "%.1f GB/s", r->dev.gpu_read_gbs);
+        fputs(", bf16 matmul ", f);
+        md_num(f, "%.1f TFLOP/s", r->dev.gpu_bf16_tflops);
+    }
     fprintf(f, "\n- git commit: %s; created %s\n\n", r->commit, r->created);
-    fputs("Speedup: geometric mean over cases of the all-baseline variant's median end-to-end time over this "
-          "variant's. "
-          "Ceiling share: measured over the bandwidth (decode) or matmul (prefill) ceiling, mean over cases.\n\n",
-          f);
+    fprintf(f, "Speedup: geometric mean over cases of the all-baseline variant's median end-to-end time over this "
+               "variant's. Ceiling share: measured over the bandwidth (decode) or matmul (prefill) ceiling of the "
+               "%s, mean over cases.\n\n",
+            engine_device(r) == TSR_DEVICE_CUDA ? "GPU (its read bandwidth, bf16 matmul)" : "host (read bandwidth, sgemm)");
     fputs("| variant | decode tok/s | prefill tok/s | TTFT ms | speedup | decode / ceiling | prefill / ceiling | "
           "drafts / pass | expert hits | quality | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
           f);

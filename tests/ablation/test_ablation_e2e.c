@@ -376,6 +376,7 @@ static void test_ablate_refused_variant(void **st) {
      * half the bytes of the baseline's f32 */
     json_t *eb = json_object_get(variant(j, "baseline"), "engine"), *ef = json_object_get(variant(j, "full"), "engine");
     assert_string_equal(json_string_value(json_object_get(eb, "source")), "GET /v1/engine");
+    assert_string_equal(json_string_value(json_object_get(eb, "device")), "cpu");
     assert_true(num(eb, "kv_bytes_per_token") > 0);
     assert_near(num(ef, "kv_bytes_per_token"), num(eb, "kv_bytes_per_token") / 2, 1e-9);
     assert_near(num(ef, "weight_bytes_per_token"), num(eb, "weight_bytes_per_token"), 1e-9);

@@ -293,6 +293,22 @@ static void test_prom_stats(void **st) {
     tsr_bench_ceilings(&f, &d, 100, 20, &dc, &pc);
     assert_near(dc, 1e9 / (1e6 + 110e3), 1e-6);
     assert_near(pc, 10e9 / (2e6 + 1e3 * 50), 1e-6);
+    /* a CUDA engine: the GPU's read rate and bf16 matmul, never the host's */
+    f.device = TSR_DEVICE_CUDA;
+    tsr_bench_ceilings(&f, &d, 100, 20, &dc, &pc);
+    assert_near(dc, 0, 0); /* no GPU probed: unknown */
+    assert_near(pc, 0, 0);
+    d.have_gpu = 1, d.gpu_read_gbs = 4000, d.gpu_bf16_tflops = 700;
+    tsr_bench_ceilings(&f, &d, 100, 20, &dc, &pc);
+    assert_near(dc, 4000e9 / (1e6 + 110e3), 1e-3);
+    assert_near(pc, 700e12 / (2e6 + 1e3 * 50), 1e-3);
+    d.gpu_read_gbs = d.gpu_bf16_tflops = NAN; /* probed, not measured */
+    tsr_bench_ceilings(&f, &d, 100, 20, &dc, &pc);
+    assert_near(dc, 0, 0);
+    assert_near(pc, 0, 0);
+    f.device = TSR_DEVICE_CPU;
+    tsr_bench_ceilings(&f, &d, 100, 20, &dc, &pc);
+    assert_near(dc, 1e9 / (1e6 + 110e3), 1e-6);
     f.known = 0;
     tsr_bench_ceilings(&f, &d, 100, 20, &dc, &pc);
     assert_near(dc, 0, 0);
