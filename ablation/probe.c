@@ -493,5 +493,14 @@ int tsr_probe_from_json(const json_t *j, tsr_probe_result *r, tsr_error *err) {
     snprintf(r->cpu_model, sizeof r->cpu_model, "%s", json_is_string(cm) ? json_string_value(cm) : "unknown");
     double mb = num(m, "memory_bytes");
     r->mem_bytes = isfinite(mb) && mb > 0 ? (unsigned long long)mb : 0;
+    /* the GPU (a CUDA engine's ceilings): a name where one was probed */
+    const json_t *gpu = json_object_get(j, "gpu"), *gn = json_object_get(gpu, "name");
+    const json_t *note = json_object_get(gpu, "note");
+    r->have_gpu = json_is_string(gn);
+    snprintf(r->gpu_name, sizeof r->gpu_name, "%s", r->have_gpu ? json_string_value(gn) : "");
+    r->gpu_read_gbs = num(gpu, "read_gbs"), r->gpu_read_gbs_min = num(gpu, "read_gbs_min");
+    r->gpu_read_gbs_max = num(gpu, "read_gbs_max");
+    r->gpu_bf16_tflops = num(gpu, "bf16_tflops"), r->gpu_fp8_tflops = num(gpu, "fp8_tflops");
+    snprintf(r->gpu_note, sizeof r->gpu_note, "%s", json_is_string(note) ? json_string_value(note) : "");
     return TSR_OK;
 }
