@@ -564,6 +564,113 @@ static void measure_variant(abl_ctx *c, tsr_abl_variant *v, const tsr_workload *
     }
 }
 
+/* The engine figures result.json keeps for a variant (report.c writes them). */
+static void fig_from_json(const json_t *e, tsr_engine_figures *f) {
+    memset(f, 0, sizeof *f);
+    if (!json_is_object(e)) return;
+    const json_t *src = json_object_get(e, "source"), *as = json_object_get(e, "assembly"),
+                 *dev = json_object_get(e, "device");
+    snprintf(f->source, sizeof f->source, "%s", json_is_string(src) ? json_string_value(src) : "");
+    snprintf(f->assembly, sizeof f->assembly, "%s", json_is_string(as) ? json_string_value(as) : "");
+    f->device = json_is_string(dev) ? tsr_device_from_name(json_string_value(dev)) : TSR_DEVICE_CPU;
+    const char *keys[] = {"weight_bytes_per_token", "kv_bytes_per_token", "flops_per_token",
+                          "attn_flops_per_ctx_token", "n_params"};
+    double *dst[] = {&f->weight_bytes_per_token, &f->kv_bytes_per_token, &f->flops_per_token,
+                     &f->attn_flops_per_ctx_token, &f->n_params};
+    for (int i = 0; i < 5; i++) {
+        const json_t *v = json_object_get(e, keys[i]);
+        *dst[i] = json_is_number(v) ? json_number_value(v) : 0;
+    }
+    f->known = 1;
+}
+
+static const char *str_at(const json_t *o, const char *a, const char *b) {
+    const json_t *v = json_object_get(o, a);
+    if (b) v = json_object_get(v, b);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* --resume: what out_dir/result.json (left by an interrupted run) measured,
+ * where it is the same ablation: schema, git commit, model, workload (name
+ * and version), rounds, assembly text and variants. Its device record is
+ * reused (the ceilings stay those of one probe) and its variants that ran
+ * keep their rounds; refused, failed and pending ones are measured again. */
+static int resume_from(const tsr_ablate_opts *o, tsr_abl_result *r, tsr_error *err) {
+    char p[1200];
+    snprintf(p, sizeof p, "%s/result.json", o->out_dir);
+    json_error_t je;
+    json_t *j = json_load_file(p, 0, &je);
+    if (!j) {
+        if (access(p, F_OK))
+            return tsr_error_set(err, TSR_ERR_INVALID, "--resume: %s: no earlier run to continue", p);
+        return tsr_error_set_at(err, TSR_ERR_FORMAT, p, je.line, je.column, "%s", je.text);
+    }
+    int rc = TSR_OK;
+    const char *sch = str_at(j, "schema", NULL), *commit = str_at(j, "git_commit", NULL);
+    const char *model = str_at(j, "settings", "model"), *text = str_at(j, "assembly", "text");
+    const json_t *wl = json_object_get(json_object_get(j, "settings"), "workload");
+    const char *wname = str_at(wl, "name", NULL);
+    const json_t *vs = json_object_get(j, "variants");
+    const char *want_model = r->model[0] ? r->model : "(embedded stories260K)";
+    if (!sch || strcmp(sch, TSR_ABL_RESULT_SCHEMA))
+        rc = tsr_error_set(err, TSR_ERR_FORMAT, "schema is not \"%s\"", TSR_ABL_RESULT_SCHEMA);
+    else if (!commit || strcmp(commit, r->commit))
+        rc = tsr_error_set(err, TSR_ERR_REFUSED, "measured at commit %s, this is %s", commit ? commit : "?",
+                           r->commit);
+    else if (!model || strcmp(model, want_model))
+        rc = tsr_error_set(err, TSR_ERR_REFUSED, "model %s, not %s", model ? model : "?", want_model);
+    else if (!wname || strcmp(wname, r->w->name) || json_integer_value(json_object_get(wl, "version")) != r->w->version)
+        rc = tsr_error_set(err, TSR_ERR_REFUSED, "workload %s version %d, not %s version %d", wname ? wname : "?",
+                           (int)json_integer_value(json_object_get(wl, "version")), r->w->name, r->w->version);
+    else if (json_integer_value(json_object_get(wl, "rounds")) != r->rounds)
+        rc = tsr_error_set(err, TSR_ERR_REFUSED, "%d rounds, not %d",
+                           (int)json_integer_value(json_object_get(wl, "rounds")), r->rounds);
+    else if (!text || !r->assembly_text || strcmp(text, r->assembly_text))
+        rc = tsr_error_set(err, TSR_ERR_REFUSED, "the assembly %s has changed since", r->assembly_path);
+    else if (json_array_size(vs) != (size_t)r->n_variants)
+        rc = tsr_error_set(err, TSR_ERR_REFUSED, "%zu variants, not %d", json_array_size(vs), r->n_variants);
+    else if ((rc = tsr_probe_from_json(json_object_get(j, "device"), &r->dev, err)) == TSR_OK) {
+        const char *cr = str_at(j, "created", NULL);
+        if (cr) snprintf(r->created, sizeof r->created, "%s", cr);
+    }
+    for (int k = 0; k < r->n_variants && rc == TSR_OK; k++) {
+        const json_t *vj = json_array_get(vs, (size_t)k);
+        tsr_abl_variant *v = &r->variants[k];
+        const char *name = str_at(vj, "name", NULL), *st = str_at(vj, "status", NULL), *at = str_at(vj, "measured", NULL);
+        const json_t *cases = json_object_get(vj, "cases");
+        if (!name || strcmp(name, v->name) || json_integer_value(json_object_get(vj, "mask")) != v->mask) {
+            rc = tsr_error_set(err, TSR_ERR_REFUSED, "variant %d is %s, not %s", k, name ? name : "?", v->name);
+            break;
+        }
+        if (!st || strcmp(st, "ran")) continue; /* refused, failed or pending: measured again */
+        int done = (int)json_integer_value(json_object_get(vj, "rounds_done"));
+        if (done < 1 || done > r->rounds || json_array_size(cases) != (size_t)r->w->n_cases) {
+            rc = tsr_error_set(err, TSR_ERR_FORMAT, "variant %s: rounds_done or cases do not fit the workload", name);
+            break;
+        }
+        v->bench.cases = calloc((size_t)r->w->n_cases, sizeof *v->bench.cases);
+        if (!v->bench.cases) {
+            rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+            break;
+        }
+        for (int i = 0; i < r->w->n_cases && rc == TSR_OK; i++) {
+            rc = tsr_abl_case_from_json(json_array_get(cases, (size_t)i), &v->bench.cases[i], err);
+            if (!rc) v->bench.n_cases = i + 1;
+            if (!rc && strcmp(v->bench.cases[i].name, r->w->cases[i].name))
+                rc = tsr_error_set(err, TSR_ERR_FORMAT, "variant %s: case %d is %s, not %s", name, i,
+                                   v->bench.cases[i].name, r->w->cases[i].name);
+            if (rc) tsr_error_prefix(err, "variant %s", name);
+        }
+        fig_from_json(json_object_get(vj, "engine"), &v->bench.fig);
+        v->rounds_done = done;
+        snprintf(v->measured, sizeof v->measured, "%s", at ? at : "");
+        r->resumed++;
+    }
+    json_decref(j);
+    if (rc) tsr_error_prefix(err, "--resume: %s", p);
+    return rc;
+}
+
 int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *err) {
     if (out) *out = NULL;
     if (!o->assembly || !o->workload || !o->out_dir)
@@ -646,8 +753,8 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
     c.pdl = c.as->pdl ? add_switch(r, &c, "runtime.pdl") : -1;
     c.np = r->n_plugins;
 
-    if ((rc = load_device(o, &r->dev, err))) goto done;
-    c.dev = &r->dev;
+    r->rounds = o->rounds > 1 ? o->rounds : 1;
+    c.rounds = r->rounds;
 
     /* the variants */
     unsigned all = (1u << r->n_plugins) - 1;
@@ -674,7 +781,8 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
     for (int k = 0; k < nm; k++) {
         tsr_abl_variant *v = &r->variants[r->n_variants++];
         v->mask = masks[k];
-        v->speedup = NAN;
+        v->speedup = v->decode_tps = v->prefill_tps = v->ttft_s = v->e2e_s = NAN;
+        v->decode_ceiling_frac = v->prefill_ceiling_frac = NAN;
         name_variant(r, v->mask, v->name, sizeof v->name);
         if ((rc = write_variant(&c, r, v, err))) goto done;
     }
@@ -686,21 +794,32 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
             snprintf(v->verdict, sizeof v->verdict, "refused");
         }
     }
+    /* the machine's ceilings: those of the run resumed, a record, or probed now */
+    if ((rc = o->resume ? resume_from(o, r, err) : load_device(o, &r->dev, err))) goto done;
+    c.dev = &r->dev;
+    for (int k = 0; k < r->n_variants; k++)
+        if (r->variants[k].rounds_done) summarize(&r->variants[k]);
+    if ((rc = tsr_abl_write_result_json(r, o->out_dir, err))) goto done;
     /* Rounds: every variant measured once per round, the order reversed on
      * every other round (a machine whose speed drifts then favours no
-     * variant), the rounds' samples pooled per case. */
-    r->rounds = o->rounds > 1 ? o->rounds : 1;
-    c.rounds = r->rounds;
+     * variant), the rounds' samples pooled per case. After each variant
+     * result.json is written again, so that an interrupted run keeps what it
+     * measured (--resume continues it). */
     for (int round = 0; round < r->rounds; round++)
         for (int i = 0; i < r->n_variants; i++) {
             const int k = round % 2 ? r->n_variants - 1 - i : i;
             tsr_abl_variant *v = &r->variants[k];
-            if (v->refused || v->failed) continue;
+            if (v->refused || v->failed || v->rounds_done > round) continue;
             c.vi = k, c.round = round;
             measure_variant(&c, v, w, round);
+            if (!v->refused && !v->failed) {
+                v->rounds_done = round + 1;
+                time_t t = time(NULL);
+                strftime(v->measured, sizeof v->measured, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+                summarize(v);
+            }
+            if ((rc = tsr_abl_write_result_json(r, o->out_dir, err))) goto done;
         }
-    for (int k = 0; k < r->n_variants; k++)
-        if (!r->variants[k].refused && !r->variants[k].failed) summarize(&r->variants[k]);
     if (o->progress && isatty(2)) fprintf(stderr, "\r\033[K");
     tsr_abl_attribute(r);
     tsr_abl_variant *base = by_mask(r, 0);

@@ -60,6 +60,8 @@ typedef struct tsr_abl_variant {
     int diverge_pos;             /* token position in it, -1 if none */
     double mean_kl, ppl_ratio, kl_bound, ppl_bound;
     char verdict[512];
+    int rounds_done;             /* rounds measured (pooled into bench) */
+    char measured[32];           /* UTC of its last round, ISO 8601; "" before */
 } tsr_abl_variant;
 
 typedef struct tsr_abl_result {
@@ -80,6 +82,7 @@ typedef struct tsr_abl_result {
     double shapley_sum, full_minus_baseline;
     int n_threads;
     int rounds;                  /* times every variant was measured (samples pooled) */
+    int resumed;                 /* variants whose rounds an earlier, interrupted run measured */
 } tsr_abl_result;
 
 typedef struct tsr_ablate_opts {
@@ -98,6 +101,9 @@ typedef struct tsr_ablate_opts {
     int progress;                /* a progress bar on stderr */
     int rounds;                  /* measure every variant this many times, the order reversed on
                                     every other round, samples pooled (0 or 1: once) */
+    int resume;                  /* continue out_dir/result.json of an interrupted run of the same
+                                    assembly, model, workload, rounds and commit: its measured
+                                    rounds kept, its device record reused, the rest measured */
 } tsr_ablate_opts;
 
 /* Run everything and write the reports into out_dir (report.h). Refused

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -117,12 +118,16 @@ int tsr_serve_spawn(const tsr_serve_spec *s, tsr_served *out, tsr_error *err) {
     int fd = open(s->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return tsr_error_set(err, TSR_ERR_IO, "serve: cannot create %s: %s", s->log_path, strerror(errno));
     fflush(NULL);
+    const pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         close(fd);
         return tsr_error_set(err, TSR_ERR_IO, "serve: fork: %s", strerror(errno));
     }
     if (pid == 0) {
+        /* the server goes when its parent does (an ablation killed between
+         * variants leaves no server holding the model, the port or the GPU) */
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(127);
         int nul = open("/dev/null", O_RDWR);
         if (nul >= 0) dup2(nul, 0), dup2(nul, 1);
         dup2(fd, 2);

@@ -34,7 +34,58 @@ static json_t *case_json(const tsr_bench_case *c) {
 }
 
 static const char *status_of(const tsr_abl_variant *v) {
-    return v->refused ? "refused" : v->failed ? "failed" : "ran";
+    return v->refused ? "refused" : v->failed ? "failed" : v->rounds_done ? "ran" : "pending";
+}
+
+/* null (or absent) -> NAN, as jnum writes it */
+static double num_or_nan(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+static tsr_stat3 stat_of(const json_t *o, const char *key) {
+    const json_t *s = json_object_get(o, key);
+    return (tsr_stat3){num_or_nan(s, "median"), num_or_nan(s, "min"), num_or_nan(s, "max")};
+}
+
+int tsr_abl_case_from_json(const json_t *j, tsr_bench_case *c, tsr_error *err) {
+    memset(c, 0, sizeof *c);
+    const json_t *name = json_object_get(j, "name"), *kind = json_object_get(j, "kind");
+    const json_t *samples = json_object_get(j, "samples"), *tokens = json_object_get(j, "tokens");
+    const json_t *text = json_object_get(j, "text");
+    if (!json_is_string(name) || !json_is_string(kind) || !json_is_array(samples) || !json_is_array(tokens) ||
+        !json_is_string(text))
+        return tsr_error_set(err, TSR_ERR_FORMAT, "a case without name, kind, samples, tokens or text");
+    snprintf(c->name, sizeof c->name, "%s", json_string_value(name));
+    snprintf(c->kind, sizeof c->kind, "%s", json_string_value(kind));
+    c->n_prompt = (int)json_integer_value(json_object_get(j, "prompt_tokens"));
+    c->n_gen = (int)json_integer_value(json_object_get(j, "generated_tokens"));
+    c->decode_tps = stat_of(j, "decode_tps"), c->prefill_tps = stat_of(j, "prefill_tps");
+    c->ttft_s = stat_of(j, "ttft_s"), c->e2e_s = stat_of(j, "e2e_s");
+    /* unknown ceilings are 0, unmeasured drafting and expert rates -1 (case_json writes them null) */
+    double d = num_or_nan(j, "decode_ceiling_tps"), p = num_or_nan(j, "prefill_ceiling_tps");
+    double a = num_or_nan(j, "draft_accepted_per_pass"), h = num_or_nan(j, "expert_hit_rate");
+    c->decode_ceiling_tps = isnan(d) ? 0 : d, c->prefill_ceiling_tps = isnan(p) ? 0 : p;
+    c->draft_accept_per_pass = isnan(a) ? -1 : a, c->expert_hit_rate = isnan(h) ? -1 : h;
+    size_t n = json_array_size(samples);
+    c->samples = calloc(n ? n : 1, sizeof *c->samples);
+    c->text = strdup(json_string_value(text));
+    if (!c->samples || !c->text) {
+        free(c->samples), free(c->text);
+        c->samples = NULL, c->text = NULL;
+        return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *o = json_array_get(samples, i);
+        tsr_bench_sample *s = &c->samples[i];
+        s->decode_tps = num_or_nan(o, "decode_tps"), s->prefill_tps = num_or_nan(o, "prefill_tps");
+        s->ttft_s = num_or_nan(o, "ttft_s"), s->e2e_s = num_or_nan(o, "e2e_s");
+        s->n_prompt = (int)json_integer_value(json_object_get(o, "prompt_tokens"));
+        s->n_gen = (int)json_integer_value(json_object_get(o, "generated_tokens"));
+    }
+    c->n_samples = (int)n;
+    c->tokens = json_deep_copy(tokens);
+    return TSR_OK;
 }
 
 json_t *tsr_abl_result_json(const tsr_abl_result *r) {
@@ -68,21 +119,28 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
             json_object_set_new(q, "max_ppl_ratio", jnum(v->ppl_bound));
         }
         const tsr_engine_figures *f = &v->bench.fig;
-        json_t *fig = f->known ? json_pack("{s:s, s:s, s:o, s:o, s:o, s:o}", "source", f->source, "device",
-                                           tsr_device_name(f->device),
+        json_t *fig = f->known ? json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o}", "source", f->source,
+                                           "assembly", f->assembly, "device", tsr_device_name(f->device),
                                            "weight_bytes_per_token", jnum(f->weight_bytes_per_token),
                                            "kv_bytes_per_token", jnum(f->kv_bytes_per_token), "flops_per_token",
-                                           jnum(f->flops_per_token), "n_params", jnum(f->n_params))
+                                           jnum(f->flops_per_token), "attn_flops_per_ctx_token",
+                                           jnum(f->attn_flops_per_ctx_token), "n_params", jnum(f->n_params))
                                : json_null();
-        json_array_append_new(
-            variants,
+        json_t *vj =
             json_pack("{s:s, s:o, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s}", "name",
                       v->name, "plugins_on", on, "assembly_file", v->assembly_file, "status", status_of(v),
                       "reason", v->reason, "engine", fig, "decode_tps", jnum(v->decode_tps), "prefill_tps",
                       jnum(v->prefill_tps), "ttft_s", jnum(v->ttft_s), "e2e_s", jnum(v->e2e_s), "speedup",
                       jnum(v->speedup), "decode_ceiling_fraction", jnum(v->decode_ceiling_frac),
                       "prefill_ceiling_fraction", jnum(v->prefill_ceiling_frac), "quality", q, "cases", cases,
-                      "verdict", v->verdict));
+                      "verdict", v->verdict);
+        /* what --resume reads back: which plugins, how many rounds measured, when */
+        if (vj) {
+            json_object_set_new(vj, "mask", json_integer(v->mask));
+            json_object_set_new(vj, "rounds_done", json_integer(v->rounds_done));
+            json_object_set_new(vj, "measured", json_string(v->measured));
+        }
+        json_array_append_new(variants, vj);
     }
     json_t *dev = tsr_probe_to_json(&r->dev);
     json_t *wl = r->w ? json_pack("{s:s, s:s, s:i, s:i, s:i, s:i}", "path", r->w->path, "name", r->w->name,
@@ -90,7 +148,7 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
                                   "rounds", r->rounds > 1 ? r->rounds : 1)
                       : json_null();
     return json_pack("{s:s, s:s, s:s, s:{s:s, s:s, s:o, s:i, s:s}, s:o, s:{s:s, s:s, s:s*}, s:o, s:{s:b, s:s, "
-                     "s:o, s:o}, s:o}",
+                     "s:o, s:o}, s:o, s:i}",
                      "schema", TSR_ABL_RESULT_SCHEMA, "created", r->created, "git_commit", r->commit,
                      "settings", "metric", "speedup = geometric mean over cases of the all-baseline variant's median end-to-end time "
                      "over the variant's", "model", r->model[0] ? r->model : "(embedded stories260K)",
@@ -99,7 +157,7 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
                      r->assembly_text, "plugins",
                      plugins, "attribution", "exact_shapley", r->has_shapley, "note", r->shapley_note,
                      "shapley_sum", jnum(r->shapley_sum), "full_minus_baseline", jnum(r->full_minus_baseline),
-                     "variants", variants);
+                     "variants", variants, "resumed_variants", r->resumed);
 }
 
 static void csv_str(FILE *f, const char *s) {
@@ -185,7 +243,12 @@ int tsr_abl_write_md(const tsr_abl_result *r, FILE *f) {
         fputs(", bf16 matmul ", f);
         md_num(f, "%.1f TFLOP/s", r->dev.gpu_bf16_tflops);
     }
-    fprintf(f, "\n- git commit: %s; created %s\n\n", r->commit, r->created);
+    fprintf(f, "\n- git commit: %s; created %s\n", r->commit, r->created);
+    if (r->resumed) /* continued with --resume: when each was measured is in result.json */
+        fprintf(f, "- resumed: %d of the %d variants were measured by an earlier run of this ablation that was "
+                   "interrupted (each variant's `measured` time in result.json)\n",
+                r->resumed, r->n_variants);
+    fputs("\n", f);
     fprintf(f, "Speedup: geometric mean over cases of the all-baseline variant's median end-to-end time over this "
                "variant's. Ceiling share: measured over the bandwidth (decode) or matmul (prefill) ceiling of the "
                "%s, mean over cases.\n\n",
@@ -307,14 +370,22 @@ int tsr_abl_write_svg(const tsr_abl_result *r, FILE *f) {
     return ferror(f) ? -1 : 0;
 }
 
-int tsr_abl_write_reports(const tsr_abl_result *r, const char *dir, tsr_error *err) {
-    char p[1200];
+int tsr_abl_write_result_json(const tsr_abl_result *r, const char *dir, tsr_error *err) {
+    char p[1200], tmp[1220];
     json_t *j = tsr_abl_result_json(r);
     if (!j) return tsr_error_set(err, TSR_ERR_NOMEM, "result.json: out of memory");
     snprintf(p, sizeof p, "%s/result.json", dir);
-    int rc = json_dump_file(j, p, JSON_INDENT(1) | JSON_REAL_PRECISION(17));
+    snprintf(tmp, sizeof tmp, "%s.partial", p); /* renamed over it: a kill leaves the old or the new */
+    int rc = json_dump_file(j, tmp, JSON_INDENT(1) | JSON_REAL_PRECISION(17));
     json_decref(j);
-    if (rc) return tsr_error_set(err, TSR_ERR_IO, "cannot write %s", p);
+    if (rc || rename(tmp, p)) return tsr_error_set(err, TSR_ERR_IO, "cannot write %s", p);
+    return TSR_OK;
+}
+
+int tsr_abl_write_reports(const tsr_abl_result *r, const char *dir, tsr_error *err) {
+    char p[1200];
+    int rc = tsr_abl_write_result_json(r, dir, err);
+    if (rc) return rc;
     int (*fns[3])(const tsr_abl_result *, FILE *) = {tsr_abl_write_csv, tsr_abl_write_md, tsr_abl_write_svg};
     const char *names[3] = {"result.csv", "report.md", "speedup.svg"};
     for (int i = 0; i < 3; i++) {

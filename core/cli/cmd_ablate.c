@@ -11,7 +11,7 @@ static void ablate_usage(FILE *f) {
     fprintf(f,
             "usage: tessera ablate ASSEMBLY [--model PATH] [--workload FILE] [--out DIR]\n"
             "                      [--catalog DIR] [--threads N] [--ctx N] [--device device.json]\n"
-            "                      [--chat-format F] [--probe-mib N] [--rounds N] [--quiet]\n\n"
+            "                      [--chat-format F] [--probe-mib N] [--rounds N] [--resume] [--quiet]\n\n"
             "Re-serves the engine once per variant (full; all-baseline; each non-baseline plugin\n"
             "off and alone; every subset when there are at most 5 of them, for exact Shapley\n"
             "values), measures each with the workload through the HTTP API, checks quality\n"
@@ -24,6 +24,10 @@ static void ablate_usage(FILE *f) {
             "  --probe-mib N      probe's read buffer when probing now\n"
             "  --rounds N         measure every variant N times (1-20, default 1), reversing the order\n"
             "                     every other round, and pool the samples: steadier on a noisy machine\n"
+            "  --resume           continue an interrupted run in --out DIR (its result.json, written\n"
+            "                     after every variant): the variants it measured are kept, with its\n"
+            "                     device record; refused if the assembly, model, workload, rounds or\n"
+            "                     git commit differ\n"
             "  --quiet            no progress bar\n");
 }
 
@@ -44,6 +48,10 @@ int tsr_cmd_ablate(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--quiet")) {
             o.progress = 0;
+            continue;
+        }
+        if (!strcmp(a, "--resume")) {
+            o.resume = 1;
             continue;
         }
         if (i + 1 >= argc) {

@@ -7,6 +7,8 @@
  * plainly without them. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -131,14 +133,14 @@ static int teardown(void **st) {
     } while (0)
 
 /* workload: a path under the source tree */
-static json_t *ablate_rounds(const char *assembly_rel, const char *workload, const char *catalog,
-                             const char *out_name, int want_rc, const char *rounds) {
+static json_t *ablate_args(const char *assembly_rel, const char *workload, const char *catalog,
+                           const char *out_name, int want_rc, const char *rounds, const char *extra) {
     char asmb[1200], wl[1200], out[600];
     snprintf(asmb, sizeof asmb, "%s/tests/ablation/data/%s", g_src, assembly_rel);
     snprintf(wl, sizeof wl, "%s/%s", g_src, workload);
     snprintf(out, sizeof out, "%s/%s", g_tmp, out_name);
     const char *argv[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--device", g_dev,
-                          "--catalog", catalog, "--threads", "1", "--rounds", rounds, "--quiet", NULL};
+                          "--catalog", catalog, "--threads", "1", "--rounds", rounds, "--quiet", extra, NULL};
     int rc = run(argv);
     if (rc != want_rc) {
         print_output();
@@ -163,6 +165,11 @@ static json_t *ablate_rounds(const char *assembly_rel, const char *workload, con
     assert_string_equal(json_string_value(json_object_get(json_object_get(j, "assembly"), "text")), text);
     free(text);
     return j;
+}
+
+static json_t *ablate_rounds(const char *assembly_rel, const char *workload, const char *catalog,
+                             const char *out_name, int want_rc, const char *rounds) {
+    return ablate_args(assembly_rel, workload, catalog, out_name, want_rc, rounds, NULL);
 }
 
 static json_t *ablate(const char *assembly_rel, const char *workload, const char *catalog, const char *out_name,
@@ -391,6 +398,127 @@ static void test_ablate_refused_variant(void **st) {
     free(md);
 }
 
+/* How many variants of result.json j have status st. */
+static int count_status(json_t *j, const char *st) {
+    json_t *vs = json_object_get(j, "variants");
+    int n = 0;
+    for (size_t i = 0; i < json_array_size(vs); i++)
+        n += !strcmp(json_string_value(json_object_get(json_array_get(vs, i), "status")), st);
+    return n;
+}
+
+/* Whether a process runs with `needle` in its command line (a server an
+ * ablation started: its assembly's path). */
+static int process_with(const char *needle) {
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int found = 0;
+    while (d && !found && (e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char p[300], buf[4096];
+        snprintf(p, sizeof p, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(p, "rb");
+        if (!f) continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < n; i++)
+            if (!buf[i]) buf[i] = ' ';
+        buf[n] = 0;
+        found = strstr(buf, needle) != NULL;
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+/* An ablation killed (SIGKILL) once result.json shows a measured variant
+ * leaves that file with its measured and pending variants and no server
+ * running; --resume measures the pending ones alone and keeps the others'
+ * samples as they were; a resume of another workload, or with nothing to
+ * resume, is refused. */
+static void test_ablate_resume(void **st) {
+    (void)st;
+    NEED_READY();
+    char asmb[1200], wl[1200], out[600], rj[700], servers[700];
+    snprintf(asmb, sizeof asmb, "%s/tests/ablation/data/exact3.yaml", g_src);
+    snprintf(wl, sizeof wl, "%s/ablation/workloads/ci.json", g_src);
+    snprintf(out, sizeof out, "%s/resume", g_tmp);
+    snprintf(rj, sizeof rj, "%s/result.json", out);
+    snprintf(servers, sizeof servers, "%s/assemblies/", out);
+    const char *argv[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--device", g_dev,
+                          "--catalog", g_cat, "--threads", "1", "--quiet", NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+        int nul = open("/dev/null", O_WRONLY);
+        dup2(nul, 1), dup2(nul, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    /* killed while it serves a variant after the first it measured */
+    json_t *j = NULL;
+    for (int i = 0; i < 6000 && !j; i++) { /* up to 120 s */
+        usleep(20000);
+        json_t *t = json_load_file(rj, 0, NULL); /* renamed into place: whole or absent */
+        if (t && count_status(t, "ran") > 0 && process_with(servers)) j = t;
+        else json_decref(t);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    assert_non_null(j);
+    json_decref(j);
+    j = json_load_file(rj, 0, NULL); /* what the killed run left */
+    assert_non_null(j);
+    const int ran = count_status(j, "ran");
+    assert_true(ran >= 1);
+    assert_int_equal(ran + count_status(j, "pending"), 8);
+    assert_true(ran < 8);
+    for (int i = 0; i < 750 && process_with(servers); i++) usleep(20000); /* SIGTERM: up to 15 s to stop */
+    assert_false(process_with(servers));
+
+    json_t *r = ablate_args("exact3.yaml", "ablation/workloads/ci.json", g_cat, "resume", 0, "1", "--resume");
+    assert_int_equal((int)num(r, "resumed_variants"), ran);
+    assert_string_equal(json_string_value(json_object_get(r, "created")),
+                        json_string_value(json_object_get(j, "created")));
+    json_t *vs = json_object_get(r, "variants");
+    for (size_t i = 0; i < json_array_size(vs); i++) {
+        json_t *a = json_array_get(vs, i), *b = json_array_get(json_object_get(j, "variants"), i);
+        const char *name = json_string_value(json_object_get(a, "name"));
+        assert_string_equal(json_string_value(json_object_get(a, "status")), "ran");
+        assert_int_equal((int)num(a, "rounds_done"), 1);
+        assert_int_equal(json_array_size(json_object_get(a, "cases")), 6);
+        assert_true(json_is_true(json_object_get(json_object_get(a, "quality"), "ok"))); /* exact plugins */
+        if (!strcmp(json_string_value(json_object_get(b, "status")), "ran") &&
+            !json_equal(json_object_get(a, "cases"), json_object_get(b, "cases")))
+            fail_msg("variant %s: measured before the kill, its cases changed on --resume", name);
+    }
+    json_t *at = json_object_get(r, "attribution");
+    assert_true(json_is_true(json_object_get(at, "exact_shapley")));
+    assert_near(num(at, "shapley_sum"), num(at, "full_minus_baseline"), 1e-8);
+    json_decref(r);
+    json_decref(j);
+    char p[700], want[100];
+    snprintf(p, sizeof p, "%s/report.md", out);
+    char *md = read_text(p);
+    snprintf(want, sizeof want, "resumed: %d of the 8 variants", ran);
+    assert_non_null(strstr(md, want));
+    free(md);
+
+    /* refused: another workload; nothing to resume */
+    snprintf(wl, sizeof wl, "%s/tests/ablation/data/tiny.json", g_src);
+    const char *other[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--catalog", g_cat,
+                           "--threads", "1", "--quiet", "--resume", NULL};
+    assert_int_not_equal(run(other), 0);
+    snprintf(p, sizeof p, "%s/out.txt", g_tmp);
+    char *o = read_text(p);
+    assert_non_null(strstr(o, "--resume"));
+    assert_non_null(strstr(o, "workload ci version 1, not test-tiny"));
+    free(o);
+    snprintf(out, sizeof out, "%s/resume-none", g_tmp);
+    assert_int_not_equal(run(other), 0);
+    o = read_text(p);
+    assert_non_null(strstr(o, "no earlier run to continue"));
+    free(o);
+}
+
 static void test_bench(void **st) {
     (void)st;
     NEED_READY();
@@ -457,6 +585,7 @@ int main(void) {
         cmocka_unit_test(test_ablate_exact3),
         cmocka_unit_test(test_ablate_perturbing_plugins),
         cmocka_unit_test(test_ablate_refused_variant),
+        cmocka_unit_test(test_ablate_resume),
         cmocka_unit_test(test_bench),
         cmocka_unit_test(test_ablate_bad_input),
     };

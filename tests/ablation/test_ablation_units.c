@@ -335,6 +335,7 @@ static tsr_abl_result *fake_result(void) {
     for (int k = 0; k < 4; k++) {
         tsr_abl_variant *v = &r->variants[k];
         v->mask = (unsigned)k;
+        v->rounds_done = 1; /* measured (status "ran") */
         snprintf(v->name, sizeof v->name, "%s", names[k]);
         v->bench.n_cases = 2;
         v->bench.cases = calloc(2, sizeof *v->bench.cases);
@@ -508,8 +509,26 @@ static void test_probe_record_roundtrip(void **state) {
         assert_int_equal(tsr_probe_from_json(j, &b, &err), TSR_OK);
         assert_string_equal(b.read_loop, "");
         assert_int_equal(b.fma_avx512, 0);
+        assert_int_equal(b.have_gpu, 0); /* no GPU probed */
+        assert_true(isnan(b.gpu_read_gbs));
         json_decref(j);
     }
+    /* a probed GPU: its figures come back (a CUDA engine's ceilings) */
+    r.have_gpu = 1;
+    snprintf(r.gpu_name, sizeof r.gpu_name, "%s", "test gpu");
+    r.gpu_read_gbs = 4290, r.gpu_read_gbs_min = 4200, r.gpu_read_gbs_max = 4300, r.gpu_bf16_tflops = 700;
+    json_t *j = tsr_probe_to_json(&r);
+    tsr_probe_result b;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_probe_from_json(j, &b, &err), TSR_OK);
+    assert_int_equal(b.have_gpu, 1);
+    assert_string_equal(b.gpu_name, "test gpu");
+    assert_near(b.gpu_read_gbs, 4290, 1e-9);
+    assert_near(b.gpu_read_gbs_min, 4200, 1e-9);
+    assert_near(b.gpu_bf16_tflops, 700, 1e-9);
+    assert_true(isnan(b.gpu_fp8_tflops));
+    json_decref(j);
 }
 
 int main(void) {
