@@ -469,6 +469,14 @@ static void quality(abl_ctx *c, tsr_abl_result *r, tsr_abl_variant *v, tsr_abl_v
                      v->diverge_pos);
         return;
     }
+    if (c->o->no_kl) { /* asked not to load the model in-process for the score path */
+        v->quality_kind = 3;
+        v->quality_ok = 1;
+        snprintf(v->verdict, sizeof v->verdict,
+                 "not scored (--no-kl): lossy, declared bounds mean KL %.3g, perplexity ratio %.4f", v->kl_bound,
+                 v->ppl_bound);
+        return;
+    }
     v->quality_kind = 2;
     tsr_error e;
     tsr_error_clear(&e);

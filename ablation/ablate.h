@@ -18,7 +18,7 @@
  * case and position); a variant with lossy plugins reports mean KL and the
  * perplexity ratio on the workload's score_text through the score path
  * (tsr_seq_forward over every row) against the sum of their declared KL
- * bounds and the product of their perplexity bounds.
+ * bounds and the product of their perplexity bounds (unless no_kl).
  */
 #ifndef TSR_ABL_ABLATE_H
 #define TSR_ABL_ABLATE_H
@@ -54,7 +54,7 @@ typedef struct tsr_abl_variant {
     double speedup;              /* end-to-end, over the all-baseline variant; NAN if unknown */
     double decode_ceiling_frac, prefill_ceiling_frac; /* mean fraction reached; NAN if unknown */
     /* quality */
-    int quality_kind;            /* 0 none (baseline), 1 exact tokens, 2 lossy score */
+    int quality_kind;            /* 0 none (baseline), 1 exact tokens, 2 lossy score, 3 lossy not scored (no_kl) */
     int quality_ok;
     char diverge_case[128];      /* exact: first differing case, "" if none */
     int diverge_pos;             /* token position in it, -1 if none */
@@ -101,6 +101,9 @@ typedef struct tsr_ablate_opts {
     int progress;                /* a progress bar on stderr */
     int rounds;                  /* measure every variant this many times, the order reversed on
                                     every other round, samples pooled (0 or 1: once) */
+    int no_kl;                   /* lossy variants not scored (the score path loads the model in this
+                                    process once per variant: minutes for an 8B model; meaningless on
+                                    random weights); exact variants still compared token for token */
     int resume;                  /* continue out_dir/result.json of an interrupted run of the same
                                     assembly, model, workload, rounds and commit: its measured
                                     rounds kept, its device record reused, the rest measured */

@@ -107,7 +107,10 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
             if (v->mask >> k & 1) json_array_append_new(on, json_string(r->plugins[k].name));
         for (int k = 0; k < v->bench.n_cases; k++) json_array_append_new(cases, case_json(&v->bench.cases[k]));
         json_t *q = json_pack("{s:s, s:b}", "kind",
-                              v->quality_kind == 1 ? "exact" : v->quality_kind == 2 ? "lossy" : "reference",
+                              v->quality_kind == 1   ? "exact"
+                              : v->quality_kind == 2 ? "lossy"
+                              : v->quality_kind == 3 ? "lossy, not scored"
+                                                     : "reference",
                               "ok", v->quality_ok);
         if (v->quality_kind == 1 && v->diverge_pos >= 0)
             json_object_set_new(q, "first_difference",
@@ -288,7 +291,9 @@ int tsr_abl_write_md(const tsr_abl_result *r, FILE *f) {
         if (v->quality_kind == 2) {
             md_num(f, "KL %.3g", v->mean_kl);
             md_num(f, ", ppl x%.4f", v->ppl_ratio);
-        } else
+        } else if (v->quality_kind == 3)
+            fputs("not scored", f);
+        else
             fputs(v->quality_kind == 1 ? (v->quality_ok ? "tokens identical" : "tokens differ") : "reference", f);
         fputs(" | ", f);
         md_cell(f, v->verdict);

@@ -11,7 +11,8 @@ static void ablate_usage(FILE *f) {
     fprintf(f,
             "usage: tessera ablate ASSEMBLY [--model PATH] [--workload FILE] [--out DIR]\n"
             "                      [--catalog DIR] [--threads N] [--ctx N] [--device device.json]\n"
-            "                      [--chat-format F] [--probe-mib N] [--rounds N] [--resume] [--quiet]\n\n"
+            "                      [--chat-format F] [--probe-mib N] [--rounds N] [--resume] [--no-kl]\n"
+            "                      [--quiet]\n\n"
             "Re-serves the engine once per variant (full; all-baseline; each non-baseline plugin\n"
             "off and alone; every subset when there are at most 5 of them, for exact Shapley\n"
             "values), measures each with the workload through the HTTP API, checks quality\n"
@@ -28,6 +29,9 @@ static void ablate_usage(FILE *f) {
             "                     after every variant): the variants it measured are kept, with its\n"
             "                     device record; refused if the assembly, model, workload, rounds or\n"
             "                     git commit differ\n"
+            "  --no-kl            do not score lossy variants (mean KL, perplexity ratio: each loads\n"
+            "                     the model in this process again); exact ones are still compared\n"
+            "                     token for token. For speed on random-weight checkpoints\n"
             "  --quiet            no progress bar\n");
 }
 
@@ -52,6 +56,10 @@ int tsr_cmd_ablate(int argc, char **argv) {
         }
         if (!strcmp(a, "--resume")) {
             o.resume = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-kl")) {
+            o.no_kl = 1;
             continue;
         }
         if (i + 1 >= argc) {

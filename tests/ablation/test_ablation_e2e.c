@@ -396,6 +396,14 @@ static void test_ablate_refused_variant(void **st) {
     char *md = read_text(p);
     assert_non_null(strstr(md, "refused: error: plugin abl_compact_attention requires kv_cache.kv_dtype"));
     free(md);
+    /* --no-kl: the lossy variants not scored, and said so; exit 0 */
+    j = ablate_args("refused.yaml", "tests/ablation/data/tiny.json", g_mixed, "refused-nokl", 0, "1", "--no-kl");
+    q = json_object_get(variant(j, "full"), "quality");
+    assert_string_equal(json_string_value(json_object_get(q, "kind")), "lossy, not scored");
+    assert_true(json_is_true(json_object_get(q, "ok")));
+    assert_null(json_object_get(q, "mean_kl"));
+    assert_non_null(strstr(json_string_value(json_object_get(variant(j, "full"), "verdict")), "not scored (--no-kl)"));
+    json_decref(j);
 }
 
 /* How many variants of result.json j have status st. */
