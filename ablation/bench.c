@@ -442,14 +442,14 @@ static size_t stream_write(char *ptr, size_t size, size_t nm, void *ud) {
     return n;
 }
 
-int tsr_bench_request(const char *url, const tsr_wl_case *c, double timeout_s, tsr_bench_sample *out,
-                      json_t **tokens, char **text, tsr_error *err) {
+int tsr_bench_request(const char *url, const tsr_wl_case *c, double timeout_s, int want_tokens,
+                      tsr_bench_sample *out, json_t **tokens, char **text, tsr_error *err) {
     memset(out, 0, sizeof *out);
     *tokens = NULL;
     *text = NULL;
     json_t *req = json_pack("{s:s, s:O, s:i, s:f, s:b, s:{s:b}, s:b}", "model", "tessera", "messages",
                             c->messages, "max_tokens", c->max_tokens, "temperature", 0.0, "stream", 1,
-                            "stream_options", "include_usage", 1, "logprobs", 1);
+                            "stream_options", "include_usage", 1, "logprobs", want_tokens);
     char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
     if (!body) return tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
@@ -631,30 +631,41 @@ int tsr_bench_run(const tsr_bench_opts *o, tsr_bench_result *out, tsr_error *err
             rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
             break;
         }
-        for (int r = 0; r < w->warmup && rc == TSR_OK; r++) {
-            if (o->progress) o->progress(o->progress_ud, i, w->n_cases, c->name, -1, w->warmup);
+        /* The tokens come from the first warm-up run (one untimed run more
+         * without warm-up), asked with logprobs: a server then copies every
+         * token's logits to the host and normalises them (the Qwen3-8B shape
+         * on the H200: ~1.8 ms a token, a third of a decode step), so timed
+         * runs do not ask. Greedy: every timed run must give the same text. */
+        const int untimed = w->warmup > 0 ? w->warmup : 1;
+        for (int r = 0; r < untimed && rc == TSR_OK; r++) {
+            if (o->progress) o->progress(o->progress_ud, i, w->n_cases, c->name, -1, untimed);
             tsr_bench_sample s;
             json_t *tk;
             char *tx;
-            rc = tsr_bench_request(o->url, c, o->request_timeout_s, &s, &tk, &tx, err);
-            json_decref(tk);
-            free(tx);
-        }
-        prom_snap p0 = scrape(o->url);
-        for (int r = 0; r < w->repeats && rc == TSR_OK; r++) {
-            if (o->progress) o->progress(o->progress_ud, i, w->n_cases, c->name, r, w->repeats);
-            json_t *tk;
-            char *tx;
-            rc = tsr_bench_request(o->url, c, o->request_timeout_s, &bc->samples[r], &tk, &tx, err);
-            if (rc) break;
-            bc->n_samples++;
-            if (r == 0) {
+            rc = tsr_bench_request(o->url, c, o->request_timeout_s, r == 0, &s, &tk, &tx, err);
+            if (r == 0 && rc == TSR_OK) {
                 bc->tokens = tk;
                 bc->text = tx;
             } else {
                 json_decref(tk);
                 free(tx);
             }
+        }
+        prom_snap p0 = scrape(o->url);
+        for (int r = 0; r < w->repeats && rc == TSR_OK; r++) {
+            if (o->progress) o->progress(o->progress_ud, i, w->n_cases, c->name, r, w->repeats);
+            json_t *tk;
+            char *tx;
+            rc = tsr_bench_request(o->url, c, o->request_timeout_s, 0, &bc->samples[r], &tk, &tx, err);
+            if (rc) break;
+            bc->n_samples++;
+            if (strcmp(tx, bc->text))
+                rc = tsr_error_set(err, TSR_ERR_PLUGIN,
+                                   "repetition %d's text differs from the first run's (greedy decoding of one "
+                                   "prompt gave two texts: the engine is not deterministic)",
+                                   r + 1);
+            json_decref(tk);
+            free(tx);
         }
         if (rc) {
             tsr_error_prefix(err, "case '%s'", c->name);

@@ -93,8 +93,8 @@ typedef struct tsr_bench_case {
     int n_samples;
     tsr_stat3 decode_tps, prefill_tps, ttft_s, e2e_s;
     int n_prompt, n_gen;             /* of the first repetition */
-    json_t *tokens;                  /* the first repetition's token texts (array) */
-    char *text;                      /* its text */
+    json_t *tokens;                  /* token texts of the first (warm-up) run, asked with logprobs */
+    char *text;                      /* its text, which every timed run repeated */
     double decode_ceiling_tps, prefill_ceiling_tps; /* 0: unknown */
     double draft_accept_per_pass;    /* accepted drafted tokens per verify pass; -1: no drafting */
     double expert_hit_rate;          /* -1: no expert cache activity */
@@ -126,10 +126,11 @@ void tsr_bench_result_free(tsr_bench_result *r);
 /* ---- pieces, exposed for tests ----------------------------------------- */
 
 /* One streamed chat completion. Fills s, *tokens (new array of token
- * texts) and *text (malloc'ed). HTTP errors give TSR_ERR_REFUSED with the
- * status and the server's message. */
-int tsr_bench_request(const char *url, const tsr_wl_case *c, double timeout_s, tsr_bench_sample *s,
-                      json_t **tokens, char **text, tsr_error *err);
+ * texts: empty unless want_tokens, which asks for logprobs) and *text
+ * (malloc'ed). HTTP errors give TSR_ERR_REFUSED with the status and the
+ * server's message. */
+int tsr_bench_request(const char *url, const tsr_wl_case *c, double timeout_s, int want_tokens,
+                      tsr_bench_sample *s, json_t **tokens, char **text, tsr_error *err);
 /* Value of one sample line of Prometheus text ("name" or "name{labels}"
  * exactly as written); 0 if found. */
 int tsr_prom_value(const char *text, const char *series, double *out);

@@ -348,6 +348,25 @@ static void test_ablate_perturbing_plugins(void **st) {
     free(md);
 }
 
+/* A variant whose greedy text changes from request to request (the bias
+ * gemv from its 30th classifier call: inside the case's third request)
+ * fails as not deterministic; the baseline runs. The tokens come from the
+ * warm-up run (asked with logprobs), the timed runs compared by text. */
+static void test_ablate_not_deterministic(void **st) {
+    (void)st;
+    NEED_READY();
+    json_t *j = ablate("drifting.yaml", "tests/ablation/data/tiny.json", g_mixed, "drifting", 1);
+    assert_string_equal(json_string_value(json_object_get(variant(j, "baseline"), "status")), "ran");
+    json_t *bc = json_array_get(json_object_get(variant(j, "baseline"), "cases"), 0);
+    assert_true(json_array_size(json_object_get(bc, "tokens")) >= 1); /* from the warm-up */
+    json_t *v = variant(j, "full");
+    assert_string_equal(json_string_value(json_object_get(v, "status")), "failed");
+    const char *why = json_string_value(json_object_get(v, "reason"));
+    assert_non_null(strstr(why, "repetition 2's text differs from the first run's"));
+    assert_non_null(strstr(why, "not deterministic"));
+    json_decref(j);
+}
+
 static void test_ablate_refused_variant(void **st) {
     (void)st;
     NEED_READY();
@@ -592,6 +611,7 @@ int main(void) {
         cmocka_unit_test(test_probe),
         cmocka_unit_test(test_ablate_exact3),
         cmocka_unit_test(test_ablate_perturbing_plugins),
+        cmocka_unit_test(test_ablate_not_deterministic),
         cmocka_unit_test(test_ablate_refused_variant),
         cmocka_unit_test(test_ablate_resume),
         cmocka_unit_test(test_bench),

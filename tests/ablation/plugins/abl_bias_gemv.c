@@ -1,7 +1,10 @@
 /* abl_bias_gemv: an f32 gemv that declares itself exact but adds a large
  * bias to one output row of the classifier (lm_head, or the tied embedding):
  * every greedy token becomes that row's token. ablate must flag it as
- * breaking exactness. For the ablation tests only. */
+ * breaking exactness. With `from_call: N` > 0 the bias starts at the
+ * instance's N-th classifier call: one prompt's greedy text then changes
+ * from one request to the next, which bench must report as an engine that
+ * is not deterministic. For the ablation tests only. */
 #include <string.h>
 
 #include "slots/tsr_gemv.h"
@@ -11,6 +14,7 @@
 
 typedef struct inst {
     const tsr_plugin_ctx *ctx;
+    int64_t from_call, calls; /* the bias from classifier call from_call on (0: always); calls so far */
 } inst;
 
 typedef struct prep {
@@ -19,7 +23,10 @@ typedef struct prep {
 } prep;
 
 static int g_init(void *p, const tsr_plugin_ctx *ctx) {
-    ((inst *)p)->ctx = ctx;
+    inst *g = p;
+    g->ctx = ctx;
+    const tsr_param *t = ctx->host->param(ctx, "from_call");
+    g->from_call = t ? t->v.i : 0;
     return TSR_OK;
 }
 
@@ -44,9 +51,10 @@ static void g_release(void *p, void *prepared) {
 }
 
 static int g_run(void *p, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
-    (void)p;
     (void)ex;
+    inst *g = p;
     const prep *q = prepared;
+    const int bias = q->classifier && ++g->calls >= g->from_call;
     const tsr_weight *w = &q->w;
     const float *W = w->data;
     for (int r = 0; r < rows; r++) {
@@ -55,7 +63,7 @@ static int g_run(void *p, const void *prepared, int rows, const float *x, float 
             for (int64_t i = 0; i < w->cols; i++) acc += x[r * w->cols + i] * W[o * w->cols + i];
             y[r * w->rows + o] = acc;
         }
-        if (q->classifier) y[r * w->rows + ABL_BIAS_ROW] += ABL_BIAS;
+        if (bias) y[r * w->rows + ABL_BIAS_ROW] += ABL_BIAS;
     }
     return TSR_OK;
 }
