@@ -572,24 +572,10 @@ static void measure_variant(abl_ctx *c, tsr_abl_variant *v, const tsr_workload *
     }
 }
 
-/* The engine figures result.json keeps for a variant (report.c writes them). */
-static void fig_from_json(const json_t *e, tsr_engine_figures *f) {
-    memset(f, 0, sizeof *f);
-    if (!json_is_object(e)) return;
-    const json_t *src = json_object_get(e, "source"), *as = json_object_get(e, "assembly"),
-                 *dev = json_object_get(e, "device");
-    snprintf(f->source, sizeof f->source, "%s", json_is_string(src) ? json_string_value(src) : "");
-    snprintf(f->assembly, sizeof f->assembly, "%s", json_is_string(as) ? json_string_value(as) : "");
-    f->device = json_is_string(dev) ? tsr_device_from_name(json_string_value(dev)) : TSR_DEVICE_CPU;
-    const char *keys[] = {"weight_bytes_per_token", "kv_bytes_per_token", "flops_per_token",
-                          "attn_flops_per_ctx_token", "n_params"};
-    double *dst[] = {&f->weight_bytes_per_token, &f->kv_bytes_per_token, &f->flops_per_token,
-                     &f->attn_flops_per_ctx_token, &f->n_params};
-    for (int i = 0; i < 5; i++) {
-        const json_t *v = json_object_get(e, keys[i]);
-        *dst[i] = json_is_number(v) ? json_number_value(v) : 0;
-    }
-    f->known = 1;
+/* Now, UTC, ISO 8601 (result.json's created and measured). */
+static void utc_now(char *buf, size_t size) {
+    time_t t = time(NULL);
+    strftime(buf, size, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
 }
 
 static const char *str_at(const json_t *o, const char *a, const char *b) {
@@ -665,11 +651,19 @@ static int resume_from(const tsr_ablate_opts *o, tsr_abl_result *r, tsr_error *e
             rc = tsr_abl_case_from_json(json_array_get(cases, (size_t)i), &v->bench.cases[i], err);
             if (!rc) v->bench.n_cases = i + 1;
             if (!rc && strcmp(v->bench.cases[i].name, r->w->cases[i].name))
-                rc = tsr_error_set(err, TSR_ERR_FORMAT, "variant %s: case %d is %s, not %s", name, i,
-                                   v->bench.cases[i].name, r->w->cases[i].name);
-            if (rc) tsr_error_prefix(err, "variant %s", name);
+                rc = tsr_error_set(err, TSR_ERR_FORMAT, "case %d is %s, not %s", i, v->bench.cases[i].name,
+                                   r->w->cases[i].name);
         }
-        fig_from_json(json_object_get(vj, "engine"), &v->bench.fig);
+        /* the engine's figures (null where the run could not read them) */
+        const json_t *eng = json_object_get(vj, "engine");
+        if (!rc && json_is_object(eng) && !(rc = tsr_engine_figures_from_json(eng, &v->bench.fig, err))) {
+            const char *src = str_at(eng, "source", NULL);
+            snprintf(v->bench.fig.source, sizeof v->bench.fig.source, "%s", src ? src : "");
+        }
+        if (rc) {
+            tsr_error_prefix(err, "variant %s", name);
+            break;
+        }
         v->rounds_done = done;
         snprintf(v->measured, sizeof v->measured, "%s", at ? at : "");
         r->resumed++;
@@ -717,8 +711,7 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
         fclose(af);
     }
     git_commit(o->source_dir, r->commit, sizeof r->commit);
-    time_t now = time(NULL);
-    strftime(r->created, sizeof r->created, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    utc_now(r->created, sizeof r->created);
     r->n_threads = o->n_threads;
 
     /* the assembly, its plan, its non-baseline plugins and their baselines */
@@ -822,8 +815,7 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
             measure_variant(&c, v, w, round);
             if (!v->refused && !v->failed) {
                 v->rounds_done = round + 1;
-                time_t t = time(NULL);
-                strftime(v->measured, sizeof v->measured, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+                utc_now(v->measured, sizeof v->measured);
                 summarize(v);
             }
             if ((rc = tsr_abl_write_result_json(r, o->out_dir, err))) goto done;

@@ -212,6 +212,34 @@ static double matmul_params(const tsr_model_config *c) {
     return (double)c->n_layers * (attn + mlp) + (double)c->vocab * h;
 }
 
+json_t *tsr_engine_figures_to_json(const tsr_engine_figures *f) {
+    return json_pack("{s:s, s:s, s:o, s:o, s:o, s:o, s:o}", "assembly", f->assembly, "device",
+                     tsr_device_name(f->device), "weight_bytes_per_token", tsr_jnum(f->weight_bytes_per_token),
+                     "kv_bytes_per_token", tsr_jnum(f->kv_bytes_per_token), "flops_per_token",
+                     tsr_jnum(f->flops_per_token), "attn_flops_per_ctx_token",
+                     tsr_jnum(f->attn_flops_per_ctx_token), "n_params", tsr_jnum(f->n_params));
+}
+
+int tsr_engine_figures_from_json(const json_t *j, tsr_engine_figures *f, tsr_error *err) {
+    memset(f, 0, sizeof *f);
+    const char *keys[] = {"weight_bytes_per_token", "kv_bytes_per_token", "flops_per_token", "n_params"};
+    double *dst[] = {&f->weight_bytes_per_token, &f->kv_bytes_per_token, &f->flops_per_token, &f->n_params};
+    for (int i = 0; i < 4; i++) {
+        json_t *v = json_object_get(j, keys[i]);
+        if (!json_is_number(v)) return tsr_error_set(err, TSR_ERR_FORMAT, "%s missing or not a number", keys[i]);
+        *dst[i] = json_number_value(v);
+    }
+    json_t *a = json_object_get(j, "attn_flops_per_ctx_token");
+    if (json_is_number(a)) f->attn_flops_per_ctx_token = json_number_value(a);
+    a = json_object_get(j, "assembly");
+    snprintf(f->assembly, sizeof f->assembly, "%s", json_is_string(a) ? json_string_value(a) : "");
+    a = json_object_get(j, "device");
+    if ((f->device = json_is_string(a) ? tsr_device_from_name(json_string_value(a)) : -1) < 0)
+        return tsr_error_set(err, TSR_ERR_FORMAT, "device missing or not \"cpu\" or \"cuda\"");
+    f->known = 1;
+    return TSR_OK;
+}
+
 int tsr_engine_figures_http(const char *url, tsr_engine_figures *f, tsr_error *err) {
     memset(f, 0, sizeof *f);
     long code;
@@ -224,28 +252,14 @@ int tsr_engine_figures_http(const char *url, tsr_engine_figures *f, tsr_error *e
     }
     json_t *j = json_loads(body, 0, NULL);
     free(body);
-    const char *keys[] = {"weight_bytes_per_token", "kv_bytes_per_token", "flops_per_token", "n_params"};
-    double *dst[] = {&f->weight_bytes_per_token, &f->kv_bytes_per_token, &f->flops_per_token, &f->n_params};
-    for (int i = 0; i < 4; i++) {
-        json_t *v = json_object_get(j, keys[i]);
-        if (!json_is_number(v)) {
-            json_decref(j);
-            return tsr_error_set(err, TSR_ERR_FORMAT, "GET /v1/engine: %s missing or not a number", keys[i]);
-        }
-        *dst[i] = json_number_value(v);
-    }
-    json_t *a = json_object_get(j, "attn_flops_per_ctx_token");
-    if (json_is_number(a)) f->attn_flops_per_ctx_token = json_number_value(a);
-    a = json_object_get(j, "assembly");
-    snprintf(f->assembly, sizeof f->assembly, "%s", json_is_string(a) ? json_string_value(a) : "");
-    a = json_object_get(j, "device");
-    if ((f->device = json_is_string(a) ? tsr_device_from_name(json_string_value(a)) : -1) < 0) {
-        json_decref(j);
-        return tsr_error_set(err, TSR_ERR_FORMAT, "GET /v1/engine: device missing or not \"cpu\" or \"cuda\"");
+    rc = tsr_engine_figures_from_json(j, f, err);
+    json_decref(j);
+    if (rc) {
+        f->known = 0;
+        tsr_error_prefix(err, "GET /v1/engine");
+        return rc;
     }
     snprintf(f->source, sizeof f->source, "GET /v1/engine");
-    f->known = 1;
-    json_decref(j);
     return TSR_OK;
 }
 
@@ -307,14 +321,15 @@ char *tsr_engine_info_json(tsr_model *m, tsr_error *err) {
                                                  "exactness", r->exact ? "exact" : "lossy", "baseline",
                                                  r->baseline));
     }
-    json_t *j = json_pack("{s:s, s:s, s:o, s:f, s:f, s:f, s:f, s:f, s:s}", "assembly", f.assembly, "device",
-                          tsr_device_name(f.device), "plugins", plugins,
-                          "weight_bytes_per_token", f.weight_bytes_per_token, "kv_bytes_per_token",
-                          f.kv_bytes_per_token, "flops_per_token", f.flops_per_token, "attn_flops_per_ctx_token",
-                          f.attn_flops_per_ctx_token, "n_params", f.n_params, "note",
-                          "flops_per_token: 2 x matmul parameters used per token; attention adds "
-                          "attn_flops_per_ctx_token per token of context; kv_bytes_per_token measured "
-                          "from the kv_cache plugin's usage at start-up");
+    json_t *j = tsr_engine_figures_to_json(&f);
+    if (j) {
+        json_object_set_new(j, "plugins", plugins);
+        json_object_set_new(j, "note", json_string("flops_per_token: 2 x matmul parameters used per token; "
+                                                   "attention adds attn_flops_per_ctx_token per token of "
+                                                   "context; kv_bytes_per_token measured from the kv_cache "
+                                                   "plugin's usage at start-up"));
+    } else
+        json_decref(plugins);
     char *out = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (!out) tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");

@@ -61,6 +61,12 @@ typedef struct tsr_engine_figures {
     double n_params;                 /* matmul parameters used per token */
 } tsr_engine_figures;
 
+/* The figures as JSON (assembly, device and the five numbers; no source):
+ * GET /v1/engine's and result.json's; NULL on no memory. */
+json_t *tsr_engine_figures_to_json(const tsr_engine_figures *f);
+/* Read back (source left ""): the four per-token figures and the device
+ * are required (TSR_ERR_FORMAT naming the field), attention FLOPs optional. */
+int tsr_engine_figures_from_json(const json_t *j, tsr_engine_figures *f, tsr_error *err);
 /* GET url/v1/engine (404: known = 0, TSR_OK; a body without the figures or
  * the device: TSR_ERR_FORMAT naming the field). */
 int tsr_engine_figures_http(const char *url, tsr_engine_figures *f, tsr_error *err);

@@ -394,7 +394,12 @@ int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) 
     return TSR_OK;
 }
 
-static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+json_t *tsr_jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+double tsr_jnum_at(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
 
 static json_t *probe_json(const tsr_probe_result *r);
 
@@ -402,8 +407,8 @@ json_t *tsr_probe_to_json(const tsr_probe_result *r) {
     json_t *j = probe_json(r);
     json_t *g = j ? json_object_get(j, "gpu") : NULL;
     if (!g) return j;
-    json_t *f = json_pack("{s:o, s:o, s:o, s:i, s:s, s:s}", "gflops", num_or_null(r->fma_gflops), "gflops_min",
-                          num_or_null(r->fma_gflops_min), "gflops_max", num_or_null(r->fma_gflops_max), "threads",
+    json_t *f = json_pack("{s:o, s:o, s:o, s:i, s:s, s:s}", "gflops", tsr_jnum(r->fma_gflops), "gflops_min",
+                          tsr_jnum(r->fma_gflops_min), "gflops_max", tsr_jnum(r->fma_gflops_max), "threads",
                           r->n_threads, "isa", r->fma_avx512 ? "avx512" : "avx2", "method",
                           isfinite(r->fma_gflops)
                               ? (r->fma_avx512 ? "12 independent chains of 16-lane (AVX-512) f32 FMAs in registers on "
@@ -417,11 +422,11 @@ json_t *tsr_probe_to_json(const tsr_probe_result *r) {
         return NULL;
     }
     json_object_set_new(g, "name", r->have_gpu ? json_string(r->gpu_name) : json_null());
-    json_object_set_new(g, "read_gbs", num_or_null(r->gpu_read_gbs));
-    json_object_set_new(g, "read_gbs_min", num_or_null(r->gpu_read_gbs_min));
-    json_object_set_new(g, "read_gbs_max", num_or_null(r->gpu_read_gbs_max));
-    json_object_set_new(g, "bf16_tflops", num_or_null(r->gpu_bf16_tflops));
-    json_object_set_new(g, "fp8_tflops", num_or_null(r->gpu_fp8_tflops));
+    json_object_set_new(g, "read_gbs", tsr_jnum(r->gpu_read_gbs));
+    json_object_set_new(g, "read_gbs_min", tsr_jnum(r->gpu_read_gbs_min));
+    json_object_set_new(g, "read_gbs_max", tsr_jnum(r->gpu_read_gbs_max));
+    json_object_set_new(g, "bf16_tflops", tsr_jnum(r->gpu_bf16_tflops));
+    json_object_set_new(g, "fp8_tflops", tsr_jnum(r->gpu_fp8_tflops));
     json_object_set_new(g, "method", json_string("read: 16-byte loads over 4 GiB, CUDA events, median; "
                                                  "matmul: cuBLASLt 8192^3, f32 accumulation, median"));
     json_object_set_new(g, "note", json_string(r->gpu_note));
@@ -452,10 +457,6 @@ static json_t *probe_json(const tsr_probe_result *r) {
         "gpu", "name", "driver", "read_gbs", "bf16_tflops", "fp8_tflops", "note", "");
 }
 
-static double num(const json_t *o, const char *k) {
-    const json_t *v = json_object_get(o, k);
-    return json_is_number(v) ? json_number_value(v) : NAN;
-}
 
 int tsr_probe_from_json(const json_t *j, tsr_probe_result *r, tsr_error *err) {
     memset(r, 0, sizeof *r);
@@ -467,40 +468,40 @@ int tsr_probe_from_json(const json_t *j, tsr_probe_result *r, tsr_error *err) {
     if (!json_is_object(m) || !json_is_object(mr) || !json_is_object(g))
         return tsr_error_set(err, TSR_ERR_FORMAT,
                              "device record: needs objects machine, memory_read and gemm");
-    r->read_gbs = num(mr, "gbs");
-    r->gemm_gflops = num(g, "gflops");
+    r->read_gbs = tsr_jnum_at(mr, "gbs");
+    r->gemm_gflops = tsr_jnum_at(g, "gflops");
     if (!isfinite(r->read_gbs) || r->read_gbs <= 0)
         return tsr_error_set(err, TSR_ERR_FORMAT, "device record: memory_read.gbs must be > 0");
     if (!isfinite(r->gemm_gflops) || r->gemm_gflops < 0)
         return tsr_error_set(err, TSR_ERR_FORMAT, "device record: gemm.gflops must be >= 0");
-    r->read_gbs_min = num(mr, "gbs_min");
-    r->read_gbs_max = num(mr, "gbs_max");
-    r->read_gbs_sustained = num(mr, "gbs_sustained"); /* NAN in records written before it existed */
+    r->read_gbs_min = tsr_jnum_at(mr, "gbs_min");
+    r->read_gbs_max = tsr_jnum_at(mr, "gbs_max");
+    r->read_gbs_sustained = tsr_jnum_at(mr, "gbs_sustained"); /* NAN in records written before it existed */
     const json_t *lp = json_object_get(mr, "loop"); /* absent in records written before it existed */
     if (json_is_string(lp)) snprintf(r->read_loop, sizeof r->read_loop, "%s", json_string_value(lp));
-    r->gemm_gflops_min = num(g, "gflops_min");
-    r->gemm_gflops_max = num(g, "gflops_max");
+    r->gemm_gflops_min = tsr_jnum_at(g, "gflops_min");
+    r->gemm_gflops_max = tsr_jnum_at(g, "gflops_max");
     r->have_gemm = json_is_true(json_object_get(g, "available"));
     const json_t *f = json_object_get(j, "fma"); /* absent in records written before it existed */
-    r->fma_gflops = json_is_object(f) ? num(f, "gflops") : NAN;
-    r->fma_gflops_min = json_is_object(f) ? num(f, "gflops_min") : NAN;
-    r->fma_gflops_max = json_is_object(f) ? num(f, "gflops_max") : NAN;
+    r->fma_gflops = json_is_object(f) ? tsr_jnum_at(f, "gflops") : NAN;
+    r->fma_gflops_min = json_is_object(f) ? tsr_jnum_at(f, "gflops_min") : NAN;
+    r->fma_gflops_max = json_is_object(f) ? tsr_jnum_at(f, "gflops_max") : NAN;
     const json_t *fi = json_is_object(f) ? json_object_get(f, "isa") : NULL; /* absent before AVX-512: avx2 */
     r->fma_avx512 = json_is_string(fi) && !strcmp(json_string_value(fi), "avx512");
-    r->n_threads = (int)num(mr, "threads");
-    r->n_cores = (int)num(m, "cores");
+    r->n_threads = (int)tsr_jnum_at(mr, "threads");
+    r->n_cores = (int)tsr_jnum_at(m, "cores");
     const json_t *cm = json_object_get(m, "cpu_model");
     snprintf(r->cpu_model, sizeof r->cpu_model, "%s", json_is_string(cm) ? json_string_value(cm) : "unknown");
-    double mb = num(m, "memory_bytes");
+    double mb = tsr_jnum_at(m, "memory_bytes");
     r->mem_bytes = isfinite(mb) && mb > 0 ? (unsigned long long)mb : 0;
     /* the GPU (a CUDA engine's ceilings): a name where one was probed */
     const json_t *gpu = json_object_get(j, "gpu"), *gn = json_object_get(gpu, "name");
     const json_t *note = json_object_get(gpu, "note");
     r->have_gpu = json_is_string(gn);
     snprintf(r->gpu_name, sizeof r->gpu_name, "%s", r->have_gpu ? json_string_value(gn) : "");
-    r->gpu_read_gbs = num(gpu, "read_gbs"), r->gpu_read_gbs_min = num(gpu, "read_gbs_min");
-    r->gpu_read_gbs_max = num(gpu, "read_gbs_max");
-    r->gpu_bf16_tflops = num(gpu, "bf16_tflops"), r->gpu_fp8_tflops = num(gpu, "fp8_tflops");
+    r->gpu_read_gbs = tsr_jnum_at(gpu, "read_gbs"), r->gpu_read_gbs_min = tsr_jnum_at(gpu, "read_gbs_min");
+    r->gpu_read_gbs_max = tsr_jnum_at(gpu, "read_gbs_max");
+    r->gpu_bf16_tflops = tsr_jnum_at(gpu, "bf16_tflops"), r->gpu_fp8_tflops = tsr_jnum_at(gpu, "fp8_tflops");
     snprintf(r->gpu_note, sizeof r->gpu_note, "%s", json_is_string(note) ? json_string_value(note) : "");
     return TSR_OK;
 }

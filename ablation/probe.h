@@ -58,4 +58,9 @@ json_t *tsr_probe_to_json(const tsr_probe_result *r);
 /* Read it back (from `tessera probe --out` or result.json's "device"). */
 int tsr_probe_from_json(const json_t *j, tsr_probe_result *r, tsr_error *err);
 
+/* The ablation's JSON numbers: x, or null where not finite (json_real
+ * refuses NaN); and back, NAN where o[key] is null, absent or no number. */
+json_t *tsr_jnum(double x);
+double tsr_jnum_at(const json_t *o, const char *key);
+
 #endif

@@ -6,11 +6,9 @@
 
 #include "../core/host/manifest.h"
 
-/* a number, or null when not finite */
-static json_t *jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
 static json_t *stat_json(tsr_stat3 s) {
-    return json_pack("{s:o, s:o, s:o}", "median", jnum(s.med), "min", jnum(s.min), "max", jnum(s.max));
+    return json_pack("{s:o, s:o, s:o}", "median", tsr_jnum(s.med), "min", tsr_jnum(s.min), "max", tsr_jnum(s.max));
 }
 
 static json_t *case_json(const tsr_bench_case *c) {
@@ -18,18 +16,19 @@ static json_t *case_json(const tsr_bench_case *c) {
     for (int i = 0; i < c->n_samples; i++) {
         const tsr_bench_sample *s = &c->samples[i];
         json_array_append_new(samples, json_pack("{s:o, s:o, s:o, s:o, s:i, s:i}", "decode_tps",
-                                                 jnum(s->decode_tps), "prefill_tps", jnum(s->prefill_tps),
-                                                 "ttft_s", jnum(s->ttft_s), "e2e_s", jnum(s->e2e_s),
+                                                 tsr_jnum(s->decode_tps), "prefill_tps", tsr_jnum(s->prefill_tps),
+                                                 "ttft_s", tsr_jnum(s->ttft_s), "e2e_s", tsr_jnum(s->e2e_s),
                                                  "prompt_tokens", s->n_prompt, "generated_tokens", s->n_gen));
     }
     return json_pack(
         "{s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s}", "name", c->name,
         "kind", c->kind, "prompt_tokens", c->n_prompt, "generated_tokens", c->n_gen, "decode_tps",
         stat_json(c->decode_tps), "prefill_tps", stat_json(c->prefill_tps), "ttft_s", stat_json(c->ttft_s),
-        "e2e_s", stat_json(c->e2e_s), "decode_ceiling_tps", jnum(c->decode_ceiling_tps > 0 ? c->decode_ceiling_tps : NAN),
-        "prefill_ceiling_tps", jnum(c->prefill_ceiling_tps > 0 ? c->prefill_ceiling_tps : NAN),
-        "draft_accepted_per_pass", jnum(c->draft_accept_per_pass >= 0 ? c->draft_accept_per_pass : NAN),
-        "expert_hit_rate", jnum(c->expert_hit_rate >= 0 ? c->expert_hit_rate : NAN), "samples", samples,
+        "e2e_s", stat_json(c->e2e_s), "decode_ceiling_tps",
+        tsr_jnum(c->decode_ceiling_tps > 0 ? c->decode_ceiling_tps : NAN),
+        "prefill_ceiling_tps", tsr_jnum(c->prefill_ceiling_tps > 0 ? c->prefill_ceiling_tps : NAN),
+        "draft_accepted_per_pass", tsr_jnum(c->draft_accept_per_pass >= 0 ? c->draft_accept_per_pass : NAN),
+        "expert_hit_rate", tsr_jnum(c->expert_hit_rate >= 0 ? c->expert_hit_rate : NAN), "samples", samples,
         "tokens", c->tokens ? json_incref(c->tokens) : json_array(), "text", c->text ? c->text : "");
 }
 
@@ -37,15 +36,10 @@ static const char *status_of(const tsr_abl_variant *v) {
     return v->refused ? "refused" : v->failed ? "failed" : v->rounds_done ? "ran" : "pending";
 }
 
-/* null (or absent) -> NAN, as jnum writes it */
-static double num_or_nan(const json_t *o, const char *key) {
-    const json_t *v = json_object_get(o, key);
-    return json_is_number(v) ? json_number_value(v) : NAN;
-}
 
 static tsr_stat3 stat_of(const json_t *o, const char *key) {
     const json_t *s = json_object_get(o, key);
-    return (tsr_stat3){num_or_nan(s, "median"), num_or_nan(s, "min"), num_or_nan(s, "max")};
+    return (tsr_stat3){tsr_jnum_at(s, "median"), tsr_jnum_at(s, "min"), tsr_jnum_at(s, "max")};
 }
 
 int tsr_abl_case_from_json(const json_t *j, tsr_bench_case *c, tsr_error *err) {
@@ -63,8 +57,8 @@ int tsr_abl_case_from_json(const json_t *j, tsr_bench_case *c, tsr_error *err) {
     c->decode_tps = stat_of(j, "decode_tps"), c->prefill_tps = stat_of(j, "prefill_tps");
     c->ttft_s = stat_of(j, "ttft_s"), c->e2e_s = stat_of(j, "e2e_s");
     /* unknown ceilings are 0, unmeasured drafting and expert rates -1 (case_json writes them null) */
-    double d = num_or_nan(j, "decode_ceiling_tps"), p = num_or_nan(j, "prefill_ceiling_tps");
-    double a = num_or_nan(j, "draft_accepted_per_pass"), h = num_or_nan(j, "expert_hit_rate");
+    double d = tsr_jnum_at(j, "decode_ceiling_tps"), p = tsr_jnum_at(j, "prefill_ceiling_tps");
+    double a = tsr_jnum_at(j, "draft_accepted_per_pass"), h = tsr_jnum_at(j, "expert_hit_rate");
     c->decode_ceiling_tps = isnan(d) ? 0 : d, c->prefill_ceiling_tps = isnan(p) ? 0 : p;
     c->draft_accept_per_pass = isnan(a) ? -1 : a, c->expert_hit_rate = isnan(h) ? -1 : h;
     size_t n = json_array_size(samples);
@@ -78,8 +72,8 @@ int tsr_abl_case_from_json(const json_t *j, tsr_bench_case *c, tsr_error *err) {
     for (size_t i = 0; i < n; i++) {
         const json_t *o = json_array_get(samples, i);
         tsr_bench_sample *s = &c->samples[i];
-        s->decode_tps = num_or_nan(o, "decode_tps"), s->prefill_tps = num_or_nan(o, "prefill_tps");
-        s->ttft_s = num_or_nan(o, "ttft_s"), s->e2e_s = num_or_nan(o, "e2e_s");
+        s->decode_tps = tsr_jnum_at(o, "decode_tps"), s->prefill_tps = tsr_jnum_at(o, "prefill_tps");
+        s->ttft_s = tsr_jnum_at(o, "ttft_s"), s->e2e_s = tsr_jnum_at(o, "e2e_s");
         s->n_prompt = (int)json_integer_value(json_object_get(o, "prompt_tokens"));
         s->n_gen = (int)json_integer_value(json_object_get(o, "generated_tokens"));
     }
@@ -95,9 +89,9 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
         json_array_append_new(
             plugins, json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:b}", "name", p->name, "slot",
                                p->slot, "baseline", p->baseline, "exactness", p->exact ? "exact" : "lossy",
-                               "max_mean_kl", p->exact ? json_null() : jnum(p->max_mean_kl), "max_ppl_ratio",
-                               p->exact ? json_null() : jnum(p->max_ppl_ratio), "off", jnum(p->off), "alone",
-                               jnum(p->alone), "shapley", jnum(p->shapley), "exactness_broken",
+                               "max_mean_kl", p->exact ? json_null() : tsr_jnum(p->max_mean_kl), "max_ppl_ratio",
+                               p->exact ? json_null() : tsr_jnum(p->max_ppl_ratio), "off", tsr_jnum(p->off), "alone",
+                               tsr_jnum(p->alone), "shapley", tsr_jnum(p->shapley), "exactness_broken",
                                p->exact_broken));
     }
     for (int i = 0; i < r->n_variants; i++) {
@@ -116,26 +110,21 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
             json_object_set_new(q, "first_difference",
                                 json_pack("{s:s, s:i}", "case", v->diverge_case, "token", v->diverge_pos));
         if (v->quality_kind == 2) {
-            json_object_set_new(q, "mean_kl", jnum(v->mean_kl));
-            json_object_set_new(q, "ppl_ratio", jnum(v->ppl_ratio));
-            json_object_set_new(q, "max_mean_kl", jnum(v->kl_bound));
-            json_object_set_new(q, "max_ppl_ratio", jnum(v->ppl_bound));
+            json_object_set_new(q, "mean_kl", tsr_jnum(v->mean_kl));
+            json_object_set_new(q, "ppl_ratio", tsr_jnum(v->ppl_ratio));
+            json_object_set_new(q, "max_mean_kl", tsr_jnum(v->kl_bound));
+            json_object_set_new(q, "max_ppl_ratio", tsr_jnum(v->ppl_bound));
         }
         const tsr_engine_figures *f = &v->bench.fig;
-        json_t *fig = f->known ? json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o}", "source", f->source,
-                                           "assembly", f->assembly, "device", tsr_device_name(f->device),
-                                           "weight_bytes_per_token", jnum(f->weight_bytes_per_token),
-                                           "kv_bytes_per_token", jnum(f->kv_bytes_per_token), "flops_per_token",
-                                           jnum(f->flops_per_token), "attn_flops_per_ctx_token",
-                                           jnum(f->attn_flops_per_ctx_token), "n_params", jnum(f->n_params))
-                               : json_null();
+        json_t *fig = f->known ? tsr_engine_figures_to_json(f) : json_null();
+        if (fig && f->known) json_object_set_new(fig, "source", json_string(f->source));
         json_t *vj =
             json_pack("{s:s, s:o, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s}", "name",
                       v->name, "plugins_on", on, "assembly_file", v->assembly_file, "status", status_of(v),
-                      "reason", v->reason, "engine", fig, "decode_tps", jnum(v->decode_tps), "prefill_tps",
-                      jnum(v->prefill_tps), "ttft_s", jnum(v->ttft_s), "e2e_s", jnum(v->e2e_s), "speedup",
-                      jnum(v->speedup), "decode_ceiling_fraction", jnum(v->decode_ceiling_frac),
-                      "prefill_ceiling_fraction", jnum(v->prefill_ceiling_frac), "quality", q, "cases", cases,
+                      "reason", v->reason, "engine", fig, "decode_tps", tsr_jnum(v->decode_tps), "prefill_tps",
+                      tsr_jnum(v->prefill_tps), "ttft_s", tsr_jnum(v->ttft_s), "e2e_s", tsr_jnum(v->e2e_s), "speedup",
+                      tsr_jnum(v->speedup), "decode_ceiling_fraction", tsr_jnum(v->decode_ceiling_frac),
+                      "prefill_ceiling_fraction", tsr_jnum(v->prefill_ceiling_frac), "quality", q, "cases", cases,
                       "verdict", v->verdict);
         /* what --resume reads back: which plugins, how many rounds measured, when */
         if (vj) {
@@ -159,7 +148,7 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
                      "device", dev, "assembly", "path", r->assembly_path, "name", r->assembly_name, "text",
                      r->assembly_text, "plugins",
                      plugins, "attribution", "exact_shapley", r->has_shapley, "note", r->shapley_note,
-                     "shapley_sum", jnum(r->shapley_sum), "full_minus_baseline", jnum(r->full_minus_baseline),
+                     "shapley_sum", tsr_jnum(r->shapley_sum), "full_minus_baseline", tsr_jnum(r->full_minus_baseline),
                      "variants", variants, "resumed_variants", r->resumed);
 }
 
