@@ -14,6 +14,7 @@
 
 #include "../util/checked.h"
 #include "sampling.h"
+#include "../../kernels/cpu/ops.h"
 
 /* Slack for "mass reaches p" and "p >= min_p * p_max": parameters arrive as
  * float and probabilities are rounded, so exact boundaries must not flip. */
@@ -363,19 +364,9 @@ int tsr_sampler_plain_greedy(const tsr_sampler *s) {
            s->p.frequency_penalty == 0;
 }
 
-/* Highest non-NaN logit, ties to the lowest id; -1 if all are NaN or -inf. */
-static int32_t argmax(const float *logits, int V) {
-    int32_t best = -1;
-    float bv = -INFINITY;
-    for (int i = 0; i < V; i++) {
-        float l = logits[i];
-        if (l > bv) {
-            bv = l;
-            best = i;
-        }
-    }
-    return best;
-}
+/* Highest non-NaN logit, ties to the lowest id; -1 if all are NaN or -inf
+ * (the CPU kernels' scan: AVX2 where present). */
+static int32_t argmax(const float *logits, int V) { return V > 0 ? tsr_argmax_above(logits, V, -INFINITY) : -1; }
 
 /* Rules 3-5 on penalised logits, writing the final distribution into probs
  * (zeroed first). */
@@ -535,12 +526,12 @@ void tsr_logprobs(const float *logits, int vocab, int32_t id, int n_top, tsr_tok
     if (n_top < 0) n_top = 0;
     if (n_top > TSR_MAX_TOP_LOGPROBS) n_top = TSR_MAX_TOP_LOGPROBS;
 
-    float mx = -INFINITY;
+    /* the largest logit (NaN never; -inf where none is larger), +inf counted */
+    const int32_t at = argmax(logits, vocab);
+    const float mx = at >= 0 ? logits[at] : -INFINITY;
     int n_pinf = 0;
-    for (int i = 0; i < vocab; i++) {
-        if (logits[i] > mx) mx = logits[i];
-        if (logits[i] == INFINITY) n_pinf++;
-    }
+    if (mx == INFINITY)
+        for (int i = 0; i < vocab; i++) n_pinf += logits[i] == INFINITY;
     /* Log-normaliser; lse == INFINITY: no distribution (every logit NaN or
      * -inf), every token gets -inf. */
     double lse;
@@ -549,10 +540,7 @@ void tsr_logprobs(const float *logits, int vocab, int32_t id, int n_top, tsr_tok
     } else if (mx == INFINITY) {
         lse = log((double)n_pinf);
     } else {
-        double z = 0;
-        for (int i = 0; i < vocab; i++)
-            if (logits[i] > -INFINITY) z += exp((double)logits[i] - (double)mx);
-        lse = (double)mx + log(z);
+        lse = (double)mx + log(tsr_sum_exp(logits, vocab, mx));
     }
     info->logprob = (id >= 0 && id < vocab) ? logprob_of(logits[id], mx, lse) : -INFINITY;
 

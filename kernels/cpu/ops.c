@@ -13,6 +13,7 @@ void tsr_rotate_halves_avx2(float *x, const float *c, const float *s, int n_head
 int64_t tsr_absmax_avx2(const float *x, int64_t n, float *amax, int *nan);
 int64_t tsr_max_above_avx2(const float *x, int64_t n, float floor, float *best);
 int64_t tsr_find_avx2(const float *x, int64_t n, float v);
+int64_t tsr_sum_exp_avx2(const float *x, int64_t n, float mx, double *sum);
 #define HAS_AVX2() tsr_cpu_has_avx2_fma_f16c()
 #else
 #define HAS_AVX2() 0
@@ -119,6 +120,17 @@ void tsr_add(float *y, const float *x, int64_t n) {
 
 void tsr_axpy(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+double tsr_sum_exp(const float *x, int64_t n, float mx) {
+    double z = 0;
+    int64_t i = 0;
+#if defined(__x86_64__)
+    if (HAS_AVX2()) i = tsr_sum_exp_avx2(x, n, mx, &z); /* whole vectors; the tail below */
+#endif
+    for (; i < n; i++)
+        if (x[i] > -INFINITY) z += exp((double)x[i] - (double)mx);
+    return z;
 }
 
 void tsr_softmax(float *x, int n) {

@@ -36,6 +36,11 @@ float tsr_absmax(const float *x, int64_t n, int *nan);
 void tsr_add(float *y, const float *x, int64_t n);
 /* y += a * x */
 void tsr_axpy(float *y, float a, const float *x, int64_t n);
+/* The sum of e^(x[i] - mx) over the x[i] > -inf (NaN skipped), in double:
+ * a softmax's normaliser over a vocabulary (mx finite, >= every x[i]). With
+ * AVX2 + FMA each term from tsr_exp256 (about 2 ulp; terms below e^-87
+ * count 0), else exp in double. */
+double tsr_sum_exp(const float *x, int64_t n, float mx);
 /* In-place softmax of n values (max-subtracted, f32). */
 void tsr_softmax(float *x, int n);
 /* Indices of the k largest values of x[n] (ties: lower index first), in

@@ -28,6 +28,29 @@ void tsr_silu_mul_avx2(float *y, const float *g, const float *u, int64_t n) {
     }
 }
 
+/* tsr_sum_exp over the whole vectors of x: the terms in f32 (x - mx, then
+ * tsr_exp256; NaN and -inf lanes masked to 0), summed in four chains of
+ * double lanes. Returns the elements done; *sum their sum. */
+int64_t tsr_sum_exp_avx2(const float *x, int64_t n, float mx, double *sum) {
+    const __m256 m = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        __m256 e0 = _mm256_and_ps(tsr_exp256(_mm256_sub_ps(v0, m)), _mm256_cmp_ps(v0, ninf, _CMP_GT_OQ));
+        __m256 e1 = _mm256_and_ps(tsr_exp256(_mm256_sub_ps(v1, m)), _mm256_cmp_ps(v1, ninf, _CMP_GT_OQ));
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e0)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e0, 1)));
+        a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm256_castps256_ps128(e1)));
+        a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm256_extractf128_ps(e1, 1)));
+    }
+    __m256d a = _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3));
+    double lanes[4];
+    _mm256_storeu_pd(lanes, a);
+    *sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    return i;
+}
+
 /* sum of x[i]^2 in four chains of 8 lanes (the scalar loop is one chain of
  * add latency: 0.5 ms a call for the 1B shape's 128-row prompt). */
 float tsr_sumsq_avx2(const float *x, int n) {

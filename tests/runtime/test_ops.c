@@ -2,7 +2,9 @@
  * silu_mul against double precision over a sweep of inputs and tails, and
  * the special values (NaN, infinities, overflow of e^-g) as expf gives them;
  * rmsnorm and RoPE against double precision over lengths with SIMD tails;
- * argmax and absmax against the element-by-element scan. */
+ * argmax and absmax against the element-by-element scan; sum_exp (a
+ * vocabulary's softmax normaliser) against exp in double, NaN and -inf
+ * skipped in the vector body and the tail. */
 #include <float.h>
 #include <math.h>
 #include <setjmp.h>
@@ -128,6 +130,30 @@ static int32_t scan_above(const float *x, int n, float floor) {
     return best;
 }
 
+static void test_sum_exp(void **state) {
+    (void)state;
+    enum { N = 1003 }; /* 16-wide bodies and a tail of 11 */
+    static float x[N];
+    for (int n = 1; n <= N; n += 77) {
+        float mx = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            x[i] = -100.0f + 100.0f * (float)((i * 7919 + n) % 10007) / 10007.0f; /* terms to e^-100 */
+            if (i % 13 == 5) x[i] = NAN;
+            if (i % 17 == 3) x[i] = -INFINITY;
+            if (x[i] > mx) mx = x[i];
+        }
+        if (n >= 2) x[n - 1] = NAN, x[n - 2] = -INFINITY; /* in the tail where there is one */
+        double ref = 0;
+        for (int i = 0; i < n; i++)
+            if (x[i] > -INFINITY) ref += exp((double)x[i] - (double)mx);
+        const double z = tsr_sum_exp(x, n, mx);
+        if (!(fabs(z - ref) <= 4e-7 * ref)) fail_msg("n %d: %.17g, want %.17g", n, z, ref);
+    }
+    float none[20]; /* nothing counts: 0 */
+    for (int i = 0; i < 20; i++) none[i] = i % 2 ? NAN : -INFINITY;
+    assert_true(tsr_sum_exp(none, 20, 0.0f) == 0.0);
+}
+
 static void test_argmax(void **state) {
     (void)state;
     uint32_t h = 12345;
@@ -184,6 +210,7 @@ int main(void) {
         cmocka_unit_test(test_silu_mul_specials),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_sum_exp),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_absmax),
     };
