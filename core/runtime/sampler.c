@@ -549,6 +549,10 @@ void tsr_logprobs(const float *logits, int vocab, int32_t id, int n_top, tsr_tok
     int nt = 0;
     if (n_top > 0) {
         for (int i = 0; i < vocab; i++) {
+            if (nt == n_top && mx != INFINITY) { /* full: only a larger logit enters (ids grow) */
+                i += (int)tsr_first_above(logits + i, vocab - i, top[nt - 1].logit);
+                if (i == vocab) break;
+            }
             float l = logits[i];
             if (!(l > -INFINITY)) continue;           /* NaN or -inf */
             if (mx == INFINITY && l != INFINITY) continue; /* probability 0 */

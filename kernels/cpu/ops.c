@@ -14,6 +14,7 @@ int64_t tsr_absmax_avx2(const float *x, int64_t n, float *amax, int *nan);
 int64_t tsr_max_above_avx2(const float *x, int64_t n, float floor, float *best);
 int64_t tsr_find_avx2(const float *x, int64_t n, float v);
 int64_t tsr_sum_exp_avx2(const float *x, int64_t n, float mx, double *sum);
+int64_t tsr_first_above_avx2(const float *x, int64_t n, float floor);
 #define HAS_AVX2() tsr_cpu_has_avx2_fma_f16c()
 #else
 #define HAS_AVX2() 0
@@ -188,6 +189,19 @@ int32_t tsr_argmax_above(const float *x, int n, float floor) {
     }
 #endif
     while (x[i] != best) i++; /* best is one of x's values */
+    return i;
+}
+
+int64_t tsr_first_above(const float *x, int64_t n, float floor) {
+    int64_t i = 0;
+#if defined(__x86_64__)
+    if (HAS_AVX2()) {
+        const int64_t at = tsr_first_above_avx2(x, n, floor);
+        if (at >= 0) return at;
+        i = n / 8 * 8; /* not in the vector part: in the tail */
+    }
+#endif
+    while (i < n && !(x[i] > floor)) i++;
     return i;
 }
 

@@ -51,6 +51,8 @@ void tsr_topk(const float *x, int n, int k, int32_t *idx);
 int32_t tsr_argmax(const float *x, int n);
 /* The same among the values greater than floor; -1 when there is none. */
 int32_t tsr_argmax_above(const float *x, int n, float floor);
+/* Index of the first x[i] > floor (NaN never), n when there is none. */
+int64_t tsr_first_above(const float *x, int64_t n, float floor);
 static inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 
 #endif /* TSR_KERNELS_CPU_OPS_H */

@@ -155,4 +155,14 @@ int64_t tsr_find_avx2(const float *x, int64_t n, float v) {
     }
     return -1;
 }
+
+/* The first x[c] > floor in the whole vectors (NaN never), -1 if none. */
+int64_t tsr_first_above_avx2(const float *x, int64_t n, float floor) {
+    const __m256 f = _mm256_set1_ps(floor);
+    for (int64_t c = 0; c + 8 <= n; c += 8) {
+        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + c), f, _CMP_GT_OQ));
+        if (hit) return c + __builtin_ctz((unsigned)hit);
+    }
+    return -1;
+}
 #endif

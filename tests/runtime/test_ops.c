@@ -4,7 +4,7 @@
  * rmsnorm and RoPE against double precision over lengths with SIMD tails;
  * argmax and absmax against the element-by-element scan; sum_exp (a
  * vocabulary's softmax normaliser) against exp in double, NaN and -inf
- * skipped in the vector body and the tail. */
+ * skipped in the vector body and the tail; first_above against the scan. */
 #include <float.h>
 #include <math.h>
 #include <setjmp.h>
@@ -154,6 +154,21 @@ static void test_sum_exp(void **state) {
     assert_true(tsr_sum_exp(none, 20, 0.0f) == 0.0);
 }
 
+/* tsr_first_above against the element-by-element scan: every start and
+ * floor over values with NaN and -inf, the answer in the body or the tail. */
+static void test_first_above(void **state) {
+    (void)state;
+    float x[45];
+    for (int i = 0; i < 45; i++) x[i] = (float)((i * 37) % 11) - 5.0f;
+    x[3] = NAN, x[20] = -INFINITY, x[44] = NAN;
+    for (int n = 0; n <= 45; n++)
+        for (float floor = -6.0f; floor <= 6.0f; floor += 0.5f) {
+            int64_t want = 0;
+            while (want < n && !(x[want] > floor)) want++;
+            if (tsr_first_above(x, n, floor) != want) fail_msg("n %d, floor %g: want %lld", n, floor, (long long)want);
+        }
+}
+
 static void test_argmax(void **state) {
     (void)state;
     uint32_t h = 12345;
@@ -211,6 +226,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_sum_exp),
+        cmocka_unit_test(test_first_above),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_absmax),
     };

@@ -775,6 +775,43 @@ static void test_logprobs(void **state) {
     tsr_sampler_free(s);
 }
 
+/* A vocabulary's worth of logits on a coarse lattice (ties everywhere, the
+ * best ones late as well as early), NaN and -inf among them: the chosen
+ * token's log-probability against double precision and the top 1, 7 and 20
+ * against a full sort (by logit, ties to the lowest id); the scan skips
+ * ahead by vectors once its list is full (tsr_first_above). */
+static void test_logprobs_vocab(void **state) {
+    (void)state;
+    enum { V = 20011 }; /* 8-wide body and a tail of 3 */
+    static float l[V], sorted[V][2];
+    static double ld[V], ref[V];
+    static int keep[V];
+    lcg_state = 7;
+    for (int i = 0; i < V; i++) {
+        l[i] = (float)(0.25 * (int)(80.0 * lcg_uniform()) - 10.0); /* 80 values, from -10 to 9.75 */
+        keep[i] = 1;
+        if (i % 101 == 17) l[i] = NAN, keep[i] = 0;
+        if (i % 97 == 5 || i == V - 1) l[i] = -INFINITY, keep[i] = 0;
+        ld[i] = l[i];
+    }
+    ref_softmax(ld, keep, V, ref);
+    int n = 0;
+    for (int i = 0; i < V; i++)
+        if (keep[i]) sorted[n][0] = l[i], sorted[n++][1] = (float)i;
+    qsort(sorted, (size_t)n, sizeof sorted[0], ref_cmp);
+    const int tops[3] = {1, 7, TSR_MAX_TOP_LOGPROBS};
+    for (int t = 0; t < 3; t++) {
+        tsr_token_info info;
+        tsr_logprobs(l, V, V - 2, tops[t], &info);
+        assert_true(fabs(info.logprob - log(ref[V - 2])) < 1e-5);
+        assert_int_equal(info.n_top, tops[t]);
+        for (int j = 0; j < tops[t]; j++) {
+            assert_int_equal(info.top_ids[j], (int)sorted[j][1]);
+            assert_true(fabs(info.top_logprobs[j] - log(ref[info.top_ids[j]])) < 1e-5);
+        }
+    }
+}
+
 /* --- parameters ----------------------------------------------------------- */
 
 static void test_validate(void **state) {
@@ -850,6 +887,7 @@ int main(void) {
         cmocka_unit_test(test_verify_over_seeds),
         cmocka_unit_test(test_random_invariants),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_logprobs_vocab),
         cmocka_unit_test(test_validate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
