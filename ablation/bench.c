@@ -648,10 +648,11 @@ int tsr_bench_run(const tsr_bench_opts *o, tsr_bench_result *out, tsr_error *err
         }
         /* The tokens come from the first warm-up run (one untimed run more
          * without warm-up), asked with logprobs: a server then copies every
-         * token's logits to the host and normalises them on the CPU (the
-         * likely cause of ~1.8 ms a token more through the server than the
-         * engine's passes at the Qwen3-8B shape on the H200), so timed runs
-         * do not ask. Greedy: every timed run must give the same text. */
+         * token's logits to the host and normalises them on the CPU (with
+         * the copy, ~1.8 ms a token more through the server than the
+         * engine's passes at the Qwen3-8B shape on the H200, before the
+         * normalisation was vectorised), so timed runs do not ask. Greedy:
+         * every timed run must give the same text. */
         const int untimed = w->warmup > 0 ? w->warmup : 1;
         for (int r = 0; r < untimed && rc == TSR_OK; r++) {
             if (o->progress) o->progress(o->progress_ud, i, w->n_cases, c->name, -1, untimed);
