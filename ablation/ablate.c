@@ -367,19 +367,30 @@ static void summarize(tsr_abl_variant *v) {
 
 /* ---- the whole run ---- */
 
-static void git_commit(const char *dir, char *out, size_t size) {
-    snprintf(out, size, "unknown");
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "git -C '%s' rev-parse HEAD 2>/dev/null", dir ? dir : ".");
+/* The first line git prints for `git -C dir ARGS` ("" if none or no git). */
+static void git_line(const char *dir, const char *args, char *buf, size_t size) {
+    buf[0] = 0;
     if (dir && strchr(dir, '\'')) return;
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "git -C '%s' %s 2>/dev/null", dir ? dir : ".", args);
     FILE *p = popen(cmd, "r");
     if (!p) return;
-    char buf[128];
-    if (fgets(buf, sizeof buf, p)) {
-        buf[strcspn(buf, "\r\n")] = 0;
-        if (strlen(buf) == 40) snprintf(out, size, "%s", buf);
-    }
+    if (!fgets(buf, (int)size, p)) buf[0] = 0;
+    buf[strcspn(buf, "\r\n")] = 0;
     pclose(p);
+}
+
+/* HEAD of the source tree, "+modified" where tracked files differ from it
+ * (what was measured is then not that commit), "unknown" without git. */
+static void git_commit(const char *dir, char *out, size_t size) {
+    char head[128], changed[256];
+    git_line(dir, "rev-parse HEAD", head, sizeof head);
+    if (strlen(head) != 40) {
+        snprintf(out, size, "unknown");
+        return;
+    }
+    git_line(dir, "status --porcelain --untracked-files=no", changed, sizeof changed);
+    snprintf(out, size, "%s%s", head, changed[0] ? "+modified" : "");
 }
 
 static int mkdir_p(const char *d) {

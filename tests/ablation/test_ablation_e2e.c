@@ -581,6 +581,43 @@ static void test_bench(void **st) {
     free(t);
 }
 
+/* result.json's git_commit: the source tree's HEAD, "+modified" while a
+ * tracked file differs from it (a throwaway repository as the source tree). */
+static void test_ablate_commit_record(void **st) {
+    (void)st;
+    NEED_READY();
+    char repo[400], cmd[1400], head[64] = "";
+    snprintf(repo, sizeof repo, "%s/gitsrc", g_tmp);
+    snprintf(cmd, sizeof cmd,
+             "set -e; mkdir -p '%s'; cd '%s'; git init -q .; echo a > f; git add f;"
+             " git -c user.email=t@t -c user.name=t commit -qm one; git rev-parse HEAD > head.txt; echo b > f",
+             repo, repo);
+    if (system(cmd)) skip(); /* no git here: nothing to record */
+    snprintf(cmd, sizeof cmd, "%s/head.txt", repo);
+    char *h = read_text(cmd);
+    assert_non_null(h);
+    snprintf(head, sizeof head, "%.40s", h);
+    free(h);
+    const char *old = getenv("TESSERA_SOURCE_DIR");
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", old ? old : "");
+    setenv("TESSERA_SOURCE_DIR", repo, 1);
+    for (int clean = 0; clean < 2; clean++) {
+        if (clean) {
+            snprintf(cmd, sizeof cmd, "cd '%s' && git checkout -q -- f", repo);
+            assert_int_equal(system(cmd), 0);
+        }
+        const char *out = clean ? "commit-clean" : "commit-mod";
+        json_t *j = ablate("exact3.yaml", "tests/ablation/data/tiny.json", g_cat, out, 0);
+        char want[80];
+        snprintf(want, sizeof want, "%s%s", head, clean ? "" : "+modified");
+        assert_string_equal(json_string_value(json_object_get(j, "git_commit")), want);
+        json_decref(j);
+    }
+    if (old) setenv("TESSERA_SOURCE_DIR", keep, 1);
+    else unsetenv("TESSERA_SOURCE_DIR");
+}
+
 static void test_ablate_bad_input(void **st) {
     (void)st;
     NEED_READY();
@@ -615,6 +652,7 @@ int main(void) {
         cmocka_unit_test(test_ablate_refused_variant),
         cmocka_unit_test(test_ablate_resume),
         cmocka_unit_test(test_bench),
+        cmocka_unit_test(test_ablate_commit_record),
         cmocka_unit_test(test_ablate_bad_input),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
