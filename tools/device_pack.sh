@@ -3,7 +3,7 @@
 # (carry [".device"]): binaries, the catalog (unstripped: the manifests pin
 # each library's sha256), the GPU tests, the libraries the device image
 # lacks, the checkpoint generator (mk_fp8_checkpoint is in bin/) and the
-# pystd mixture of experts. The binaries and libraries go as one xz archive
+# pystd mixture of experts, and Qwen3's tokenizer (tools/device_ablate.sh). The binaries and libraries go as one xz archive
 # (.device/build.tar.xz, ~4 MB against ~21 MB: the carried tree must stay
 # under 64 MiB with the 29 MB model); device scripts unpack it first:
 #   tar xJf .device/build.tar.xz -C .device
@@ -17,6 +17,8 @@ for l in libyaml-0.so.2 liblua5.4.so.0 libmicrohttpd.so.12 libcmocka.so.0; do
   cp -L /usr/lib/x86_64-linux-gnu/$l .device/lib/
 done
 cp ../shared/tools/mk_random_checkpoint.py .device/
+# Qwen3's tokenizer (11 MB) for the 8B-shaped ablation (tools/device_ablate.sh)
+mkdir -p .device/tok && cp ../shared/data/tokenizers/qwen3/tokenizer.json ../shared/data/tokenizers/qwen3/tokenizer_config.json .device/tok/
 # the trained mixture of experts (29 MB; TESSERA_SHARED_DIR=.device/shared on the device)
 mkdir -p .device/shared/data/models/pystd
 cp -r ../shared/data/models/pystd/moe .device/shared/data/models/pystd/
