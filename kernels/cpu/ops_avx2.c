@@ -147,22 +147,19 @@ int64_t tsr_max_above_avx2(const float *x, int64_t n, float floor, float *best) 
     return c;
 }
 
-int64_t tsr_find_avx2(const float *x, int64_t n, float v) {
+/* The first x[c] == v (above: > v) in the whole vectors (NaN never), -1 if none. */
+static int64_t first_where(const float *x, int64_t n, float v, int above) {
     const __m256 vv = _mm256_set1_ps(v);
     for (int64_t c = 0; c + 8 <= n; c += 8) {
-        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + c), vv, _CMP_EQ_OQ));
+        const __m256 xs = _mm256_loadu_ps(x + c);
+        const __m256 m = above ? _mm256_cmp_ps(xs, vv, _CMP_GT_OQ) : _mm256_cmp_ps(xs, vv, _CMP_EQ_OQ);
+        const int hit = _mm256_movemask_ps(m);
         if (hit) return c + __builtin_ctz((unsigned)hit);
     }
     return -1;
 }
 
-/* The first x[c] > floor in the whole vectors (NaN never), -1 if none. */
-int64_t tsr_first_above_avx2(const float *x, int64_t n, float floor) {
-    const __m256 f = _mm256_set1_ps(floor);
-    for (int64_t c = 0; c + 8 <= n; c += 8) {
-        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + c), f, _CMP_GT_OQ));
-        if (hit) return c + __builtin_ctz((unsigned)hit);
-    }
-    return -1;
-}
+int64_t tsr_find_avx2(const float *x, int64_t n, float v) { return first_where(x, n, v, 0); }
+
+int64_t tsr_first_above_avx2(const float *x, int64_t n, float floor) { return first_where(x, n, floor, 1); }
 #endif
