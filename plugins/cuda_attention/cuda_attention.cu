@@ -181,7 +181,11 @@ __global__ void ref_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bf
 // Baseline for a captured pass: the KV length is only known on the device,
 // so no scratch is sized for it; the scores are computed twice instead (for
 // the maximum, then 128 keys at a time into shared memory for the sum and
-// the weighted values). grid (rows * n_heads), 128 threads.
+// the weighted values). grid (rows * n_heads), 128 threads. The same
+// arithmetic as ref_kernel, value for value, so that runtime.cuda_graphs
+// leaves the baseline's results as they are: each score is rounded before
+// the maximum is subtracted from it (__fmul_rn: written as dot * scale - mx,
+// nvcc contracts it into one fma, and stories260K's logits differed).
 constexpr int kRefThreads = 128;
 
 __global__ void ref_step_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bfloat16 *V, float *out,
@@ -209,7 +213,7 @@ __global__ void ref_step_kernel(const float *q, const __nv_bfloat16 *K, const __
             const __nv_bfloat16 *k = K + t * ts + kvh * hs;
             float dot = 0.0f;
             for (int d = 0; d < hd; d++) dot = fmaf(qr[d], __bfloat162float(k[d]), dot);
-            e = __expf(dot * scale - mx);
+            e = __expf(__fmul_rn(dot, scale) - mx);
         }
         p[threadIdx.x] = e;
         sum += e;

@@ -67,7 +67,8 @@ static uint64_t check(const char *model, const char *ref_path, const char *ids_n
     if (gpu_run_passes(s, ids, n, vocab, step, got, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
     uint64_t captures, replays;
     tsr_model_graph_stats(m, &captures, &replays);
-    if (step > 0 && !strstr(assembly, "eager") && strstr(assembly, "fast") && n > 2 * step + 1 && replays == 0)
+    if (step > 0 && !strstr(assembly, "eager") && (strstr(assembly, "fast") || strstr(assembly, "graphs")) &&
+        n > 2 * step + 1 && replays == 0)
         fail_msg("%s: no pass was replayed as a graph (%llu captured)", assembly, (unsigned long long)captures);
     double worst = 0, worst_rel = 0;
     int argmax_checked = 0;
@@ -239,6 +240,62 @@ static void test_cuda_moe(void **state) {
     rmdir(tmp);
 }
 
+/* The runtime switches declared exact (runtime.cuda_graphs,
+ * runtime.pdl) leave the CUDA baselines' logits as they are, bit for bit:
+ * the dense fixtures and stories260K in one-row passes (captured and
+ * replayed with graphs) through cuda-baseline with each switch and both.
+ * The ablation's exactness check compares those variants' greedy text
+ * with the baseline's. */
+static void test_switches_exact(void **state) {
+    (void)state;
+    GPU_REQUIRE("runtime switch checks");
+    static const char *const runtime[] = {"  cuda_graphs: true\n", "  pdl: true\n",
+                                          "  cuda_graphs: true\n  pdl: true\n"};
+    static const char *const names[] = {"cuda-baseline-graphs.yaml", "cuda-baseline-pdl.yaml",
+                                        "cuda-baseline-graphs-pdl.yaml"};
+    char dir[64] = "/tmp/tsr_cuda_sw_XXXXXX", paths[3][4200], src[4200];
+    assert_non_null(mkdtemp(dir));
+    snprintf(src, sizeof src, "%s/assemblies/cuda-baseline.yaml", gpu_src_dir());
+    for (int v = 0; v < 3; v++) {
+        snprintf(paths[v], sizeof paths[v], "%s/%s", dir, names[v]);
+        FILE *in = fopen(src, "r"), *out = fopen(paths[v], "w");
+        assert_true(in && out);
+        char line[512];
+        while (fgets(line, sizeof line, in)) fputs(line, out);
+        fprintf(out, "runtime:\n%s", runtime[v]);
+        fclose(in);
+        fclose(out);
+    }
+    char model[N_OF(dense_families) + 1][4096], ref[N_OF(dense_families) + 1][4200];
+    const char *ids_name[N_OF(dense_families) + 1], *logits_name[N_OF(dense_families) + 1];
+    for (size_t i = 0; i < N_OF(dense_families); i++) {
+        snprintf(model[i], sizeof model[i], "%s/tests/data/fixtures/%s", gpu_src_dir(), dense_families[i]);
+        snprintf(ref[i], sizeof ref[i], "%s/reference.safetensors", model[i]);
+        ids_name[i] = "input_ids", logits_name[i] = "logits";
+    }
+    const size_t st = N_OF(dense_families);
+    snprintf(model[st], sizeof model[st], "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
+    snprintf(ref[st], sizeof ref[st], "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
+    ids_name[st] = "input_ids_1", logits_name[st] = "logits_1";
+    for (size_t i = 0; i <= st; i++) {
+        gpu_ref r;
+        gpu_ref_open(&r, ref[i], ids_name[i], logits_name[i]);
+        const size_t bytes = (size_t)r.n * r.vocab * sizeof(float);
+        gpu_ref_close(&r);
+        float *base, *got;
+        check(model[i], ref[i], ids_name[i], logits_name[i], "cuda-baseline.yaml", 1, &base);
+        for (int v = 0; v < 3; v++) {
+            check(model[i], ref[i], ids_name[i], logits_name[i], paths[v], 1, &got);
+            if (memcmp(got, base, bytes) != 0) fail_msg("%s: %s's logits differ from cuda-baseline's", model[i], names[v]);
+            free(got);
+        }
+        printf("# %s: one-row passes equal bit for bit with graphs, PDL and both\n", model[i]);
+        free(base);
+    }
+    for (int v = 0; v < 3; v++) unlink(paths[v]);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_baseline),
@@ -246,6 +303,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_fast_eager),
         cmocka_unit_test(test_cuda_moe),
         cmocka_unit_test(test_moe_paths_agree),
+        cmocka_unit_test(test_switches_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
