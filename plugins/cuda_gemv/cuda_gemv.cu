@@ -244,7 +244,29 @@ int run_fused(Gemv *g, const Weight *w, int rows, const float *x, float *y, cons
 // With a buffer to time on (xb, y: not while capturing a graph), the
 // heuristic's first kCandidates algorithms are each run and the fastest
 // kept: its first choice is at times several times slower than the best.
+// Only candidates whose output equals the first choice's bit for bit on
+// this input take part: two algorithms may order the sums over k
+// differently (split-K, another k tile), and a choice made by a timing
+// margin alone would give each process its own arithmetic, so the same
+// assembly's greedy text could change from one run to the next.
 constexpr int kCandidates = 8;
+
+// *flag = 1 where a and b (n floats) differ in any bit.
+__global__ void differ_kernel(const float *a, const float *b, int64_t n, int *flag) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        if (__float_as_uint(a[i]) != __float_as_uint(b[i])) *flag = 1;
+}
+
+// Whether y equals ref (n floats) bit for bit; flag is device scratch.
+bool same_bits(const float *y, const float *ref, int64_t n, int *flag, cudaStream_t st) {
+    int h = 1;
+    if (cudaMemsetAsync(flag, 0, sizeof h, st) != cudaSuccess) return false;
+    differ_kernel<<<264, 256, 0, st>>>(y, ref, n, flag);
+    if (cudaMemcpyAsync(&h, flag, sizeof h, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+        cudaStreamSynchronize(st) != cudaSuccess)
+        return false;
+    return h == 0;
+}
 
 int plan(Gemv *g, const Weight *w, int rows, Algo *a, const __nv_bfloat16 *xb, float *y, cudaStream_t st) {
     const uint64_t m = (uint64_t)w->rows, n = (uint64_t)rows, k = (uint64_t)w->cols, ld = (uint64_t)w->ld;
@@ -274,12 +296,20 @@ int plan(Gemv *g, const Weight *w, int rows, Algo *a, const __nv_bfloat16 *xb, f
     }
     int best = 0;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
-    if (xb && found > 1 && cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+    float *ref = nullptr; // the first choice's output, then an int flag
+    const int64_t n_out = (int64_t)(m * n);
+    if (xb && found > 1 && cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess &&
+        g->ctx->host->dev_alloc(g->ctx, (size_t)(n_out + 4) * sizeof(float), reinterpret_cast<void **>(&ref)) ==
+            TSR_OK) {
         const float one = 1.0f, zero = 0.0f;
+        int *flag = reinterpret_cast<int *>(ref + n_out);
         float best_ms = 1e30f;
-        for (int i = 0; i < found; i++) {
+        bool have_ref = cublasLtMatmul(g->lt, a->op, &one, w->w, a->a, xb, a->b, &zero, ref, a->d, ref, a->d,
+                                       &res[0].algo, g->workspace, kWorkspace, st) == CUBLAS_STATUS_SUCCESS;
+        for (int i = 0; have_ref && i < found; i++) {
             bool ok = cublasLtMatmul(g->lt, a->op, &one, w->w, a->a, xb, a->b, &zero, y, a->d, y, a->d,
                                      &res[i].algo, g->workspace, kWorkspace, st) == CUBLAS_STATUS_SUCCESS;
+            if (!ok || (i > 0 && !same_bits(y, ref, n_out, flag, st))) continue;
             cudaEventRecord(e0, st);
             for (int rep = 0; ok && rep < 3; rep++)
                 ok = cublasLtMatmul(g->lt, a->op, &one, w->w, a->a, xb, a->b, &zero, y, a->d, y, a->d,
@@ -293,6 +323,10 @@ int plan(Gemv *g, const Weight *w, int rows, Algo *a, const __nv_bfloat16 *xb, f
     }
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
+    if (ref) {
+        cudaStreamSynchronize(st);
+        g->ctx->host->dev_free(g->ctx, ref);
+    }
     int rc2 = cuda_err(g, cudaGetLastError(), "timing cuBLASLt algorithms");
     if (rc2 != TSR_OK) return rc2;
     a->algo = res[best].algo;

@@ -48,6 +48,7 @@
 #include "core/cuda/device.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/dtype.h"
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -644,6 +645,87 @@ static void lt_cases(const char *plugin) {
     tsr_cuda_free(v.dev_step);
     tsr_engine_free(v.e);
 }
+
+/* D[m x n] (f32, column-major) = W^T-view x X-view by the algorithm that
+ * cuBLASLt's heuristic ranks first for the query the plugin makes (bf16 x
+ * bf16 -> f32, f32 compute, 32 MiB workspace): w [m, k] and x [n, k]
+ * row-major bf16 on the device. */
+static void lt_first_choice(const void *w, const void *x, float *d, int m, int n, int k, void *ws) {
+    cublasLtHandle_t lt;
+    assert_int_equal(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    assert_int_equal(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    assert_int_equal(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k), CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k), CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m), CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulPreference_t pref;
+    size_t wsb = 32u << 20;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    assert_int_equal(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &res, &found),
+                     CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(found, 1);
+    const float one = 1.0f, zero = 0.0f;
+    assert_int_equal(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, d, ld, d, ld, &res.algo, ws, wsb,
+                                    (cudaStream_t)tsr_cuda_stream()),
+                     CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cudaStreamSynchronize((cudaStream_t)tsr_cuda_stream()), cudaSuccess);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(lt);
+}
+
+/* A prompt-sized product (rows >= 128: the plugin times cuBLASLt's
+ * candidates) equals the heuristic's first choice bit for bit: a faster
+ * candidate that sums in another order is not taken, so two processes of
+ * one assembly compute the same prompt. Weights and activations are
+ * bf16 values, so the plugin's rounding to bf16 is exact. */
+static void lt_choice_case(const char *plugin, int m, int k, int n) {
+    env v;
+    env_open(&v, plugin);
+    float *w = malloc(sizeof(float) * (size_t)m * k), *x = malloc(sizeof(float) * (size_t)n * k);
+    uint16_t *wb = malloc(2 * (size_t)m * k), *xb = malloc(2 * (size_t)n * k);
+    float *y = malloc(sizeof(float) * (size_t)n * m), *ref = malloc(sizeof(float) * (size_t)n * m);
+    assert_true(w && x && wb && xb && y && ref);
+    fill_exact(w, m, k);
+    for (size_t i = 0; i < (size_t)m * k; i++) wb[i] = tsr_f32_to_bf16(w[i]);
+    for (size_t i = 0; i < (size_t)n * k; i++) x[i] = tsr_bf16_to_f32(xb[i] = tsr_f32_to_bf16((float)(urand() * 8 - 4)));
+    tsr_weight tw = {"test.weight", TSR_DTYPE_F32, m, k, w, sizeof(float) * (uint64_t)m * k, NULL, TSR_WEIGHT_DENSE};
+    void *h = NULL;
+    int rc = tsr_gemv_prepare(v.gemv, &tw, &h);
+    if (rc != TSR_OK) fail_msg("prepare: %d %s", rc, tsr_engine_plugin_error(v.e, TSR_SLOT_GEMV));
+    tsr_error err;
+    tsr_error_clear(&err);
+    float *dx = tsr_cuda_malloc(sizeof(float) * (size_t)n * k, &err), *dy = tsr_cuda_malloc(sizeof(float) * (size_t)n * m, &err);
+    void *dwb = tsr_cuda_malloc(2 * (size_t)m * k, &err), *dxb = tsr_cuda_malloc(2 * (size_t)n * k, &err);
+    void *ws = tsr_cuda_malloc(32u << 20, &err);
+    assert_true(dx && dy && dwb && dxb && ws);
+    assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * (size_t)n * k, &err), TSR_OK);
+    assert_int_equal(tsr_cuda_upload(dwb, wb, 2 * (size_t)m * k, &err), TSR_OK);
+    assert_int_equal(tsr_cuda_upload(dxb, xb, 2 * (size_t)n * k, &err), TSR_OK);
+    rc = tsr_gemv_run(v.gemv, h, n, dx, dy, &v.ex);
+    if (rc != TSR_OK) fail_msg("run of %d rows: %d %s", n, rc, tsr_engine_plugin_error(v.e, TSR_SLOT_GEMV));
+    assert_int_equal(tsr_cuda_download(y, dy, sizeof(float) * (size_t)n * m, &err), TSR_OK);
+    lt_first_choice(dwb, dxb, dy, m, n, k, ws);
+    assert_int_equal(tsr_cuda_download(ref, dy, sizeof(float) * (size_t)n * m, &err), TSR_OK);
+    size_t differ = 0;
+    for (size_t i = 0; i < (size_t)n * m; i++) differ += memcmp(&y[i], &ref[i], sizeof(float)) != 0;
+    if (differ) fail_msg("%s [%d x %d] at %d rows: %zu of %zu outputs differ from cuBLASLt's first choice", plugin,
+                         m, k, n, differ, (size_t)n * m);
+    printf("# %s [%d x %d] at %d rows: equal to cuBLASLt's first choice bit for bit\n", plugin, m, k, n);
+    tsr_gemv_release(v.gemv, h);
+    tsr_cuda_free(dx), tsr_cuda_free(dy), tsr_cuda_free(dwb), tsr_cuda_free(dxb), tsr_cuda_free(ws);
+    free(w), free(x), free(wb), free(xb), free(y), free(ref);
+    tsr_cuda_free(v.dev_step);
+    tsr_engine_free(v.e);
+}
 #endif
 
 static void test_decode_kernels(void **state) {
@@ -661,6 +743,12 @@ static void test_cublaslt_plans(void **state) {
 #ifdef TESSERA_CUDA
     lt_cases("cuda_gemv_cublaslt");
     lt_cases("cuda_gemv");
+    /* Llama-3-8B's shapes (q, gate, down) at a 512-token prompt */
+    static const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+    for (int i = 0; i < 3; i++) {
+        lt_choice_case("cuda_gemv_cublaslt", shapes[i][0], shapes[i][1], 512);
+        lt_choice_case("cuda_gemv", shapes[i][0], shapes[i][1], 512);
+    }
 #endif
 }
 
