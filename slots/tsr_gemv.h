@@ -12,7 +12,9 @@
 
 #include "tsr_plugin.h"
 
-/* Version 7: run_fused (the input's RMSNorm and the residual add done by
+/* Version 8: tsr_gemv_fuse's fold (the next product's RMSNorm weights
+ * applied by the call that adds into the stream, its factor by the next
+ * product). Version 7: run_fused (the input's RMSNorm and the residual add done by
  * the product's own launch). Version 6: run_grouped (a mixture of experts' prompt rows, grouped by
  * expert, in one call). Version 5: prepare_experts / run_experts /
  * release_experts (a mixture of experts' projections with the experts
@@ -23,7 +25,7 @@
  * message for a scaled weight it cannot apply; the host never hands a scaled
  * weight to a plugin of version < 3 (it refuses the model, naming the plugin
  * and the tensor). */
-#define TSR_GEMV_IFACE_VERSION 7
+#define TSR_GEMV_IFACE_VERSION 8
 
 /* The scales of a weight stored as F8_E4M3 with scale companions (per
  * tensor, per output row, or per block; docs/FORMATS.md has the checkpoint
@@ -93,6 +95,23 @@ typedef struct tsr_gemv_fuse {
     float eps;
     int glu;        /* 1: a gate/up pair (prepare_group of two), y = silu(gate) * up as run_glu */
     int accumulate; /* 1: y += the product (y holds the residual stream); 0: y = the product */
+    /* --- version 8 (the host sets these for plugins of version >= 8 only) ---
+     * The norm before the next product folded into this call and that one,
+     * so that no norm runs between them. fold_norm (with accumulate): after
+     * the add, also fold_out[c] = y[c] * fold_norm[c] for each row (f32, on
+     * ex->device; the stream times the next norm's weights), and keep what
+     * the factor 1 / sqrt(mean(y^2) + eps) of those rows needs. folded
+     * (with norm, the same weights): x is fold_out of this plugin's latest
+     * call with fold_norm, nothing having changed the stream since; the
+     * product is then that of x normalised as norm says, the factor taken
+     * from what that call kept (within the rounding of the host's rmsnorm
+     * followed by run()). Either is TSR_ERR_UNSUPPORTED, nothing done, where
+     * the plugin does not fold that call; the host then runs the product
+     * without the fold (a declined folded call: its own norm of the stream
+     * into x, which fold_out may be). */
+    const float *fold_norm;
+    float *fold_out;
+    int folded;
 } tsr_gemv_fuse;
 
 typedef struct tsr_gemv_i {

@@ -75,6 +75,19 @@ static int fused(tsr_model *m, int kind, const void *w, int rows, const float *x
     return rc == TSR_ERR_UNSUPPORTED ? TSR_OK : tsr_model_slot_error(m, m->gemv, rc, err, "gemv fused");
 }
 
+/* The product of the stream normed by nw, through the gemv plugin's fold
+ * (tsr_gemv_fuse.folded) where the call before left m->xn as the stream
+ * times nw (m->fold == nw); *done as fused's. The fold is spent either way. */
+static int from_fold(tsr_model *m, int kind, const void *w, int rows, float *y, const float *nw, int glu,
+                     int *done, tsr_error *err) {
+    *done = 0;
+    if (m->fold != nw) return TSR_OK;
+    m->fold = NULL;
+    return fused(m, kind, w, rows, m->xn, y, &(tsr_gemv_fuse){.norm = nw, .eps = m->cfg.norm_eps, .glu = glu,
+                                                               .folded = 1},
+                 done, err);
+}
+
 /* The residual stream x normed by nw into m->xn, for a layer's projections
  * that the plugin did not take the norm into; *pending: m->o is still to
  * be added into x (the add and the norm in one launch), 0 after. */
@@ -88,11 +101,19 @@ static int input_norm(tsr_model *m, const float *nw, int rows, int *pending, tsr
 
 /* x += in . W^T, a projection into the residual stream (o, down): in the
  * product's launch where the plugin takes the add (*pending = 0), else
- * into m->o with its bias b, the add left to the next norm (*pending = 1). */
-static int into_stream(tsr_model *m, int kind, const void *w, const float *b, int rows, const float *in, int *pending,
-                       tsr_error *err) {
+ * into m->o with its bias b, the add left to the next norm (*pending = 1).
+ * next: the weights of the norm before the next product (NULL: none that
+ * folds), folded into this call where the plugin folds (m->fold). */
+static int into_stream(tsr_model *m, int kind, const void *w, const float *b, int rows, const float *in,
+                       const float *next, int *pending, tsr_error *err) {
     int added = 0, rc;
-    if (!b) BE(fused(m, kind, w, rows, in, m->x, &(tsr_gemv_fuse){.accumulate = 1}, &added, err));
+    m->fold = NULL;
+    if (!b && next && tsr_gemv_folds(m->gemv)) {
+        BE(fused(m, kind, w, rows, in, m->x, &(tsr_gemv_fuse){.accumulate = 1, .fold_norm = next, .fold_out = m->xn},
+                 &added, err));
+        if (added) m->fold = next;
+    }
+    if (!b && !added) BE(fused(m, kind, w, rows, in, m->x, &(tsr_gemv_fuse){.accumulate = 1}, &added, err));
     if (!added) OP(kind, if ((rc = gemv(m, w, rows, in, m->o, err))) return rc;
                    BE(add_bias(m, m->o, b, rows, m->cfg.hidden, err)));
     *pending = !added;
@@ -143,17 +164,19 @@ static int ffn_stacked(tsr_model *m, const void *wgu, const void *wd, int rows, 
  * normed by L->ffn_norm, its output added into the stream (*pending: as
  * into_stream). The norm goes into the gate/up product where the plugin
  * takes it (run_fused). */
-static int layer_mlp(tsr_model *m, const tsr_layer_w *L, int rows, int *pending, tsr_error *err) {
+static int layer_mlp(tsr_model *m, const tsr_layer_w *L, int rows, const float *next, int *pending,
+                     tsr_error *err) {
     const tsr_model_config *c = &m->cfg;
     int done = 0;
-    if (!*pending)
+    BE(from_fold(m, TSR_PROF_GATE_UP, L->w_gu, rows, m->g, L->ffn_norm, 1, &done, err));
+    if (!done && !*pending)
         BE(fused(m, TSR_PROF_GATE_UP, L->w_gu, rows, m->x, m->g,
                  &(tsr_gemv_fuse){.norm = L->ffn_norm, .eps = c->norm_eps, .glu = 1}, &done, err));
     if (!done) {
         BE(input_norm(m, L->ffn_norm, rows, pending, err));
         BE(glu_stacked(m, L->w_gu, rows, c->ffn, m->xn, m->g, err));
     }
-    return into_stream(m, TSR_PROF_DOWN, L->w_down, NULL, rows, m->g, pending, err);
+    return into_stream(m, TSR_PROF_DOWN, L->w_down, NULL, rows, m->g, next, pending, err);
 }
 
 enum { MAX_EXPERTS = 1024, MAX_USED = 64 };
@@ -340,7 +363,8 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
     const tsr_layer_w *L = &m->layers[layer];
     const int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     int rc, qkv_done = 0;
-    if (L->wqkv && !*pending)
+    if (L->wqkv) BE(from_fold(m, TSR_PROF_QKV, L->wqkv, rows, m->qkv, L->attn_norm, 0, &qkv_done, err));
+    if (L->wqkv && !*pending && !qkv_done)
         BE(fused(m, TSR_PROF_QKV, L->wqkv, rows, m->x, m->qkv,
                  &(tsr_gemv_fuse){.norm = L->attn_norm, .eps = c->norm_eps}, &qkv_done, err));
     if (!qkv_done) BE(input_norm(m, L->attn_norm, rows, pending, err));
@@ -399,7 +423,8 @@ static int attention_block(tsr_model *m, int layer, int kv_seq, int pos0, int ro
         .out = m->att,
     };
     OP(TSR_PROF_ATTN, CALL(m->attn, tsr_attention_run(m->attn, &a, EX), "attention"));
-    return into_stream(m, TSR_PROF_O, L->wo, L->bo, rows, m->att, pending, err);
+    return into_stream(m, TSR_PROF_O, L->wo, L->bo, rows, m->att, L->w_gu && !L->moe ? L->ffn_norm : NULL, pending,
+                       err);
 }
 
 /* The embedding lookup of a table whose pages the gemv plugin gave back
@@ -432,13 +457,19 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     /* the residual stream: x, and m->o still to be added into it where pending
      * (each add goes with the next norm, or into the product's launch) */
     int pending = 0;
+    m->fold = NULL;
     for (int l = 0; l < c->n_layers; l++) {
         const tsr_layer_w *L = &m->layers[l];
         if ((rc = attention_block(m, l, kv_seq, pos0, rows, &pending, err))) return rc;
         if (L->w_gu && !L->moe) {
-            if ((rc = layer_mlp(m, L, rows, &pending, err))) return rc;
+            /* the norm after the MLP: the next layer's (a stacked q/k/v), or the head's */
+            const float *next = l + 1 < c->n_layers ? (m->layers[l + 1].wqkv ? m->layers[l + 1].attn_norm : NULL)
+                                : out != TSR_FWD_NONE ? m->final_norm
+                                                      : NULL;
+            if ((rc = layer_mlp(m, L, rows, next, &pending, err))) return rc;
             continue;
         }
+        m->fold = NULL;
         BE(input_norm(m, L->ffn_norm, rows, &pending, err));
         if (L->moe) {
             if ((rc = moe(m, l, rows, err))) return rc; /* adds into x */
@@ -451,8 +482,11 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     if (out == TSR_FWD_NONE) return TSR_OK;
     const int first = tsr_fwd_all_rows(out) ? 0 : rows - 1, n = rows - first;
     int head_done = 0;
-    BE(fused(m, TSR_PROF_HEAD, m->lm_head, n, m->x + (int64_t)first * h, m->head_out,
-             &(tsr_gemv_fuse){.norm = m->final_norm, .eps = c->norm_eps}, &head_done, err));
+    if (first == 0) BE(from_fold(m, TSR_PROF_HEAD, m->lm_head, n, m->head_out, m->final_norm, 0, &head_done, err));
+    m->fold = NULL;
+    if (!head_done)
+        BE(fused(m, TSR_PROF_HEAD, m->lm_head, n, m->x + (int64_t)first * h, m->head_out,
+                 &(tsr_gemv_fuse){.norm = m->final_norm, .eps = c->norm_eps}, &head_done, err));
     if (!head_done)
         OP(TSR_PROF_HEAD, BE(be->rmsnorm(m->xn, m->x + (int64_t)first * h, m->final_norm, n, h, c->norm_eps, err));
            if ((rc = gemv(m, m->lm_head, n, m->xn, m->head_out, err))) return rc);

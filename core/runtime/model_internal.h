@@ -101,6 +101,9 @@ struct tsr_model {
     void *out_host;               /* [TSR_GRAPH_MAX_ROWS, vocab] floats: outputs of replays */
     float *head_out;              /* where the pass in flight writes logits */
     const tsr_exec *cur_ex;       /* the exec of the pass in flight */
+    /* the norm weights whose product-ready input the gemv plugin folded
+     * into xn (tsr_gemv_fuse.fold_norm, forward.c), or NULL */
+    const float *fold;
     int graphs_on;                /* the assembly's runtime.cuda_graphs (off while profiling) */
     int host_sampling;            /* tsr_model_opts.host_sampling */
     tsr_prof *prof;               /* [2] with tsr_model_opts.profile, else NULL */

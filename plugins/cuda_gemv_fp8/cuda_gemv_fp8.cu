@@ -1047,13 +1047,14 @@ int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float 
 // norm (tsr_gemv_i.run_fused) through gemv_row.cuh's launch_decode (the norm
 // where fused_takes: q/k/v-like heights), x read as it is;
 // TSR_ERR_UNSUPPORTED, nothing launched, for gate/up pairs, routers (bf16),
-// experts, and where run() would not take the decode kernels.
+// experts, a fold (tsr_gemv_fuse.fold_norm, folded: not built for E4M3),
+// and where run() would not take the decode kernels.
 int g_run_fused(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_gemv_fuse *fu,
                 const tsr_exec *ex) {
     Gemv *g = static_cast<Gemv *>(inst);
     const Weight *w = static_cast<const Weight *>(prepared);
-    if (!g->fuse || rows != 1 || fu->glu || g->decode_rows < 1 || w->wide || w->expert ||
-        !tsr_mma::reads_x(x, (int)w->cols, (int)w->cols))
+    if (!g->fuse || rows != 1 || fu->glu || fu->fold_norm || fu->folded || g->decode_rows < 1 || w->wide ||
+        w->expert || !tsr_mma::reads_x(x, (int)w->cols, (int)w->cols))
         return TSR_ERR_UNSUPPORTED;
     tsr_mma::Args a = decode_args(w, x, (int)w->cols, (int)w->cols, y);
     a.nw = fu->norm, a.eps = fu->eps, a.accum = fu->accumulate != 0;

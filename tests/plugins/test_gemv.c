@@ -6,9 +6,10 @@
  * (tsr_weight.role) is not the one its canonical name says (test_models runs
  * mixtures of experts through it). And as test_gemv_fused (TEST_GEMV_FUSED):
  * with prepare_group (matrices stacked by rows) and run_fused at every row
- * count (the input's RMSNorm, a gate/up pair's SiLU, the residual add), in
- * f64, counting its calls (test_gemv_fused_calls), so that test_models runs
- * the host's fused forward pass on the CPU. */
+ * count (the input's RMSNorm, a gate/up pair's SiLU, the residual add, and
+ * the fold of the next norm into the add and that product), in f64,
+ * counting its calls (test_gemv_fused_calls), so that test_models runs the
+ * host's fused forward pass on the CPU. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -30,6 +31,12 @@ typedef struct handle {
 typedef struct inst {
     const tsr_plugin_ctx *ctx;
     int64_t threads;
+    /* the latest fold (tsr_gemv_fuse.fold_norm): where it wrote, its rows
+     * and width, each row's sum of squares of the stream */
+    const float *fold_out;
+    int fold_rows;
+    int64_t fold_cols;
+    double *fold_ss;
 } inst;
 
 static int g_init(void *p, const tsr_plugin_ctx *ctx) {
@@ -129,23 +136,38 @@ static int g_prepare_group(void *p, const tsr_weight *ws, int n, void **out) {
     return TSR_OK;
 }
 
-static atomic_long fused_calls[3]; /* with a norm, a gate/up pair's SiLU, the add */
+/* with a norm, a gate/up pair's SiLU, the add, a fold made, a fold used */
+static atomic_long fused_calls[5];
 
 static int g_run_fused(void *p, const void *prepared, int rows, const float *x, float *y, const tsr_gemv_fuse *fu,
                        const tsr_exec *ex) {
-    (void)p, (void)ex;
+    (void)ex;
+    inst *g = p;
     const tsr_weight *w = &((const handle *)prepared)->w;
     const int64_t f = fu->glu ? ((const handle *)prepared)->pair : w->rows, cols = w->cols; /* outputs */
     if (f == 0 || (fu->glu && fu->accumulate)) return TSR_ERR_UNSUPPORTED;
+    if ((fu->fold_norm && (!fu->accumulate || fu->glu || fu->norm)) ||
+        (fu->folded && (!fu->norm || x != g->fold_out || rows != g->fold_rows || cols != g->fold_cols)))
+        return TSR_ERR_UNSUPPORTED;
     const float *W = w->data;
     double *xn = malloc((size_t)cols * sizeof *xn);
     if (!xn) return TSR_ERR_NOMEM;
+    if (fu->fold_norm) {
+        free(g->fold_ss);
+        g->fold_out = NULL;
+        if (!(g->fold_ss = malloc((size_t)rows * sizeof *g->fold_ss))) {
+            free(xn);
+            return TSR_ERR_NOMEM;
+        }
+    }
     for (int r = 0; r < rows; r++) {
         const float *xr = x + r * cols;
         double ss = 0;
         for (int64_t c = 0; c < cols; c++) ss += (double)xr[c] * xr[c];
+        if (fu->folded) ss = g->fold_ss[r]; /* x is the stream times the norm's weights */
         const double inv = 1 / sqrt(ss / (double)cols + fu->eps);
-        for (int64_t c = 0; c < cols; c++) xn[c] = fu->norm ? xr[c] * inv * fu->norm[c] : xr[c];
+        for (int64_t c = 0; c < cols; c++)
+            xn[c] = fu->folded ? xr[c] * inv : fu->norm ? xr[c] * inv * fu->norm[c] : xr[c];
         for (int64_t o = 0; o < f; o++) {
             double a = 0, b = 0;
             for (int64_t c = 0; c < cols; c++) a += xn[c] * W[o * cols + c];
@@ -154,19 +176,38 @@ static int g_run_fused(void *p, const void *prepared, int rows, const float *x, 
             const double v = fu->glu ? a / (1 + exp(-a)) * b : a;
             y[r * f + o] = fu->accumulate ? (float)(y[r * f + o] + v) : (float)v;
         }
+        if (fu->fold_norm) { /* the stream after the add, for the next product */
+            double s2 = 0;
+            for (int64_t o = 0; o < f; o++) {
+                const float v = y[r * f + o];
+                s2 += (double)v * v;
+                fu->fold_out[r * f + o] = v * fu->fold_norm[o];
+            }
+            g->fold_ss[r] = s2;
+        }
     }
     free(xn);
+    if (fu->fold_norm) g->fold_out = fu->fold_out, g->fold_rows = rows, g->fold_cols = f;
+    if (fu->folded) g->fold_out = NULL; /* one use */
     if (fu->norm) atomic_fetch_add(&fused_calls[0], 1);
     if (fu->glu) atomic_fetch_add(&fused_calls[1], 1);
     if (fu->accumulate) atomic_fetch_add(&fused_calls[2], 1);
+    if (fu->fold_norm) atomic_fetch_add(&fused_calls[3], 1);
+    if (fu->folded) atomic_fetch_add(&fused_calls[4], 1);
     return TSR_OK;
 }
 
-/* run_fused's calls so far: kind 0 with a norm, 1 a gate/up pair's, 2 adds. */
+/* run_fused's calls so far: kind 0 with a norm, 1 a gate/up pair's, 2 adds,
+ * 3 folds made, 4 folds used. */
 TSR_PLUGIN_EXPORT int64_t test_gemv_fused_calls(int32_t kind) {
-    return kind >= 0 && kind < 3 ? (int64_t)atomic_load(&fused_calls[kind]) : -1;
+    return kind >= 0 && kind < 5 ? (int64_t)atomic_load(&fused_calls[kind]) : -1;
 }
 #endif
+
+static void g_fini(void *p) {
+    inst *g = p;
+    free(g->fold_ss);
+}
 
 static const tsr_gemv_i iface = {
     .struct_size = sizeof(tsr_gemv_i),
@@ -201,6 +242,7 @@ static const tsr_plugin_desc desc = {
     .instance_size = sizeof(inst),
     .caps = TSR_CAP_DEVICE_CPU | TSR_CAP_EXACT,
     .init = g_init,
+    .fini = g_fini,
     .iface = &iface,
 };
 

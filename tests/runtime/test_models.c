@@ -225,9 +225,11 @@ static void test_weight_roles(void **state) {
 /* The host's fused forward pass (tsr_gemv_i.run_fused: the input norms
  * taken into q/k/v, gate/up and the LM head, the residual adds into o and
  * down) on the CPU, through tests/plugins' test_gemv_fused, which fuses
- * every one at every row count in f64: each family's logits still the
+ * every one at every row count in f64, and folds the norm after o and down
+ * into them and the product after: each family's logits still the
  * references', and the plugin's count of fused calls of each kind grew
- * (so the pass took them). */
+ * (so the pass took them; the mixtures' layers fold nothing), and every
+ * fold made was used. */
 static void test_fused_pass(void **state) {
     (void)state;
     char tmp[] = "/tmp/tsr_fused_XXXXXX", catalog[4096], asm_fused[4096], lib[4200], cmd[4200];
@@ -245,16 +247,19 @@ static void test_fused_pass(void **state) {
         int64_t (*calls)(int32_t) = NULL;
         *(void **)&calls = dlsym(dl, "test_gemv_fused_calls");
         assert_non_null(calls);
-        int64_t before[3];
-        for (int k = 0; k < 3; k++) before[k] = calls(k);
+        int64_t before[5];
+        for (int k = 0; k < 5; k++) before[k] = calls(k);
         fixture_logits(m, fams[i][0], fams[i][1]);
-        const int dense = i < 3; /* the mixtures' layers have no dense MLP, so no fused gate/up */
-        for (int k = 0; k < 3; k++) {
+        const int dense = i < 3; /* the mixtures' layers have no dense MLP, so no fused gate/up, no fold */
+        for (int k = 0; k < 5; k++) {
             const int64_t now = calls(k);
             printf("# %s: %lld fused calls of kind %d\n", fams[i][1], (long long)(now - before[k]), k);
-            if (now <= before[k] && (k != 1 || dense))
-                fail_msg("%s: no fused call of kind %d (0 norm, 1 gate/up, 2 add)", fams[i][1], k);
+            if (now <= before[k] && ((k != 1 && k < 3) || dense))
+                fail_msg("%s: no fused call of kind %d (0 norm, 1 gate/up, 2 add, 3 fold, 4 folded)", fams[i][1], k);
         }
+        if (calls(3) - before[3] != calls(4) - before[4])
+            fail_msg("%s: %lld folds made, %lld used", fams[i][1], (long long)(calls(3) - before[3]),
+                     (long long)(calls(4) - before[4]));
         dlclose(dl); /* the model's own handle keeps it loaded until tsr_model_free */
         tsr_model_free(m);
     }
