@@ -154,6 +154,20 @@ struct Args {
     int accum;
     const float *nw;
     float eps;
+    // The fold (tsr_gemv_i.run_fused's fold_norm and folded; gemv_row only,
+    // bf16 rows of a dense matrix, row groups of several warps or a gate/up
+    // pair: tsr_row::fold_blocks, folded_takes). fold_out set (with accum):
+    // each output of the stream after its add also multiplied by fold_g
+    // into fold_out, and each block's sum of the squares of its outputs
+    // written to fold_ss[block] (in its warps' order). fold_out null,
+    // fold_ss set: x is such a product's fold_out, and the n_ss sums in
+    // fold_ss (summed in a fixed order: the same in every block) give each
+    // output's factor 1 / sqrt(sum / cols + eps), applied to each sum before
+    // its scale (and before a gate/up pair's SiLU).
+    const float *fold_g;
+    float *fold_out;
+    float *fold_ss;
+    int n_ss;
 };
 
 // y = v, or y + v with accum (never contracted into a multiply-add, so that

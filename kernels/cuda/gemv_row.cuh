@@ -46,6 +46,16 @@
 // before its norm may lie outside f16's range, a layer's first far below
 // it): within the rounding of the norm kernel followed by the plain kernel.
 //
+// Fold (Args.fold_*; FOLD 1: a product into the stream, 2: the product
+// after it): the next norm split between the two launches so that no norm
+// kernel runs between them. The first writes the stream times the norm's
+// weights and its blocks' sums of squares; the second reads those sums
+// (loaded before its loop, used after it) and multiplies each output's sum
+// by the factor, its loop unchanged (unlike NORM, no activation is loaded
+// twice and no register is held for squares). bf16 only: E4M3 rounds its
+// activations to f16, and the stream times a norm's weights before the
+// factor may lie outside f16's range.
+//
 // Preconditions (row_reads): cols a multiple of 8 (bf16) or 16 (E4M3); w, ldw
 // and x 16-byte aligned.
 #ifndef TSR_GEMV_ROW_CUH
@@ -99,13 +109,20 @@ __device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, floa
 // matrix keeps its code, which a runtime test made 2% slower at the
 // Llama-3-8B shape).
 // NORM: x RMS-normalised by p.nw first (the header; E4M3 plain rows only).
-template <int WK, int RPW, int U, int KS = 1, bool GLU = false, bool BS = false, bool SEL = false, bool NORM = false>
-__global__ void __launch_bounds__(256) gemv_row(const Args p) {
+// The most sums of squares a fold leaves (4 floats a thread of a block).
+constexpr int kFoldLoads = 4, kFoldMax = 256 * kFoldLoads;
+
+template <int WK, int RPW, int U, int KS = 1, bool GLU = false, bool BS = false, bool SEL = false, bool NORM = false,
+          int FOLD = 0>
+__global__ void __launch_bounds__(256, FOLD == 2 ? (RPW == 1 ? 8 : 6) : 1) gemv_row(const Args p) {
     constexpr int K = Piece<WK>::k, ES = WK == kBf16 ? 2 : 1, STEP = 32 * K;
     constexpr int G = 8 / KS, HG = G / 2; // row groups per block; GLU: the gate half
     static_assert(8 % KS == 0, "a block of 8 warps holds whole groups of KS");
     static_assert(!GLU || G % 2 == 0, "GLU pairs the block's row groups");
     static_assert(!NORM || (WK == kFp8 && !BS && !SEL && !GLU), "the norm: E4M3 plain rows (fused_takes)");
+    static_assert(FOLD == 0 || (WK == kBf16 && !BS && !SEL && !NORM && (KS > 1 || (FOLD == 2 && GLU)) &&
+                                (FOLD != 1 || !GLU)),
+                  "the fold: bf16 rows of several warps a group, or (after it) a gate/up pair (fold_blocks)");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = warp % KS, grp = warp / KS;
     const int f = p.n_out / 2; // GLU: gate rows [0, f), up rows [f, 2f)
     const int o0 = !GLU           ? (blockIdx.x * G + grp) * RPW
@@ -140,6 +157,21 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
         x += (int64_t)(blockIdx.y / p.per_x) * p.ldx;
         y += (int64_t)blockIdx.y * (GLU ? f : p.n_out);
     }
+    // FOLD 2: the fold's sums of squares copied into shared memory while the
+    // loop runs (cp.async, 16 bytes a thread, zeros past n_ss), used after
+    // it. Held in registers instead, they took 6-8 more a thread and fewer
+    // blocks an SM (5 instead of 6 at 2 rows a warp, 6 instead of 8 at one):
+    // one-row passes 4.02 -> 4.19 ms at the Llama-3-8B shape. The launch
+    // bounds hold FOLD 2 to the plain kernels' registers (40 and 32, no
+    // spills: ptxas -v).
+    __shared__ __align__(16) float fold_buf[FOLD == 2 ? kFoldMax : 4];
+    if constexpr (FOLD == 2) {
+        const int j = threadIdx.x * kFoldLoads, n = min(max(p.n_ss - j, 0), kFoldLoads);
+        const unsigned dst = (unsigned)__cvta_generic_to_shared(fold_buf + j);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(p.fold_ss + j), "r"(n * 4)
+                     : "memory");
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
     for (int k0 = lane * K + seg * STEP * U; k0 < p.cols; k0 += STEP * U * KS) {
         uint4 w[U][RPW];
 #pragma unroll
@@ -170,6 +202,20 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     const float mul = NORM ? 1.0f : tsr_mma::kind_mul<WK>();
     __shared__ float part[KS > 1 || GLU ? 8 : 1][RPW];
     __shared__ float part_ss[NORM && KS > 1 ? 8 : 1];
+    __shared__ float fold_w[FOLD ? 8 : 1]; // FOLD 2: each warp's part of the sums; 1: each row group's squares
+    if constexpr (FOLD == 2) { // each thread's own copy (visible to it after the wait), then the warp's
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        const float4 f4 = *reinterpret_cast<const float4 *>(fold_buf + threadIdx.x * kFoldLoads);
+        float t = ((f4.x + f4.y) + f4.z) + f4.w;
+        for (int s = 16; s > 0; s >>= 1) t += __shfl_xor_sync(0xffffffffu, t, s);
+        if (lane == 0) fold_w[warp] = t;
+    }
+    // FOLD 2: the factor, once the barrier below has passed (in warp order: the same in every block)
+    const auto fold_factor = [&]() {
+        float t = 0.0f;
+        for (int w = 0; w < 8; w++) t += fold_w[w];
+        return rsqrtf(t / (float)p.cols + p.eps);
+    };
     if (NORM) {
         for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
         if (KS > 1 && lane == 0) part_ss[warp] = ss;
@@ -203,6 +249,10 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
         float g = KS > 1 ? 0.0f : part[gi][r], u = KS > 1 ? 0.0f : part[gi + HG][r];
         if (KS > 1) // in warp order, as the plain kernel adds them
             for (int s = 0; s < KS; s++) g += part[gi * KS + s][r], u += part[(gi + HG) * KS + s][r];
+        if (FOLD == 2) {
+            const float fac = fold_factor();
+            g *= fac, u *= fac;
+        }
         g = g * (scale ? scale[i] : 1.0f) * mul;
         u = u * (scale ? scale[f + i] : 1.0f) * mul;
         y[i] = tsr_silu_mul(g, u);
@@ -210,14 +260,33 @@ __global__ void __launch_bounds__(256) gemv_row(const Args p) {
     }
     if (KS > 1) {
         __syncthreads();
-        if (seg != 0 || lane != 0) return;
+        float sq = 0.0f; // FOLD 1: the squares of the group's outputs after the add
+        if (seg == 0 && lane == 0) {
+            const float fac = FOLD == 2 ? fold_factor() : 1.0f;
 #pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            float v = 0.0f;
-            for (int s = 0; s < KS; s++) v += part[warp + s][r];
-            if (NORM) v *= inv_rms(grp);
-            const int o = o0 + r;
-            if (o < p.n_out) tsr_mma::store_y(p, y + o, v * (scale ? scale[o] : 1.0f) * mul);
+            for (int r = 0; r < RPW; r++) {
+                float v = 0.0f;
+                for (int s = 0; s < KS; s++) v += part[warp + s][r];
+                if (NORM) v *= inv_rms(grp);
+                if (FOLD == 2) v *= fac;
+                const int o = o0 + r;
+                if (o >= p.n_out) continue;
+                tsr_mma::store_y(p, y + o, v * (scale ? scale[o] : 1.0f) * mul);
+                if constexpr (FOLD == 1) {
+                    const float t = y[o];
+                    p.fold_out[o] = t * p.fold_g[o];
+                    sq = fmaf(t, t, sq);
+                }
+            }
+        }
+        if constexpr (FOLD == 1) { // the block's sum, its row groups in order
+            if (seg == 0 && lane == 0) fold_w[grp] = sq;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                float t = 0.0f;
+                for (int g = 0; g < G; g++) t += fold_w[g];
+                p.fold_ss[blockIdx.x] = t;
+            }
         }
     }
 }
@@ -241,6 +310,13 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny =
     }
     if constexpr (WK == kFp8 && !GLU) // the norm: fused_takes
         if (p.nw) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, false, true>, grid, 256, 0, st, pdl, p);
+    if constexpr (WK == kBf16 && KS > 1) { // the fold: fold_blocks, folded_takes
+        if constexpr (!GLU)
+            if (p.fold_out)
+                return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, false, false, 1>, grid, 256, 0, st, pdl, p);
+        if (p.fold_ss && !p.fold_out)
+            return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, false, false, 2>, grid, 256, 0, st, pdl, p);
+    }
     if constexpr (WK == kFp8)
         if (p.cm) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, true>, grid, 256, 0, st, pdl, p);
     return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU>, grid, 256, 0, st, pdl, p);
@@ -298,19 +374,49 @@ enum RowRole { kRowDense = 0, kRowExpert = 1, kRowRouter = 2 };
 //   2, 2 (1, 2, 4: 1.173);
 // - E4M3 experts of at most 2,048 columns: 4 rows a warp, downs 0.826 and
 //   gate/up 0.822 (1, 1, 2 / 1, 1, 4: 0.90-0.99).
+struct RowCfg {
+    int rpw, u, ks; // rows a warp, steps in flight, warps a row group
+};
+inline RowCfg row_cfg(int WK, const Args &p, RowRole role, bool glu) {
+    if (WK == kBf16) {
+        if (!glu && role == kRowRouter) return {1, 2, 8};
+        if (role == kRowExpert && p.n_out < 16384 && p.cols <= 1024) return {2, 2, 1};
+        return p.n_out >= 16384 || (role != kRowExpert && p.cols <= 2048) ? RowCfg{1, 2, 4} : RowCfg{2, 2, 2};
+    }
+    return p.n_out >= 16384 || (role == kRowExpert && p.cols <= 2048) ? RowCfg{4, 1, 1} : RowCfg{2, 1, 1};
+}
+
 template <int WK, bool GLU>
 inline cudaError_t launch_row(const Args &p, RowRole role, cudaStream_t st, bool pdl, int ny = 1) {
+    const RowCfg c = row_cfg(WK, p, role, GLU);
     if (WK == kBf16) {
         if constexpr (!GLU)
-            if (role == kRowRouter) return launch_cfg<WK, 1, 2, 8, GLU>(p, st, pdl, ny);
-        if (role == kRowExpert && p.n_out < 16384 && p.cols <= 1024)
-            return launch_cfg<WK, 2, 2, 1, GLU>(p, st, pdl, ny);
-        return p.n_out >= 16384 || (role != kRowExpert && p.cols <= 2048)
-                   ? launch_cfg<WK, 1, 2, 4, GLU>(p, st, pdl, ny)
-                   : launch_cfg<WK, 2, 2, 2, GLU>(p, st, pdl, ny);
+            if (c.ks == 8) return launch_cfg<WK, 1, 2, 8, GLU>(p, st, pdl, ny);
+        if (c.ks == 1) return launch_cfg<WK, 2, 2, 1, GLU>(p, st, pdl, ny);
+        return c.ks == 4 ? launch_cfg<WK, 1, 2, 4, GLU>(p, st, pdl, ny) : launch_cfg<WK, 2, 2, 2, GLU>(p, st, pdl, ny);
     }
-    return p.n_out >= 16384 || (role == kRowExpert && p.cols <= 2048) ? launch_cfg<WK, 4, 1, 1, GLU>(p, st, pdl, ny)
-                                                                       : launch_cfg<WK, 2, 1, 1, GLU>(p, st, pdl, ny);
+    return c.rpw == 4 ? launch_cfg<WK, 4, 1, 1, GLU>(p, st, pdl, ny) : launch_cfg<WK, 2, 1, 1, GLU>(p, st, pdl, ny);
+}
+
+// The fold (the header; Args.fold_*), one row of a dense matrix in bf16:
+// the blocks (sums of squares) that launch_decode of p with fold_out set
+// leaves, 0 where it does not fold p (its rows in groups of one warp, or
+// more sums than the product after can load).
+inline int fold_blocks(int WK, const Args &p, RowRole role) {
+    if (WK != kBf16 || role != kRowDense || !row_reads(WK, p) || !row_kernel_for(WK, p.n_out)) return 0;
+    const RowCfg c = row_cfg(WK, p, role, false);
+    if (c.ks < 2) return 0;
+    const int per_block = 8 / c.ks * c.rpw, n = (p.n_out + per_block - 1) / per_block;
+    return n <= kFoldMax ? n : 0;
+}
+
+// Whether launch_decode (glu: launch_glu) of one row takes p as the product
+// after a fold (fold_ss set, n_ss of them, fold_out null).
+inline bool folded_takes(int WK, const Args &p, RowRole role, bool glu) {
+    if (WK != kBf16 || role != kRowDense || p.n_ss < 1 || p.n_ss > kFoldMax || !row_reads(WK, p) ||
+        !row_kernel_for(WK, p.n_out))
+        return false;
+    return glu || row_cfg(WK, p, role, false).ks > 1;
 }
 
 // k experts chosen on the device (p.etab, p.sel, p.per_x; their scales

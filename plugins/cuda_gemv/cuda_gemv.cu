@@ -66,6 +66,11 @@ struct Gemv {
     int decode_rows;     // rows up to which the tensor-core kernel runs
     int glu;             // param glu: run_glu fuses one row's gate/up and SiLU (CUDA_GEMV_DECODE)
     int fuse;            // param fuse: run_fused takes one row's residual add (CUDA_GEMV_DECODE)
+    int fold;            // param fold: run_fused folds the next norm into the add and the product after
+    float *fold_ss;      // [kFoldMax] device: the latest fold's sums of squares (fixed: graphs replay it)
+    const float *fold_x; // that fold's output (the next product's x), until a product uses it
+    int fold_n;          // its sums
+    int64_t fold_cols;   // its outputs
     Algo plans[kPlans];  // cuBLASLt plans by shape (a heuristic query costs ~0.1 ms)
     GroupedTiles tiles; // run_grouped's tile lists
 };
@@ -226,17 +231,51 @@ bool decodes(const Gemv *g, const Weight *w, int rows, const float *x) {
            tsr_mma::reads_x(x, (int)w->cols, (int)w->cols);
 }
 
+// The product after a fold (tsr_gemv_fuse.folded: x is the fold's output,
+// the stream times the norm's weights), its sums multiplied by the norm's
+// factor from the sums of squares the fold left (gemv_row.cuh's FOLD 2);
+// one row, plain or a gate/up pair with its SiLU. TSR_ERR_UNSUPPORTED,
+// nothing launched, where x is not the latest fold's output or the kernel
+// does not take the matrix (folded_takes).
+int run_folded(Gemv *g, const Weight *w, const float *x, float *y, const tsr_gemv_fuse *fu, cudaStream_t st,
+               bool pdl) {
+    if (!fu->norm || fu->accumulate || x != g->fold_x || w->cols != g->fold_cols || (fu->glu && (!g->glu || !w->pair)))
+        return TSR_ERR_UNSUPPORTED;
+    tsr_mma::Args a = decode_args(w, x, y);
+    a.fold_ss = g->fold_ss, a.n_ss = g->fold_n, a.eps = fu->eps;
+    if (!tsr_row::folded_takes(tsr_mma::kBf16, a, row_role(w), fu->glu != 0) ||
+        (fu->glu && !tsr_row::glu_reads<tsr_mma::kBf16>(a)))
+        return TSR_ERR_UNSUPPORTED;
+    g->fold_x = nullptr; // one use
+    const cudaError_t e = fu->glu ? tsr_row::launch_glu<tsr_mma::kBf16>(a, row_role(w), st, pdl)
+                                  : tsr_row::launch_decode<tsr_mma::kBf16>(a, 1, row_role(w), st, pdl);
+    return cuda_err(g, e, "folded gemv launch");
+}
+
 // One row with the host's residual add (tsr_gemv_i.run_fused) through
-// gemv_row.cuh's launch_decode; TSR_ERR_UNSUPPORTED, nothing launched, for a
-// norm or a gate/up pair (bf16 rows read slower with the norm: fused_takes)
-// and where run() would not take the decode kernels.
+// gemv_row.cuh's launch_decode, with the next norm's fold where asked and
+// taken (fold_blocks; param fold), and the product after a fold
+// (run_folded); TSR_ERR_UNSUPPORTED, nothing launched, for an input norm
+// otherwise or a gate/up pair (bf16 rows read slower with the norm:
+// fused_takes) and where run() would not take the decode kernels.
 int run_fused(Gemv *g, const Weight *w, int rows, const float *x, float *y, const tsr_gemv_fuse *fu,
               cudaStream_t st, bool pdl) {
-    if (!g->fuse || rows != 1 || fu->glu || !decodes(g, w, rows, x)) return TSR_ERR_UNSUPPORTED;
+    if (!g->fuse || rows != 1 || !decodes(g, w, rows, x)) return TSR_ERR_UNSUPPORTED;
+    if (fu->folded) return g->fold ? run_folded(g, w, x, y, fu, st, pdl) : TSR_ERR_UNSUPPORTED;
+    if (fu->glu) return TSR_ERR_UNSUPPORTED;
     tsr_mma::Args a = decode_args(w, x, y);
     a.nw = fu->norm, a.eps = fu->eps, a.accum = fu->accumulate != 0;
     if (!tsr_row::fused_takes<tsr_mma::kBf16>(a)) return TSR_ERR_UNSUPPORTED;
-    return cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, 1, row_role(w), st, pdl), "fused gemv launch");
+    int n_ss = 0;
+    if (fu->fold_norm) {
+        if (!g->fold || !fu->accumulate || fu->norm || !fu->fold_out ||
+            !(n_ss = tsr_row::fold_blocks(tsr_mma::kBf16, a, row_role(w))))
+            return TSR_ERR_UNSUPPORTED;
+        a.fold_g = fu->fold_norm, a.fold_out = fu->fold_out, a.fold_ss = g->fold_ss;
+    }
+    const int rc = cuda_err(g, tsr_row::launch_decode<tsr_mma::kBf16>(a, 1, row_role(w), st, pdl), "fused gemv launch");
+    if (rc == TSR_OK && n_ss) g->fold_x = fu->fold_out, g->fold_n = n_ss, g->fold_cols = w->rows;
+    return rc;
 }
 #endif
 
@@ -419,6 +458,11 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
     g->glu = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
     p = ctx->host->param(ctx, "fuse");
     g->fuse = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
+    p = ctx->host->param(ctx, "fold");
+    g->fold = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
+    if (g->fold &&
+        (rc = ctx->host->dev_alloc(ctx, tsr_row::kFoldMax * sizeof(float), reinterpret_cast<void **>(&g->fold_ss))))
+        return rc;
 #endif
     const tsr_model_desc *md = ctx->model;
     if (md) { // the widest input of any projection, for captured passes
@@ -438,6 +482,9 @@ void g_fini(void *inst) {
     if (g->workspace) g->ctx->host->dev_free(g->ctx, g->workspace);
     if (g->xb) g->ctx->host->dev_free(g->ctx, g->xb);
     if (g->graph_xb) g->ctx->host->dev_free(g->ctx, g->graph_xb);
+#ifdef CUDA_GEMV_DECODE
+    if (g->fold_ss) g->ctx->host->dev_free(g->ctx, g->fold_ss);
+#endif
     grouped_tiles_free(g->ctx, &g->tiles);
     for (int i = 0; i < kPlans; i++) unplan(&g->plans[i]);
     if (g->lt) cublasLtDestroy(g->lt);

@@ -361,6 +361,137 @@ static void fused_case(env *v, int n_out, int cols, int norm, int acc, int glu, 
     free(w), free(x), free(nw), free(xn), free(y0), free(prod), free(want_y), free(got);
 }
 
+/* The fold (run_fused's fold_norm, then folded): a product into the stream
+ * ([hidden, pcols], one row, added into y0) that also writes the stream
+ * times the next norm's weights g, then the product after it ([n_next,
+ * hidden]; glu: a [gate; up] pair) from that output, against run(), an f32
+ * add, the core's rmsnorm kernel and run() (run_glu: and silu_mul_cat): the
+ * stream bit for bit, the fold's output bit for bit the stream times g, the
+ * product after within tol of S = sum_c |w_c xn_c| (the factor applied to
+ * each sum); eagerly, then both calls captured in one graph and replayed on
+ * new inputs. A folded call on another x, or the fold's output used twice,
+ * is refused. want: whether the plugin folds (else the first call is
+ * refused, nothing written). */
+static void fold_case(env *v, int hidden, int pcols, int n_next, int glu, int want) {
+    const int nc = glu ? 2 * n_next : n_next; /* the product after: weight rows */
+    const float eps = 1e-5f;
+    float *wp = malloc(sizeof(float) * (size_t)hidden * pcols), *wc = malloc(sizeof(float) * (size_t)nc * hidden);
+    float *xin = malloc(sizeof(float) * (size_t)pcols), *g = malloc(sizeof(float) * (size_t)hidden);
+    float *y0 = malloc(sizeof(float) * (size_t)hidden), *stream = malloc(sizeof(float) * (size_t)hidden);
+    float *fo = malloc(sizeof(float) * (size_t)hidden), *xn = malloc(sizeof(float) * (size_t)hidden);
+    float *prod = malloc(sizeof(float) * (size_t)nc), *want_z = malloc(sizeof(float) * (size_t)n_next);
+    float *got = malloc(sizeof(float) * (size_t)n_next);
+    assert_true(wp && wc && xin && g && y0 && stream && fo && xn && prod && want_z && got);
+    for (int64_t i = 0; i < (int64_t)hidden * pcols; i++) wp[i] = (float)((urand() - 0.5) * 0x1p-3);
+    for (int64_t i = 0; i < (int64_t)nc * hidden; i++) wc[i] = (float)((urand() - 0.5) * 0x1p-3);
+    for (int c = 0; c < hidden; c++) g[c] = (float)(0.25 + urand() * 1.5);
+    tsr_weight tp = {"blk.o", TSR_DTYPE_F32, hidden, pcols, wp, sizeof(float) * (uint64_t)hidden * pcols, NULL,
+                     TSR_WEIGHT_DENSE};
+    tsr_weight tc[2] = {{"blk.gate", TSR_DTYPE_F32, n_next, hidden, wc, sizeof(float) * (uint64_t)n_next * hidden,
+                         NULL, TSR_WEIGHT_DENSE},
+                        {"blk.up", TSR_DTYPE_F32, n_next, hidden, wc + (int64_t)n_next * hidden,
+                         sizeof(float) * (uint64_t)n_next * hidden, NULL, TSR_WEIGHT_DENSE}};
+    void *hp = NULL, *hc = NULL;
+    assert_int_equal(tsr_gemv_prepare(v->gemv, &tp, &hp), TSR_OK);
+    assert_int_equal(tsr_gemv_prepare_group(v->gemv, tc, glu ? 2 : 1, &hc), TSR_OK);
+    tsr_error err;
+    tsr_error_clear(&err);
+    float *dxin = tsr_cuda_malloc(sizeof(float) * (size_t)pcols, &err), *dg = tsr_cuda_malloc(sizeof(float) * (size_t)hidden, &err);
+    float *dy = tsr_cuda_malloc(sizeof(float) * (size_t)hidden, &err), *dfo = tsr_cuda_malloc(sizeof(float) * (size_t)hidden, &err);
+    float *dxn = tsr_cuda_malloc(sizeof(float) * (size_t)hidden, &err), *dp = tsr_cuda_malloc(sizeof(float) * (size_t)nc, &err);
+    float *dz = tsr_cuda_malloc(sizeof(float) * (size_t)n_next, &err);
+    assert_true(dxin && dg && dy && dfo && dxn && dp && dz);
+    assert_int_equal(tsr_cuda_upload(dg, g, sizeof(float) * (size_t)hidden, &err), TSR_OK);
+    const tsr_gemv_fuse fp = {.accumulate = 1, .fold_norm = dg, .fold_out = dfo};
+    const tsr_gemv_fuse fc = {.norm = dg, .eps = eps, .glu = glu, .folded = 1};
+    double worst = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const double scale = pass ? 0.02 : 40; /* a residual stream of any size */
+        for (int i = 0; i < pcols; i++) xin[i] = (float)((urand() - 0.5) * scale);
+        for (int i = 0; i < hidden; i++) y0[i] = (float)((urand() - 0.5) * scale);
+        assert_int_equal(tsr_cuda_upload(dxin, xin, sizeof(float) * (size_t)pcols, &err), TSR_OK);
+        /* unfolded: run, add, norm, run (SiLU) */
+        assert_int_equal(tsr_gemv_run(v->gemv, hp, 1, dxin, dy, &v->ex), TSR_OK);
+        assert_int_equal(tsr_cuda_download(stream, dy, sizeof(float) * (size_t)hidden, &err), TSR_OK);
+        for (int i = 0; i < hidden; i++) stream[i] = y0[i] + stream[i];
+        assert_int_equal(tsr_cuda_upload(dy, stream, sizeof(float) * (size_t)hidden, &err), TSR_OK);
+        assert_int_equal(tsr_cu_rmsnorm(dxn, dy, dg, 1, hidden, eps, 0, v->ex.stream), 0);
+        assert_int_equal(tsr_cuda_download(xn, dxn, sizeof(float) * (size_t)hidden, &err), TSR_OK);
+        assert_int_equal(tsr_gemv_run(v->gemv, hc, 1, dxn, dp, &v->ex), TSR_OK);
+        assert_int_equal(tsr_cuda_download(prod, dp, sizeof(float) * (size_t)nc, &err), TSR_OK);
+        if (glu) assert_int_equal(tsr_cu_silu_mul_cat(dp, dp, 1, n_next, 0, v->ex.stream), 0);
+        assert_int_equal(tsr_cuda_download(want_z, dp, sizeof(float) * (size_t)n_next, &err), TSR_OK);
+        /* folded */
+        assert_int_equal(tsr_cuda_upload(dy, y0, sizeof(float) * (size_t)hidden, &err), TSR_OK);
+        int rc, rc2 = TSR_OK;
+        if (pass == 0) {
+            rc = tsr_gemv_run_fused(v->gemv, hp, 1, dxin, dy, &fp, &v->ex);
+            if (rc == TSR_OK) {
+                /* the product after on another x: refused, the fold kept */
+                assert_int_equal(tsr_gemv_run_fused(v->gemv, hc, 1, dxn, dz, &fc, &v->ex), TSR_ERR_UNSUPPORTED);
+                rc2 = tsr_gemv_run_fused(v->gemv, hc, 1, dfo, dz, &fc, &v->ex);
+            }
+        } else { /* captured once, replayed */
+            tsr_exec ex = v->ex;
+            ex.step = v->dev_step;
+            void *graph = NULL;
+            assert_int_equal(tsr_cuda_capture_begin(&err), TSR_OK);
+            rc = tsr_gemv_run_fused(v->gemv, hp, 1, dxin, dy, &fp, &ex);
+            if (rc == TSR_OK) rc2 = tsr_gemv_run_fused(v->gemv, hc, 1, dfo, dz, &fc, &ex);
+            assert_int_equal(tsr_cuda_capture_end(&graph, &err), TSR_OK);
+            if (rc == TSR_OK && rc2 == TSR_OK) assert_int_equal(tsr_cuda_graph_launch(graph, &err), TSR_OK);
+            tsr_cuda_graph_free(graph);
+        }
+        if (!want) {
+            assert_int_equal(rc, TSR_ERR_UNSUPPORTED);
+            assert_int_equal(tsr_cuda_download(stream, dy, sizeof(float) * (size_t)hidden, &err), TSR_OK);
+            assert_memory_equal(stream, y0, sizeof(float) * (size_t)hidden); /* nothing written */
+            break;
+        }
+        if (rc != TSR_OK || rc2 != TSR_OK)
+            fail_msg("fold [%d x %d] then [%d x %d]: %d, %d %s", hidden, pcols, nc, hidden, rc, rc2,
+                     tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
+        /* used once: a second use is refused */
+        assert_int_equal(tsr_gemv_run_fused(v->gemv, hc, 1, dfo, dz, &fc, &v->ex), TSR_ERR_UNSUPPORTED);
+        float *sy = malloc(sizeof(float) * (size_t)hidden);
+        assert_non_null(sy);
+        assert_int_equal(tsr_cuda_download(sy, dy, sizeof(float) * (size_t)hidden, &err), TSR_OK);
+        assert_int_equal(tsr_cuda_download(fo, dfo, sizeof(float) * (size_t)hidden, &err), TSR_OK);
+        for (int i = 0; i < hidden; i++) {
+            if (memcmp(&sy[i], &stream[i], sizeof(float)))
+                fail_msg("fold [%d x %d]: stream[%d] = %.9g, run and add %.9g", hidden, pcols, i, sy[i], stream[i]);
+            const float want_fo = stream[i] * g[i];
+            if (memcmp(&fo[i], &want_fo, sizeof(float)))
+                fail_msg("fold [%d x %d]: out[%d] = %.9g, stream times g %.9g", hidden, pcols, i, fo[i], want_fo);
+        }
+        free(sy);
+        assert_int_equal(tsr_cuda_download(got, dz, sizeof(float) * (size_t)n_next, &err), TSR_OK);
+        const double tol = 1e-5;
+        for (int o = 0; o < n_next; o++) {
+            double sum[2] = {0, 0};
+            for (int j = 0; j < (glu ? 2 : 1); j++)
+                for (int c = 0; c < hidden; c++) sum[j] += fabs((double)wc[((int64_t)j * n_next + o) * hidden + c] * xn[c]);
+            double bound = tol * sum[0];
+            if (glu) { /* |d silu(g) / dg| < 1.1 */
+                const double gv = prod[o], uv = prod[n_next + o];
+                bound = tol * (1.1 * fabs(uv) * sum[0] + fabs(gv / (1 + exp(-gv))) * sum[1]) + tol * tol * sum[0] * sum[1] * 1.1;
+            }
+            const double d = fabs((double)got[o] - want_z[o]);
+            if (!(d <= bound))
+                fail_msg("%s folded%s [%d x %d] %s: z[%d] = %.9g, unfolded %.9g (|diff| %.3g > %.3g)", v->gemv->plugin,
+                         glu ? " glu" : "", nc, hidden, pass ? "graph replay" : "eager", o, got[o], want_z[o], d, bound);
+            if (d / bound > worst) worst = d / bound;
+        }
+    }
+    printf("# %s fold [%d x %d] then%s [%d x %d]: %s (worst %.1f%% of the bound)\n", v->gemv->plugin, hidden, pcols,
+           glu ? " glu" : "", nc, hidden, want ? "as unfolded" : "refused", 100 * worst);
+    tsr_gemv_release(v->gemv, hp), tsr_gemv_release(v->gemv, hc);
+    tsr_cuda_free(dxin), tsr_cuda_free(dg), tsr_cuda_free(dy), tsr_cuda_free(dfo), tsr_cuda_free(dxn);
+    tsr_cuda_free(dp), tsr_cuda_free(dz);
+    free(wp), free(wc), free(xin), free(g), free(y0), free(stream), free(fo), free(xn), free(prod), free(want_z);
+    free(got);
+}
+
 /* run_experts over a table of E experts ([gate; up] pairs of f rows and
  * downs [cols, f]) for `tokens` rows of x with K choices each (some -1):
  * each chosen row against run_glu / run of that one row on the chosen
@@ -606,6 +737,17 @@ static void plugin_cases(const char *plugin) {
     fused_case(&v, 1000, 1040, 1, 0, 0, 0);
     fused_case(&v, 2501, 1040, 1, 0, 1, 0);
     fused_case(&v, 2501, 1040, 0, 1, 1, 0);
+    /* the fold (gemv_row.cuh fold_blocks, folded_takes): bf16 only; the
+     * product into the stream in row groups of 4 warps (1,024 sums: the
+     * most) and of 2 (512, and 513 with a partial block), the product after
+     * plain (groups of 4 warps: 3,000 and 17,000 rows; of 2: 1,000) and a
+     * gate/up pair; refused where the sums are too many (2,048) */
+    fold_case(&v, 2048, 1040, 3000, 0, !fp8);
+    fold_case(&v, 4096, 4096, 5000, 1, !fp8);
+    fold_case(&v, 4096, 4096, 17000, 0, !fp8);
+    fold_case(&v, 4104, 2056, 1000, 0, !fp8);
+    fold_case(&v, 4104, 2056, 1000, 1, !fp8);
+    fold_case(&v, 4096, 1024, 1000, 0, 0);
     /* an expert's matrices: gemv_row at any height for one row in E4M3
      * (run_experts' sums), against f64 and run + silu; gemv_mma above */
     gemv_case_as(&v, EXPERT, 37, 256, 1);
