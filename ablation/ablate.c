@@ -16,6 +16,7 @@
 #include "../core/runtime/runtime.h"
 #include "report.h"
 #include "shapley.h"
+#include "tsr_build_info.h" /* TSR_BUILD_COMMIT: build/generated, cmake/build_info.cmake */
 
 void tsr_abl_result_free(tsr_abl_result *r) {
     if (!r) return;
@@ -596,7 +597,8 @@ static const char *str_at(const json_t *o, const char *a, const char *b) {
 }
 
 /* --resume: what out_dir/result.json (left by an interrupted run) measured,
- * where it is the same ablation: schema, git commit, model, workload (name
+ * where it is the same ablation: schema, git commit, the binary's build
+ * commit, model, workload (name
  * and version), rounds, assembly text and variants. Its device record is
  * reused (the ceilings stay those of one probe) and its variants that ran
  * keep their rounds; refused, failed and pending ones are measured again. */
@@ -612,6 +614,7 @@ static int resume_from(const tsr_ablate_opts *o, tsr_abl_result *r, tsr_error *e
     }
     int rc = TSR_OK;
     const char *sch = str_at(j, "schema", NULL), *commit = str_at(j, "git_commit", NULL);
+    const char *built = str_at(j, "built_from", NULL);
     const char *model = str_at(j, "settings", "model"), *text = str_at(j, "assembly", "text");
     const json_t *wl = json_object_get(json_object_get(j, "settings"), "workload");
     const char *wname = str_at(wl, "name", NULL);
@@ -622,6 +625,9 @@ static int resume_from(const tsr_ablate_opts *o, tsr_abl_result *r, tsr_error *e
     else if (!commit || strcmp(commit, r->commit))
         rc = tsr_error_set(err, TSR_ERR_REFUSED, "measured at commit %s, this is %s", commit ? commit : "?",
                            r->commit);
+    else if (!built || strcmp(built, r->built_from))
+        rc = tsr_error_set(err, TSR_ERR_REFUSED, "measured by a binary built from %s, this one is built from %s",
+                           built ? built : "?", r->built_from);
     else if (!model || strcmp(model, want_model))
         rc = tsr_error_set(err, TSR_ERR_REFUSED, "model %s, not %s", model ? model : "?", want_model);
     else if (!wname || strcmp(wname, r->w->name) || json_integer_value(json_object_get(wl, "version")) != r->w->version)
@@ -722,6 +728,7 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
         fclose(af);
     }
     git_commit(o->source_dir, r->commit, sizeof r->commit);
+    snprintf(r->built_from, sizeof r->built_from, "%s", TSR_BUILD_COMMIT);
     utc_now(r->created, sizeof r->created);
     r->n_threads = o->n_threads;
 

@@ -69,7 +69,8 @@ typedef struct tsr_abl_result {
     char assembly_name[256];
     char *assembly_text;         /* the assembly file as read (owned; NULL if unreadable) */
     char model[1024];            /* "" : the embedded model */
-    char commit[64];
+    char commit[64];             /* the source tree's HEAD at run time (+modified) */
+    char built_from[64];         /* the commit the binary was built from (tsr_build_info.h) */
     char created[32];            /* UTC, ISO 8601 */
     const tsr_workload *w;       /* borrowed */
     tsr_probe_result dev;

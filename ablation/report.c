@@ -139,9 +139,10 @@ json_t *tsr_abl_result_json(const tsr_abl_result *r) {
                                   "version", r->w->version, "warmup", r->w->warmup, "repeats", r->w->repeats,
                                   "rounds", r->rounds > 1 ? r->rounds : 1)
                       : json_null();
-    return json_pack("{s:s, s:s, s:s, s:{s:s, s:s, s:o, s:i, s:s}, s:o, s:{s:s, s:s, s:s*}, s:o, s:{s:b, s:s, "
+    return json_pack("{s:s, s:s, s:s, s:s, s:{s:s, s:s, s:o, s:i, s:s}, s:o, s:{s:s, s:s, s:s*}, s:o, s:{s:b, s:s, "
                      "s:o, s:o}, s:o, s:i}",
                      "schema", TSR_ABL_RESULT_SCHEMA, "created", r->created, "git_commit", r->commit,
+                     "built_from", r->built_from,
                      "settings", "metric", "speedup = geometric mean over cases of the all-baseline variant's median end-to-end time "
                      "over the variant's", "model", r->model[0] ? r->model : "(embedded stories260K)",
                      "workload", wl, "threads", r->n_threads, "sampling", "greedy (temperature 0), streamed",
@@ -235,7 +236,8 @@ int tsr_abl_write_md(const tsr_abl_result *r, FILE *f) {
         fputs(", bf16 matmul ", f);
         md_num(f, "%.1f TFLOP/s", r->dev.gpu_bf16_tflops);
     }
-    fprintf(f, "\n- git commit: %s; created %s\n", r->commit, r->created);
+    fprintf(f, "\n- git commit: %s (the source tree); binary built from %s; created %s\n", r->commit, r->built_from,
+            r->created);
     if (r->resumed) /* continued with --resume: when each was measured is in result.json */
         fprintf(f, "- resumed: %d of the %d variants were measured by an earlier run of this ablation that was "
                    "interrupted (each variant's `measured` time in result.json)\n",

@@ -24,3 +24,5 @@ mkdir -p .device/shared/data/models/pystd
 cp -r ../shared/data/models/pystd/moe .device/shared/data/models/pystd/
 tar cJf .device/build.tar.xz -C .device build lib && rm -rf .device/build .device/lib
 du -sh .device
+# what the reports made there will name as built_from (commit before building: "+modified" otherwise)
+build/bin/tessera --version

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "tsr_build_info.h" /* TSR_BUILD_COMMIT: cmake/build_info.cmake */
 
 typedef struct command {
     const char *name;
@@ -35,7 +36,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("tessera %s\n", TESSERA_VERSION);
+        printf("tessera %s (built from %s)\n", TESSERA_VERSION, TSR_BUILD_COMMIT);
         return 0;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

@@ -529,6 +529,25 @@ static void test_ablate_resume(void **st) {
     assert_non_null(strstr(md, want));
     free(md);
 
+    /* refused: a run measured by a binary built from another commit */
+    snprintf(rj, sizeof rj, "%s/result.json", out);
+    json_t *saved = json_load_file(rj, 0, NULL);
+    assert_non_null(saved);
+    assert_true(json_is_string(json_object_get(saved, "built_from")));
+    json_t *built = json_incref(json_object_get(saved, "built_from"));
+    assert_int_equal(json_object_set_new(saved, "built_from", json_string("0123456789abcdef+other")), 0);
+    assert_int_equal(json_dump_file(saved, rj, 0), 0);
+    const char *same[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--catalog", g_cat,
+                          "--threads", "1", "--quiet", "--resume", NULL};
+    assert_int_not_equal(run(same), 0);
+    snprintf(p, sizeof p, "%s/out.txt", g_tmp);
+    char *b = read_text(p);
+    assert_non_null(strstr(b, "measured by a binary built from 0123456789abcdef+other"));
+    free(b);
+    assert_int_equal(json_object_set_new(saved, "built_from", built), 0); /* as it was */
+    assert_int_equal(json_dump_file(saved, rj, 0), 0);
+    json_decref(saved);
+
     /* refused: another workload; nothing to resume */
     snprintf(wl, sizeof wl, "%s/tests/ablation/data/tiny.json", g_src);
     const char *other[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--catalog", g_cat,
