@@ -49,10 +49,10 @@
 // Fold (Args.fold_*; FOLD 1: a product into the stream, 2: the product
 // after it): the next norm split between the two launches so that no norm
 // kernel runs between them. The first writes the stream times the norm's
-// weights and its blocks' sums of squares; the second reads those sums
-// (loaded before its loop, used after it) and multiplies each output's sum
-// by the factor, its loop unchanged (unlike NORM, no activation is loaded
-// twice and no register is held for squares). bf16 only: E4M3 rounds its
+// weights and its blocks' sums of squares; the second copies those sums
+// into shared memory while its loop runs, and multiplies each output's sum
+// by the factor after it, its loop unchanged (unlike NORM, no activation
+// is loaded twice and no register is held for squares). bf16 only: E4M3 rounds its
 // activations to f16, and the stream times a norm's weights before the
 // factor may lie outside f16's range.
 //
