@@ -457,6 +457,20 @@ static int process_with(const char *needle) {
     return found;
 }
 
+/* `tessera ablate ASMB --workload WL --out OUT --resume` is refused, its
+ * message naming --resume and containing want. */
+static void resume_refused(const char *asmb, const char *wl, const char *out, const char *want) {
+    const char *argv[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--catalog", g_cat,
+                          "--threads", "1", "--quiet", "--resume", NULL};
+    assert_int_not_equal(run(argv), 0);
+    char p[700];
+    snprintf(p, sizeof p, "%s/out.txt", g_tmp);
+    char *o = read_text(p);
+    assert_non_null(o);
+    if (!strstr(o, "--resume") || !strstr(o, want)) fail_msg("--resume refusal without \"%s\": %s", want, o);
+    free(o);
+}
+
 /* An ablation killed (SIGKILL) once result.json shows a measured variant
  * leaves that file with its measured and pending variants and no server
  * running; --resume measures the pending ones alone and keeps the others'
@@ -537,32 +551,16 @@ static void test_ablate_resume(void **st) {
     json_t *built = json_incref(json_object_get(saved, "built_from"));
     assert_int_equal(json_object_set_new(saved, "built_from", json_string("0123456789abcdef+other")), 0);
     assert_int_equal(json_dump_file(saved, rj, 0), 0);
-    const char *same[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--catalog", g_cat,
-                          "--threads", "1", "--quiet", "--resume", NULL};
-    assert_int_not_equal(run(same), 0);
-    snprintf(p, sizeof p, "%s/out.txt", g_tmp);
-    char *b = read_text(p);
-    assert_non_null(strstr(b, "measured by a binary built from 0123456789abcdef+other"));
-    free(b);
+    resume_refused(asmb, wl, out, "measured by a binary built from 0123456789abcdef+other");
     assert_int_equal(json_object_set_new(saved, "built_from", built), 0); /* as it was */
     assert_int_equal(json_dump_file(saved, rj, 0), 0);
     json_decref(saved);
 
     /* refused: another workload; nothing to resume */
     snprintf(wl, sizeof wl, "%s/tests/ablation/data/tiny.json", g_src);
-    const char *other[] = {g_bin, "ablate", asmb, "--workload", wl, "--out", out, "--catalog", g_cat,
-                           "--threads", "1", "--quiet", "--resume", NULL};
-    assert_int_not_equal(run(other), 0);
-    snprintf(p, sizeof p, "%s/out.txt", g_tmp);
-    char *o = read_text(p);
-    assert_non_null(strstr(o, "--resume"));
-    assert_non_null(strstr(o, "workload ci version 1, not test-tiny"));
-    free(o);
+    resume_refused(asmb, wl, out, "workload ci version 1, not test-tiny");
     snprintf(out, sizeof out, "%s/resume-none", g_tmp);
-    assert_int_not_equal(run(other), 0);
-    o = read_text(p);
-    assert_non_null(strstr(o, "no earlier run to continue"));
-    free(o);
+    resume_refused(asmb, wl, out, "no earlier run to continue");
 }
 
 static void test_bench(void **st) {
