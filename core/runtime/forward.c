@@ -469,8 +469,7 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
             if ((rc = layer_mlp(m, L, rows, next, &pending, err))) return rc;
             continue;
         }
-        m->fold = NULL;
-        BE(input_norm(m, L->ffn_norm, rows, &pending, err));
+        BE(input_norm(m, L->ffn_norm, rows, &pending, err)); /* no fold: o's next was NULL */
         if (L->moe) {
             if ((rc = moe(m, l, rows, err))) return rc; /* adds into x */
         } else {
@@ -483,7 +482,6 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     const int first = tsr_fwd_all_rows(out) ? 0 : rows - 1, n = rows - first;
     int head_done = 0;
     if (first == 0) BE(from_fold(m, TSR_PROF_HEAD, m->lm_head, n, m->head_out, m->final_norm, 0, &head_done, err));
-    m->fold = NULL;
     if (!head_done)
         BE(fused(m, TSR_PROF_HEAD, m->lm_head, n, m->x + (int64_t)first * h, m->head_out,
                  &(tsr_gemv_fuse){.norm = m->final_norm, .eps = c->norm_eps}, &head_done, err));
