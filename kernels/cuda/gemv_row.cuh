@@ -398,12 +398,17 @@ inline cudaError_t launch_row(const Args &p, RowRole role, cudaStream_t st, bool
     return c.rpw == 4 ? launch_cfg<WK, 4, 1, 1, GLU>(p, st, pdl, ny) : launch_cfg<WK, 2, 1, 1, GLU>(p, st, pdl, ny);
 }
 
-// The fold (the header; Args.fold_*), one row of a dense matrix in bf16:
-// the blocks (sums of squares) that launch_decode of p with fold_out set
+// The fold (the header; Args.fold_*): one row of a dense bf16 matrix
+// through gemv_row, on either side of it.
+inline bool fold_reads(int WK, const Args &p, RowRole role) {
+    return WK == kBf16 && role == kRowDense && row_reads(WK, p) && row_kernel_for(WK, p.n_out);
+}
+
+// The blocks (sums of squares) that launch_decode of p with fold_out set
 // leaves, 0 where it does not fold p (its rows in groups of one warp, or
 // more sums than the product after can load).
 inline int fold_blocks(int WK, const Args &p, RowRole role) {
-    if (WK != kBf16 || role != kRowDense || !row_reads(WK, p) || !row_kernel_for(WK, p.n_out)) return 0;
+    if (!fold_reads(WK, p, role)) return 0;
     const RowCfg c = row_cfg(WK, p, role, false);
     if (c.ks < 2) return 0;
     const int per_block = 8 / c.ks * c.rpw, n = (p.n_out + per_block - 1) / per_block;
@@ -413,9 +418,7 @@ inline int fold_blocks(int WK, const Args &p, RowRole role) {
 // Whether launch_decode (glu: launch_glu) of one row takes p as the product
 // after a fold (fold_ss set, n_ss of them, fold_out null).
 inline bool folded_takes(int WK, const Args &p, RowRole role, bool glu) {
-    if (WK != kBf16 || role != kRowDense || p.n_ss < 1 || p.n_ss > kFoldMax || !row_reads(WK, p) ||
-        !row_kernel_for(WK, p.n_out))
-        return false;
+    if (!fold_reads(WK, p, role) || p.n_ss < 1 || p.n_ss > kFoldMax) return false;
     return glu || row_cfg(WK, p, role, false).ks > 1;
 }
 
