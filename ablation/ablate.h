@@ -106,7 +106,7 @@ typedef struct tsr_ablate_opts {
                                     process once per variant: minutes for an 8B model; meaningless on
                                     random weights); exact variants still compared token for token */
     int resume;                  /* continue out_dir/result.json of an interrupted run of the same
-                                    assembly, model, workload, rounds and commit: its measured
+                                    assembly, model, workload, rounds, commit and build: its measured
                                     rounds kept, its device record reused, the rest measured */
 } tsr_ablate_opts;
 

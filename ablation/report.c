@@ -6,7 +6,6 @@
 
 #include "../core/host/manifest.h"
 
-
 static json_t *stat_json(tsr_stat3 s) {
     return json_pack("{s:o, s:o, s:o}", "median", tsr_jnum(s.med), "min", tsr_jnum(s.min), "max", tsr_jnum(s.max));
 }
@@ -35,7 +34,6 @@ static json_t *case_json(const tsr_bench_case *c) {
 static const char *status_of(const tsr_abl_variant *v) {
     return v->refused ? "refused" : v->failed ? "failed" : v->rounds_done ? "ran" : "pending";
 }
-
 
 static tsr_stat3 stat_of(const json_t *o, const char *key) {
     const json_t *s = json_object_get(o, key);
