@@ -79,10 +79,11 @@ static inline int tsr_gemv_run_grouped(const tsr_slot_ref *s, const void *table,
         TSR_SLOT_MEMBER(s, tsr_gemv_i, run_grouped);
     return f ? f(s->inst, table, off, n, glu, x, ldx, y, ex) : TSR_ERR_UNSUPPORTED;
 }
-/* 1 if the plugin reads tsr_gemv_fuse's fold fields (version >= 8): the
- * host asks no other to fold (an older plugin would ignore them). */
+/* 1 if the plugin has run_fused and reads tsr_gemv_fuse's fold fields
+ * (version >= 8): the host asks no other to fold (an older plugin would
+ * ignore them; one without run_fused would answer no twice a layer). */
 static inline int tsr_gemv_folds(const tsr_slot_ref *s) {
-    return s && s->iface && ((const uint32_t *)s->iface)[1] >= 8;
+    return s && s->iface && ((const uint32_t *)s->iface)[1] >= 8 && TSR_SLOT_MEMBER(s, tsr_gemv_i, run_fused);
 }
 /* default: TSR_ERR_UNSUPPORTED (the host runs its norm, run() and add) */
 static inline int tsr_gemv_run_fused(const tsr_slot_ref *s, const void *prepared, int rows, const float *x, float *y,
