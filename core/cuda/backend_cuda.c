@@ -142,6 +142,7 @@ static const tsr_backend cuda_backend = {
     .download = tsr_cuda_download,
     .upload_async = tsr_cuda_upload_async,
     .download_async = tsr_cuda_download_async,
+    .copy_async = tsr_cuda_copy_async,
     .host_alloc = tsr_cuda_host_alloc,
     .host_free = tsr_cuda_host_free,
     .stream = tsr_cuda_stream,
@@ -172,6 +173,10 @@ static const tsr_backend cuda_backend = {
     .capture_end = tsr_cuda_capture_end,
     .graph_launch = tsr_cuda_graph_launch,
     .graph_free = tsr_cuda_graph_free,
+    .mark_new = tsr_cuda_event_new,
+    .mark_record = tsr_cuda_event_record,
+    .mark_wait = tsr_cuda_event_wait,
+    .mark_free = tsr_cuda_event_free,
 };
 
 const tsr_backend *tsr_backend_cuda(void) { return &cuda_backend; }

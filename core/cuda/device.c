@@ -108,6 +108,10 @@ int tsr_cuda_download_async(void *dst, const void *src, size_t bytes, tsr_error 
     return status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), "download", err);
 }
 
+int tsr_cuda_copy_async(void *dst, const void *src, size_t bytes, tsr_error *err) {
+    return status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "device copy", err);
+}
+
 int tsr_cuda_upload(void *dst, const void *src, size_t bytes, tsr_error *err) {
     int rc = tsr_cuda_upload_async(dst, src, bytes, err);
     return rc == TSR_OK ? tsr_cuda_sync(err) : rc;
@@ -144,6 +148,25 @@ int tsr_cuda_graph_launch(void *graph, tsr_error *err) {
 
 void tsr_cuda_graph_free(void *graph) {
     if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
+
+void *tsr_cuda_event_new(tsr_error *err) {
+    cudaEvent_t ev = NULL;
+    if (status_of(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "creating an event", err) != TSR_OK)
+        return NULL;
+    return ev;
+}
+
+int tsr_cuda_event_record(void *ev, tsr_error *err) {
+    return status_of(cudaEventRecord((cudaEvent_t)ev, stream), "recording an event", err);
+}
+
+int tsr_cuda_event_wait(void *ev, tsr_error *err) {
+    return status_of(cudaEventSynchronize((cudaEvent_t)ev), "waiting for an event", err);
+}
+
+void tsr_cuda_event_free(void *ev) {
+    if (ev) cudaEventDestroy((cudaEvent_t)ev);
 }
 
 int tsr_cuda_check(int rc, const char *what, tsr_error *err) {

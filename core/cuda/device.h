@@ -40,6 +40,7 @@ void tsr_cuda_host_free(void *p);
  * memory for capture), the others wait for the stream first. */
 int tsr_cuda_upload_async(void *dst, const void *host_src, size_t bytes, tsr_error *err);
 int tsr_cuda_download_async(void *host_dst, const void *src, size_t bytes, tsr_error *err);
+int tsr_cuda_copy_async(void *dst, const void *src, size_t bytes, tsr_error *err); /* device to device */
 int tsr_cuda_upload(void *dst, const void *src, size_t bytes, tsr_error *err);
 int tsr_cuda_download(void *dst, const void *src, size_t bytes, tsr_error *err);
 /* Wait for the device; report any asynchronous error. */
@@ -52,6 +53,13 @@ int tsr_cuda_capture_begin(tsr_error *err);
 int tsr_cuda_capture_end(void **graph, tsr_error *err);
 int tsr_cuda_graph_launch(void *graph, tsr_error *err);
 void tsr_cuda_graph_free(void *graph);
+
+/* Events on the engine stream (timing off): record after what is queued;
+ * wait until the stream has passed the record. */
+void *tsr_cuda_event_new(tsr_error *err);
+int tsr_cuda_event_record(void *ev, tsr_error *err);
+int tsr_cuda_event_wait(void *ev, tsr_error *err);
+void tsr_cuda_event_free(void *ev);
 
 /* Turn a kernel wrapper's return (0 ok, negative tsr_status) and the
  * device's last error into a status, with what for the message. */

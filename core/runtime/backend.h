@@ -28,6 +28,8 @@ typedef struct tsr_backend {
      * where a graph will replay them) */
     int (*upload_async)(void *dst, const void *host_src, size_t bytes, tsr_error *err);
     int (*download_async)(void *host_dst, const void *src, size_t bytes, tsr_error *err);
+    /* a copy within backend memory, queued after the backend's work */
+    int (*copy_async)(void *dst, const void *src, size_t bytes, tsr_error *err);
     /* host memory the device copies to and from while replaying (pinned) */
     void *(*host_alloc)(size_t bytes, tsr_error *err);
     void (*host_free)(void *p);
@@ -115,6 +117,13 @@ typedef struct tsr_backend {
     int (*capture_end)(void **graph, tsr_error *err);
     int (*graph_launch)(void *graph, tsr_error *err);
     void (*graph_free)(void *graph);
+    /* Marks in the queue (NULL where every call returns with its work done,
+     * as on the CPU): record one after the work queued so far; wait until
+     * the queue has passed it. */
+    void *(*mark_new)(tsr_error *err);
+    int (*mark_record)(void *mark, tsr_error *err);
+    int (*mark_wait)(void *mark, tsr_error *err);
+    void (*mark_free)(void *mark);
 } tsr_backend;
 
 const tsr_backend *tsr_backend_cpu(void);

@@ -244,6 +244,7 @@ static const tsr_backend cpu_backend = {
     .download = cpu_copy,
     .upload_async = cpu_copy,
     .download_async = cpu_copy,
+    .copy_async = cpu_copy,
     .host_alloc = cpu_host_alloc,
     .host_free = free,
     .embed = cpu_embed,
