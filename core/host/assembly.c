@@ -78,7 +78,7 @@ static void read_slot(tsr_assembly *a, const char *file, const tsr_ynode *k, con
     sl->plugin = dup_or(rc, name);
 }
 
-/* runtime: {cuda_graphs: bool, pdl: bool} */
+/* runtime: {cuda_graphs: bool, pdl: bool, pipeline: bool} */
 static void read_runtime(tsr_assembly *a, const char *path, const tsr_ynode *v, tsr_diag *d, int *rc) {
     if (tsr_ynode_is_null(v)) return;
     if (v->kind != TSR_YNODE_MAP) {
@@ -92,8 +92,10 @@ static void read_runtime(tsr_assembly *a, const char *path, const tsr_ynode *v, 
             on = &a->cuda_graphs, line = &a->graphs_line, col = &a->graphs_col;
         } else if (!strcmp(k->str, "pdl")) {
             on = &a->pdl, line = &a->pdl_line, col = &a->pdl_col;
+        } else if (!strcmp(k->str, "pipeline")) {
+            on = &a->pipeline, line = &a->pipeline_line, col = &a->pipeline_col;
         } else {
-            add(d, rc, path, k, "runtime: unknown key '%s'%s (cuda_graphs, pdl)", k->str, "");
+            add(d, rc, path, k, "runtime: unknown key '%s'%s (cuda_graphs, pdl, pipeline)", k->str, "");
             continue;
         }
         int b;

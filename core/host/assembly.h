@@ -42,6 +42,9 @@ typedef struct tsr_assembly {
     int graphs_line, graphs_col;
     int pdl;                   /* runtime.pdl: kernels launched as programmatic dependents (CUDA) */
     int pdl_line, pdl_col;
+    int pipeline;              /* runtime.pipeline: greedy decode queues the next pass before
+                                * reading the token it follows (generate.c, pipe.c) */
+    int pipeline_line, pipeline_col;
     tsr_ynode *doc;
 } tsr_assembly;
 

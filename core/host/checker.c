@@ -292,6 +292,28 @@ static void check_pdl(cctx *c) {
                      "runtime.pdl needs device cuda, the assembly's device is %s", tsr_device_name(a->device));
 }
 
+/* runtime.pipeline: a device whose queue runs ahead of the host (CUDA), and
+ * a drafter that proposes nothing (provides max_draft: 0), since the next
+ * pass is queued before the token it follows is known to the host. */
+static void check_pipeline(cctx *c, const tsr_plan *p) {
+    const tsr_assembly *a = c->a;
+    if (a->device != TSR_DEVICE_CUDA)
+        tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, a->pipeline_line, a->pipeline_col,
+                     "runtime.pipeline needs device cuda, the assembly's device is %s (its passes end "
+                     "before the call returns: nothing can be queued ahead)",
+                     tsr_device_name(a->device));
+    const tsr_plan_slot *ds = &p->slots[TSR_SLOT_DRAFTER];
+    if (!ds->m) return;
+    const tsr_mcap *cap = tsr_manifest_provides(ds->m, "max_draft");
+    char v[64] = "nothing";
+    if (cap && cap->n_values == 1) tsr_plan_provided(ds, cap, 0, v, sizeof v);
+    if (strcmp(v, "0"))
+        tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, a->pipeline_line, a->pipeline_col,
+                     "runtime.pipeline queues each decode pass before the token it follows is read, so it "
+                     "needs a drafter that proposes nothing (max_draft: 0); plugin %s provides max_draft = %s (%s)",
+                     ds->m->name, v, ds->m->path);
+}
+
 int tsr_check(const tsr_catalog *cat, const tsr_assembly *a, const tsr_check_opts *opts, tsr_plan **out,
               tsr_diag *d) {
     *out = NULL;
@@ -326,6 +348,7 @@ int tsr_check(const tsr_catalog *cat, const tsr_assembly *a, const tsr_check_opt
     }
     if (a->cuda_graphs) check_graphs(&c, p);
     if (a->pdl) check_pdl(&c);
+    if (a->pipeline) check_pipeline(&c, p);
     /* params first: provides may name them ($param) */
     for (int s = 0; s < TSR_SLOT_COUNT; s++)
         if (p->slots[s].m && (int)p->slots[s].m->slot == s) check_requires(&c, opts, p, s);

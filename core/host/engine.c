@@ -620,6 +620,7 @@ tsr_threadpool *tsr_engine_pool(const tsr_engine *e) { return e->pool; }
 int tsr_engine_device(const tsr_engine *e) { return e->device; }
 int tsr_engine_cuda_graphs(const tsr_engine *e) { return e->asmb->cuda_graphs; }
 int tsr_engine_pdl(const tsr_engine *e) { return e->asmb->pdl; }
+int tsr_engine_pipeline(const tsr_engine *e) { return e->asmb->pipeline; }
 const char *tsr_engine_name(const tsr_engine *e) { return e->asmb->name; }
 
 uint64_t tsr_engine_host_bytes(const tsr_engine *e) {
@@ -664,4 +665,5 @@ void tsr_engine_describe(const tsr_engine *e, FILE *f) {
     }
     if (e->asmb->cuda_graphs) fprintf(f, "  runtime      cuda_graphs=true\n");
     if (e->asmb->pdl) fprintf(f, "  runtime      pdl=true\n");
+    if (e->asmb->pipeline) fprintf(f, "  runtime      pipeline=true\n");
 }

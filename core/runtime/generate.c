@@ -11,8 +11,10 @@
  * back in the KV cache. On a device backend, requests that sample without
  * asking for log-probabilities draw on the device (dev_sampler.h) and only
  * the id comes back; steps that verify drafts still bring their rows'
- * logits to the host (rejection sampling there). Text is released only in
- * complete UTF-8 and never while it could still turn into a stop string.
+ * logits to the host (rejection sampling there). With runtime.pipeline,
+ * greedy requests queue each pass before the token it follows is read
+ * (pipe.c). Text is released only in complete UTF-8 and never while it could
+ * still turn into a stop string.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +44,7 @@ struct tsr_gen {
     float *qprobs;            /* [TSR_MAX_DRAFT, vocab] */
     int32_t draft[TSR_MAX_DRAFT];
     int greedy_ids;           /* ask the model for argmax ids alone (plain greedy, no logprobs) */
+    int pipe;                 /* greedy_ids with runtime.pipeline: the next pass queued ahead (pipe.c) */
     tsr_dev_sampler *dev;     /* sample where the logits are (device backends, no logprobs) or NULL */
     int32_t choices[TSR_MAX_DRAFT + 1];
     tsr_token_info toks[TSR_MAX_DRAFT + 1];
@@ -110,6 +113,7 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
     g->greedy = !(p->sampling.temperature > 0.0f && p->sampling.top_k != 1);
     g->want_raw = p->logprobs || p->top_logprobs;
     g->greedy_ids = tsr_sampler_plain_greedy(g->sampler) && !g->want_raw;
+    g->pipe = g->greedy_ids && m->pipeline_on;
     if (!g->greedy_ids && !g->want_raw && m->be->sample && !m->host_sampling) {
         int rc2 = tsr_dev_sampler_new(m->be, g->sampler, vocab, &g->dev, err);
         if (rc2 != TSR_OK) {
@@ -249,6 +253,22 @@ static void token_info(tsr_gen *g, const float *raw, int32_t id, tsr_token_info 
     info->id = id;
 }
 
+/* runtime.pipeline: the next greedy token, the pass of the token after it
+ * queued before this one is read (pipe.c). The drafter is not asked: the
+ * checker let runtime.pipeline through only with one that proposes nothing. */
+static int pipe_next(tsr_gen *g, int32_t *choice, tsr_error *err) {
+    int rc, queued = tsr_seq_pipe_queued(g->seq);
+    if (queued == 0) { /* the last generated token leads, as in a plain step */
+        if ((rc = tsr_seq_pipe_push(g->seq, &g->hist[g->n_hist - 1], err)) != TSR_OK) return rc;
+        queued = 1;
+    }
+    /* the pass whose token follows this one's, where one may */
+    if (queued == 1 && g->stats.n_generated + 2 <= g->p.max_tokens &&
+        (rc = tsr_seq_pipe_push(g->seq, NULL, err)) != TSR_OK)
+        return rc;
+    return tsr_seq_pipe_pop(g->seq, choice, err);
+}
+
 int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
     tsr_model *m = g->m;
     const int vocab = m->cfg.vocab;
@@ -295,6 +315,21 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
             rc = err->code;
             goto out;
         }
+    } else if (g->pipe) {
+        double t0 = tsr_now_seconds();
+        int32_t choice;
+        if ((rc = pipe_next(g, &choice, err)) != TSR_OK) goto out;
+        g->stats.decode_passes++;
+        tsr_token_info info;
+        token_info(g, raw, choice, &info);
+        done = take_token(g, &info, ev, &stop_at, err);
+        if (done < 0) {
+            rc = err->code;
+            goto out;
+        }
+        /* a pass queued after the last token: waited for, its KV taken back */
+        if (done && (rc = tsr_seq_pipe_drop(g->seq, err)) != TSR_OK) goto out;
+        g->stats.decode_seconds += tsr_now_seconds() - t0;
     } else {
         double t0 = tsr_now_seconds();
         /* the last generated token is not in the KV yet: it leads the rows */

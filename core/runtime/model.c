@@ -602,6 +602,7 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
     m->graphs_on = tsr_engine_cuda_graphs(m->engine) && !o->profile;
     m->ex.pdl = tsr_engine_pdl(m->engine) && m->be->set_pdl;
     m->host_sampling = o->host_sampling;
+    m->pipeline_on = tsr_engine_pipeline(m->engine) || o->force_pipeline;
     if (o->profile && !(m->prof = calloc(2, sizeof *m->prof))) {
         rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
         goto fail;

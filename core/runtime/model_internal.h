@@ -31,6 +31,7 @@ typedef struct tsr_layer_w {
 typedef struct tsr_graph {
     void *exec;                   /* the backend's instantiated graph; NULL: unused */
     int kv_seq, rows, out;        /* out: tsr_fwd_out */
+    int pipe;                     /* 0, or 1 + the slot of a pipelined pass (pipe.c) */
     uint64_t last_use;
 } tsr_graph;
 
@@ -106,6 +107,7 @@ struct tsr_model {
     const float *fold;
     int graphs_on;                /* the assembly's runtime.cuda_graphs (off while profiling) */
     int host_sampling;            /* tsr_model_opts.host_sampling */
+    int pipeline_on;              /* runtime.pipeline (or tsr_model_opts.force_pipeline) */
     tsr_prof *prof;               /* [2] with tsr_model_opts.profile, else NULL */
     int prof_phase;
     tsr_graph graphs[TSR_GRAPH_CACHE];
@@ -136,13 +138,27 @@ struct tsr_model {
     float *route_w_h, *ex_wts_h;
 };
 
+typedef struct tsr_pipe tsr_pipe;
+
 struct tsr_seq {
     tsr_model *m;
     int kv_seq;
     int max_tokens;
-    int n;
+    int n;            /* tokens in the KV, including those of queued pipelined passes */
     int32_t *tokens;
+    tsr_pipe *pipe;   /* pipelined greedy decode (pipe.c), made at its first pass */
 };
+
+/* pipe.c: pipelined greedy decode of one sequence (runtime.pipeline). push
+ * queues a one-row greedy pass at the sequence's end on token, or (NULL) on
+ * the choice of the pass queued before it; at most 2 are queued. pop waits
+ * for the oldest and gives its choice. drop waits for every queued pass and
+ * takes their KV back (a generation that ended with passes queued). */
+int tsr_seq_pipe_push(tsr_seq *s, const int32_t *token, tsr_error *err);
+int tsr_seq_pipe_pop(tsr_seq *s, int32_t *choice, tsr_error *err);
+int tsr_seq_pipe_drop(tsr_seq *s, tsr_error *err);
+int tsr_seq_pipe_queued(const tsr_seq *s);
+void tsr_seq_pipe_free(tsr_seq *s);
 
 /* What an output kind implies: every row or the last, logits or ids, and
  * the bytes of a pass of rows and where they lie in backend memory. */
@@ -190,6 +206,14 @@ int tsr_seq_forward_device(tsr_seq *s, const int32_t *tokens, int n, tsr_error *
  * *done = 0 (and nothing run) when it does not. */
 int tsr_graph_forward(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens, int rows, tsr_fwd_out out,
                       void *dst, int *done, tsr_error *err);
+/* What a captured pass issues (graph.c captures it once per kind): its input
+ * copies, the pass (its position read through ex->step), its output copies. */
+typedef int (*tsr_graph_body)(tsr_model *m, const tsr_exec *ex, void *ctx, tsr_error *err);
+/* Queue the pass of this kind (pipe: tsr_graph.pipe) through its cached
+ * graph, body captured first where none is cached; does not wait. *done = 0
+ * (and nothing queued) where the pass does not qualify. */
+int tsr_graph_queue(tsr_model *m, int kv_seq, int pos0, int rows, tsr_fwd_out out, int pipe, tsr_graph_body body,
+                    void *ctx, int *done, tsr_error *err);
 /* Drop the graphs of a KV sequence (freed or reallocated), or all. */
 void tsr_graphs_forget_seq(tsr_model *m, int kv_seq);
 void tsr_graphs_free(tsr_model *m);

@@ -32,6 +32,10 @@ typedef struct tsr_model_opts {
                                  * graphs): see tsr_model_profile_print */
     int host_sampling;          /* bring sampled rows to the host even where the backend
                                  * samples on its device (what that is worth; tests) */
+    int force_pipeline;         /* decode greedy requests through the pipelined path
+                                 * (runtime.pipeline) whatever the assembly says, also on
+                                 * the CPU, whose passes end before the call returns (tests
+                                 * of its bookkeeping) */
 } tsr_model_opts;
 
 int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err);

@@ -34,6 +34,7 @@ int tsr_seq_new(tsr_model *m, int max_tokens, tsr_seq **out, tsr_error *err) {
 
 void tsr_seq_free(tsr_seq *s) {
     if (!s) return;
+    tsr_seq_pipe_free(s);
     tsr_graphs_forget_seq(s->m, s->kv_seq);
     tsr_kv_seq_free(s->m->kv, s->kv_seq);
     free(s->tokens);
@@ -93,9 +94,11 @@ int tsr_seq_forward_device(tsr_seq *s, const int32_t *tokens, int n, tsr_error *
 }
 
 int tsr_seq_truncate(tsr_seq *s, int n, tsr_error *err) {
+    int rc;
+    if (tsr_seq_pipe_queued(s) && (rc = tsr_seq_pipe_drop(s, err)) != TSR_OK) return rc;
     if (n < 0 || n > s->n)
         return tsr_error_set(err, TSR_ERR_INVALID, "truncate to %d of %d tokens", n, s->n);
-    int rc = tsr_kv_truncate(s->m->kv, s->kv_seq, n);
+    rc = tsr_kv_truncate(s->m->kv, s->kv_seq, n);
     if (rc != TSR_OK) return tsr_model_slot_error(s->m, s->m->kv, rc, err, "kv truncate");
     s->n = n;
     return TSR_OK;

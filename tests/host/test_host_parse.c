@@ -370,13 +370,16 @@ static const char *const mem_manifests[] = {
 };
 
 /* CUDA plugins, for runtime.cuda_graphs: every baseline replays captured
- * passes (provides cuda_graph), att_plain does not. */
+ * passes (provides cuda_graph), att_plain does not; for runtime.pipeline:
+ * dr_g proposes nothing, dr_spec as many as its param says. */
 static const char *const cuda_manifests[] = {
     MHEAD("gemv_g", "gemv") "devices: [cuda]\nbaseline: [cuda]\nprovides: {cuda_graph: true}\n",
     MHEAD("att_g", "attention") "devices: [cuda]\nbaseline: [cuda]\nprovides: {cuda_graph: true}\n",
     MHEAD("att_plain", "attention") "devices: [cuda]\n",
     MHEAD("kv_g", "kv_cache") "devices: [cuda]\nbaseline: [cuda]\nprovides: {cuda_graph: true}\n",
-    MHEAD("dr_g", "drafter") "devices: [cuda]\nbaseline: [cuda]\n",
+    MHEAD("dr_g", "drafter") "devices: [cuda]\nbaseline: [cuda]\nprovides: {max_draft: 0}\n",
+    MHEAD("dr_spec", "drafter") "devices: [cuda]\nprovides: {max_draft: $max_draft}\n"
+                                "params: {max_draft: {type: int, default: 4, min: 0, max: 16}}\n",
     MHEAD("ec_g", "expert_cache") "devices: [cuda]\nbaseline: [cuda]\n",
 };
 
@@ -594,6 +597,35 @@ static void test_checker_pdl(void **state) {
     tsr_catalog_free(c);
 }
 
+/* runtime.pipeline: only on cuda, only with a drafter that proposes nothing
+ * (its max_draft, a param's value where it names one). */
+static void test_checker_pipeline(void **state) {
+    (void)state;
+    tsr_catalog *c = catalog_of(cuda_manifests, sizeof cuda_manifests / sizeof cuda_manifests[0]);
+    tsr_diag d;
+    tsr_diag_init(&d);
+    tsr_plan *p = NULL;
+    assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nruntime:\n  pipeline: true\n", NULL, 0, &d, &p), TSR_OK);
+    assert_true(p->assembly->pipeline);
+    tsr_assembly_free((tsr_assembly *)p->assembly);
+    tsr_plan_free(p);
+    tsr_diag_free(&d);
+    EXPECT_REFUSED(c, "name: t\ndevice: cuda\nslots:\n  drafter: dr_spec\nruntime:\n  pipeline: true\n", NULL, 6, 13,
+                   "needs a drafter that proposes nothing (max_draft: 0); plugin dr_spec provides max_draft = 4");
+    tsr_diag_init(&d);
+    assert_int_equal(check_doc(c,
+                               "name: t\ndevice: cuda\nslots:\n  drafter: {plugin: dr_spec, params: {max_draft: 0}}\n"
+                               "runtime:\n  pipeline: true\n",
+                               NULL, 0, &d, NULL),
+                     TSR_OK);
+    tsr_diag_free(&d);
+    tsr_catalog_free(c);
+    c = mem_catalog();
+    EXPECT_REFUSED(c, "name: t\ndevice: cpu\nruntime: {pipeline: true}\n", NULL, 3, 21,
+                   "runtime.pipeline needs device cuda, the assembly's device is cpu");
+    tsr_catalog_free(c);
+}
+
 /* --- Lua assemblies ------------------------------------------------------------- */
 
 static int lua_doc(const char *script, const tsr_assembly_env *env, tsr_assembly **out, tsr_diag *d) {
@@ -782,6 +814,7 @@ int main(void) {
         cmocka_unit_test(test_checker_baselines),
         cmocka_unit_test(test_checker_graphs),
         cmocka_unit_test(test_checker_pdl),
+        cmocka_unit_test(test_checker_pipeline),
         cmocka_unit_test(test_lua_ok),
         cmocka_unit_test(test_lua_bad),
         cmocka_unit_test(test_manifest_alloc_failures),

@@ -33,14 +33,17 @@ static void write_assembly(char *path, size_t size, const char *name, const char
     fclose(f);
 }
 
-static tsr_model *load(const char *model, const char *assembly) {
-    tsr_model_opts o = {.model_path = model, .assembly_path = assembly, .n_threads = 2};
+/* pipelined: every greedy request through runtime.pipeline's path */
+static tsr_model *load_with(const char *model, const char *assembly, int pipelined) {
+    tsr_model_opts o = {.model_path = model, .assembly_path = assembly, .n_threads = 2, .force_pipeline = pipelined};
     tsr_error err;
     tsr_error_clear(&err);
     tsr_model *m = NULL;
     if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("loading %s with %s: %s", model, assembly, err.msg);
     return m;
 }
+
+static tsr_model *load(const char *model, const char *assembly) { return load_with(model, assembly, 0); }
 
 typedef struct gen_out {
     int32_t ids[256];
@@ -49,6 +52,7 @@ typedef struct gen_out {
     size_t text_len;
     tsr_finish finish;
     tsr_gen_stats stats;
+    uint64_t kv_used;  /* the KV cache's bytes in use when the generation ended */
 } gen_out;
 
 static void generate(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_gen_params *p,
@@ -74,6 +78,8 @@ static void generate(tsr_model *m, const int32_t *prompt, int n_prompt, const ts
         }
     }
     tsr_gen_get_stats(g, &o->stats);
+    uint64_t cap;
+    tsr_model_kv_usage(m, &o->kv_used, &cap);
     tsr_gen_free(g);
 }
 
@@ -88,12 +94,12 @@ static int32_t *ref_ids(const tsr_safetensors *st, const char *name, int *n) {
 
 /* Greedy ids of model through an assembly equal transformers' for each case. */
 static void check_greedy(const char *model, const char *assembly, const char *ref_path, int n_cases,
-                         int expect_accepts) {
+                         int expect_accepts, int pipelined) {
     tsr_safetensors *ref;
     tsr_error err;
     tsr_error_clear(&err);
     assert_int_equal(tsr_safetensors_open(ref_path, &ref, &err), TSR_OK);
-    tsr_model *m = load(model, assembly);
+    tsr_model *m = load_with(model, assembly, pipelined);
     int64_t accepted = 0;
     for (int c = 0; c < n_cases; c++) {
         char in[32], gr[32];
@@ -132,18 +138,18 @@ static void test_greedy_same_with_every_drafter(void **state) {
     (void)state;
     char a[512], spec[4300];
     write_assembly(a, sizeof a, "none", "drafter_none");
-    check_greedy(stories, a, stories_ref, 3, 0);
+    check_greedy(stories, a, stories_ref, 3, 0, 0);
     unlink(a);
     write_assembly(a, sizeof a, "ngram", "drafter_ngram");
-    check_greedy(stories, a, stories_ref, 3, 1);
+    check_greedy(stories, a, stories_ref, 3, 1, 0);
     unlink(a);
     write_assembly(a, sizeof a, "self", "{plugin: drafter_self_spec, params: {layers: 2, max_draft: 3}}");
-    check_greedy(stories, a, stories_ref, 3, 1);
+    check_greedy(stories, a, stories_ref, 3, 1, 0);
     unlink(a);
     /* the model as its own draft: every draft is the target's choice */
     snprintf(spec, sizeof spec, "{plugin: drafter_draft_model, params: {model: \"%s\", max_draft: 5}}", stories);
     write_assembly(a, sizeof a, "self-draft", spec);
-    check_greedy(stories, a, stories_ref, 3, 1);
+    check_greedy(stories, a, stories_ref, 3, 1, 0);
     unlink(a);
 }
 
@@ -192,6 +198,79 @@ static void test_greedy_choices_match_logits(void **state) {
     tsr_model_free(m);
 }
 
+/* runtime.pipeline's path (each pass queued before the token it follows
+ * is read; on the CPU the passes end at once, so this checks what the host
+ * keeps): transformers' greedy ids; and, against plain steps, the same
+ * tokens, text and finish where generation ends at max_tokens 1-3 (no pass,
+ * or one, queued ahead) and at stop strings (greedy stories260K reaches no
+ * end-of-sequence token within its context of 128; that ending takes the
+ * same path), with the KV of the pass queued after the last token taken
+ * back; two
+ * generations stepped in turn on one model each as when alone. */
+static void test_pipelined_greedy(void **state) {
+    (void)state;
+    char a[512];
+    write_assembly(a, sizeof a, "pipe", "drafter_none");
+    check_greedy(stories, a, stories_ref, 3, 0, 1);
+    tsr_model *plain = load(stories, a), *piped = load_with(stories, a, 1);
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    tsr_gen_params p = {.sampling = tsr_sampling_greedy(), .max_tokens = 1, .ignore_eos = 1};
+    gen_out x, y;
+    for (p.max_tokens = 1; p.max_tokens <= 3; p.max_tokens++) {
+        generate(plain, prompt, 5, &p, &x);
+        generate(piped, prompt, 5, &p, &y);
+        assert_int_equal(y.n, p.max_tokens);
+        assert_memory_equal(x.ids, y.ids, (size_t)x.n * sizeof x.ids[0]);
+        assert_int_equal(x.kv_used, y.kv_used);
+    }
+    /* stop strings, one token in and several */
+    p.max_tokens = 48;
+    generate(plain, prompt, 5, &p, &x);
+    x.text[x.text_len] = '\0';
+    const char *stops[] = {"irl nam", "ed Lily. She lo"};
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+        const char *at = strstr(x.text, stops[i]);
+        assert_non_null(at);
+        p.stop[0] = stops[i];
+        p.n_stop = 1;
+        gen_out ps, qs;
+        generate(plain, prompt, 5, &p, &ps);
+        generate(piped, prompt, 5, &p, &qs);
+        assert_int_equal(qs.finish, TSR_FINISH_STOP);
+        assert_int_equal(qs.text_len, (size_t)(at - x.text));
+        assert_memory_equal(qs.text, x.text, qs.text_len);
+        assert_int_equal(ps.n, qs.n);
+        assert_int_equal(ps.kv_used, qs.kv_used);
+    }
+    /* two generations in turn: each token as alone */
+    p.n_stop = 0;
+    const int32_t other[] = {1, 306, 424};
+    gen_out z;
+    generate(plain, other, 3, &p, &z);
+    tsr_gen *g[2];
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_gen_start(piped, prompt, 5, &p, &g[0], &err), TSR_OK);
+    assert_int_equal(tsr_gen_start(piped, other, 3, &p, &g[1], &err), TSR_OK);
+    int n[2] = {0, 0}, fin[2] = {0, 0};
+    while (!fin[0] || !fin[1])
+        for (int k = 0; k < 2; k++) {
+            if (fin[k]) continue;
+            tsr_gen_event ev;
+            if (tsr_gen_step(g[k], &ev, &err) != TSR_OK) fail_msg("step: %s", err.msg);
+            const int32_t *want = k ? z.ids : x.ids;
+            for (int t = 0; t < ev.n_tokens; t++, n[k]++) assert_int_equal(ev.tokens[t].id, want[n[k]]);
+            fin[k] = ev.finish != TSR_FINISH_NONE;
+        }
+    assert_int_equal(n[0], x.n);
+    assert_int_equal(n[1], z.n);
+    tsr_gen_free(g[0]);
+    tsr_gen_free(g[1]);
+    tsr_model_free(plain);
+    tsr_model_free(piped);
+    unlink(a);
+}
+
 static void test_pystd_draft_model(void **state) {
     (void)state;
     const char *shared = getenv("TESSERA_SHARED_DIR");
@@ -205,7 +284,7 @@ static void test_pystd_draft_model(void **state) {
     snprintf(ref, sizeof ref, "%s/reference.safetensors", target);
     snprintf(spec, sizeof spec, "{plugin: drafter_draft_model, params: {model: \"%s\", max_draft: 4}}", draft);
     write_assembly(a, sizeof a, "pystd-draft", spec);
-    check_greedy(target, a, ref, 1, 1);
+    check_greedy(target, a, ref, 1, 1, 0);
     unlink(a);
 }
 
@@ -305,6 +384,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_same_with_every_drafter),
         cmocka_unit_test(test_greedy_choices_match_logits),
+        cmocka_unit_test(test_pipelined_greedy),
         cmocka_unit_test(test_pystd_draft_model),
         cmocka_unit_test(test_seed_reproduces_sampling),
         cmocka_unit_test(test_stop_strings),

@@ -1,0 +1,165 @@
+/*
+ * pipe.c - pipelined greedy decode (runtime.pipeline).
+ *
+ * A plain greedy step launches a one-row pass, waits for its argmax, hands
+ * the token out, and only then launches the next pass: between two passes
+ * the device idles while the host wakes, copies the id back, detokenises and
+ * launches again (~0.05-0.08 ms a token on the H200, 1-3% of a pass). A
+ * sequence's pipe queues the next pass before the token it follows is read:
+ * that pass takes its input id from the device, where the pass before left
+ * its argmax, so the host reads tokens one pass behind the device.
+ *
+ * Each pipelined pass is, in stream order: (graph: the step, from the
+ * slot's pinned copy, into the staging memory), the pass with its id read
+ * from pipe->dev_id, the argmax copied into the slot's pinned id_out and
+ * into dev_id (the next pass's input), then a mark the host waits on. Two
+ * slots alternate: a slot is written again only after its pass was waited
+ * for. Other sequences' passes may be queued between them: they read their
+ * own inputs and never touch dev_id. A pass queued after the token that
+ * ends the generation is wasted; drop() waits for it and takes its KV back.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+enum { PIPE_SLOTS = 2 };
+
+typedef struct pipe_slot {
+    tsr_step step;   /* the pass's position, copied in by its graph */
+    int32_t id_in;   /* a queue's first token, copied into dev_id */
+    int32_t id_out;  /* the pass's argmax */
+} pipe_slot;
+
+struct tsr_pipe {
+    int32_t *dev_id;    /* backend memory: the next pass's input id */
+    pipe_slot *host;    /* [PIPE_SLOTS], pinned */
+    void *mark[PIPE_SLOTS];
+    int pos[PIPE_SLOTS]; /* each queued pass's position */
+    int first, n;       /* the oldest queued slot; passes queued */
+};
+
+static void pipe_free(const tsr_backend *be, tsr_pipe *p) {
+    if (!p) return;
+    for (int i = 0; i < PIPE_SLOTS; i++)
+        if (p->mark[i]) be->mark_free(p->mark[i]);
+    be->host_free(p->host);
+    be->free(p->dev_id);
+    free(p);
+}
+
+static tsr_pipe *pipe_new(const tsr_backend *be, tsr_error *err) {
+    tsr_pipe *p = calloc(1, sizeof *p);
+    if (!p) {
+        tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    int ok = (p->dev_id = be->alloc(sizeof *p->dev_id, err)) != NULL &&
+             (p->host = be->host_alloc(PIPE_SLOTS * sizeof *p->host, err)) != NULL;
+    for (int i = 0; ok && be->mark_new && i < PIPE_SLOTS; i++) ok = (p->mark[i] = be->mark_new(err)) != NULL;
+    if (!ok) {
+        pipe_free(be, p);
+        return NULL;
+    }
+    return p;
+}
+
+typedef struct pipe_pass {
+    tsr_pipe *p;
+    int slot, kv_seq, pos0;
+} pipe_pass;
+
+/* The pass of one row on the id in dev_id; its argmax into the slot and
+ * into dev_id. Issued eagerly, or captured once per slot (graph.c). */
+static int pipe_body(tsr_model *m, const tsr_exec *ex, void *ctx, tsr_error *err) {
+    const pipe_pass *a = ctx;
+    const tsr_backend *be = m->be;
+    pipe_slot *s = &a->p->host[a->slot];
+    int rc = TSR_OK;
+    if (ex->step) rc = be->upload_async(m->io, &s->step, sizeof s->step, err);
+    int32_t *ids = m->ids;
+    m->ids = a->p->dev_id;
+    m->head_out = m->logits_dev;
+    if (rc == TSR_OK) rc = tsr_forward_pass(m, ex, a->kv_seq, a->pos0, 1, TSR_FWD_ARGMAX_LAST, err);
+    m->ids = ids;
+    if (rc == TSR_OK) rc = be->download_async(&s->id_out, m->argmax_dev, sizeof s->id_out, err);
+    if (rc == TSR_OK) rc = be->copy_async(a->p->dev_id, m->argmax_dev, sizeof *a->p->dev_id, err);
+    return rc;
+}
+
+int tsr_seq_pipe_queued(const tsr_seq *s) { return s->pipe ? s->pipe->n : 0; }
+
+int tsr_seq_pipe_push(tsr_seq *s, const int32_t *token, tsr_error *err) {
+    tsr_model *m = s->m;
+    const tsr_backend *be = m->be;
+    if (!s->pipe && !(s->pipe = pipe_new(be, err))) return err->code;
+    tsr_pipe *p = s->pipe;
+    if (p->n == PIPE_SLOTS)
+        return tsr_error_set(err, TSR_ERR_INVALID, "%d pipelined passes queued already", PIPE_SLOTS);
+    if (!token && p->n == 0)
+        return tsr_error_set(err, TSR_ERR_INVALID, "a pipelined pass needs a token or a pass queued before it");
+    if (token && (*token < 0 || *token >= m->cfg.vocab))
+        return tsr_error_set(err, TSR_ERR_INVALID, "token id %d is outside the vocabulary (%d)", *token,
+                             m->cfg.vocab);
+    if (s->n + 1 > s->max_tokens)
+        return tsr_error_set(err, TSR_ERR_RANGE, "%d + 1 tokens exceed the sequence's %d", s->n, s->max_tokens);
+    const int slot = (p->first + p->n) % PIPE_SLOTS;
+    pipe_slot *hs = &p->host[slot];
+    hs->step.pos0 = s->n;
+    hs->step.rows = 1;
+    int rc = TSR_OK;
+    if (token) { /* the queue starts from a token the host knows */
+        hs->id_in = *token;
+        rc = be->upload_async(p->dev_id, &hs->id_in, sizeof hs->id_in, err);
+    }
+    pipe_pass a = {p, slot, s->kv_seq, s->n};
+    int done = 0;
+    if (rc == TSR_OK)
+        rc = tsr_graph_queue(m, s->kv_seq, s->n, 1, TSR_FWD_ARGMAX_LAST, 1 + slot, pipe_body, &a, &done, err);
+    if (rc == TSR_OK && !done) rc = pipe_body(m, &m->ex, &a, err);
+    if (rc == TSR_OK && p->mark[slot]) rc = be->mark_record(p->mark[slot], err);
+    if (rc != TSR_OK) {
+        tsr_kv_truncate(m->kv, s->kv_seq, s->n); /* what the failed pass appended */
+        return rc;
+    }
+    s->tokens[s->n] = token ? *token : -1; /* known when the pass before it is read */
+    p->pos[slot] = s->n++;
+    p->n++;
+    return TSR_OK;
+}
+
+int tsr_seq_pipe_pop(tsr_seq *s, int32_t *choice, tsr_error *err) {
+    tsr_pipe *p = s->pipe;
+    if (!p || p->n == 0) return tsr_error_set(err, TSR_ERR_INVALID, "no pipelined pass is queued");
+    const int slot = p->first;
+    int rc = p->mark[slot] ? s->m->be->mark_wait(p->mark[slot], err) : TSR_OK;
+    if (rc != TSR_OK) return rc;
+    const int32_t id = p->host[slot].id_out;
+    p->first = (slot + 1) % PIPE_SLOTS;
+    p->n--;
+    if (id < 0 || id >= s->m->cfg.vocab)
+        return tsr_error_set(err, TSR_ERR_INVALID, "no token can be chosen: the device's argmax is %d", id);
+    if (p->pos[slot] + 1 < s->n) s->tokens[p->pos[slot] + 1] = id; /* the next queued pass's input */
+    *choice = id;
+    return TSR_OK;
+}
+
+int tsr_seq_pipe_drop(tsr_seq *s, tsr_error *err) {
+    tsr_pipe *p = s->pipe;
+    if (!p || p->n == 0) return TSR_OK;
+    int rc = s->m->be->sync(err);
+    const int n = s->n - p->n;
+    p->first = (p->first + p->n) % PIPE_SLOTS;
+    p->n = 0;
+    if (rc != TSR_OK) return rc;
+    return tsr_seq_truncate(s, n, err);
+}
+
+void tsr_seq_pipe_free(tsr_seq *s) {
+    if (!s->pipe) return;
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (s->pipe->n) s->m->be->sync(&err); /* nothing queued may still write what is freed */
+    pipe_free(s->m->be, s->pipe);
+    s->pipe = NULL;
+}
