@@ -150,9 +150,10 @@ static void run_all(const char *assembly, int moe) {
 static void test_cuda_baseline(void **state) { (void)state; run_all("cuda-baseline.yaml", 1); }
 static void test_cuda_fast_eager(void **state) { (void)state; run_all("cuda-fast-eager.yaml", 1); }
 
-/* An assembly's file with its expert_cache line replaced (a temporary
- * folder: *dir, to rmdir after unlinking path). */
-static void asm_with_experts(const char *name, const char *expert_line, char *dir, char *path, size_t size) {
+/* assemblies/NAME copied into a temporary folder (*dir, to rmdir after
+ * unlinking path): the one line holding find replaced by text, or (find
+ * NULL) text appended. */
+static void asm_edit(const char *name, const char *find, const char *text, char *dir, char *path, size_t size) {
     char src[4200];
     strcpy(dir, "/tmp/tsr_cuda_asm_XXXXXX");
     assert_non_null(mkdtemp(dir));
@@ -164,15 +165,22 @@ static void asm_with_experts(const char *name, const char *expert_line, char *di
     char line[512];
     int replaced = 0;
     while (fgets(line, sizeof line, in)) {
-        if (strstr(line, "expert_cache:")) {
-            fprintf(out, "  expert_cache: %s\n", expert_line);
+        if (find && strstr(line, find)) {
+            fputs(text, out);
             replaced++;
         } else
             fputs(line, out);
     }
+    if (!find) fputs(text, out);
     fclose(in);
     fclose(out);
-    assert_int_equal(replaced, 1);
+    assert_int_equal(replaced, find ? 1 : 0);
+}
+
+static void asm_with_experts(const char *name, const char *expert_line, char *dir, char *path, size_t size) {
+    char text[256];
+    snprintf(text, sizeof text, "  expert_cache: %s\n", expert_line);
+    asm_edit(name, "expert_cache:", text, dir, path, size);
 }
 
 /* cuda-fast captures graphs, MoE models' too (expert_resident and
@@ -253,18 +261,10 @@ static void test_switches_exact(void **state) {
                                           "  cuda_graphs: true\n  pdl: true\n"};
     static const char *const names[] = {"cuda-baseline-graphs.yaml", "cuda-baseline-pdl.yaml",
                                         "cuda-baseline-graphs-pdl.yaml"};
-    char dir[64] = "/tmp/tsr_cuda_sw_XXXXXX", paths[3][4200], src[4200];
-    assert_non_null(mkdtemp(dir));
-    snprintf(src, sizeof src, "%s/assemblies/cuda-baseline.yaml", gpu_src_dir());
+    char dirs[3][64], paths[3][4200], text[128];
     for (int v = 0; v < 3; v++) {
-        snprintf(paths[v], sizeof paths[v], "%s/%s", dir, names[v]);
-        FILE *in = fopen(src, "r"), *out = fopen(paths[v], "w");
-        assert_true(in && out);
-        char line[512];
-        while (fgets(line, sizeof line, in)) fputs(line, out);
-        fprintf(out, "runtime:\n%s", runtime[v]);
-        fclose(in);
-        fclose(out);
+        snprintf(text, sizeof text, "runtime:\n%s", runtime[v]);
+        asm_edit("cuda-baseline.yaml", NULL, text, dirs[v], paths[v], sizeof paths[v]);
     }
     char model[N_OF(dense_families) + 1][4096], ref[N_OF(dense_families) + 1][4200];
     const char *ids_name[N_OF(dense_families) + 1], *logits_name[N_OF(dense_families) + 1];
@@ -292,8 +292,135 @@ static void test_switches_exact(void **state) {
         printf("# %s: one-row passes equal bit for bit with graphs, PDL and both\n", model[i]);
         free(base);
     }
-    for (int v = 0; v < 3; v++) unlink(paths[v]);
-    rmdir(dir);
+    for (int v = 0; v < 3; v++) {
+        unlink(paths[v]);
+        rmdir(dirs[v]);
+    }
+}
+
+/* Greedy ids of a generation (ids [max_tokens]); the KV bytes in use when
+ * it ended into *kv_used. Returns the number of ids. */
+static int gen_ids(tsr_model *m, const int32_t *prompt, int n, const tsr_gen_params *p, int32_t *ids,
+                   uint64_t *kv_used, tsr_finish *finish) {
+    tsr_gen *g;
+    tsr_error err;
+    tsr_error_clear(&err);
+    if (tsr_gen_start(m, prompt, n, p, &g, &err) != TSR_OK) fail_msg("gen_start: %s", err.msg);
+    int k = 0;
+    for (;;) {
+        tsr_gen_event ev;
+        if (tsr_gen_step(g, &ev, &err) != TSR_OK) fail_msg("step: %s", err.msg);
+        for (int i = 0; i < ev.n_tokens; i++) ids[k++] = ev.tokens[i].id;
+        if (ev.finish != TSR_FINISH_NONE) {
+            *finish = ev.finish;
+            break;
+        }
+    }
+    uint64_t cap;
+    tsr_model_kv_usage(m, kv_used, &cap);
+    tsr_gen_free(g);
+    return k;
+}
+
+/* runtime.pipeline (each greedy pass queued before the token it follows is
+ * read, its input id taken on the device) gives the tokens of plain steps,
+ * through graphs (cuda-fast, cuda-fast-fp8) and eager passes
+ * (cuda-fast-eager with it): stories260K's three reference prompts, 64
+ * tokens each; generation stopped by a stop string with a pass queued
+ * (its KV taken back: the same bytes in use as plain steps leave); and two
+ * generations stepped in turn on one model. */
+static void test_pipeline_exact(void **state) {
+    (void)state;
+    GPU_REQUIRE("runtime.pipeline checks");
+    char model[4096], ref[4200];
+    snprintf(model, sizeof model, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
+    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
+    static const char *const names[] = {"cuda-fast.yaml", "cuda-fast-fp8.yaml", "cuda-fast-eager.yaml"};
+    for (size_t a = 0; a < N_OF(names); a++) {
+        char dir[2][64], path[2][4200];
+        const int eager = strstr(names[a], "eager") != NULL;
+        /* [0]: without the pipeline, [1]: with it */
+        asm_edit(names[a], "pipeline:", "  pipeline: false\n", dir[0], path[0], sizeof path[0]);
+        asm_edit(names[a], "pipeline:", "  pipeline: true\n", dir[1], path[1], sizeof path[1]);
+        tsr_model *m[2];
+        for (int v = 0; v < 2; v++) {
+            tsr_model_opts o = {.model_path = model, .assembly_path = path[v]};
+            tsr_error err;
+            tsr_error_clear(&err);
+            if (tsr_model_load(&o, &m[v], &err) != TSR_OK) fail_msg("%s: %s", path[v], err.msg);
+        }
+        tsr_gen_params p = {.sampling = tsr_sampling_greedy(), .max_tokens = 64, .ignore_eos = 1};
+        int32_t want[3][64], got[64];
+        int n_want[3];
+        const int32_t *prompts[3];
+        int n_prompt[3];
+        gpu_ref r[3];
+        for (int c = 0; c < 3; c++) {
+            char in[32], lg[32];
+            snprintf(in, sizeof in, "input_ids_%d", c);
+            snprintf(lg, sizeof lg, "logits_%d", c);
+            gpu_ref_open(&r[c], ref, in, lg);
+            prompts[c] = r[c].ids;
+            n_prompt[c] = r[c].n < 16 ? r[c].n : 16;
+            uint64_t u0, u1;
+            tsr_finish f;
+            n_want[c] = gen_ids(m[0], prompts[c], n_prompt[c], &p, want[c], &u0, &f);
+            const int n = gen_ids(m[1], prompts[c], n_prompt[c], &p, got, &u1, &f);
+            assert_int_equal(n, n_want[c]);
+            if (memcmp(got, want[c], (size_t)n * sizeof *got) != 0)
+                fail_msg("%s prompt %d: pipelined tokens differ from plain steps", names[a], c);
+            assert_true(u0 == u1);
+        }
+        /* a stop string that ends it early */
+        tsr_gen_params ps = p;
+        ps.max_tokens = 40;
+        uint64_t u0, u1;
+        int32_t x[64], y[64];
+        const char *stop = " the";
+        ps.stop[0] = stop;
+        ps.n_stop = 1;
+        tsr_finish fx, fy;
+        const int nx = gen_ids(m[0], prompts[0], n_prompt[0], &ps, x, &u0, &fx);
+        const int ny = gen_ids(m[1], prompts[0], n_prompt[0], &ps, y, &u1, &fy);
+        assert_int_equal(fx, TSR_FINISH_STOP);
+        assert_int_equal(fy, TSR_FINISH_STOP);
+        assert_int_equal(nx, ny);
+        assert_memory_equal(x, y, (size_t)nx * sizeof *x);
+        assert_true(u0 == u1);
+        /* two generations in turn */
+        tsr_gen *g[2];
+        tsr_error err;
+        tsr_error_clear(&err);
+        for (int k = 0; k < 2; k++)
+            if (tsr_gen_start(m[1], prompts[k], n_prompt[k], &p, &g[k], &err) != TSR_OK)
+                fail_msg("gen_start: %s", err.msg);
+        int n[2] = {0, 0}, fin[2] = {0, 0};
+        while (!fin[0] || !fin[1])
+            for (int k = 0; k < 2; k++) {
+                if (fin[k]) continue;
+                tsr_gen_event ev;
+                if (tsr_gen_step(g[k], &ev, &err) != TSR_OK) fail_msg("step: %s", err.msg);
+                for (int t = 0; t < ev.n_tokens; t++, n[k]++)
+                    if (ev.tokens[t].id != want[k][n[k]])
+                        fail_msg("%s: generation %d in turn, token %d differs", names[a], k, n[k]);
+                fin[k] = ev.finish != TSR_FINISH_NONE;
+            }
+        assert_int_equal(n[0], n_want[0]);
+        assert_int_equal(n[1], n_want[1]);
+        for (int k = 0; k < 2; k++) tsr_gen_free(g[k]);
+        uint64_t captures, replays;
+        tsr_model_graph_stats(m[1], &captures, &replays);
+        if (!eager && replays == 0) fail_msg("%s: no pipelined pass was replayed", names[a]);
+        printf("# %s: pipelined greedy tokens equal plain steps' (3 prompts, a stop string: %d tokens, two "
+               "generations in turn); graphs captured %llu, replayed %llu\n",
+               names[a], nx, (unsigned long long)captures, (unsigned long long)replays);
+        for (int c = 0; c < 3; c++) gpu_ref_close(&r[c]);
+        for (int v = 0; v < 2; v++) {
+            tsr_model_free(m[v]);
+            unlink(path[v]);
+            rmdir(dir[v]);
+        }
+    }
 }
 
 int main(void) {
@@ -304,6 +431,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_moe),
         cmocka_unit_test(test_moe_paths_agree),
         cmocka_unit_test(test_switches_exact),
+        cmocka_unit_test(test_pipeline_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
