@@ -372,41 +372,51 @@ static int32_t argmax(const float *logits, int V) { return V > 0 ? tsr_argmax_ab
  * (zeroed first). */
 static void dist_sampled(tsr_sampler *s, float *logits, float *probs) {
     const int V = s->vocab;
-    memset(probs, 0, (size_t)V * sizeof *probs);
-
     /* Rule 3, with the maximum in the same pass. */
-    float t = s->p.temperature, mx = -INFINITY;
-    for (int i = 0; i < V; i++) {
-        if (t != 1.0f && isfinite(logits[i])) logits[i] /= t;
-        if (logits[i] > mx) mx = logits[i];
+    int finite;
+    float mx = tsr_div_max(logits, V, s->p.temperature, &finite);
+    if (mx == -INFINITY) { /* nothing can be chosen */
+        memset(probs, 0, (size_t)V * sizeof *probs);
+        return;
     }
-    if (mx == -INFINITY) return; /* nothing can be chosen */
 
     /* Candidates: the +inf logits if any (then uniform), else every finite
      * one; rule 4's top-k straight from the logits when k is small. */
     int n = 0, k = s->p.top_k;
     tsr_cand *c = s->cand;
-    if (mx == INFINITY) {
-        for (int i = 0; i < V; i++)
-            if (logits[i] == INFINITY) c[n++] = (tsr_cand){0.0f, i};
-        mx = 0.0f;
-    } else if (k > 0 && k <= TSR_HEAP_TOP_K) {
-        n = heap_top_k(logits, V, k, c);
-    } else {
-        for (int i = 0; i < V; i++)
-            if (isfinite(logits[i])) c[n++] = (tsr_cand){logits[i], i};
-    }
-    if (k > 0 && k < n) {
-        select_first(c, n, k);
-        n = k;
-    }
-
-    /* Softmax: weights relative to the top, in probs; the sum in double. */
     double z = 0;
-    for (int i = 0; i < n; i++) {
-        double w = exp((double)c[i].logit - (double)mx);
-        probs[c[i].id] = (float)w;
-        z += (double)probs[c[i].id];
+    if (finite && (k <= 0 || k >= V)) {
+        /* Every logit a candidate, in id order: the softmax's weights
+         * (relative to the top, the sum in double) straight from the row. */
+        z = tsr_exp_weights(logits, V, mx, probs);
+        if (s->p.top_p >= 1.0f && s->p.min_p <= 0) { /* rule 6 over them all */
+            tsr_div_by(probs, V, z);
+            return;
+        }
+        for (int i = 0; i < V; i++) c[i] = (tsr_cand){logits[i], i};
+        n = V;
+    } else {
+        memset(probs, 0, (size_t)V * sizeof *probs);
+        if (mx == INFINITY) {
+            for (int i = 0; i < V; i++)
+                if (logits[i] == INFINITY) c[n++] = (tsr_cand){0.0f, i};
+            mx = 0.0f;
+        } else if (k > 0 && k <= TSR_HEAP_TOP_K) {
+            n = heap_top_k(logits, V, k, c);
+        } else {
+            for (int i = 0; i < V; i++)
+                if (isfinite(logits[i])) c[n++] = (tsr_cand){logits[i], i};
+        }
+        if (k > 0 && k < n) {
+            select_first(c, n, k);
+            n = k;
+        }
+        /* Softmax: weights relative to the top, in probs; the sum in double. */
+        for (int i = 0; i < n; i++) {
+            double w = exp((double)c[i].logit - (double)mx);
+            probs[c[i].id] = (float)w;
+            z += (double)probs[c[i].id];
+        }
     }
 
     /* Rule 5: top-p, then min-p (a threshold: a filter in any order). */
@@ -448,20 +458,10 @@ static int weight_ok(float v) { return v > 0 && v <= FLT_MAX; }
 
 int32_t tsr_sampler_draw(tsr_sampler *s, const float *probs) {
     TSR_ASSERT(s && probs);
-    const int V = s->vocab;
-    double total = 0;
-    for (int i = 0; i < V; i++)
-        if (weight_ok(probs[i])) total += (double)probs[i];
-    if (!(total > 0)) return -1;
-    double target = tsr_sampler_uniform(s) * total, cum = 0;
-    int32_t last = -1;
-    for (int i = 0; i < V; i++) {
-        if (!weight_ok(probs[i])) continue;
-        cum += (double)probs[i];
-        last = i;
-        if (target < cum) return i;
-    }
-    return last; /* rounding left target at the very end */
+    /* the uniform number is drawn only where a token can be (as before) */
+    for (int i = 0; i < s->vocab; i++)
+        if (weight_ok(probs[i])) return (int32_t)tsr_draw_weights(probs, s->vocab, tsr_sampler_uniform(s));
+    return -1;
 }
 
 /* Weight of token i in the residual max(0, p - q) (q NULL: one-hot at x). */

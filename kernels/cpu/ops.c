@@ -1,5 +1,8 @@
 #include "ops.h"
 
+#include <float.h>
+#include <stdlib.h>
+
 #include <math.h>
 
 #include "cpu_features.h"
@@ -15,6 +18,10 @@ int64_t tsr_max_above_avx2(const float *x, int64_t n, float floor, float *best);
 int64_t tsr_find_avx2(const float *x, int64_t n, float v);
 int64_t tsr_sum_exp_avx2(const float *x, int64_t n, float mx, double *sum);
 int64_t tsr_first_above_avx2(const float *x, int64_t n, float floor);
+int64_t tsr_div_max_avx2(float *x, int64_t n, float t, float *mx, int *finite);
+int64_t tsr_exp_weights_avx2(const float *x, int64_t n, float mx, float *w, double *sum);
+int64_t tsr_div_by_avx2(float *w, int64_t n, double z);
+int64_t tsr_weight_sums_avx2(const float *p, int64_t n, double *block, int64_t block_len);
 #define HAS_AVX2() tsr_cpu_has_avx2_fma_f16c()
 #else
 #define HAS_AVX2() 0
@@ -132,6 +139,95 @@ double tsr_sum_exp(const float *x, int64_t n, float mx) {
     for (; i < n; i++)
         if (x[i] > -INFINITY) z += exp((double)x[i] - (double)mx);
     return z;
+}
+
+float tsr_div_max(float *x, int64_t n, float t, int *finite) {
+    float mx = -INFINITY;
+    int fin = 1;
+    int64_t i = 0;
+#if defined(__x86_64__)
+    if (HAS_AVX2()) i = tsr_div_max_avx2(x, n, t, &mx, &fin);
+#endif
+    for (; i < n; i++) {
+        if (isfinite(x[i])) {
+            if (t != 1.0f) x[i] /= t;
+        } else {
+            fin = 0;
+        }
+        if (x[i] > mx) mx = x[i];
+    }
+    *finite = fin;
+    return mx;
+}
+
+double tsr_exp_weights(const float *x, int64_t n, float mx, float *w) {
+    double z = 0;
+    int64_t i = 0;
+#if defined(__x86_64__)
+    if (HAS_AVX2()) i = tsr_exp_weights_avx2(x, n, mx, w, &z);
+#endif
+    for (; i < n; i++) {
+        w[i] = (float)exp((double)x[i] - (double)mx);
+        z += (double)w[i];
+    }
+    return z;
+}
+
+void tsr_div_by(float *w, int64_t n, double z) {
+    int64_t i = 0;
+#if defined(__x86_64__)
+    if (HAS_AVX2()) i = tsr_div_by_avx2(w, n, z);
+#endif
+    for (; i < n; i++) w[i] = (float)((double)w[i] / z);
+}
+
+static int weight_counts(float v) { return v > 0 && v <= FLT_MAX; }
+
+/* Sums of the counted weights of blocks of TSR_DRAW_BLOCK (the last one
+ * shorter) into block[]; returns the number of blocks. */
+#define TSR_DRAW_BLOCK 1024
+static int64_t weight_sums(const float *p, int64_t n, double *block) {
+    int64_t nb = (n + TSR_DRAW_BLOCK - 1) / TSR_DRAW_BLOCK, b = 0;
+#if defined(__x86_64__)
+    if (HAS_AVX2()) b = tsr_weight_sums_avx2(p, n, block, TSR_DRAW_BLOCK);
+#endif
+    for (; b < nb; b++) {
+        double s = 0;
+        const int64_t e = (b + 1) * TSR_DRAW_BLOCK < n ? (b + 1) * TSR_DRAW_BLOCK : n;
+        for (int64_t i = b * TSR_DRAW_BLOCK; i < e; i++)
+            if (weight_counts(p[i])) s += (double)p[i];
+        block[b] = s;
+    }
+    return nb;
+}
+
+int64_t tsr_draw_weights(const float *p, int64_t n, double u) {
+    double stack[256], *block = stack;
+    const int64_t nb = (n + TSR_DRAW_BLOCK - 1) / TSR_DRAW_BLOCK;
+    if (nb > (int64_t)(sizeof stack / sizeof stack[0])) block = malloc((size_t)nb * sizeof *block);
+    double total = 0;
+    if (block) {
+        weight_sums(p, n, block);
+        for (int64_t b = 0; b < nb; b++) total += block[b];
+    } else { /* out of memory: no blocks to skip */
+        for (int64_t i = 0; i < n; i++)
+            if (weight_counts(p[i])) total += (double)p[i];
+    }
+    int64_t pick = -1;
+    if (total > 0) {
+        const double target = u * total;
+        double cum = 0;
+        int64_t b = 0;
+        if (block) /* the blocks the cumulative sum stays within */
+            for (; b < nb && cum + block[b] <= target; b++) cum += block[b];
+        for (int64_t i = b * TSR_DRAW_BLOCK; i < n && pick < 0; i++)
+            if (weight_counts(p[i]) && target < (cum += (double)p[i])) pick = i;
+        /* rounding left target at the very end: the last counted weight */
+        for (int64_t i = n; pick < 0 && i-- > 0;)
+            if (weight_counts(p[i])) pick = i;
+    }
+    if (block != stack) free(block);
+    return pick;
 }
 
 void tsr_softmax(float *x, int n) {

@@ -41,6 +41,27 @@ void tsr_axpy(float *y, float a, const float *x, int64_t n);
  * AVX2 + FMA each term from tsr_exp256 (about 2 ulp; terms below e^-87
  * count 0), else exp in double. */
 double tsr_sum_exp(const float *x, int64_t n, float mx);
+/* A sampler's softmax over a row (core/runtime/sampler.c), in three
+ * passes of the vocabulary:
+ *   tsr_div_max: x[i] /= t for the finite x[i] (t != 1; the same float
+ *   division), returns the largest x[i] after it (NaN skipped; -inf when
+ *   none) and *finite = 1 when every x[i] is finite;
+ *   tsr_exp_weights: w[i] = (float)e^((double)x[i] - (double)mx) for x
+ *   finite and <= mx, returns the sum of the w[i] in double. With AVX2 + FMA
+ *   e^ comes from a double polynomial within ~2 ulp of a double, so a w[i]
+ *   differs from the C library's rounding only where e^ lies that close to
+ *   a float rounding boundary (rare: one float ulp); summed in another order;
+ *   tsr_div_by: w[i] = (float)((double)w[i] / z). */
+float tsr_div_max(float *x, int64_t n, float t, int *finite);
+double tsr_exp_weights(const float *x, int64_t n, float mx, float *w);
+void tsr_div_by(float *w, int64_t n, double z);
+/* A draw from weights p[n] (those in (0, FLT_MAX] count; others weigh
+ * nothing): the first i whose cumulative weight exceeds u * total, the last
+ * counted one where rounding leaves none, -1 when the total is not > 0.
+ * The total and the cumulative sums of whole blocks in double, summed in
+ * another order than one sequential sum (a draw within that rounding of a
+ * boundary may fall on its other side). */
+int64_t tsr_draw_weights(const float *p, int64_t n, double u);
 /* In-place softmax of n values (max-subtracted, f32). */
 void tsr_softmax(float *x, int n);
 /* Indices of the k largest values of x[n] (ties: lower index first), in

@@ -162,4 +162,119 @@ static int64_t first_where(const float *x, int64_t n, float v, int above) {
 int64_t tsr_find_avx2(const float *x, int64_t n, float v) { return first_where(x, n, v, 0); }
 
 int64_t tsr_first_above_avx2(const float *x, int64_t n, float floor) { return first_where(x, n, floor, 1); }
+/* tsr_div_max over whole vectors: the finite lanes divided by t (t != 1),
+ * the maximum taken with NaN lanes skipped (max_ps returns its second
+ * operand where either is NaN). *mx and *finite as the scalar loop leaves
+ * them. Returns the elements done. */
+int64_t tsr_div_max_avx2(float *x, int64_t n, float t, float *mx, int *finite) {
+    const __m256 tv = _mm256_set1_ps(t), inf = _mm256_set1_ps(INFINITY), sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int fin = 0xff;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 f = _mm256_cmp_ps(_mm256_andnot_ps(sign, v), inf, _CMP_LT_OQ); /* finite: |v| < inf */
+        if (t != 1.0f) {
+            v = _mm256_blendv_ps(v, _mm256_div_ps(v, tv), f);
+            _mm256_storeu_ps(x + i, v);
+        }
+        fin &= _mm256_movemask_ps(f);
+        m = _mm256_max_ps(v, m);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    for (int k = 0; k < 8; k++)
+        if (lanes[k] > *mx) *mx = lanes[k];
+    if (fin != 0xff) *finite = 0;
+    return i;
+}
+
+/* e^d on 4 doubles for d <= 0: e^r on |r| <= ln2 / 2 by Taylor's series to
+ * r^13 (truncation below 5e-18), 2^n from the exponent bits; d below -104
+ * (where a float rounds to 0) gives 0. */
+static inline __attribute__((always_inline)) __m256d exp_pd(__m256d d) {
+    const __m256d lo = _mm256_set1_pd(-104.0);
+    const __m256d zero = _mm256_cmp_pd(d, lo, _CMP_LT_OQ);
+    const __m256d dc = _mm256_max_pd(d, lo);
+    const __m256d k = _mm256_round_pd(_mm256_mul_pd(dc, _mm256_set1_pd(1.4426950408889634)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256d r = _mm256_fnmadd_pd(k, _mm256_set1_pd(0.6931471803691238), dc); /* ln 2, high bits: exact */
+    r = _mm256_fnmadd_pd(k, _mm256_set1_pd(1.9082149292705877e-10), r);      /* and the rest */
+    __m256d p = _mm256_set1_pd(1.6059043836821613e-10);
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(2.08767569878681e-09));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(2.505210838544172e-08));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(2.755731922398589e-07));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(2.7557319223985893e-06));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(2.48015873015873e-05));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(0.0001984126984126984));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(0.001388888888888889));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(0.008333333333333333));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(0.041666666666666664));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(0.16666666666666666));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(0.5));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0));
+    const __m256i e = _mm256_slli_epi64(
+        _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(k)), _mm256_set1_epi64x(1023)), 52);
+    return _mm256_andnot_pd(zero, _mm256_mul_pd(p, _mm256_castsi256_pd(e)));
+}
+
+/* tsr_exp_weights over whole vectors; the rounded weights summed in double
+ * in four chains. Returns the elements done; *sum their sum. */
+int64_t tsr_exp_weights_avx2(const float *x, int64_t n, float mx, float *w, double *sum) {
+    const __m256d m = _mm256_set1_pd((double)mx);
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m128 f[4];
+        for (int h = 0; h < 4; h++)
+            f[h] = _mm256_cvtpd_ps(exp_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * h)), m)));
+        for (int h = 0; h < 4; h++) _mm_storeu_ps(w + i + 4 * h, f[h]);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(f[0]));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(f[1]));
+        a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(f[2]));
+        a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(f[3]));
+    }
+    __m256d a = _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3));
+    double lanes[4];
+    _mm256_storeu_pd(lanes, a);
+    *sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    return i;
+}
+
+/* tsr_div_by over whole vectors (the same double division per weight). */
+int64_t tsr_div_by_avx2(float *w, int64_t n, double z) {
+    const __m256d zv = _mm256_set1_pd(z);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128 lo = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + i)), zv));
+        __m128 hi = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + i + 4)), zv));
+        _mm_storeu_ps(w + i, lo);
+        _mm_storeu_ps(w + i + 4, hi);
+    }
+    return i;
+}
+
+/* Each whole block's sum of the weights in (0, FLT_MAX] (ordered compares:
+ * NaN counts nothing), in double, two chains; block_len a multiple of 8.
+ * Returns the blocks done. */
+int64_t tsr_weight_sums_avx2(const float *p, int64_t n, double *block, int64_t block_len) {
+    const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(3.40282346638528859812e+38f);
+    int64_t b = 0;
+    for (; (b + 1) * block_len <= n; b++) {
+        __m256d a0 = _mm256_setzero_pd(), a1 = a0;
+        for (int64_t i = b * block_len; i < (b + 1) * block_len; i += 8) {
+            __m256 v = _mm256_loadu_ps(p + i);
+            __m256 ok = _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_GT_OQ), _mm256_cmp_ps(v, big, _CMP_LE_OQ));
+            v = _mm256_and_ps(v, ok);
+            a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+            a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        }
+        double lanes[4];
+        _mm256_storeu_pd(lanes, _mm256_add_pd(a0, a1));
+        block[b] = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    }
+    return b;
+}
+
 #endif

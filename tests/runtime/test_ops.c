@@ -11,7 +11,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -154,6 +156,113 @@ static void test_sum_exp(void **state) {
     assert_true(tsr_sum_exp(none, 20, 0.0f) == 0.0);
 }
 
+static uint32_t lcg(uint32_t *h) { return *h = *h * 1664525u + 1013904223u; }
+static float unit(uint32_t *h) { return (float)(lcg(h) >> 8) / 16777216.0f; }
+
+/* The sampler's softmax passes (tsr_div_max, tsr_exp_weights, tsr_div_by)
+ * against the arithmetic they replace, element by element: the division
+ * and the maximum bit for bit over rows with NaN and infinities (every
+ * tail length); each weight within one float ulp of (float)exp in double
+ * from the C library, equal but for a rare few (a double polynomial against
+ * the library's rounding), over differences from 0 down past float's
+ * smallest subnormal; their sum within 1e-12; the renormalisation bit for
+ * bit. */
+static void test_sampler_softmax(void **state) {
+    (void)state;
+    uint32_t h = 99;
+    static float x[4096], ref[4096], w[4096];
+    const float temps[] = {1.0f, 0.7f, 1.3f, 0.05f};
+    for (int trial = 0; trial < 400; trial++) {
+        const int n = trial % 67 + (trial % 4 == 0 ? 1000 : 0);
+        const float t = temps[trial % 4];
+        for (int i = 0; i < n; i++) {
+            const uint32_t k = lcg(&h) >> 24;
+            x[i] = (unit(&h) - 0.5f) * 40.0f;
+            if (trial % 3 == 0) x[i] = k < 4 ? NAN : k < 8 ? -INFINITY : k < 10 ? INFINITY : x[i];
+            ref[i] = x[i];
+        }
+        float want = -INFINITY;
+        int want_fin = 1;
+        for (int i = 0; i < n; i++) {
+            if (isfinite(ref[i])) {
+                if (t != 1.0f) ref[i] /= t;
+            } else {
+                want_fin = 0;
+            }
+            if (ref[i] > want) want = ref[i];
+        }
+        int fin = -1;
+        const float got = tsr_div_max(x, n, t, &fin);
+        assert_memory_equal(x, ref, (size_t)n * sizeof *x);
+        if (!(got == want || (isnan(got) && isnan(want)))) fail_msg("n %d t %g: max %g, want %g", n, t, got, want);
+        assert_int_equal(fin, want_fin);
+    }
+    long differ = 0, total = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        const int n = trial % 37 + 4000;
+        const float mx = (unit(&h) - 0.5f) * 20.0f;
+        for (int i = 0; i < n; i++) /* differences 0 .. -112, the float subnormals among them */
+            x[i] = i == 0 ? mx : mx - unit(&h) * (trial % 2 ? 112.0f : 30.0f);
+        double zref = 0;
+        for (int i = 0; i < n; i++) {
+            ref[i] = (float)exp((double)x[i] - (double)mx);
+            zref += (double)ref[i];
+        }
+        const double z = tsr_exp_weights(x, n, mx, w);
+        if (!(fabs(z - zref) <= 1e-12 * zref)) fail_msg("sum %.17g, want %.17g", z, zref);
+        for (int i = 0; i < n; i++) {
+            int32_t a, b;
+            memcpy(&a, &w[i], 4);
+            memcpy(&b, &ref[i], 4);
+            if (a != b) differ++;
+            if (a - b > 1 || b - a > 1)
+                fail_msg("e^(%.9g - %.9g): %.9g, want %.9g", (double)x[i], (double)mx, (double)w[i], (double)ref[i]);
+        }
+        total += n;
+        for (int i = 0; i < n; i++) ref[i] = (float)((double)w[i] / z);
+        tsr_div_by(w, n, z);
+        assert_memory_equal(w, ref, (size_t)n * sizeof *w);
+    }
+    printf("# %ld of %ld weights one float ulp from the C library's\n", differ, total);
+    assert_true(differ * 10000 <= total);
+}
+
+/* tsr_draw_weights against one sequential pass (the first cumulative sum
+ * above u * total, only weights in (0, FLT_MAX] counting): lengths across
+ * its blocks of 1,024, rows of zeros, negatives, NaN and infinities, and u
+ * at 0 and next to 1 (the last counted weight). */
+static void test_draw_weights(void **state) {
+    (void)state;
+    uint32_t h = 7;
+    static float p[5000];
+    for (int trial = 0; trial < 600; trial++) {
+        const int n = (int)(lcg(&h) % 5000);
+        for (int i = 0; i < n; i++) {
+            const uint32_t k = lcg(&h) >> 24;
+            p[i] = unit(&h);
+            p[i] = trial % 5 == 0 ? 0.0f : k < 40 ? 0.0f : k < 44 ? -p[i] : k < 46 ? NAN : k < 48 ? INFINITY : p[i];
+        }
+        for (int j = 0; j < 8; j++) {
+            const double u = j == 0 ? 0.0 : j == 1 ? 1.0 - 0x1p-53 : (double)unit(&h);
+            double tot = 0;
+            for (int i = 0; i < n; i++)
+                if (p[i] > 0 && p[i] <= FLT_MAX) tot += (double)p[i];
+            int64_t want = -1;
+            if (tot > 0) {
+                double cum = 0, target = u * tot;
+                for (int i = 0; i < n; i++) {
+                    if (!(p[i] > 0 && p[i] <= FLT_MAX)) continue;
+                    cum += (double)p[i];
+                    want = i;
+                    if (target < cum) break;
+                }
+            }
+            const int64_t got = tsr_draw_weights(p, n, u);
+            if (got != want) fail_msg("n %d u %.17g: %lld, want %lld", n, u, (long long)got, (long long)want);
+        }
+    }
+}
+
 /* tsr_first_above against the element-by-element scan: every start and
  * floor over values with NaN and -inf, the answer in the body or the tail. */
 static void test_first_above(void **state) {
@@ -227,6 +336,8 @@ int main(void) {
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_sum_exp),
         cmocka_unit_test(test_first_above),
+        cmocka_unit_test(test_sampler_softmax),
+        cmocka_unit_test(test_draw_weights),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_absmax),
     };
