@@ -33,7 +33,9 @@
  *   - min-p keeps tokens with p >= min_p * p_max * (1 - 1e-6); min-p is
  *     relative, so applying it before or after top-p's renormalisation is the
  *     same.
- *   - softmax subtracts the maximum and accumulates in double.
+ *   - softmax subtracts the maximum and accumulates in double (with every
+ *     logit a candidate, each weight from a double polynomial within ~2 ulp
+ *     of e^ in double, rounded to float: kernels/cpu/ops.h tsr_exp_weights).
  */
 #ifndef TSR_SAMPLING_H
 #define TSR_SAMPLING_H
