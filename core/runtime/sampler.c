@@ -464,21 +464,31 @@ int32_t tsr_sampler_draw(tsr_sampler *s, const float *probs) {
     return -1;
 }
 
-/* Weight of token i in the residual max(0, p - q) (q NULL: one-hot at x). */
-static double residual(const float *p, const float *q, int32_t x, int i) {
-    double pi = weight_ok(p[i]) ? (double)p[i] : 0.0;
-    double qi = q ? (weight_ok(q[i]) ? (double)q[i] : 0.0) : (i == x ? 1.0 : 0.0);
-    return pi > qi ? pi - qi : 0.0;
+/* The residual max(0, p - q) (q NULL: one-hot at x) into r [vocab], as
+ * floats: weights that do not count (tsr_draw_weights) count as 0 in p and
+ * q. Returns 1 when some weight of it is positive. */
+static int residual(const float *p, const float *q, int32_t x, int V, float *r) {
+    int any = 0;
+    if (!q) { /* p but at x, where 1 - p is not below 0 */
+        memcpy(r, p, (size_t)V * sizeof *r);
+        if (x >= 0 && x < V) r[x] = 0.0f;
+    } else {
+        for (int i = 0; i < V; i++) {
+            const float pi = weight_ok(p[i]) ? p[i] : 0.0f, qi = weight_ok(q[i]) ? q[i] : 0.0f;
+            r[i] = pi > qi ? pi - qi : 0.0f;
+        }
+    }
+    for (int i = 0; i < V && !any; i++) any = weight_ok(r[i]);
+    return any;
 }
 
 int tsr_sampler_verify(tsr_sampler *s, const float *p, const float *q, int32_t drafted,
                        int32_t *out) {
     TSR_ASSERT(s && p && out);
     const int V = s->vocab;
-    double ptot = 0;
-    for (int i = 0; i < V; i++)
-        if (weight_ok(p[i])) ptot += (double)p[i];
-    if (!(ptot > 0)) {
+    int some = 0;
+    for (int i = 0; i < V && !some; i++) some = weight_ok(p[i]);
+    if (!some) {
         *out = -1;
         return -1;
     }
@@ -490,22 +500,12 @@ int tsr_sampler_verify(tsr_sampler *s, const float *p, const float *q, int32_t d
         *out = drafted;
         return 1;
     }
-    double rtot = 0;
-    for (int i = 0; i < V; i++) rtot += residual(p, q, drafted, i);
-    if (!(rtot > 0)) {
+    TSR_ASSERT(p != s->probs && q != s->probs);
+    if (!residual(p, q, drafted, V, s->probs)) {
         *out = tsr_sampler_draw(s, p);
         return 0;
     }
-    double target = tsr_sampler_uniform(s) * rtot, cum = 0;
-    int32_t last = -1;
-    for (int i = 0; i < V; i++) {
-        double r = residual(p, q, drafted, i);
-        if (r <= 0) continue;
-        cum += r;
-        last = i;
-        if (target < cum) break;
-    }
-    *out = last;
+    *out = (int32_t)tsr_draw_weights(s->probs, V, tsr_sampler_uniform(s));
     return 0;
 }
 
