@@ -8,6 +8,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,7 +36,8 @@ struct tsr_sampler {
     tsr_cand *cand; /* [vocab] */
     float *probs;   /* [vocab] scratch of tsr_sampler_sample */
     float *raw;     /* [vocab] raw logits kept for log-probabilities */
-    double bsum[32 * 32 + 1]; /* top-p bucket sums (TSR_TOPP_BUCKETS) */
+    uint16_t *bucket; /* [vocab] top-p: each candidate's bucket */
+    double bpart[4][32 * 32 + 1]; /* top-p bucket sums, four tables (TSR_TOPP_BUCKETS) */
 };
 
 /* --- random stream -------------------------------------------------------- */
@@ -164,7 +166,8 @@ tsr_sampler *tsr_sampler_new(const tsr_sampling *p, int vocab) {
     s->cand = alloc_array(vocab, sizeof *s->cand);
     s->probs = alloc_array(vocab, sizeof *s->probs);
     s->raw = alloc_array(vocab, sizeof *s->raw);
-    if (!s->count || !s->seen || !s->cand || !s->probs || !s->raw) {
+    s->bucket = alloc_array(vocab, sizeof *s->bucket);
+    if (!s->count || !s->seen || !s->cand || !s->probs || !s->raw || !s->bucket) {
         tsr_sampler_free(s);
         return NULL;
     }
@@ -180,6 +183,7 @@ void tsr_sampler_free(tsr_sampler *s) {
     free(s->seen);
     free(s->cand);
     free(s->probs);
+    free(s->bucket);
     free(s->raw);
     free(s);
 }
@@ -274,40 +278,49 @@ static void select_first(tsr_cand *c, int n, int k) {
 /* Top-p's kept set: the shortest prefix of the order whose weight reaches
  * need. Only its tokens matter, not their order, so instead of sorting, the
  * weights are summed per bucket of (max - logit) (32 per logit unit, beyond
- * 32 units one last bucket): buckets follow the order, the boundary bucket
- * is found from their sums, and only that bucket is sorted. Moves the kept
+ * 32 units one last bucket; in float, which keeps the buckets in the order):
+ * buckets follow the order, the boundary bucket is found from their sums,
+ * and only that bucket is sorted. Each candidate's bucket is computed once
+ * (s->bucket), the sums go to four interleaved tables so that consecutive
+ * candidates of one bucket do not wait for each other's add. Moves the kept
  * tokens to c[0..kept) and returns kept. */
 #define TSR_TOPP_PER_UNIT 32
 #define TSR_TOPP_UNITS 32
 #define TSR_TOPP_BUCKETS (TSR_TOPP_PER_UNIT * TSR_TOPP_UNITS + 1)
 
-static int topp_bucket(float logit, float mx) {
-    double d = (double)mx - (double)logit; /* >= 0 */
-    return d < TSR_TOPP_UNITS ? (int)(d * TSR_TOPP_PER_UNIT) : TSR_TOPP_BUCKETS - 1;
-}
-
 static int top_p_cut(tsr_sampler *s, tsr_cand *c, int n, float mx, const float *w, double need) {
-    double *bsum = s->bsum;
-    memset(bsum, 0, sizeof s->bsum);
-    for (int i = 0; i < n; i++) bsum[topp_bucket(c[i].logit, mx)] += (double)w[c[i].id];
+    uint16_t *bk = s->bucket;
+    _Static_assert(sizeof(tsr_cand) == 2 * sizeof(float) && offsetof(tsr_cand, logit) == 0, "pairs of logit, id");
+    tsr_topp_buckets(&c[0].logit, n, mx, (float)TSR_TOPP_PER_UNIT, TSR_TOPP_BUCKETS - 1, bk);
+    double(*part)[TSR_TOPP_BUCKETS] = s->bpart;
+    memset(part, 0, sizeof s->bpart);
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) part[j][bk[i + j]] += (double)w[c[i + j].id];
+    for (; i < n; i++) part[0][bk[i]] += (double)w[c[i].id];
     double cum = 0;
     int bb = -1;
     for (int b = 0; b < TSR_TOPP_BUCKETS; b++) {
-        if (cum + bsum[b] >= need) {
+        const double sum = (part[0][b] + part[1][b]) + (part[2][b] + part[3][b]);
+        if (cum + sum >= need) {
             bb = b;
             break;
         }
-        cum += bsum[b];
+        cum += sum;
     }
     if (bb < 0) return n; /* rounding: the whole mass did not reach need */
     int a = 0;
-    for (int i = 0; i < n; i++)
-        if (topp_bucket(c[i].logit, mx) < bb) cand_swap(&c[a++], &c[i]);
+    for (i = 0; i < n; i++)
+        if (bk[i] < bb) {
+            cand_swap(&c[a], &c[i]);
+            const uint16_t t = bk[a];
+            bk[a++] = bk[i], bk[i] = t;
+        }
     int e = a;
-    for (int i = a; i < n; i++)
-        if (topp_bucket(c[i].logit, mx) == bb) cand_swap(&c[e++], &c[i]);
+    for (i = a; i < n; i++)
+        if (bk[i] == bb) cand_swap(&c[e++], &c[i]); /* bk[e..) no longer read */
     qsort(c + a, (size_t)(e - a), sizeof *c, cand_cmp);
-    for (int i = a; i < e; i++) {
+    for (i = a; i < e; i++) {
         cum += (double)w[c[i].id];
         if (cum >= need) return i + 1;
     }

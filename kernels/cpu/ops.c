@@ -22,6 +22,7 @@ int64_t tsr_div_max_avx2(float *x, int64_t n, float t, float *mx, int *finite);
 int64_t tsr_exp_weights_avx2(const float *x, int64_t n, float mx, float *w, double *sum);
 int64_t tsr_div_by_avx2(float *w, int64_t n, double z);
 int64_t tsr_weight_sums_avx2(const float *p, int64_t n, double *block, int64_t block_len);
+int64_t tsr_topp_buckets_avx2(const float *x, int64_t n, float mx, float per_unit, int last, uint16_t *b);
 #define HAS_AVX2() tsr_cpu_has_avx2_fma_f16c()
 #else
 #define HAS_AVX2() 0
@@ -179,6 +180,17 @@ void tsr_div_by(float *w, int64_t n, double z) {
     if (HAS_AVX2()) i = tsr_div_by_avx2(w, n, z);
 #endif
     for (; i < n; i++) w[i] = (float)((double)w[i] / z);
+}
+
+void tsr_topp_buckets(const float *x, int64_t n, float mx, float per_unit, int last, uint16_t *b) {
+    int64_t i = 0;
+#if defined(__x86_64__)
+    if (HAS_AVX2()) i = tsr_topp_buckets_avx2(x, n, mx, per_unit, last, b);
+#endif
+    for (; i < n; i++) {
+        const float t = (mx - x[2 * i]) * per_unit;
+        b[i] = (uint16_t)(int)(t < (float)last ? t : (float)last);
+    }
 }
 
 static int weight_counts(float v) { return v > 0 && v <= FLT_MAX; }

@@ -55,6 +55,11 @@ double tsr_sum_exp(const float *x, int64_t n, float mx);
 float tsr_div_max(float *x, int64_t n, float t, int *finite);
 double tsr_exp_weights(const float *x, int64_t n, float mx, float *w);
 void tsr_div_by(float *w, int64_t n, double z);
+/* A sampler's top-p buckets (sampler.c): for the logits l_i = x[2 * i] of n
+ * {float logit, int32 id} pairs, all finite and <= mx, b[i] = (int)min((mx -
+ * l_i) * per_unit, last) (per_unit a power of two, so that the product is
+ * exact; last <= 65,535). */
+void tsr_topp_buckets(const float *x, int64_t n, float mx, float per_unit, int last, uint16_t *b);
 /* A draw from weights p[n] (those in (0, FLT_MAX] count; others weigh
  * nothing): the first i whose cumulative weight exceeds u * total, the last
  * counted one where rounding leaves none, -1 when the total is not > 0.

@@ -277,4 +277,23 @@ int64_t tsr_weight_sums_avx2(const float *p, int64_t n, double *block, int64_t b
     return b;
 }
 
+/* tsr_topp_buckets over whole groups of 8 pairs: the logits picked out of
+ * two vectors of pairs (shuffle, then the 64-bit quarters back in order),
+ * the buckets packed to 16 bits. Returns the pairs done. */
+int64_t tsr_topp_buckets_avx2(const float *x, int64_t n, float mx, float per_unit, int last, uint16_t *b) {
+    const __m256 m = _mm256_set1_ps(mx), pu = _mm256_set1_ps(per_unit), top = _mm256_set1_ps((float)last);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 a = _mm256_loadu_ps(x + 2 * i), c = _mm256_loadu_ps(x + 2 * i + 8);
+        /* [l0 l1 l4 l5 | l2 l3 l6 l7] -> [l0 l1 l2 l3 | l4 l5 l6 l7] */
+        const __m256 l = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, c, _MM_SHUFFLE(2, 0, 2, 0))), 0xd8));
+        const __m256 t = _mm256_min_ps(_mm256_mul_ps(_mm256_sub_ps(m, l), pu), top);
+        const __m256i q = _mm256_cvttps_epi32(t);
+        _mm_storeu_si128((__m128i *)(b + i),
+                         _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
+    }
+    return i;
+}
+
 #endif

@@ -227,6 +227,30 @@ static void test_sampler_softmax(void **state) {
     assert_true(differ * 10000 <= total);
 }
 
+/* tsr_topp_buckets against the formula, pair by pair (every tail length):
+ * logits at, next to and far below the maximum. */
+static void test_topp_buckets(void **state) {
+    (void)state;
+    uint32_t h = 3;
+    static float pairs[2 * 300];
+    static uint16_t b[300];
+    for (int trial = 0; trial < 300; trial++) {
+        const int n = trial;
+        const float mx = (unit(&h) - 0.5f) * 10.0f;
+        for (int i = 0; i < n; i++) {
+            const uint32_t k = lcg(&h) >> 28;
+            pairs[2 * i] = k == 0 ? mx : k == 1 ? nextafterf(mx, -INFINITY) : mx - unit(&h) * (k < 8 ? 40.0f : 4.0f);
+            pairs[2 * i + 1] = (float)i; /* the id's slot */
+        }
+        tsr_topp_buckets(pairs, n, mx, 32.0f, 1024, b);
+        for (int i = 0; i < n; i++) {
+            const double t = ((double)mx - (double)pairs[2 * i]) * 32.0;
+            const int want = t < 1024.0 ? (int)((mx - pairs[2 * i]) * 32.0f) : 1024;
+            if (b[i] != want) fail_msg("n %d, pair %d: bucket %d, want %d", n, i, b[i], want);
+        }
+    }
+}
+
 /* tsr_draw_weights against one sequential pass (the first cumulative sum
  * above u * total, only weights in (0, FLT_MAX] counting): lengths across
  * its blocks of 1,024, rows of zeros, negatives, NaN and infinities, and u
@@ -338,6 +362,7 @@ int main(void) {
         cmocka_unit_test(test_first_above),
         cmocka_unit_test(test_sampler_softmax),
         cmocka_unit_test(test_draw_weights),
+        cmocka_unit_test(test_topp_buckets),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_absmax),
     };
