@@ -129,7 +129,9 @@ int tsr_graph_forward(tsr_model *m, int kv_seq, int pos0, const int32_t *tokens,
     memcpy((char *)m->io_host + sizeof(tsr_step), tokens, (size_t)rows * sizeof *tokens);
     plain_pass p = {kv_seq, pos0, rows, out};
     int rc = tsr_graph_queue(m, kv_seq, pos0, rows, out, 0, plain_body, &p, done, err);
-    if (rc != TSR_OK || (rc = m->be->sync(err)) != TSR_OK) return rc;
+    /* logits left on the device: the sampler's launches follow in stream order */
+    if (rc != TSR_OK || out == TSR_FWD_DEVICE_LAST) return rc;
+    if ((rc = m->be->sync(err)) != TSR_OK) return rc;
     const size_t out_bytes = tsr_fwd_out_bytes(m, out, rows);
     if (out_bytes) memcpy(dst, m->out_host, out_bytes);
     return TSR_OK;
