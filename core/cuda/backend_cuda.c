@@ -13,13 +13,13 @@ static void cu_set_pdl(int on) { g_pdl = on; }
 
 static void *cu_alloc(size_t bytes, tsr_error *err) { return tsr_cuda_malloc(bytes ? bytes : 1, err); }
 
-static int cu_embed(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids, int rows,
+static int cu_embed(float *x, const void *table, uint32_t dtype, int hidden, int n_ids, const int32_t *ids, int rows,
                     tsr_error *err) {
     if (dtype != TSR_DTYPE_F32 && dtype != TSR_DTYPE_F16 && dtype != TSR_DTYPE_BF16)
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED,
                              "the CUDA backend reads f32, f16 or bf16 embeddings (dtype %u)", dtype);
-    return tsr_cuda_check(tsr_cu_embed(x, table, dtype, hidden, ids, rows, g_pdl, tsr_cuda_stream()), "embedding",
-                          err);
+    return tsr_cuda_check(tsr_cu_embed(x, table, dtype, hidden, n_ids, ids, rows, g_pdl, tsr_cuda_stream()),
+                          "embedding", err);
 }
 
 static int cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,

@@ -42,8 +42,12 @@ typedef struct tsr_backend {
     /* the engine's thread pool (a tsr_threadpool) for the per-row ops of the
      * passes this thread runs next (NULL where the backend has no use for it) */
     void (*set_pool)(void *pool);
-    /* x[r] = row ids[r] of table widened to f32; ids in backend memory. */
-    int (*embed)(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids,
+    /* x[r] = row ids[r] of table [n_ids, hidden] widened to f32; ids in
+     * backend memory. An id outside [0, n_ids) reads row 0: the host refuses
+     * such ids before a pass, but a pipelined pass (pipe.c) takes its id from
+     * the argmax before it, which is -1 where no token could be chosen (that
+     * pass is then discarded). */
+    int (*embed)(float *x, const void *table, uint32_t dtype, int hidden, int n_ids, const int32_t *ids,
                  int rows, tsr_error *err);
     int (*rmsnorm)(float *y, const float *x, const float *w, int rows, int n, float eps,
                    tsr_error *err);

@@ -25,6 +25,7 @@ struct row_job {
     const float *x, *add, *w;
     const void *table;
     const int32_t *ids;
+    int n_ids;       /* embedding: rows of the table */
     const tsr_rope *rope;
     uint64_t row_bytes;
     uint32_t dtype;
@@ -72,19 +73,21 @@ static int cpu_copy(void *dst, const void *src, size_t bytes, tsr_error *err) {
 static void *cpu_host_alloc(size_t bytes, tsr_error *err) { return cpu_alloc(bytes, err); }
 
 static void embed_rows(const row_job *j, int r0, int r1) {
-    for (int r = r0; r < r1; r++)
-        tsr_dequant_row(j->dtype, (const uint8_t *)j->table + j->row_bytes * (uint64_t)j->ids[r],
-                        j->y + (int64_t)r * j->n, j->n);
+    for (int r = r0; r < r1; r++) {
+        const int32_t id = j->ids[r] >= 0 && j->ids[r] < j->n_ids ? j->ids[r] : 0;
+        tsr_dequant_row(j->dtype, (const uint8_t *)j->table + j->row_bytes * (uint64_t)id, j->y + (int64_t)r * j->n,
+                        j->n);
+    }
 }
 
-static int cpu_embed(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids,
+static int cpu_embed(float *x, const void *table, uint32_t dtype, int hidden, int n_ids, const int32_t *ids,
                      int rows, tsr_error *err) {
     uint64_t row_bytes;
     if (tsr_dtype_row_bytes(dtype, hidden, &row_bytes) != 0)
         return tsr_error_set(err, TSR_ERR_UNSUPPORTED, "embedding dtype %s with %d columns",
                              tsr_dtype_name(dtype), hidden);
-    row_job j = {.rows = embed_rows, .y = x, .table = table, .ids = ids, .row_bytes = row_bytes, .dtype = dtype,
-                 .n = hidden};
+    row_job j = {.rows = embed_rows, .y = x, .table = table, .ids = ids, .n_ids = n_ids, .row_bytes = row_bytes,
+                 .dtype = dtype, .n = hidden};
     each_row(&j, rows);
     return TSR_OK;
 }

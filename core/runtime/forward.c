@@ -439,7 +439,7 @@ static int embed_from_file(tsr_model *m, int rows, tsr_error *err) {
         uint8_t *dst = m->embed_rows + (uint64_t)r * rb;
         if (!tsr_model_file_read(m->file, src, rb, dst)) memcpy(dst, src, (size_t)rb);
     }
-    return m->be->embed(m->x, m->embed_rows, m->embed->dtype, m->cfg.hidden, m->embed_iota, rows, err);
+    return m->be->embed(m->x, m->embed_rows, m->embed->dtype, m->cfg.hidden, rows, m->embed_iota, rows, err);
 }
 
 int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int rows, tsr_fwd_out out,
@@ -453,7 +453,7 @@ int tsr_forward_pass(tsr_model *m, const tsr_exec *ex, int kv_seq, int pos0, int
     if (be->set_pool) be->set_pool(tsr_engine_pool(m->engine));
     m->prof_phase = pos0 == 0 || rows > TSR_GRAPH_MAX_ROWS ? 0 : 1;
     if (m->embed_read) OP(TSR_PROF_EMBED, BE(embed_from_file(m, rows, err)));
-    else OP(TSR_PROF_EMBED, BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, m->ids, rows, err)));
+    else OP(TSR_PROF_EMBED, BE(be->embed(m->x, m->embed_data, m->embed->dtype, h, c->vocab, m->ids, rows, err)));
     /* the residual stream: x, and m->o still to be added into it where pending
      * (each add goes with the next norm, or into the product's launch) */
     int pending = 0;

@@ -17,8 +17,9 @@ extern "C" {
 #endif
 
 /* x[r, :] = table row ids[r] widened to f32; dtype F32, F16 or BF16
- * (tsr_dtype values 0, 1, 2). ids: device int32 [rows]. */
-int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids,
+ * (tsr_dtype values 0, 1, 2). ids: device int32 [rows]; one outside
+ * [0, n_ids) reads row 0 (core/runtime/backend.h says when that happens). */
+int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden, int n_ids, const int32_t *ids,
                  int rows, int pdl, void *stream);
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of n; y may equal x. */
 int tsr_cu_rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,

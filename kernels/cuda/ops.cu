@@ -33,10 +33,10 @@ __device__ float block_sum(float v) {
     return t;
 }
 
-__global__ void embed_k(float *x, const void *table, uint32_t dtype, int hidden, const int32_t *ids) {
+__global__ void embed_k(float *x, const void *table, uint32_t dtype, int hidden, int n_ids, const int32_t *ids) {
     tsr_pdl::enter();
     const int r = blockIdx.x;
-    const int64_t row = ids[r];
+    const int64_t row = ids[r] >= 0 && ids[r] < n_ids ? ids[r] : 0;
     float *out = x + (int64_t)r * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
         float v;
@@ -538,10 +538,10 @@ int launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, void *stream, int pd
 
 #define STREAM(s) ((cudaStream_t)(s))
 
-extern "C" int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden,
+extern "C" int tsr_cu_embed(float *x, const void *table, uint32_t dtype, int hidden, int n_ids,
                             const int32_t *ids, int rows, int pdl, void *stream) {
     if (dtype > 2) return -5;
-    return launch(embed_k, rows, kThreads, stream, pdl, x, table, dtype, hidden, ids);
+    return launch(embed_k, rows, kThreads, stream, pdl, x, table, dtype, hidden, n_ids, ids);
 }
 
 /* a thread per 4 values up to 1024 threads: one wave of loads for a 4096-wide row */

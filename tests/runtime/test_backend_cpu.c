@@ -61,7 +61,15 @@ static void run_ops(const tsr_backend *be, tsr_threadpool *pool, int rows, outs 
     be->set_pool(pool);
 
     o->embed = nan_buf((int64_t)rows * HIDDEN);
-    assert_int_equal(be->embed(o->embed, table, TSR_DTYPE_F32, HIDDEN, ids, rows, &err), TSR_OK);
+    assert_int_equal(be->embed(o->embed, table, TSR_DTYPE_F32, HIDDEN, VOCAB, ids, rows, &err), TSR_OK);
+    { /* ids outside the table read row 0 (a pipelined pass after an argmax of -1) */
+        const int32_t bad[2] = {-1, VOCAB};
+        float *e2 = nan_buf(2 * HIDDEN);
+        assert_int_equal(be->embed(e2, table, TSR_DTYPE_F32, HIDDEN, VOCAB, bad, 2, &err), TSR_OK);
+        assert_memory_equal(e2, table, HIDDEN * sizeof(float));
+        assert_memory_equal(e2 + HIDDEN, table, HIDDEN * sizeof(float));
+        free(e2);
+    }
     o->norm = nan_buf((int64_t)rows * HIDDEN);
     assert_int_equal(be->rmsnorm(o->norm, x, w, rows, HIDDEN, 1e-5f, &err), TSR_OK);
     o->x_added = x; /* x += delta in place */
