@@ -40,6 +40,8 @@ static int view_open(tsr_model *parent, int n_layers, tsr_model **out, tsr_error
     v->embed_iota = NULL;
     memset(v->graphs, 0, sizeof v->graphs); /* its own graphs: they hold its own scratch */
     v->graph_tick = v->graph_captures = v->graph_replays = 0;
+    v->pipes = NULL; /* its own pool of pipes */
+    v->pipeline_on = 0; /* a drafter's view decodes step by step */
     int rc = tsr_model_alloc_scratch(v, err);
     if (rc != TSR_OK) {
         tsr_model_free(v);

@@ -42,8 +42,7 @@ static int qualifies(const tsr_model *m, int pos0, int rows) {
 }
 
 /* The cached graph of this kind, or a free (or least recently used) entry. */
-static tsr_graph *lookup(tsr_model *m, int kv_seq, int rows, tsr_fwd_out out, int pipe, int *hit,
-                         tsr_error *err) {
+static tsr_graph *lookup(tsr_model *m, int kv_seq, int rows, tsr_fwd_out out, int pipe, int *hit) {
     tsr_graph *victim = &m->graphs[0];
     for (int i = 0; i < TSR_GRAPH_CACHE; i++) {
         tsr_graph *g = &m->graphs[i];
@@ -54,11 +53,8 @@ static tsr_graph *lookup(tsr_model *m, int kv_seq, int rows, tsr_fwd_out out, in
         if (!g->exec ? victim->exec != NULL : victim->exec && g->last_use < victim->last_use) victim = g;
     }
     *hit = 0;
-    if (victim->exec) {
-        /* a pipelined pass may still run it (pipe.c) */
-        if (m->be->sync(err) != TSR_OK) return NULL;
-        m->be->graph_free(victim->exec);
-    }
+    /* (a graph still running, a pipelined pass's, is freed when it completes) */
+    if (victim->exec) m->be->graph_free(victim->exec);
     memset(victim, 0, sizeof *victim);
     return victim;
 }
@@ -70,8 +66,7 @@ int tsr_graph_queue(tsr_model *m, int kv_seq, int pos0, int rows, tsr_fwd_out ou
     if (!qualifies(m, pos0, rows)) return TSR_OK;
     *done = 1;
     int hit, rc;
-    tsr_graph *g = lookup(m, kv_seq, rows, out, pipe, &hit, err);
-    if (!g) return err->code;
+    tsr_graph *g = lookup(m, kv_seq, rows, out, pipe, &hit);
     if (hit) {
         rc = tsr_kv_replayed(m->kv, kv_seq, m->cfg.n_layers, pos0, rows);
         if (rc != TSR_OK) return tsr_model_slot_error(m, m->kv, rc, err, "kv replayed");

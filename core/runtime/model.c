@@ -715,6 +715,7 @@ fail:
 
 void tsr_model_free_scratch(tsr_model *m) {
     tsr_graphs_free(m);
+    tsr_pipes_free(m);
     void *dev[] = {m->x,        m->xn,         m->q,     m->k,       m->v,       m->att,       m->o,
                    m->g,        m->u,          m->logits_dev, m->qkv, m->gu,     m->io,        m->argmax_dev,
                    m->router,   m->moe_out,    m->ex_in, m->ex_g,    m->ex_u,    m->ex_d,      m->sh_gate_out,

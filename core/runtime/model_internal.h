@@ -26,6 +26,9 @@ typedef struct tsr_layer_w {
     void *w_gu;                   /* gate, up stacked or NULL: then w_gate/w_up */
 } tsr_layer_w;
 
+/* A sequence's pipelined greedy decode (pipe.c). */
+typedef struct tsr_pipe tsr_pipe;
+
 /* A forward pass captured as a CUDA graph, replayed for later passes of the
  * same sequence with the same rows and outputs (graph.c). */
 typedef struct tsr_graph {
@@ -108,6 +111,7 @@ struct tsr_model {
     int graphs_on;                /* the assembly's runtime.cuda_graphs (off while profiling) */
     int host_sampling;            /* tsr_model_opts.host_sampling */
     int pipeline_on;              /* runtime.pipeline (or tsr_model_opts.force_pipeline) */
+    tsr_pipe *pipes;              /* pipes finished sequences gave back, for the next ones */
     tsr_prof *prof;               /* [2] with tsr_model_opts.profile, else NULL */
     int prof_phase;
     tsr_graph graphs[TSR_GRAPH_CACHE];
@@ -138,8 +142,6 @@ struct tsr_model {
     float *route_w_h, *ex_wts_h;
 };
 
-typedef struct tsr_pipe tsr_pipe;
-
 struct tsr_seq {
     tsr_model *m;
     int kv_seq;
@@ -158,7 +160,10 @@ int tsr_seq_pipe_push(tsr_seq *s, const int32_t *token, tsr_error *err);
 int tsr_seq_pipe_pop(tsr_seq *s, int32_t *choice, tsr_error *err);
 int tsr_seq_pipe_drop(tsr_seq *s, tsr_error *err);
 int tsr_seq_pipe_queued(const tsr_seq *s);
+/* The sequence's pipe back to the model's pool (after its queued passes);
+ * tsr_pipes_free frees the pool (the model's end). */
 void tsr_seq_pipe_free(tsr_seq *s);
+void tsr_pipes_free(tsr_model *m);
 
 /* What an output kind implies: every row or the last, logits or ids, and
  * the bytes of a pass of rows and where they lie in backend memory. */

@@ -17,6 +17,12 @@
  * for. Other sequences' passes may be queued between them: they read their
  * own inputs and never touch dev_id. A pass queued after the token that
  * ends the generation is wasted; drop() waits for it and takes its KV back.
+ * Where no token could be chosen the argmax is -1: the pass queued behind it
+ * embeds row 0 instead (backend.h) and is discarded when the -1 is read.
+ * Waits are for a sequence's own passes (its marks), never the whole queue,
+ * and a finished sequence's pipe goes back to the model (m->pipes) instead of
+ * being freed: freeing device and pinned memory waits for the device, which
+ * would stall every other sequence's queued passes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +38,7 @@ typedef struct pipe_slot {
 } pipe_slot;
 
 struct tsr_pipe {
+    tsr_pipe *next;     /* in the model's pool of unused pipes */
     int32_t *dev_id;    /* backend memory: the next pass's input id */
     pipe_slot *host;    /* [PIPE_SLOTS], pinned */
     void *mark[PIPE_SLOTS];
@@ -48,8 +55,15 @@ static void pipe_free(const tsr_backend *be, tsr_pipe *p) {
     free(p);
 }
 
-static tsr_pipe *pipe_new(const tsr_backend *be, tsr_error *err) {
-    tsr_pipe *p = calloc(1, sizeof *p);
+static tsr_pipe *pipe_new(tsr_model *m, tsr_error *err) {
+    const tsr_backend *be = m->be;
+    tsr_pipe *p = m->pipes;
+    if (p) { /* one a finished sequence gave back */
+        m->pipes = p->next;
+        p->next = NULL;
+        return p;
+    }
+    p = calloc(1, sizeof *p);
     if (!p) {
         tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
         return NULL;
@@ -92,7 +106,7 @@ int tsr_seq_pipe_queued(const tsr_seq *s) { return s->pipe ? s->pipe->n : 0; }
 int tsr_seq_pipe_push(tsr_seq *s, const int32_t *token, tsr_error *err) {
     tsr_model *m = s->m;
     const tsr_backend *be = m->be;
-    if (!s->pipe && !(s->pipe = pipe_new(be, err))) return err->code;
+    if (!s->pipe && !(s->pipe = pipe_new(m, err))) return err->code;
     tsr_pipe *p = s->pipe;
     if (p->n == PIPE_SLOTS)
         return tsr_error_set(err, TSR_ERR_INVALID, "%d pipelined passes queued already", PIPE_SLOTS);
@@ -119,6 +133,9 @@ int tsr_seq_pipe_push(tsr_seq *s, const int32_t *token, tsr_error *err) {
     if (rc == TSR_OK && !done) rc = pipe_body(m, &m->ex, &a, err);
     if (rc == TSR_OK && p->mark[slot]) rc = be->mark_record(p->mark[slot], err);
     if (rc != TSR_OK) {
+        /* part of the pass may be queued, reading the slot: wait for all of it */
+        tsr_error ignored;
+        be->sync(&ignored);
         tsr_kv_truncate(m->kv, s->kv_seq, s->n); /* what the failed pass appended */
         return rc;
     }
@@ -137,29 +154,57 @@ int tsr_seq_pipe_pop(tsr_seq *s, int32_t *choice, tsr_error *err) {
     const int32_t id = p->host[slot].id_out;
     p->first = (slot + 1) % PIPE_SLOTS;
     p->n--;
+    if (id == -1) return tsr_error_set(err, TSR_ERR_INVALID, "no token can be chosen: every logit is NaN or -inf");
     if (id < 0 || id >= s->m->cfg.vocab)
-        return tsr_error_set(err, TSR_ERR_INVALID, "no token can be chosen: the device's argmax is %d", id);
+        return tsr_error_set(err, TSR_ERR_DEVICE, "the device's argmax is %d, outside the vocabulary (%d)", id,
+                             s->m->cfg.vocab);
     if (p->pos[slot] + 1 < s->n) s->tokens[p->pos[slot] + 1] = id; /* the next queued pass's input */
     *choice = id;
     return TSR_OK;
 }
 
+/* Wait for every queued pass of p: for the newest one's mark (stream order
+ * finishes the others first); nothing where the backend has no marks. */
+static int wait_queued(const tsr_backend *be, const tsr_pipe *p, tsr_error *err) {
+    if (p->n == 0) return TSR_OK;
+    const int newest = (p->first + p->n - 1) % PIPE_SLOTS;
+    return p->mark[newest] ? be->mark_wait(p->mark[newest], err) : TSR_OK;
+}
+
 int tsr_seq_pipe_drop(tsr_seq *s, tsr_error *err) {
     tsr_pipe *p = s->pipe;
     if (!p || p->n == 0) return TSR_OK;
-    int rc = s->m->be->sync(err);
+    int rc = wait_queued(s->m->be, p, err);
     const int n = s->n - p->n;
     p->first = (p->first + p->n) % PIPE_SLOTS;
     p->n = 0;
-    if (rc != TSR_OK) return rc;
+    if (rc != TSR_OK) { /* the device failed: the host's count of tokens still goes back */
+        s->n = n;
+        return rc;
+    }
     return tsr_seq_truncate(s, n, err);
 }
 
 void tsr_seq_pipe_free(tsr_seq *s) {
-    if (!s->pipe) return;
+    tsr_pipe *p = s->pipe;
+    if (!p) return;
     tsr_error err;
     tsr_error_clear(&err);
-    if (s->pipe->n) s->m->be->sync(&err); /* nothing queued may still write what is freed */
-    pipe_free(s->m->be, s->pipe);
+    /* nothing queued may still write what the next owner rewrites */
+    if (wait_queued(s->m->be, p, &err) != TSR_OK) {
+        pipe_free(s->m->be, p); /* the device failed: not worth keeping */
+    } else {
+        p->first = p->n = 0;
+        p->next = s->m->pipes;
+        s->m->pipes = p;
+    }
     s->pipe = NULL;
+}
+
+void tsr_pipes_free(tsr_model *m) {
+    while (m->pipes) {
+        tsr_pipe *p = m->pipes;
+        m->pipes = p->next;
+        pipe_free(m->be, p);
+    }
 }
