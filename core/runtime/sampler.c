@@ -318,7 +318,7 @@ static int top_p_cut(tsr_sampler *s, tsr_cand *c, int n, float mx, const float *
         }
     int e = a;
     for (i = a; i < n; i++)
-        if (bk[i] == bb) cand_swap(&c[e++], &c[i]); /* bk[e..) no longer read */
+        if (bk[i] == bb) cand_swap(&c[e++], &c[i]); /* bk below i is not read again: not swapped */
     qsort(c + a, (size_t)(e - a), sizeof *c, cand_cmp);
     for (i = a; i < e; i++) {
         cum += (double)w[c[i].id];

@@ -1,9 +1,8 @@
 #include "ops.h"
 
 #include <float.h>
-#include <stdlib.h>
-
 #include <math.h>
+#include <stdlib.h>
 
 #include "cpu_features.h"
 
@@ -150,11 +149,8 @@ float tsr_div_max(float *x, int64_t n, float t, int *finite) {
     if (HAS_AVX2()) i = tsr_div_max_avx2(x, n, t, &mx, &fin);
 #endif
     for (; i < n; i++) {
-        if (isfinite(x[i])) {
-            if (t != 1.0f) x[i] /= t;
-        } else {
-            fin = 0;
-        }
+        if (isfinite(x[i]) && t != 1.0f) x[i] /= t;
+        if (!isfinite(x[i])) fin = 0; /* after the division, which may overflow */
         if (x[i] > mx) mx = x[i];
     }
     *finite = fin;

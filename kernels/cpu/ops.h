@@ -45,7 +45,8 @@ double tsr_sum_exp(const float *x, int64_t n, float mx);
  * passes of the vocabulary:
  *   tsr_div_max: x[i] /= t for the finite x[i] (t != 1; the same float
  *   division), returns the largest x[i] after it (NaN skipped; -inf when
- *   none) and *finite = 1 when every x[i] is finite;
+ *   none) and *finite = 1 when every x[i] is finite after it (a small t
+ *   overflows large logits to inf);
  *   tsr_exp_weights: w[i] = (float)e^((double)x[i] - (double)mx) for x
  *   finite and <= mx, returns the sum of the w[i] in double. With AVX2 + FMA
  *   e^ comes from a double polynomial within ~2 ulp of a double, so a w[i]

@@ -162,6 +162,7 @@ static int64_t first_where(const float *x, int64_t n, float v, int above) {
 int64_t tsr_find_avx2(const float *x, int64_t n, float v) { return first_where(x, n, v, 0); }
 
 int64_t tsr_first_above_avx2(const float *x, int64_t n, float floor) { return first_where(x, n, floor, 1); }
+
 /* tsr_div_max over whole vectors: the finite lanes divided by t (t != 1),
  * the maximum taken with NaN lanes skipped (max_ps returns its second
  * operand where either is NaN). *mx and *finite as the scalar loop leaves
@@ -177,6 +178,7 @@ int64_t tsr_div_max_avx2(float *x, int64_t n, float t, float *mx, int *finite) {
         if (t != 1.0f) {
             v = _mm256_blendv_ps(v, _mm256_div_ps(v, tv), f);
             _mm256_storeu_ps(x + i, v);
+            f = _mm256_cmp_ps(_mm256_andnot_ps(sign, v), inf, _CMP_LT_OQ); /* the division may overflow */
         }
         fin &= _mm256_movemask_ps(f);
         m = _mm256_max_ps(v, m);

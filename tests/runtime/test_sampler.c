@@ -167,6 +167,19 @@ static void test_temperature(void **state) {
     tsr_sampler_dist(s, l, NULL, 0, 0, probs);
     assert_true(fabs(probs[0] - 0.2) < 1e-7 && fabs(probs[1] - 0.8) < 1e-7);
     tsr_sampler_free(s);
+    /* A temperature so small that dividing overflows the largest logits to
+     * +inf: uniform over those (rule: +inf logits), as over a row that
+     * holds +inf; rows long enough for the vector passes. */
+    p.temperature = 1e-40f;
+    s = tsr_sampler_new(&p, 40);
+    float big[40], pb[40];
+    for (int i = 0; i < 40; i++) big[i] = i == 7 || i == 33 ? 3.0f : i % 5 == 0 ? -2.0f : 1e-3f; /* 1e-3 / t finite */
+    tsr_sampler_dist(s, big, NULL, 0, 0, pb);
+    for (int i = 0; i < 40; i++) {
+        const double want = i == 7 || i == 33 ? 0.5 : 0.0;
+        if (pb[i] != want) fail_msg("tiny temperature: token %d has %g, want %g", i, (double)pb[i], want);
+    }
+    tsr_sampler_free(s);
 }
 
 static void check_kept(const float *logits, int n, const tsr_sampling *p, const int *keep) {
