@@ -327,15 +327,18 @@ static int gen_ids(tsr_model *m, const int32_t *prompt, int n, const tsr_gen_par
  * through graphs (cuda-fast, cuda-fast-fp8) and eager passes
  * (cuda-fast-eager with it): stories260K's three reference prompts, 64
  * tokens each; generation stopped by a stop string with a pass queued
- * (its KV taken back: the same bytes in use as plain steps leave); and two
- * generations stepped in turn on one model. */
+ * (its KV taken back: the same bytes in use as plain steps leave); and three
+ * generations stepped in turn on one model, the third sampled on the device
+ * (not pipelined), each giving its tokens as when alone; cuda-fast-paged too
+ * (its block table grows as passes are queued). */
 static void test_pipeline_exact(void **state) {
     (void)state;
     GPU_REQUIRE("runtime.pipeline checks");
     char model[4096], ref[4200];
     snprintf(model, sizeof model, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
     snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
-    static const char *const names[] = {"cuda-fast.yaml", "cuda-fast-fp8.yaml", "cuda-fast-eager.yaml"};
+    static const char *const names[] = {"cuda-fast.yaml", "cuda-fast-fp8.yaml", "cuda-fast-eager.yaml",
+                                        "cuda-fast-paged.yaml"};
     for (size_t a = 0; a < N_OF(names); a++) {
         char dir[2][64], path[2][4200];
         const int eager = strstr(names[a], "eager") != NULL;
@@ -387,32 +390,44 @@ static void test_pipeline_exact(void **state) {
         assert_int_equal(nx, ny);
         assert_memory_equal(x, y, (size_t)nx * sizeof *x);
         assert_true(u0 == u1);
-        /* two generations in turn */
-        tsr_gen *g[2];
+        /* three generations in turn: two pipelined, one sampled on the device
+         * (step by step), each as when alone */
+        tsr_gen_params sampled = p;
+        sampled.sampling.temperature = 0.8f;
+        sampled.sampling.seed = 5;
+        sampled.sampling.has_seed = 1;
+        int32_t want_s[64];
+        uint64_t us;
+        tsr_finish fs;
+        const int n_s = gen_ids(m[1], prompts[2], n_prompt[2], &sampled, want_s, &us, &fs);
+        const int32_t *wants[3] = {want[0], want[1], want_s};
+        const int n_wants[3] = {n_want[0], n_want[1], n_s};
+        tsr_gen *g[3];
         tsr_error err;
         tsr_error_clear(&err);
-        for (int k = 0; k < 2; k++)
-            if (tsr_gen_start(m[1], prompts[k], n_prompt[k], &p, &g[k], &err) != TSR_OK)
+        for (int k = 0; k < 3; k++)
+            if (tsr_gen_start(m[1], prompts[k], n_prompt[k], k < 2 ? &p : &sampled, &g[k], &err) != TSR_OK)
                 fail_msg("gen_start: %s", err.msg);
-        int n[2] = {0, 0}, fin[2] = {0, 0};
-        while (!fin[0] || !fin[1])
-            for (int k = 0; k < 2; k++) {
+        int n[3] = {0, 0, 0}, fin[3] = {0, 0, 0};
+        while (!fin[0] || !fin[1] || !fin[2])
+            for (int k = 0; k < 3; k++) {
                 if (fin[k]) continue;
                 tsr_gen_event ev;
                 if (tsr_gen_step(g[k], &ev, &err) != TSR_OK) fail_msg("step: %s", err.msg);
                 for (int t = 0; t < ev.n_tokens; t++, n[k]++)
-                    if (ev.tokens[t].id != want[k][n[k]])
+                    if (n[k] >= n_wants[k] || ev.tokens[t].id != wants[k][n[k]])
                         fail_msg("%s: generation %d in turn, token %d differs", names[a], k, n[k]);
                 fin[k] = ev.finish != TSR_FINISH_NONE;
             }
-        assert_int_equal(n[0], n_want[0]);
-        assert_int_equal(n[1], n_want[1]);
-        for (int k = 0; k < 2; k++) tsr_gen_free(g[k]);
+        for (int k = 0; k < 3; k++) {
+            assert_int_equal(n[k], n_wants[k]);
+            tsr_gen_free(g[k]);
+        }
         uint64_t captures, replays;
         tsr_model_graph_stats(m[1], &captures, &replays);
         if (!eager && replays == 0) fail_msg("%s: no pipelined pass was replayed", names[a]);
-        printf("# %s: pipelined greedy tokens equal plain steps' (3 prompts, a stop string: %d tokens, two "
-               "generations in turn); graphs captured %llu, replayed %llu\n",
+        printf("# %s: pipelined greedy tokens equal plain steps' (3 prompts, a stop string: %d tokens, three "
+               "generations in turn, one sampled); graphs captured %llu, replayed %llu\n",
                names[a], nx, (unsigned long long)captures, (unsigned long long)replays);
         for (int c = 0; c < 3; c++) gpu_ref_close(&r[c]);
         for (int v = 0; v < 2; v++) {
