@@ -150,15 +150,17 @@ static void run_all(const char *assembly, int moe) {
 static void test_cuda_baseline(void **state) { (void)state; run_all("cuda-baseline.yaml", 1); }
 static void test_cuda_fast_eager(void **state) { (void)state; run_all("cuda-fast-eager.yaml", 1); }
 
-/* assemblies/NAME copied into a temporary folder (*dir, to rmdir after
- * unlinking path): the one line holding find replaced by text, or (find
- * NULL) text appended. */
+/* assemblies/NAME (or the file NAME, a path) copied into a temporary
+ * folder (*dir, to rmdir after unlinking path) under its own file name: the
+ * one line holding find replaced by text, or (find NULL) text appended. */
 static void asm_edit(const char *name, const char *find, const char *text, char *dir, char *path, size_t size) {
     char src[4200];
     strcpy(dir, "/tmp/tsr_cuda_asm_XXXXXX");
     assert_non_null(mkdtemp(dir));
-    snprintf(src, sizeof src, "%s/assemblies/%s", gpu_src_dir(), name);
-    snprintf(path, size, "%s/%s", dir, name);
+    if (name[0] == '/') snprintf(src, sizeof src, "%s", name);
+    else snprintf(src, sizeof src, "%s/assemblies/%s", gpu_src_dir(), name);
+    const char *base = strrchr(src, '/') + 1;
+    snprintf(path, size, "%s/%s", dir, base);
     FILE *in = fopen(src, "r"), *out = fopen(path, "w");
     assert_non_null(in);
     assert_non_null(out);
@@ -340,11 +342,22 @@ static void test_pipeline_exact(void **state) {
     static const char *const names[] = {"cuda-fast.yaml", "cuda-fast-fp8.yaml", "cuda-fast-eager.yaml",
                                         "cuda-fast-paged.yaml"};
     for (size_t a = 0; a < N_OF(names); a++) {
-        char dir[2][64], path[2][4200];
+        char dir[2][64], path[2][4200], pdir[64] = "", ppath[4200];
         const int eager = strstr(names[a], "eager") != NULL;
+        const char *src = names[a];
+        if (strstr(names[a], "paged")) { /* a pool for three sequences at once (its default: the context) */
+            asm_edit(names[a], "kv_cache:",
+                     "  kv_cache: {plugin: cuda_kv_paged, params: {dtype: bf16, block_size: 16, capacity_tokens: 512}}\n",
+                     pdir, ppath, sizeof ppath);
+            src = ppath;
+        }
         /* [0]: without the pipeline, [1]: with it */
-        asm_edit(names[a], "pipeline:", "  pipeline: false\n", dir[0], path[0], sizeof path[0]);
-        asm_edit(names[a], "pipeline:", "  pipeline: true\n", dir[1], path[1], sizeof path[1]);
+        asm_edit(src, "pipeline:", "  pipeline: false\n", dir[0], path[0], sizeof path[0]);
+        asm_edit(src, "pipeline:", "  pipeline: true\n", dir[1], path[1], sizeof path[1]);
+        if (pdir[0]) {
+            unlink(ppath);
+            rmdir(pdir);
+        }
         tsr_model *m[2];
         for (int v = 0; v < 2; v++) {
             tsr_model_opts o = {.model_path = model, .assembly_path = path[v]};
