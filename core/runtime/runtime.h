@@ -77,7 +77,9 @@ void tsr_model_profile_reset(tsr_model *m);
 /* Passes captured as CUDA graphs and replays of them so far (both 0 unless
  * the assembly sets runtime.cuda_graphs). */
 void tsr_model_graph_stats(const tsr_model *m, uint64_t *captures, uint64_t *replays);
-/* Drop tokens after the first n (KV rollback). */
+/* Drop tokens after the first n (KV rollback). Pipelined passes still
+ * queued (runtime.pipeline) are waited for and dropped first, so n counts
+ * against the tokens before them. */
 int tsr_seq_truncate(tsr_seq *s, int n, tsr_error *err);
 
 /* Generation. */
