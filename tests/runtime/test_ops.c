@@ -251,7 +251,10 @@ static void test_topp_buckets(void **state) {
 /* tsr_draw_weights against one sequential pass (the first cumulative sum
  * above u * total, only weights in (0, FLT_MAX] counting): lengths across
  * its blocks of 1,024, rows of zeros, negatives, NaN and infinities, and u
- * at 0 and next to 1 (the last counted weight). */
+ * at 0 and next to 1 (the last counted weight). The sums round differently
+ * in the two orders, so a draw may differ where its target lies within
+ * rounding of a boundary (u next to 1 before tiny last weights): there the
+ * index drawn must still hold the target within 1e-12 of the total. */
 static void test_draw_weights(void **state) {
     (void)state;
     uint32_t h = 7;
@@ -260,7 +263,8 @@ static void test_draw_weights(void **state) {
         const int n = (int)(lcg(&h) % 5000);
         for (int i = 0; i < n; i++) {
             const uint32_t k = lcg(&h) >> 24;
-            p[i] = unit(&h);
+            /* odd trials: weights over 2^-58..1, whose double sums round (the blocks' order differs) */
+            p[i] = trial % 2 ? expf(-40.0f * unit(&h)) : unit(&h);
             p[i] = trial % 5 == 0 ? 0.0f : k < 40 ? 0.0f : k < 44 ? -p[i] : k < 46 ? NAN : k < 48 ? INFINITY : p[i];
         }
         for (int j = 0; j < 8; j++) {
@@ -279,7 +283,14 @@ static void test_draw_weights(void **state) {
                 }
             }
             const int64_t got = tsr_draw_weights(p, n, u);
-            if (got != want) fail_msg("n %d u %.17g: %lld, want %lld", n, u, (long long)got, (long long)want);
+            if (got == want) continue;
+            /* otherwise only where the target lies within rounding of got's boundaries */
+            double before = 0, upto = 0;
+            for (int i = 0; i <= got && got >= 0; i++)
+                if (p[i] > 0 && p[i] <= FLT_MAX) before = upto, upto += (double)p[i];
+            const double target = u * tot, tol = 1e-12 * tot;
+            if (got < 0 || !(p[got] > 0 && p[got] <= FLT_MAX) || !(before <= target + tol && target - tol < upto))
+                fail_msg("n %d u %.17g: %lld, want %lld", n, u, (long long)got, (long long)want);
         }
     }
 }
