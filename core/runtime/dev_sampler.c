@@ -92,9 +92,10 @@ static int send_history(tsr_dev_sampler *d, const int32_t *history, int n, int n
     return TSR_OK;
 }
 
-int tsr_dev_sampler_pick(tsr_dev_sampler *d, const float *logits, const int32_t *history, int n_history,
-                         int n_prompt, int32_t *id, tsr_error *err) {
-    *id = -1;
+/* The history brought up to n_history (pick's checks), then the draw into
+ * dev_io[0], queued. */
+static int draw(tsr_dev_sampler *d, const float *logits, const int32_t *history, int n_history, int n_prompt,
+                tsr_error *err) {
     if (n_history < d->n_sent)
         return tsr_error_set(err, TSR_ERR_INVALID, "device sampler: the history shrank from %d to %d ids",
                              d->n_sent, n_history);
@@ -110,7 +111,26 @@ int tsr_dev_sampler_pick(tsr_dev_sampler *d, const float *logits, const int32_t 
     }
     tsr_cu_sample_args a = d->a;
     a.u = a.greedy ? 0.0 : tsr_sampler_uniform(d->s);
-    if ((rc = d->be->sample(logits, d->state, &a, d->scratch, d->dev_io, err))) return rc;
+    return d->be->sample(logits, d->state, &a, d->scratch, d->dev_io, err);
+}
+
+int tsr_dev_sampler_queue(tsr_dev_sampler *d, const float *logits, const int32_t *history, int n_history,
+                          int n_prompt, const int32_t *prev, const int32_t **at, tsr_error *err) {
+    int rc;
+    if (!history) { /* one more generated id, on the device only */
+        if (d->state && (rc = d->be->sample_history(d->state, prev, 1, 0, d->vocab, err))) return rc;
+        n_history = ++d->n_sent;
+    }
+    if ((rc = draw(d, logits, history, n_history, n_prompt, err))) return rc;
+    *at = d->dev_io;
+    return TSR_OK;
+}
+
+int tsr_dev_sampler_pick(tsr_dev_sampler *d, const float *logits, const int32_t *history, int n_history,
+                         int n_prompt, int32_t *id, tsr_error *err) {
+    *id = -1;
+    int rc = draw(d, logits, history, n_history, n_prompt, err);
+    if (rc != TSR_OK) return rc;
     if ((rc = d->be->download(d->host_io, d->dev_io, sizeof(int32_t), err))) return rc;
     *id = d->host_io[0];
     if (*id < -1 || *id >= d->vocab)

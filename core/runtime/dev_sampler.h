@@ -42,6 +42,16 @@ void tsr_dev_sampler_free(tsr_dev_sampler *d); /* NULL does nothing */
 int tsr_dev_sampler_pick(tsr_dev_sampler *d, const float *logits, const int32_t *history, int n_history,
                          int n_prompt, int32_t *id, tsr_error *err);
 
+/* The same draw left on the device for a pipelined pass (pipe.c): the
+ * history first brought up to history[0..n_history) as pick does (history
+ * NULL: nothing sent, then prev, one generated id in backend memory, added
+ * to it where a penalty is in effect), then the id drawn into the
+ * sampler's own backend memory, returned in *at (read it by a copy queued
+ * after this call); one uniform number taken now. Queues work; waits for
+ * nothing. */
+int tsr_dev_sampler_queue(tsr_dev_sampler *d, const float *logits, const int32_t *history, int n_history,
+                          int n_prompt, const int32_t *prev, const int32_t **at, tsr_error *err);
+
 /* History ids sent so far (for tests). */
 int tsr_dev_sampler_sent(const tsr_dev_sampler *d);
 

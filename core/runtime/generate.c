@@ -12,8 +12,8 @@
  * asking for log-probabilities draw on the device (dev_sampler.h) and only
  * the id comes back; steps that verify drafts still bring their rows'
  * logits to the host (rejection sampling there). With runtime.pipeline,
- * greedy requests queue each pass before the token it follows is read
- * (pipe.c). Text is released only in complete UTF-8 and never while it could
+ * greedy requests and those drawn on the device queue each pass before the
+ * token it follows is read (pipe.c). Text is released only in complete UTF-8 and never while it could
  * still turn into a stop string.
  */
 #include <stdlib.h>
@@ -44,7 +44,7 @@ struct tsr_gen {
     float *qprobs;            /* [TSR_MAX_DRAFT, vocab] */
     int32_t draft[TSR_MAX_DRAFT];
     int greedy_ids;           /* ask the model for argmax ids alone (plain greedy, no logprobs) */
-    int pipe;                 /* greedy_ids with runtime.pipeline: the next pass queued ahead (pipe.c) */
+    int pipe;                 /* runtime.pipeline, ids only (greedy_ids or dev): the next pass queued ahead (pipe.c) */
     tsr_dev_sampler *dev;     /* sample where the logits are (device backends, no logprobs) or NULL */
     int32_t choices[TSR_MAX_DRAFT + 1];
     tsr_token_info toks[TSR_MAX_DRAFT + 1];
@@ -113,7 +113,6 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
     g->greedy = !(p->sampling.temperature > 0.0f && p->sampling.top_k != 1);
     g->want_raw = p->logprobs || p->top_logprobs;
     g->greedy_ids = tsr_sampler_plain_greedy(g->sampler) && !g->want_raw;
-    g->pipe = g->greedy_ids && m->pipeline_on;
     if (!g->greedy_ids && !g->want_raw && m->be->sample && !m->host_sampling) {
         int rc2 = tsr_dev_sampler_new(m->be, g->sampler, vocab, &g->dev, err);
         if (rc2 != TSR_OK) {
@@ -121,6 +120,7 @@ int tsr_gen_start(tsr_model *m, const int32_t *prompt, int n_prompt, const tsr_g
             return rc2;
         }
     }
+    g->pipe = m->pipeline_on && (g->greedy_ids || g->dev);
     g->stats.n_prompt = n_prompt;
     g->t_start = tsr_now_seconds();
     *out = g;
@@ -253,18 +253,20 @@ static void token_info(tsr_gen *g, const float *raw, int32_t id, tsr_token_info 
     info->id = id;
 }
 
-/* runtime.pipeline: the next greedy token, the pass of the token after it
- * queued before this one is read (pipe.c). The drafter is not asked: the
- * checker let runtime.pipeline through only with one that proposes nothing. */
+/* runtime.pipeline: the next token (greedy, or drawn on the device), the
+ * pass of the token after it queued before this one is read (pipe.c). The
+ * drafter is not asked: the checker let runtime.pipeline through only with
+ * one that proposes nothing. */
 static int pipe_next(tsr_gen *g, int32_t *choice, tsr_error *err) {
+    const tsr_pipe_draw draw = {g->dev, g->hist, g->n_hist, g->n_prompt}, *d = g->dev ? &draw : NULL;
     int rc, queued = tsr_seq_pipe_queued(g->seq);
     if (queued == 0) { /* the last generated token leads, as in a plain step */
-        if ((rc = tsr_seq_pipe_push(g->seq, &g->hist[g->n_hist - 1], err)) != TSR_OK) return rc;
+        if ((rc = tsr_seq_pipe_push(g->seq, &g->hist[g->n_hist - 1], d, err)) != TSR_OK) return rc;
         queued = 1;
     }
     /* the pass whose token follows this one's, where one may */
     if (queued == 1 && g->stats.n_generated + 2 <= g->p.max_tokens &&
-        (rc = tsr_seq_pipe_push(g->seq, NULL, err)) != TSR_OK)
+        (rc = tsr_seq_pipe_push(g->seq, NULL, d, err)) != TSR_OK)
         return rc;
     return tsr_seq_pipe_pop(g->seq, choice, err);
 }

@@ -151,12 +151,20 @@ struct tsr_seq {
     tsr_pipe *pipe;   /* pipelined greedy decode (pipe.c), made at its first pass */
 };
 
-/* pipe.c: pipelined greedy decode of one sequence (runtime.pipeline). push
- * queues a one-row greedy pass at the sequence's end on token, or (NULL) on
- * the choice of the pass queued before it; at most 2 are queued. pop waits
- * for the oldest and gives its choice. drop waits for every queued pass and
- * takes their KV back (a generation that ended with passes queued). */
-int tsr_seq_pipe_push(tsr_seq *s, const int32_t *token, tsr_error *err);
+/* pipe.c: pipelined decode of one sequence (runtime.pipeline). push queues
+ * a one-row pass at the sequence's end on token, or (NULL) on the choice of
+ * the pass queued before it; at most 2 are queued. Its choice: the argmax
+ * (draw NULL), or the draw of draw->dev (a tsr_dev_sampler), which first
+ * sends the host's history (draw->history, n_history ids, n_prompt of them
+ * the prompt) where token is given. pop waits for the oldest and gives its
+ * choice. drop waits for every queued pass and takes their KV back (a
+ * generation that ended with passes queued). */
+typedef struct tsr_pipe_draw {
+    struct tsr_dev_sampler *dev;
+    const int32_t *history;
+    int n_history, n_prompt;
+} tsr_pipe_draw;
+int tsr_seq_pipe_push(tsr_seq *s, const int32_t *token, const tsr_pipe_draw *draw, tsr_error *err);
 int tsr_seq_pipe_pop(tsr_seq *s, int32_t *choice, tsr_error *err);
 int tsr_seq_pipe_drop(tsr_seq *s, tsr_error *err);
 int tsr_seq_pipe_queued(const tsr_seq *s);

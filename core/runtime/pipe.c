@@ -11,8 +11,12 @@
  *
  * Each pipelined pass is, in stream order: (graph: the step, from the
  * slot's pinned copy, into the staging memory), the pass with its id read
- * from pipe->dev_id, the argmax copied into the slot's pinned id_out and
- * into dev_id (the next pass's input), then a mark the host waits on. Two
+ * from pipe->dev_id, the argmax (or, for a request that samples, the id the
+ * device sampler draws after the pass: dev_sampler.h) copied into the
+ * slot's pinned id_out and into dev_id (the next pass's input), then a mark
+ * the host waits on. The sampler's uniform numbers are taken as its passes
+ * are queued, one each, so in the order of the tokens, and a drawn id joins
+ * the penalties' history on the device. Two
  * slots alternate: a slot is written again only after its pass was waited
  * for. Other sequences' passes may be queued between them: they read their
  * own inputs and never touch dev_id. A pass queued after the token that
@@ -27,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dev_sampler.h"
 #include "model_internal.h"
 
 enum { PIPE_SLOTS = 2 };
@@ -81,10 +86,17 @@ static tsr_pipe *pipe_new(tsr_model *m, tsr_error *err) {
 typedef struct pipe_pass {
     tsr_pipe *p;
     int slot, kv_seq, pos0;
+    tsr_fwd_out out; /* ARGMAX_LAST (greedy), or DEVICE_LAST (the sampler's draw follows) */
 } pipe_pass;
 
-/* The pass of one row on the id in dev_id; its argmax into the slot and
- * into dev_id. Issued eagerly, or captured once per slot (graph.c). */
+/* The id at src (backend memory) into the slot's id_out and into dev_id. */
+static int hand_on(const tsr_backend *be, tsr_pipe *p, int slot, const int32_t *src, tsr_error *err) {
+    int rc = be->download_async(&p->host[slot].id_out, src, sizeof p->host[slot].id_out, err);
+    return rc == TSR_OK ? be->copy_async(p->dev_id, src, sizeof *p->dev_id, err) : rc;
+}
+
+/* The pass of one row on the id in dev_id; greedy: its argmax handed on.
+ * Issued eagerly, or captured once per slot and output kind (graph.c). */
 static int pipe_body(tsr_model *m, const tsr_exec *ex, void *ctx, tsr_error *err) {
     const pipe_pass *a = ctx;
     const tsr_backend *be = m->be;
@@ -94,16 +106,15 @@ static int pipe_body(tsr_model *m, const tsr_exec *ex, void *ctx, tsr_error *err
     int32_t *ids = m->ids;
     m->ids = a->p->dev_id;
     m->head_out = m->logits_dev;
-    if (rc == TSR_OK) rc = tsr_forward_pass(m, ex, a->kv_seq, a->pos0, 1, TSR_FWD_ARGMAX_LAST, err);
+    if (rc == TSR_OK) rc = tsr_forward_pass(m, ex, a->kv_seq, a->pos0, 1, a->out, err);
     m->ids = ids;
-    if (rc == TSR_OK) rc = be->download_async(&s->id_out, m->argmax_dev, sizeof s->id_out, err);
-    if (rc == TSR_OK) rc = be->copy_async(a->p->dev_id, m->argmax_dev, sizeof *a->p->dev_id, err);
+    if (rc == TSR_OK && a->out == TSR_FWD_ARGMAX_LAST) rc = hand_on(be, a->p, a->slot, m->argmax_dev, err);
     return rc;
 }
 
 int tsr_seq_pipe_queued(const tsr_seq *s) { return s->pipe ? s->pipe->n : 0; }
 
-int tsr_seq_pipe_push(tsr_seq *s, const int32_t *token, tsr_error *err) {
+int tsr_seq_pipe_push(tsr_seq *s, const int32_t *token, const tsr_pipe_draw *draw, tsr_error *err) {
     tsr_model *m = s->m;
     const tsr_backend *be = m->be;
     if (!s->pipe && !(s->pipe = pipe_new(m, err))) return err->code;
@@ -126,11 +137,16 @@ int tsr_seq_pipe_push(tsr_seq *s, const int32_t *token, tsr_error *err) {
         hs->id_in = *token;
         rc = be->upload_async(p->dev_id, &hs->id_in, sizeof hs->id_in, err);
     }
-    pipe_pass a = {p, slot, s->kv_seq, s->n};
+    pipe_pass a = {p, slot, s->kv_seq, s->n, draw ? TSR_FWD_DEVICE_LAST : TSR_FWD_ARGMAX_LAST};
     int done = 0;
-    if (rc == TSR_OK)
-        rc = tsr_graph_queue(m, s->kv_seq, s->n, 1, TSR_FWD_ARGMAX_LAST, 1 + slot, pipe_body, &a, &done, err);
+    if (rc == TSR_OK) rc = tsr_graph_queue(m, s->kv_seq, s->n, 1, a.out, 1 + slot, pipe_body, &a, &done, err);
     if (rc == TSR_OK && !done) rc = pipe_body(m, &m->ex, &a, err);
+    if (rc == TSR_OK && draw) { /* drawn after the pass, its input id joining the history first */
+        const int32_t *at = NULL;
+        rc = tsr_dev_sampler_queue(draw->dev, m->logits_dev, token ? draw->history : NULL, draw->n_history,
+                                   draw->n_prompt, p->dev_id, &at, err);
+        if (rc == TSR_OK) rc = hand_on(be, p, slot, at, err);
+    }
     if (rc == TSR_OK && p->mark[slot]) rc = be->mark_record(p->mark[slot], err);
     if (rc != TSR_OK) {
         /* part of the pass may be queued, reading the slot: wait for all of it */

@@ -329,10 +329,11 @@ static int gen_ids(tsr_model *m, const int32_t *prompt, int n, const tsr_gen_par
  * through graphs (cuda-fast, cuda-fast-fp8) and eager passes
  * (cuda-fast-eager with it): stories260K's three reference prompts, 64
  * tokens each; generation stopped by a stop string with a pass queued
- * (its KV taken back: the same bytes in use as plain steps leave); and three
- * generations stepped in turn on one model, the third sampled on the device
- * (not pipelined), each giving its tokens as when alone; cuda-fast-paged too
- * (its block table grows as passes are queued). */
+ * (its KV taken back: the same bytes in use as plain steps leave); a request
+ * sampled on the device with penalties (pipelined too: the same draws); and
+ * three generations stepped in turn on one model, the third sampled, each
+ * giving its tokens as when alone; cuda-fast-paged too (its block table
+ * grows as passes are queued). */
 static void test_pipeline_exact(void **state) {
     (void)state;
     GPU_REQUIRE("runtime.pipeline checks");
@@ -387,6 +388,26 @@ static void test_pipeline_exact(void **state) {
                 fail_msg("%s prompt %d: pipelined tokens differ from plain steps", names[a], c);
             assert_true(u0 == u1);
         }
+        /* sampled on the device with penalties (the history grows there): the
+         * same draws, the uniform numbers taken in the same order */
+        {
+            tsr_gen_params q = p;
+            q.sampling.temperature = 0.9f;
+            q.sampling.top_p = 0.95f;
+            q.sampling.repetition_penalty = 1.1f;
+            q.sampling.presence_penalty = 0.3f;
+            q.sampling.seed = 7;
+            q.sampling.has_seed = 1;
+            int32_t x0[64], x1[64];
+            uint64_t k0, k1;
+            tsr_finish f0, f1;
+            const int n0 = gen_ids(m[0], prompts[1], n_prompt[1], &q, x0, &k0, &f0);
+            const int n1 = gen_ids(m[1], prompts[1], n_prompt[1], &q, x1, &k1, &f1);
+            assert_int_equal(n0, n1);
+            if (memcmp(x0, x1, (size_t)n0 * sizeof *x0) != 0)
+                fail_msg("%s: pipelined sampled tokens differ from plain steps'", names[a]);
+            assert_true(k0 == k1);
+        }
         /* a stop string that ends it early */
         tsr_gen_params ps = p;
         ps.max_tokens = 40;
@@ -403,8 +424,8 @@ static void test_pipeline_exact(void **state) {
         assert_int_equal(nx, ny);
         assert_memory_equal(x, y, (size_t)nx * sizeof *x);
         assert_true(u0 == u1);
-        /* three generations in turn: two pipelined, one sampled on the device
-         * (step by step), each as when alone */
+        /* three generations in turn, the third sampled on the device, each as
+         * when alone */
         tsr_gen_params sampled = p;
         sampled.sampling.temperature = 0.8f;
         sampled.sampling.seed = 5;
@@ -439,8 +460,8 @@ static void test_pipeline_exact(void **state) {
         uint64_t captures, replays;
         tsr_model_graph_stats(m[1], &captures, &replays);
         if (!eager && replays == 0) fail_msg("%s: no pipelined pass was replayed", names[a]);
-        printf("# %s: pipelined greedy tokens equal plain steps' (3 prompts, a stop string: %d tokens, three "
-               "generations in turn, one sampled); graphs captured %llu, replayed %llu\n",
+        printf("# %s: pipelined tokens equal plain steps' (3 greedy prompts, one sampled with penalties, a stop "
+               "string: %d tokens, three generations in turn); graphs captured %llu, replayed %llu\n",
                names[a], nx, (unsigned long long)captures, (unsigned long long)replays);
         for (int c = 0; c < 3; c++) gpu_ref_close(&r[c]);
         for (int v = 0; v < 2; v++) {
