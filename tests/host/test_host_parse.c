@@ -428,6 +428,25 @@ static int check_doc(const tsr_catalog *c, const char *doc, const tsr_model_conf
 
 #define ASM(slots) "name: t\ndevice: cpu\nslots:\n" slots
 
+/* The plan of doc, which must pass the checker; plan_done frees it with its
+ * assembly. */
+static tsr_plan *accepted(const tsr_catalog *c, const char *doc, const tsr_model_config *model) {
+    tsr_diag d;
+    tsr_diag_init(&d);
+    tsr_plan *p = NULL;
+    if (check_doc(c, doc, model, 0, &d, &p) != TSR_OK || !p) {
+        dump(&d);
+        fail_msg("refused: %s", doc);
+    }
+    tsr_diag_free(&d);
+    return p;
+}
+
+static void plan_done(tsr_plan *p) {
+    tsr_assembly_free((tsr_assembly *)p->assembly);
+    tsr_plan_free(p);
+}
+
 /* doc checked against c (model, no test plugins) is refused with an error
  * at line:col naming word (a macro: a failure reports the caller's line). */
 #define EXPECT_REFUSED(c, doc, model, line, col, word)                                                  \
@@ -473,18 +492,12 @@ static void test_checker_resolution(void **state) {
     EXPECT_REFUSED(c, ASM("  attention: att_f16\n"), &moe, 4, 3, "provides kv_dtype = [f32]");
 
     /* ... and accepted once the kv param makes it provide f16 ($dtype) */
-    tsr_diag_init(&d);
-    p = NULL;
-    assert_int_equal(check_doc(c, ASM("  attention: att_f16\n  kv_cache: {plugin: kv_a, params: {dtype: f16}}\n"),
-                               &moe, 0, &d, &p),
-                     TSR_OK);
+    p = accepted(c, ASM("  attention: att_f16\n  kv_cache: {plugin: kv_a, params: {dtype: f16}}\n"), &moe);
     char v[64];
     tsr_plan_provided(&p->slots[TSR_SLOT_KV_CACHE], tsr_manifest_provides(p->slots[TSR_SLOT_KV_CACHE].m, "kv_dtype"),
                       0, v, sizeof v);
     assert_string_equal(v, "f16");
-    tsr_assembly_free((tsr_assembly *)p->assembly);
-    tsr_plan_free(p);
-    tsr_diag_free(&d);
+    plan_done(p);
 
     /* list intersection: paged f16/f32 kv satisfies dtype but not layout */
     tsr_diag_init(&d);
@@ -551,22 +564,13 @@ static void test_checker_baselines(void **state) {
 static void test_checker_graphs(void **state) {
     (void)state;
     tsr_catalog *c = catalog_of(cuda_manifests, sizeof cuda_manifests / sizeof cuda_manifests[0]);
-    tsr_diag d;
-    tsr_diag_init(&d);
-    tsr_plan *p = NULL;
-    assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nruntime:\n  cuda_graphs: true\n", NULL, 0, &d, &p), TSR_OK);
+    tsr_plan *p = accepted(c, "name: t\ndevice: cuda\nruntime:\n  cuda_graphs: true\n", NULL);
     assert_true(p->assembly->cuda_graphs);
-    tsr_assembly_free((tsr_assembly *)p->assembly);
-    tsr_plan_free(p);
-    tsr_diag_free(&d);
+    plan_done(p);
     EXPECT_REFUSED(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime:\n  cuda_graphs: true\n", NULL, 6,
                    16, "plugin att_plain (slot attention) does not provide cuda_graph");
     /* off, the same plugin is fine */
-    tsr_diag_init(&d);
-    assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime: {cuda_graphs: false}\n",
-                               NULL, 0, &d, NULL),
-                     TSR_OK);
-    tsr_diag_free(&d);
+    plan_done(accepted(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime: {cuda_graphs: false}\n", NULL));
     tsr_catalog_free(c);
     c = mem_catalog();
     EXPECT_REFUSED(c, "name: t\ndevice: cpu\nruntime:\n  cuda_graphs: true\n", NULL, 4, 16,
@@ -579,17 +583,10 @@ static void test_checker_graphs(void **state) {
 static void test_checker_pdl(void **state) {
     (void)state;
     tsr_catalog *c = catalog_of(cuda_manifests, sizeof cuda_manifests / sizeof cuda_manifests[0]);
-    tsr_diag d;
-    tsr_diag_init(&d);
-    tsr_plan *p = NULL;
-    assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime:\n  pdl: true\n",
-                               NULL, 0, &d, &p),
-                     TSR_OK);
+    tsr_plan *p = accepted(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime:\n  pdl: true\n", NULL);
     assert_true(p->assembly->pdl);
     assert_false(p->assembly->cuda_graphs);
-    tsr_assembly_free((tsr_assembly *)p->assembly);
-    tsr_plan_free(p);
-    tsr_diag_free(&d);
+    plan_done(p);
     tsr_catalog_free(c);
     c = mem_catalog();
     EXPECT_REFUSED(c, "name: t\ndevice: cpu\nruntime: {cuda_graphs: false, pdl: true}\n", NULL, 3, 36,
@@ -602,23 +599,15 @@ static void test_checker_pdl(void **state) {
 static void test_checker_pipeline(void **state) {
     (void)state;
     tsr_catalog *c = catalog_of(cuda_manifests, sizeof cuda_manifests / sizeof cuda_manifests[0]);
-    tsr_diag d;
-    tsr_diag_init(&d);
-    tsr_plan *p = NULL;
-    assert_int_equal(check_doc(c, "name: t\ndevice: cuda\nruntime:\n  pipeline: true\n", NULL, 0, &d, &p), TSR_OK);
+    tsr_plan *p = accepted(c, "name: t\ndevice: cuda\nruntime:\n  pipeline: true\n", NULL);
     assert_true(p->assembly->pipeline);
-    tsr_assembly_free((tsr_assembly *)p->assembly);
-    tsr_plan_free(p);
-    tsr_diag_free(&d);
+    plan_done(p);
     EXPECT_REFUSED(c, "name: t\ndevice: cuda\nslots:\n  drafter: dr_spec\nruntime:\n  pipeline: true\n", NULL, 6, 13,
                    "needs a drafter that proposes nothing (max_draft: 0); plugin dr_spec provides max_draft = 4");
-    tsr_diag_init(&d);
-    assert_int_equal(check_doc(c,
-                               "name: t\ndevice: cuda\nslots:\n  drafter: {plugin: dr_spec, params: {max_draft: 0}}\n"
-                               "runtime:\n  pipeline: true\n",
-                               NULL, 0, &d, NULL),
-                     TSR_OK);
-    tsr_diag_free(&d);
+    plan_done(accepted(c,
+                       "name: t\ndevice: cuda\nslots:\n  drafter: {plugin: dr_spec, params: {max_draft: 0}}\n"
+                       "runtime:\n  pipeline: true\n",
+                       NULL));
     tsr_catalog_free(c);
     c = mem_catalog();
     EXPECT_REFUSED(c, "name: t\ndevice: cpu\nruntime: {pipeline: true}\n", NULL, 3, 21,
