@@ -253,6 +253,19 @@ static void token_info(tsr_gen *g, const float *raw, int32_t id, tsr_token_info 
     info->id = id;
 }
 
+/* Hand out a chosen token (log-probabilities from raw where asked): 1 when
+ * generation ends with it, 0 when not, -1 with err set (no token could be
+ * chosen, or no memory for the text). */
+static int emit(tsr_gen *g, const float *raw, int32_t choice, tsr_gen_event *ev, long *stop_at, tsr_error *err) {
+    if (choice < 0) {
+        tsr_error_set(err, TSR_ERR_INVALID, "no token can be chosen: every logit is NaN or -inf");
+        return -1;
+    }
+    tsr_token_info info;
+    token_info(g, raw, choice, &info);
+    return take_token(g, &info, ev, stop_at, err);
+}
+
 /* runtime.pipeline: the next token (greedy, or drawn on the device), the
  * pass of the token after it queued before this one is read (pipe.c). The
  * drafter is not asked: the checker let runtime.pipeline through only with
@@ -305,14 +318,8 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         if (rc != TSR_OK) goto out;
         g->started = 1;
         g->stats.prefill_seconds = tsr_now_seconds() - t0;
-        if (choice < 0) {
-            rc = tsr_error_set(err, TSR_ERR_INVALID, "no token can be chosen: every logit is NaN or -inf");
-            goto out;
-        }
-        tsr_token_info info;
-        token_info(g, raw, choice, &info);
         g->stats.first_token_seconds = tsr_now_seconds() - g->t_start;
-        done = take_token(g, &info, ev, &stop_at, err);
+        done = emit(g, raw, choice, ev, &stop_at, err);
         if (done < 0) {
             rc = err->code;
             goto out;
@@ -322,9 +329,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
         int32_t choice;
         if ((rc = pipe_next(g, &choice, err)) != TSR_OK) goto out;
         g->stats.decode_passes++;
-        tsr_token_info info;
-        token_info(g, raw, choice, &info);
-        done = take_token(g, &info, ev, &stop_at, err);
+        done = emit(g, raw, choice, ev, &stop_at, err);
         if (done < 0) {
             rc = err->code;
             goto out;
@@ -386,14 +391,7 @@ int tsr_gen_step(tsr_gen *g, tsr_gen_event *ev, tsr_error *err) {
                     accept_draft = i < k && choice == g->draft[i];
                 }
             }
-            if (choice < 0) {
-                rc = tsr_error_set(err, TSR_ERR_INVALID,
-                                   "no token can be chosen: every logit is NaN or -inf");
-                goto out;
-            }
-            tsr_token_info info;
-            token_info(g, raw, choice, &info);
-            done = take_token(g, &info, ev, &stop_at, err);
+            done = emit(g, raw, choice, ev, &stop_at, err);
             if (done < 0) {
                 rc = err->code;
                 goto out;
