@@ -467,47 +467,40 @@ void tsr_sampler_dist(tsr_sampler *s, float *logits, const int32_t *history, int
 
 /* --- rule 6: the draw ----------------------------------------------------- */
 
-static int weight_ok(float v) { return v > 0 && v <= FLT_MAX; }
-
 int32_t tsr_sampler_draw(tsr_sampler *s, const float *probs) {
     TSR_ASSERT(s && probs);
     /* the uniform number is drawn only where a token can be (as before) */
-    for (int i = 0; i < s->vocab; i++)
-        if (weight_ok(probs[i])) return (int32_t)tsr_draw_weights(probs, s->vocab, tsr_sampler_uniform(s));
-    return -1;
+    if (!tsr_weights_any(probs, s->vocab)) return -1;
+    return (int32_t)tsr_draw_weights(probs, s->vocab, tsr_sampler_uniform(s));
 }
 
 /* The residual max(0, p - q) (q NULL: one-hot at x) into r [vocab], as
  * floats: weights that do not count (tsr_draw_weights) count as 0 in p and
  * q. Returns 1 when some weight of it is positive. */
 static int residual(const float *p, const float *q, int32_t x, int V, float *r) {
-    int any = 0;
     if (!q) { /* p but at x, where 1 - p is not below 0 */
         memcpy(r, p, (size_t)V * sizeof *r);
         if (x >= 0 && x < V) r[x] = 0.0f;
     } else {
         for (int i = 0; i < V; i++) {
-            const float pi = weight_ok(p[i]) ? p[i] : 0.0f, qi = weight_ok(q[i]) ? q[i] : 0.0f;
+            const float pi = tsr_weight_counts(p[i]) ? p[i] : 0.0f, qi = tsr_weight_counts(q[i]) ? q[i] : 0.0f;
             r[i] = pi > qi ? pi - qi : 0.0f;
         }
     }
-    for (int i = 0; i < V && !any; i++) any = weight_ok(r[i]);
-    return any;
+    return tsr_weights_any(r, V);
 }
 
 int tsr_sampler_verify(tsr_sampler *s, const float *p, const float *q, int32_t drafted,
                        int32_t *out) {
     TSR_ASSERT(s && p && out);
     const int V = s->vocab;
-    int some = 0;
-    for (int i = 0; i < V && !some; i++) some = weight_ok(p[i]);
-    if (!some) {
+    if (!tsr_weights_any(p, V)) {
         *out = -1;
         return -1;
     }
     int in = drafted >= 0 && drafted < V;
-    double px = in && weight_ok(p[drafted]) ? (double)p[drafted] : 0.0;
-    double qx = !in ? 0.0 : q ? (weight_ok(q[drafted]) ? (double)q[drafted] : 0.0) : 1.0;
+    double px = in && tsr_weight_counts(p[drafted]) ? (double)p[drafted] : 0.0;
+    double qx = !in ? 0.0 : q ? (tsr_weight_counts(q[drafted]) ? (double)q[drafted] : 0.0) : 1.0;
     double u = tsr_sampler_uniform(s);
     if (px > 0 && u * qx < px) { /* probability min(1, px / qx) */
         *out = drafted;

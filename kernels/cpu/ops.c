@@ -189,7 +189,11 @@ void tsr_topp_buckets(const float *x, int64_t n, float mx, float per_unit, int l
     }
 }
 
-static int weight_counts(float v) { return v > 0 && v <= FLT_MAX; }
+int tsr_weights_any(const float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (tsr_weight_counts(p[i])) return 1;
+    return 0;
+}
 
 /* Sums of the counted weights of blocks of TSR_DRAW_BLOCK (the last one
  * shorter) into block[]; returns the number of blocks. */
@@ -203,7 +207,7 @@ static int64_t weight_sums(const float *p, int64_t n, double *block) {
         double s = 0;
         const int64_t e = (b + 1) * TSR_DRAW_BLOCK < n ? (b + 1) * TSR_DRAW_BLOCK : n;
         for (int64_t i = b * TSR_DRAW_BLOCK; i < e; i++)
-            if (weight_counts(p[i])) s += (double)p[i];
+            if (tsr_weight_counts(p[i])) s += (double)p[i];
         block[b] = s;
     }
     return nb;
@@ -219,7 +223,7 @@ int64_t tsr_draw_weights(const float *p, int64_t n, double u) {
         for (int64_t b = 0; b < nb; b++) total += block[b];
     } else { /* out of memory: no blocks to skip */
         for (int64_t i = 0; i < n; i++)
-            if (weight_counts(p[i])) total += (double)p[i];
+            if (tsr_weight_counts(p[i])) total += (double)p[i];
     }
     int64_t pick = -1;
     if (total > 0) {
@@ -229,10 +233,10 @@ int64_t tsr_draw_weights(const float *p, int64_t n, double u) {
         if (block) /* the blocks the cumulative sum stays within */
             for (; b < nb && cum + block[b] <= target; b++) cum += block[b];
         for (int64_t i = b * TSR_DRAW_BLOCK; i < n && pick < 0; i++)
-            if (weight_counts(p[i]) && target < (cum += (double)p[i])) pick = i;
+            if (tsr_weight_counts(p[i]) && target < (cum += (double)p[i])) pick = i;
         /* rounding left target at the very end: the last counted weight */
         for (int64_t i = n; pick < 0 && i-- > 0;)
-            if (weight_counts(p[i])) pick = i;
+            if (tsr_weight_counts(p[i])) pick = i;
     }
     if (block != stack) free(block);
     return pick;

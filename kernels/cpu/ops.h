@@ -6,6 +6,7 @@
 #ifndef TSR_KERNELS_CPU_OPS_H
 #define TSR_KERNELS_CPU_OPS_H
 
+#include <float.h>
 #include <stdint.h>
 
 /* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i], n elements; y may equal x. */
@@ -61,8 +62,12 @@ void tsr_div_by(float *w, int64_t n, double z);
  * l_i) * per_unit, last) (per_unit a power of two, so that the product is
  * exact; last <= 65,535). */
 void tsr_topp_buckets(const float *x, int64_t n, float mx, float per_unit, int last, uint16_t *b);
-/* A draw from weights p[n] (those in (0, FLT_MAX] count; others weigh
- * nothing): the first i whose cumulative weight exceeds u * total, the last
+/* A weight of a draw counts when it lies in (0, FLT_MAX]: not 0, negative,
+ * infinite or NaN. */
+static inline int tsr_weight_counts(float v) { return v > 0 && v <= FLT_MAX; }
+/* Whether some weight of p[n] counts. */
+int tsr_weights_any(const float *p, int64_t n);
+/* A draw from weights p[n] (those that count; others weigh nothing): the first i whose cumulative weight exceeds u * total, the last
  * counted one where rounding leaves none, -1 when the total is not > 0.
  * The total and the cumulative sums of whole blocks in double, summed in
  * another order than one sequential sum (a draw within that rounding of a
