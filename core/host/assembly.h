@@ -42,7 +42,7 @@ typedef struct tsr_assembly {
     int graphs_line, graphs_col;
     int pdl;                   /* runtime.pdl: kernels launched as programmatic dependents (CUDA) */
     int pdl_line, pdl_col;
-    int pipeline;              /* runtime.pipeline: greedy decode queues the next pass before
+    int pipeline;              /* runtime.pipeline: decode (greedy or drawn on the device) queues the next pass before
                                 * reading the token it follows (generate.c, pipe.c) */
     int pipeline_line, pipeline_col;
     tsr_ynode *doc;
