@@ -50,6 +50,7 @@
 #include <stdint.h>
 
 #include "pdl.cuh"
+#include "silu.cuh"
 
 namespace tsr_mma {
 
@@ -302,18 +303,31 @@ template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == 
 // done (measured on the H200 at the Llama-3-8B shape, an 8-row pass: 5.097
 // ms waiting first, 4.909 loading first and letting the next launch at
 // once, 4.778 loading first and letting it launch at the end).
-template <int WK, int NR, int KW, int MT, int U, bool BS = false, int TPW = 1, int MINB = 0>
+//
+// GLU: the matrix is a gate/up pair stacked by rows (n_out = 2f: gate rows
+// [0, f), up rows [f, 2f)) and y [rows, f] = silu(gate) * up. A tile's rows
+// g are gate rows and rows g + 8 the same outputs' up rows, so each lane
+// holds an output's gate and up sums (acc 0 and 2, 1 and 3) and applies the
+// SiLU in registers. Each sum is the one the plain kernel (same KW, same
+// chunks a warp, same order) gives that row wherever its tile puts it, so
+// the result is bit for bit run() followed by the core's SiLU kernel
+// (tests/gpu/test_cuda_gemv.c).
+template <int WK, int NR, int KW, int MT, int U, bool BS = false, int TPW = 1, int MINB = 0, bool GLU = false>
 __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
     static_assert(!BS || TPW == 1, "block ratios are a row block's: one tile a warp");
+    static_assert(!BS || !GLU, "a pair's gate and up rows lie in two row blocks");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int mt = warp / KW, kw = warp % KW;
     const int g = lane >> 2, t = lane & 3;
-    const int row0 = (blockIdx.x * MT + mt) * 16 * TPW;
-    // rows past n_out read the last row (their results are not stored)
+    const int tile0 = (blockIdx.x * MT + mt) * TPW, row0 = tile0 * 16;
+    const int f = p.n_out / 2; // GLU: outputs
+    // rows past n_out (GLU: outputs past f) read the last (their results are not stored)
     const uint8_t *pa[TPW], *pb[TPW];
 #pragma unroll
     for (int j = 0; j < TPW; j++) {
-        const int ra = min(row0 + 16 * j + g, p.n_out - 1), rb = min(row0 + 16 * j + g + 8, p.n_out - 1);
+        const int o = min((tile0 + j) * 8 + g, f - 1);
+        const int ra = GLU ? o : min(row0 + 16 * j + g, p.n_out - 1);
+        const int rb = GLU ? f + o : min(row0 + 16 * j + g + 8, p.n_out - 1);
         pa[j] = p.w + (int64_t)ra * p.ldw + 16 * t, pb[j] = p.w + (int64_t)rb * p.ldw + 16 * t;
     }
     const bool has_x = g < NR;
@@ -367,19 +381,32 @@ __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
             }
     }
     const float mul = kind_mul<WK>();
+    if constexpr (GLU) {
 #pragma unroll
-    for (int j = 0; j < TPW; j++)
+        for (int j = 0; j < TPW; j++) {
+            const int o = (tile0 + j) * 8 + g;
+            if (o >= f) continue;
+            const float sg = (p.scale ? p.scale[o] : 1.0f) * mul, su = (p.scale ? p.scale[f + o] : 1.0f) * mul;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int o = row0 + 16 * j + g + 8 * h;
-            if (o >= p.n_out) continue;
-            const float s = (p.scale ? p.scale[o] : 1.0f) * mul;
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                if (2 * t + r >= NR) continue;
-                store_y(p, p.y + (int64_t)(2 * t + r) * p.n_out + o, acc[j][2 * h + r] * s);
-            }
+            for (int r = 0; r < 2; r++)
+                if (2 * t + r < NR)
+                    p.y[(int64_t)(2 * t + r) * f + o] = tsr_silu_mul(acc[j][r] * sg, acc[j][2 + r] * su);
         }
+    } else {
+#pragma unroll
+        for (int j = 0; j < TPW; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int o = row0 + 16 * j + g + 8 * h;
+                if (o >= p.n_out) continue;
+                const float s = (p.scale ? p.scale[o] : 1.0f) * mul;
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    if (2 * t + r >= NR) continue;
+                    store_y(p, p.y + (int64_t)(2 * t + r) * p.n_out + o, acc[j][2 * h + r] * s);
+                }
+            }
+    }
 }
 
 // Bytes between weight rows the kernels need: a multiple of 64.
@@ -413,16 +440,20 @@ template <int WK> inline int tiles_for(int n_out, int rows) {
     return n_out >= 16384 ? 4 : n_out >= 6144 ? 2 : 1;
 }
 
-// y = scale * x W^T for 1..8 rows of x; the preconditions above hold
-// (reads_x) or the result is wrong, so the callers check them.
-// pdl: launched as a programmatic dependent of the kernel before it.
-template <int WK>
+// y = scale * x W^T for 1..8 rows of x (GLU: y = silu(gate) * up of a
+// gate/up pair, glu_takes); the preconditions above hold (reads_x) or the
+// result is wrong, so the callers check them. Tiles and warps are chosen by
+// the matrix's rows (2f for a pair) either way, so that GLU's sums are
+// run()'s. pdl: launched as a programmatic dependent of the kernel before it.
+template <int WK, bool GLU = false>
 inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
     // block scales: a tile's ratios, so one tile a warp
     const int tpw = p.cm ? 1 : tiles_for<WK>(p.n_out, rows);
-    const unsigned grid = (unsigned)((p.n_out + 16 * tpw - 1) / (16 * tpw));
+    const int per_tile = GLU ? 8 : 16, outs = GLU ? p.n_out / 2 : p.n_out;
+    const unsigned grid = (unsigned)((outs + per_tile * tpw - 1) / (per_tile * tpw));
     if constexpr (WK == kFp8) {
         if (p.cm) { // 16 warps a tile, as warps_for gives E4M3
+            if constexpr (GLU) return cudaErrorInvalidValue;
             switch (rows) {
 #define TSR_MMA_BS(R)                                                                                       \
     case R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, true>, grid, 32 * 16, 0, st, pdl, p);
@@ -435,7 +466,8 @@ inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
         if (tpw > 1) { // 8 warps a tile for 2 tiles, 4 for 4
             switch (rows * 10 + tpw) {
 #define TSR_MMA_TPW(R, T)                                                                                   \
-    case R * 10 + T: return tsr_pdl::launch(gemv_mma<WK, R, 16 / T, 1, 1, false, T>, grid, 32 * 16 / T, 0, st, pdl, p);
+    case R * 10 + T:                                                                                        \
+        return tsr_pdl::launch(gemv_mma<WK, R, 16 / T, 1, 1, false, T, 0, GLU>, grid, 32 * 16 / T, 0, st, pdl, p);
 #define TSR_MMA_TPW_ROWS(R) TSR_MMA_TPW(R, 2) TSR_MMA_TPW(R, 4)
                 TSR_MMA_TPW_ROWS(2) TSR_MMA_TPW_ROWS(3) TSR_MMA_TPW_ROWS(4)
                 TSR_MMA_TPW_ROWS(5) TSR_MMA_TPW_ROWS(6) TSR_MMA_TPW_ROWS(7) TSR_MMA_TPW_ROWS(8)
@@ -447,7 +479,8 @@ inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
     }
     switch (rows * 100 + warps_for<WK>(p.n_out, p.cols)) {
 #define TSR_MMA_CASE(R, KW)                                                                                 \
-    case R * 100 + KW: return tsr_pdl::launch(gemv_mma<WK, R, KW, 1, 1>, grid, 32 * KW, 0, st, pdl, p);
+    case R * 100 + KW:                                                                                      \
+        return tsr_pdl::launch(gemv_mma<WK, R, KW, 1, 1, false, 1, 0, GLU>, grid, 32 * KW, 0, st, pdl, p);
 #define TSR_MMA_ROWS(R) TSR_MMA_CASE(R, 16) TSR_MMA_CASE(R, 8)
         TSR_MMA_ROWS(1) TSR_MMA_ROWS(2) TSR_MMA_ROWS(3) TSR_MMA_ROWS(4)
         TSR_MMA_ROWS(5) TSR_MMA_ROWS(6) TSR_MMA_ROWS(7) TSR_MMA_ROWS(8)
@@ -457,6 +490,9 @@ inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
     }
     return cudaGetLastError();
 }
+
+// Whether launch<WK, true> takes a pair: an even n_out, no block ratios.
+inline bool glu_takes(const Args &p) { return p.n_out >= 2 && p.n_out % 2 == 0 && !p.cm && !p.accum; }
 
 // Whether x can be read by the kernels as it is.
 inline bool reads_x(const float *x, int cols, int ldx) {

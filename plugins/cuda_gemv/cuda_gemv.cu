@@ -133,13 +133,20 @@ int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cud
                     "decode gemv launch");
 }
 
-// One row of a gate/up pair with its SiLU (kernels/cuda/gemv_row.cuh's
-// launch_glu); TSR_ERR_UNSUPPORTED, nothing launched, where run() would not
-// take gemv_row for it.
+bool decodes(const Gemv *g, const Weight *w, int rows, const float *x);
+
+// Rows of a gate/up pair with their SiLU: one row through gemv_row.cuh's
+// launch_glu, 2..decode_rows through gemv_mma.cuh's GLU kernel (the kernel
+// run() takes for those rows, so the same sums); TSR_ERR_UNSUPPORTED,
+// nothing launched, where run() would not take these decode kernels.
 int run_glu(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st, bool pdl) {
     const tsr_mma::Args a = decode_args(w, x, y);
-    if (!g->glu || !w->pair || rows != 1 || g->decode_rows < 1 || !tsr_row::glu_reads<tsr_mma::kBf16>(a))
-        return TSR_ERR_UNSUPPORTED;
+    if (!g->glu || !w->pair || !decodes(g, w, rows, x)) return TSR_ERR_UNSUPPORTED;
+    if (rows > 1)
+        return tsr_mma::glu_takes(a) ? cuda_err(g, tsr_mma::launch<tsr_mma::kBf16, true>(a, rows, st, pdl),
+                                                "gate/up gemv launch")
+                                     : TSR_ERR_UNSUPPORTED;
+    if (!tsr_row::glu_reads<tsr_mma::kBf16>(a)) return TSR_ERR_UNSUPPORTED;
     return cuda_err(g, tsr_row::launch_glu<tsr_mma::kBf16>(a, row_role(w), st, pdl), "gate/up gemv launch");
 }
 

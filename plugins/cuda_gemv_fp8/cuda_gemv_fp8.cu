@@ -1028,16 +1028,25 @@ bool glu_takes(const Weight *w, const tsr_mma::Args &a) {
     return w->expert ? a.n_out % 2 == 0 && tsr_row::row_reads(tsr_mma::kFp8, a) : tsr_row::glu_reads<tsr_mma::kFp8>(a);
 }
 
-// One row of a gate/up pair with its SiLU (gemv_row.cuh's launch_row with
-// GLU), x read as it is; TSR_ERR_UNSUPPORTED, nothing launched, where run()
-// would not take gemv_row for it (or would pad x first).
+// Rows of a gate/up pair with their SiLU, x read as it is: one row through
+// gemv_row.cuh's launch_row with GLU, 2..decode_rows through gemv_mma.cuh's
+// GLU kernel (run()'s kernel for those rows, so the same sums; no block
+// ratios); TSR_ERR_UNSUPPORTED, nothing launched, where run() would not take
+// those kernels for it (or would pad x first).
 int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float *y, const tsr_exec *ex) {
     Gemv *g = static_cast<Gemv *>(inst);
     const Weight *w = static_cast<const Weight *>(prepared);
     const tsr_mma::Args a = decode_args(w, x, (int)w->cols, (int)w->cols, y);
-    if (!g->glu || rows != 1 || g->decode_rows < 1 || !tsr_mma::reads_x(x, (int)w->cols, (int)w->cols) ||
-        !glu_takes(w, a))
+    if (!g->glu || rows < 1 || rows > g->decode_rows || rows > kMaxDecodeRows || w->wide ||
+        !tsr_mma::reads_x(x, (int)w->cols, (int)w->cols))
         return TSR_ERR_UNSUPPORTED;
+    if (rows > 1) // run()'s gemv_mma for these rows, with the SiLU in its epilogue
+        return w->pair && tsr_mma::glu_takes(a)
+                   ? cuda_err(g, tsr_mma::launch<tsr_mma::kFp8, true>(a, rows, static_cast<cudaStream_t>(ex->stream),
+                                                                     ex->pdl != 0),
+                              "fp8 gate/up gemv launch")
+                   : TSR_ERR_UNSUPPORTED;
+    if (!glu_takes(w, a)) return TSR_ERR_UNSUPPORTED;
     return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, true>(a, row_role(w), static_cast<cudaStream_t>(ex->stream),
                                                                 ex->pdl != 0),
                     "fp8 gate/up gemv launch");

@@ -199,14 +199,17 @@ static void gemv_case_as(env *v, int kind, int n_out, int cols, int rows) {
 
 static void gemv_case(env *v, int n_out, int cols, int rows) { gemv_case_as(v, PLAIN, n_out, cols, rows); }
 
-/* run_glu of one row through [gate; up] (f rows each, prepare_group)
+/* run_glu of rows rows through [gate; up] (f rows each, prepare_group)
  * against run() + the core's SiLU, bit for bit (want_fused), or refused
  * with TSR_ERR_UNSUPPORTED (not want_fused: shapes whose one-row GEMV is
- * not gemv_row's, where the host runs the two). */
-static void glu_case_as(env *v, int expert, int f, int cols, int want_fused) {
+ * not gemv_row's, where the host runs the two). One row goes through
+ * gemv_row's GLU kernel, 2..8 through gemv_mma's; 9 rows (cuBLASLt) are
+ * refused. */
+static void glu_case_as(env *v, int expert, int f, int cols, int rows, int want_fused) {
     const int n = 2 * f;
-    float *w = malloc(sizeof(float) * (size_t)n * cols), *x = malloc(sizeof(float) * (size_t)cols);
-    float *want = malloc(sizeof(float) * (size_t)f), *got = malloc(sizeof(float) * (size_t)f);
+    const size_t nx = (size_t)rows * cols, ny = (size_t)rows * f;
+    float *w = malloc(sizeof(float) * (size_t)n * cols), *x = malloc(sizeof(float) * nx);
+    float *want = malloc(sizeof(float) * ny), *got = malloc(sizeof(float) * ny);
     assert_true(w && x && want && got);
     for (int64_t i = 0; i < (int64_t)n * cols; i++) w[i] = (float)((urand() - 0.5) * 0x1p-3);
     const uint32_t role = expert ? TSR_WEIGHT_EXPERT : TSR_WEIGHT_DENSE;
@@ -220,25 +223,25 @@ static void glu_case_as(env *v, int expert, int f, int cols, int want_fused) {
     assert_int_equal(tsr_gemv_prepare_group(v->gemv, three, 3, &h3), TSR_OK);
     tsr_error err;
     tsr_error_clear(&err);
-    float *dx = tsr_cuda_malloc(sizeof(float) * (size_t)cols, &err), *dgu = tsr_cuda_malloc(sizeof(float) * (size_t)n, &err);
-    float *dy = tsr_cuda_malloc(sizeof(float) * (size_t)f, &err), *dg = tsr_cuda_malloc(sizeof(float) * (size_t)f, &err);
+    float *dx = tsr_cuda_malloc(sizeof(float) * nx, &err), *dgu = tsr_cuda_malloc(sizeof(float) * 2 * ny, &err);
+    float *dy = tsr_cuda_malloc(sizeof(float) * ny, &err), *dg = tsr_cuda_malloc(sizeof(float) * ny, &err);
     assert_true(dx && dgu && dy && dg);
     for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; i < cols; i++) x[i] = (float)(urand() * 16 - 8);
-        assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * (size_t)cols, &err), TSR_OK);
-        assert_int_equal(tsr_gemv_run(v->gemv, h, 1, dx, dgu, &v->ex), TSR_OK);
-        assert_int_equal(tsr_cu_silu_mul_cat(dg, dgu, 1, f, 0, v->ex.stream), 0);
-        assert_int_equal(tsr_cuda_download(want, dg, sizeof(float) * (size_t)f, &err), TSR_OK);
-        assert_int_equal(tsr_gemv_run_glu(v->gemv, h3, 1, dx, dy, &v->ex), TSR_ERR_UNSUPPORTED);
+        for (size_t i = 0; i < nx; i++) x[i] = (float)(urand() * 16 - 8);
+        assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * nx, &err), TSR_OK);
+        assert_int_equal(tsr_gemv_run(v->gemv, h, rows, dx, dgu, &v->ex), TSR_OK);
+        assert_int_equal(tsr_cu_silu_mul_cat(dg, dgu, rows, f, 0, v->ex.stream), 0);
+        assert_int_equal(tsr_cuda_download(want, dg, sizeof(float) * ny, &err), TSR_OK);
+        assert_int_equal(tsr_gemv_run_glu(v->gemv, h3, rows, dx, dy, &v->ex), TSR_ERR_UNSUPPORTED);
         int rc;
         if (pass == 0) {
-            rc = tsr_gemv_run_glu(v->gemv, h, 1, dx, dy, &v->ex);
+            rc = tsr_gemv_run_glu(v->gemv, h, rows, dx, dy, &v->ex);
         } else { /* captured once, replayed */
             tsr_exec ex = v->ex;
             ex.step = v->dev_step;
             void *graph = NULL;
             assert_int_equal(tsr_cuda_capture_begin(&err), TSR_OK);
-            rc = tsr_gemv_run_glu(v->gemv, h, 1, dx, dy, &ex);
+            rc = tsr_gemv_run_glu(v->gemv, h, rows, dx, dy, &ex);
             assert_int_equal(tsr_cuda_capture_end(&graph, &err), TSR_OK);
             if (rc == TSR_OK) assert_int_equal(tsr_cuda_graph_launch(graph, &err), TSR_OK);
             tsr_cuda_graph_free(graph);
@@ -247,21 +250,27 @@ static void glu_case_as(env *v, int expert, int f, int cols, int want_fused) {
             assert_int_equal(rc, TSR_ERR_UNSUPPORTED);
             break;
         }
-        if (rc != TSR_OK) fail_msg("run_glu [%d x %d]: %d %s", n, cols, rc, tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
-        assert_int_equal(tsr_cuda_download(got, dy, sizeof(float) * (size_t)f, &err), TSR_OK);
-        if (memcmp(got, want, sizeof(float) * (size_t)f) != 0)
-            fail_msg("%s run_glu [%d x %d] %s: differs from run + silu", v->gemv->plugin, n, cols,
-                     pass ? "graph replay" : "eager");
-        assert_int_equal(tsr_gemv_run_glu(v->gemv, h, 2, dx, dy, &v->ex), TSR_ERR_UNSUPPORTED); /* one row only */
+        if (rc != TSR_OK)
+            fail_msg("run_glu %d rows [%d x %d]: %d %s", rows, n, cols, rc,
+                     tsr_engine_plugin_error(v->e, TSR_SLOT_GEMV));
+        assert_int_equal(tsr_cuda_download(got, dy, sizeof(float) * ny, &err), TSR_OK);
+        for (size_t i = 0; i < ny; i++)
+            if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                fail_msg("%s run_glu %d rows [%d x %d] %s: row %zu output %zu %.9g, run + silu %.9g", v->gemv->plugin,
+                         rows, n, cols, pass ? "graph replay" : "eager", i / f, i % f, got[i], want[i]);
     }
-    printf("# %s run_glu [%d x %d]%s: %s\n", v->gemv->plugin, n, cols, expert ? " (an expert's)" : "",
+    if (rows == 1) /* past the decode kernels: cuBLASLt, then the host's SiLU */
+        assert_int_equal(tsr_gemv_run_glu(v->gemv, h, 9, dx, dy, &v->ex), TSR_ERR_UNSUPPORTED);
+    printf("# %s run_glu %d rows [%d x %d]%s: %s\n", v->gemv->plugin, rows, n, cols, expert ? " (an expert's)" : "",
            want_fused ? "equal to run + silu" : "refused");
     tsr_gemv_release(v->gemv, h), tsr_gemv_release(v->gemv, h3);
     tsr_cuda_free(dx), tsr_cuda_free(dgu), tsr_cuda_free(dy), tsr_cuda_free(dg);
     free(w), free(x), free(want), free(got);
 }
 
-static void glu_case(env *v, int f, int cols, int want_fused) { glu_case_as(v, 0, f, cols, want_fused); }
+static void glu_case(env *v, int f, int cols, int rows, int want_fused) {
+    glu_case_as(v, 0, f, cols, rows, want_fused);
+}
 
 /* run_fused (one row: the input's RMSNorm and the residual add in the
  * product's launch) on an [n_out, cols] matrix (glu: a [gate; up] pair of
@@ -720,12 +729,19 @@ static void plugin_cases(const char *plugin) {
     /* prefill rows through a matrix of more than 64 MiB of bf16 (cuda_gemv_fp8's
      * eager tiles: two of them) */
     gemv_case(&v, 16400, 2048, TSR_GRAPH_MAX_ROWS + 8);
-    /* run_glu at each of launch_glu's configurations by height, partial blocks */
+    /* run_glu at each of launch_glu's configurations by height, partial
+     * blocks; verification rows through gemv_mma's GLU kernel (E4M3: one,
+     * two and four tiles a warp by height, gemv_mma.cuh tiles_for) */
     const int fp8 = strstr(plugin, "fp8") != NULL;
-    glu_case(&v, 999, 256, !fp8); /* E4M3: gemv_mma's height, refused */
-    glu_case(&v, 2501, 1040, 1);
-    glu_case(&v, 2501, 80, 1);
-    glu_case(&v, 8195, 64, 1);
+    glu_case(&v, 999, 256, 1, !fp8); /* E4M3: gemv_mma's height, refused at one row */
+    glu_case(&v, 2501, 1040, 1, 1);
+    glu_case(&v, 2501, 80, 1, 1);
+    glu_case(&v, 8195, 64, 1, 1);
+    for (int rows = 2; rows <= 8; rows += 3) {
+        glu_case(&v, 999, 256, rows, 1);
+        glu_case(&v, 3100, 1040, rows, 1);
+        glu_case(&v, 8195, 1552, rows, 1);
+    }
     /* run_fused: the add through either kernel; the norm through gemv_row
      * in E4M3 below 16,384 rows (gemv_row.cuh fused_takes); no gate/up pair */
     fused_case(&v, 1000, 1040, 0, 1, 0, 1);
@@ -757,8 +773,9 @@ static void plugin_cases(const char *plugin) {
      * through its bf16 tiles' GEMM), within bf16's bound */
     for (int rows = 1; rows <= 24; rows += rows < 3 ? 1 : 7) gemv_case_as(&v, ROUTER_W, 60, 2048, rows);
     gemv_case_as(&v, ROUTER_W, 8, 1000, 1); /* columns not a multiple of 8: x padded first */
-    glu_case_as(&v, 1, 999, 256, 1);
-    glu_case_as(&v, 1, 24, 80, 1);
+    glu_case_as(&v, 1, 999, 256, 1, 1);
+    glu_case_as(&v, 1, 24, 80, 1, 1);
+    glu_case_as(&v, 1, 24, 80, 3, 1);
     /* experts chosen on the device */
     experts_case(&v, 6, 384, 256, 4, 3, 1);
     experts_case(&v, 3, 208, 1040, 2, 1, 1);
