@@ -133,20 +133,17 @@ int run_decode(Gemv *g, const Weight *w, int rows, const float *x, float *y, cud
                     "decode gemv launch");
 }
 
-bool decodes(const Gemv *g, const Weight *w, int rows, const float *x);
-
-// Rows of a gate/up pair with their SiLU: one row through gemv_row.cuh's
-// launch_glu, 2..decode_rows through gemv_mma.cuh's GLU kernel (the kernel
-// run() takes for those rows, so the same sums); TSR_ERR_UNSUPPORTED,
-// nothing launched, where run() would not take these decode kernels.
+// One row of a gate/up pair with its SiLU (kernels/cuda/gemv_row.cuh's
+// launch_glu); TSR_ERR_UNSUPPORTED, nothing launched, where run() would not
+// take gemv_row for it. Verification rows are refused: gemv_mma's GLU
+// kernel (which cuda_gemv_fp8 takes) made a bf16 8-row pass slower at the
+// Llama-3-8B shape on the H200 than the product and the core's SiLU kernel
+// (4.853 / 4.833 against 4.742 / 4.720 ms; BENCHMARKS.md, twenty-seventh
+// session): a tile's gate rows and up rows lie 117 MB apart.
 int run_glu(Gemv *g, const Weight *w, int rows, const float *x, float *y, cudaStream_t st, bool pdl) {
     const tsr_mma::Args a = decode_args(w, x, y);
-    if (!g->glu || !w->pair || !decodes(g, w, rows, x)) return TSR_ERR_UNSUPPORTED;
-    if (rows > 1)
-        return tsr_mma::glu_takes(a) ? cuda_err(g, tsr_mma::launch<tsr_mma::kBf16, true>(a, rows, st, pdl),
-                                                "gate/up gemv launch")
-                                     : TSR_ERR_UNSUPPORTED;
-    if (!tsr_row::glu_reads<tsr_mma::kBf16>(a)) return TSR_ERR_UNSUPPORTED;
+    if (!g->glu || !w->pair || rows != 1 || g->decode_rows < 1 || !tsr_row::glu_reads<tsr_mma::kBf16>(a))
+        return TSR_ERR_UNSUPPORTED;
     return cuda_err(g, tsr_row::launch_glu<tsr_mma::kBf16>(a, row_role(w), st, pdl), "gate/up gemv launch");
 }
 
