@@ -314,7 +314,8 @@ template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == 
 // (tests/gpu/test_cuda_gemv.c). cuda_gemv_fp8's verification rows take it
 // (an E4M3 8-row pass 3.36 -> 3.29 ms at the Llama-3-8B shape on the H200);
 // in bf16 it made that pass slower (4.73 -> 4.84 ms: a tile's gate and up
-// rows lie 117 MB apart), so cuda_gemv does not (BENCHMARKS.md).
+// rows lie 117 MB apart; two tiles a warp: no faster than not fusing), so
+// cuda_gemv does not (BENCHMARKS.md).
 template <int WK, int NR, int KW, int MT, int U, bool BS = false, int TPW = 1, int MINB = 0, bool GLU = false>
 __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
     static_assert(!BS || TPW == 1, "block ratios are a row block's: one tile a warp");
