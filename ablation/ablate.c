@@ -67,7 +67,7 @@ typedef struct abl_ctx {
     tsr_plan *plan;
     int np;
     int pslot[TSR_ABL_MAX_PLUGINS];           /* slot of plugin i; -1: a runtime switch */
-    int graphs, pdl, pipeline;                /* factor index of runtime.cuda_graphs / .pdl / .pipeline, or -1 */
+    int sw[TSR_RT_COUNT];                     /* factor index of each runtime switch the assembly sets, or -1 */
     const tsr_manifest *base[TSR_SLOT_COUNT]; /* each slot's baseline */
     int vi, nv;                               /* progress: the variant, of nv */
     int round, rounds;                        /* in round (of rounds; odd rounds run in reverse) */
@@ -77,10 +77,10 @@ typedef struct abl_ctx {
 /* A runtime switch the assembly turns on, as factor r->n_plugins: exact (the
  * same kernels, replayed, launched early or queued ahead; attention's key
  * splits reorder float sums, which the quality check would show). */
-static int add_switch(tsr_abl_result *r, abl_ctx *c, const char *name) {
+static int add_switch(tsr_abl_result *r, abl_ctx *c, tsr_rt_switch s) {
     tsr_abl_plugin *p = &r->plugins[r->n_plugins];
     c->pslot[r->n_plugins] = -1;
-    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->name, sizeof p->name, "runtime.%s", tsr_rt_switch_name(s));
     snprintf(p->slot, sizeof p->slot, "runtime");
     snprintf(p->baseline, sizeof p->baseline, "off");
     p->exact = 1;
@@ -123,12 +123,12 @@ static int write_variant(abl_ctx *c, tsr_abl_result *r, tsr_abl_variant *v, tsr_
             fprintf(f, "  %s: %s\n", tsr_slot_name((tsr_slot)s), c->base[s]->name);
         }
     }
-    const int graphs = c->graphs >= 0 && (v->mask >> c->graphs & 1), pdl = c->pdl >= 0 && (v->mask >> c->pdl & 1),
-              pipeline = c->pipeline >= 0 && (v->mask >> c->pipeline & 1);
-    if (graphs || pdl || pipeline) fputs("runtime:\n", f);
-    if (graphs) fputs("  cuda_graphs: true\n", f);
-    if (pdl) fputs("  pdl: true\n", f);
-    if (pipeline) fputs("  pipeline: true\n", f);
+    int any = 0;
+    for (int s = 0; s < TSR_RT_COUNT; s++) {
+        if (c->sw[s] < 0 || !(v->mask >> c->sw[s] & 1)) continue;
+        if (!any++) fputs("runtime:\n", f);
+        fprintf(f, "  %s: true\n", tsr_rt_switch_name((tsr_rt_switch)s));
+    }
     if (fclose(f)) return tsr_error_set(err, TSR_ERR_IO, "cannot write %s", v->assembly_file);
     return TSR_OK;
 }
@@ -770,9 +770,8 @@ int tsr_ablate_run(const tsr_ablate_opts *o, tsr_abl_result **out, tsr_error *er
         p->max_ppl_ratio = m->has_quality ? m->max_ppl_ratio : 1;
     }
     /* a runtime switch is a factor like a plugin: off is its baseline */
-    c.graphs = c.as->cuda_graphs ? add_switch(r, &c, "runtime.cuda_graphs") : -1;
-    c.pdl = c.as->pdl ? add_switch(r, &c, "runtime.pdl") : -1;
-    c.pipeline = c.as->pipeline ? add_switch(r, &c, "runtime.pipeline") : -1;
+    for (int s = 0; s < TSR_RT_COUNT; s++)
+        c.sw[s] = c.as->runtime[s].on ? add_switch(r, &c, (tsr_rt_switch)s) : -1;
     c.np = r->n_plugins;
 
     r->rounds = o->rounds > 1 ? o->rounds : 1;

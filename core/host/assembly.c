@@ -78,7 +78,15 @@ static void read_slot(tsr_assembly *a, const char *file, const tsr_ynode *k, con
     sl->plugin = dup_or(rc, name);
 }
 
-/* runtime: {cuda_graphs: bool, pdl: bool, pipeline: bool} */
+static const char *const rt_names[TSR_RT_COUNT] = {
+    [TSR_RT_CUDA_GRAPHS] = "cuda_graphs",
+    [TSR_RT_PDL] = "pdl",
+    [TSR_RT_PIPELINE] = "pipeline",
+};
+
+const char *tsr_rt_switch_name(tsr_rt_switch s) { return (unsigned)s < TSR_RT_COUNT ? rt_names[s] : NULL; }
+
+/* runtime: {SWITCH: bool, ...} (rt_names) */
 static void read_runtime(tsr_assembly *a, const char *path, const tsr_ynode *v, tsr_diag *d, int *rc) {
     if (tsr_ynode_is_null(v)) return;
     if (v->kind != TSR_YNODE_MAP) {
@@ -87,15 +95,13 @@ static void read_runtime(tsr_assembly *a, const char *path, const tsr_ynode *v, 
     }
     for (int i = 0; i < tsr_ynode_pairs(v); i++) {
         const tsr_ynode *k = tsr_ynode_key(v, i), *x = tsr_ynode_val(v, i);
-        int *on, *line, *col;
-        if (!strcmp(k->str, "cuda_graphs")) {
-            on = &a->cuda_graphs, line = &a->graphs_line, col = &a->graphs_col;
-        } else if (!strcmp(k->str, "pdl")) {
-            on = &a->pdl, line = &a->pdl_line, col = &a->pdl_col;
-        } else if (!strcmp(k->str, "pipeline")) {
-            on = &a->pipeline, line = &a->pipeline_line, col = &a->pipeline_col;
-        } else {
-            add(d, rc, path, k, "runtime: unknown key '%s'%s (cuda_graphs, pdl, pipeline)", k->str, "");
+        int s = 0;
+        while (s < TSR_RT_COUNT && strcmp(k->str, rt_names[s])) s++;
+        if (s == TSR_RT_COUNT) {
+            char known[128] = "";
+            for (int j = 0, off = 0; j < TSR_RT_COUNT && off < (int)sizeof known; j++)
+                off += snprintf(known + off, sizeof known - (size_t)off, "%s%s", j ? ", " : "", rt_names[j]);
+            add(d, rc, path, k, "runtime: unknown key '%s' (%s)", k->str, known);
             continue;
         }
         int b;
@@ -104,7 +110,7 @@ static void read_runtime(tsr_assembly *a, const char *path, const tsr_ynode *v, 
                 x->kind == TSR_YNODE_SCALAR ? x->str : tsr_ynode_kind_name(x));
             continue;
         }
-        *on = b, *line = x->line, *col = x->col;
+        a->runtime[s] = (tsr_rt_value){.on = b, .line = x->line, .col = x->col};
     }
 }
 

@@ -30,6 +30,27 @@ typedef struct tsr_aslot {
     int line, col;             /* where the slot is named */
 } tsr_aslot;
 
+/* The model runtime's own switches (an assembly's `runtime:` mapping, not
+ * plugins), each off unless set true. One entry here, its key in
+ * assembly.c's table and its check in checker.c's make a new one: the
+ * engine describes it, `tessera ablate` measures it as an exact factor. */
+typedef enum tsr_rt_switch {
+    TSR_RT_CUDA_GRAPHS, /* cuda_graphs: replay decode passes as CUDA graphs (graph.c) */
+    TSR_RT_PDL,         /* pdl: kernels launched as programmatic dependents (CUDA) */
+    TSR_RT_PIPELINE,    /* pipeline: decode (greedy or drawn on the device) queues the next pass before
+                         * reading the token it follows (generate.c, pipe.c) */
+    TSR_RT_COUNT
+} tsr_rt_switch;
+
+/* A switch as the assembly sets it. */
+typedef struct tsr_rt_value {
+    int on;
+    int line, col; /* of its value (0: not set) */
+} tsr_rt_value;
+
+/* The switch's key under runtime: ("cuda_graphs"); NULL out of range. */
+const char *tsr_rt_switch_name(tsr_rt_switch s);
+
 typedef struct tsr_assembly {
     char *path;
     char *name;
@@ -37,14 +58,7 @@ typedef struct tsr_assembly {
     int device;                /* tsr_device_kind */
     int line, col;             /* of the document (for slots left out) */
     tsr_aslot slots[TSR_SLOT_COUNT];
-    /* runtime: switches of the model runtime itself (not plugins) */
-    int cuda_graphs;           /* runtime.cuda_graphs: replay decode passes as CUDA graphs */
-    int graphs_line, graphs_col;
-    int pdl;                   /* runtime.pdl: kernels launched as programmatic dependents (CUDA) */
-    int pdl_line, pdl_col;
-    int pipeline;              /* runtime.pipeline: decode (greedy or drawn on the device) queues the next pass before
-                                * reading the token it follows (generate.c, pipe.c) */
-    int pipeline_line, pipeline_col;
+    tsr_rt_value runtime[TSR_RT_COUNT]; /* runtime: the model runtime's switches */
     tsr_ynode *doc;
 } tsr_assembly;
 

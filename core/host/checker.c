@@ -261,57 +261,65 @@ static void check_requires(cctx *c, const tsr_check_opts *o, tsr_plan *p, int s)
     }
 }
 
-/* runtime.cuda_graphs: a CUDA assembly whose every plugin on the forward
- * pass (gemv, attention, kv_cache) provides cuda_graph: true. */
-static void check_graphs(cctx *c, const tsr_plan *p) {
-    const tsr_assembly *a = c->a;
-    if (a->device != TSR_DEVICE_CUDA) {
-        tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, a->graphs_line, a->graphs_col,
-                     "runtime.cuda_graphs needs device cuda, the assembly's device is %s",
-                     tsr_device_name(a->device));
-        return;
-    }
+/* runtime.cuda_graphs: every plugin on the forward pass (gemv, attention,
+ * kv_cache) provides cuda_graph: true. */
+static void check_graphs(cctx *c, const tsr_plan *p, const tsr_rt_value *v) {
     const int slots[] = {TSR_SLOT_GEMV, TSR_SLOT_ATTENTION, TSR_SLOT_KV_CACHE};
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
         const tsr_manifest *m = p->slots[slots[i]].m;
         if (!m) continue;
         const tsr_mcap *g = tsr_manifest_provides(m, "cuda_graph");
         if (!g || g->n_values != 1 || strcmp(g->values[0], "true"))
-            tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, a->graphs_line, a->graphs_col,
+            tsr_diag_add(c->d, TSR_ERR_REFUSED, c->a->path, v->line, v->col,
                          "runtime.cuda_graphs: plugin %s (slot %s) does not provide cuda_graph: true, so "
                          "its calls cannot be replayed (%s)",
                          m->name, tsr_slot_name((tsr_slot)slots[i]), m->path);
     }
 }
 
-/* runtime.pdl: launch attributes of CUDA kernels, so a CUDA assembly. */
-static void check_pdl(cctx *c) {
-    const tsr_assembly *a = c->a;
-    if (a->device != TSR_DEVICE_CUDA)
-        tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, a->pdl_line, a->pdl_col,
-                     "runtime.pdl needs device cuda, the assembly's device is %s", tsr_device_name(a->device));
-}
-
-/* runtime.pipeline: a device whose queue runs ahead of the host (CUDA), and
- * a drafter that proposes nothing (provides max_draft: 0), since the next
- * pass is queued before the token it follows is known to the host. */
-static void check_pipeline(cctx *c, const tsr_plan *p) {
-    const tsr_assembly *a = c->a;
-    if (a->device != TSR_DEVICE_CUDA)
-        tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, a->pipeline_line, a->pipeline_col,
-                     "runtime.pipeline needs device cuda, the assembly's device is %s (its passes end "
-                     "before the call returns: nothing can be queued ahead)",
-                     tsr_device_name(a->device));
+/* runtime.pipeline: a drafter that proposes nothing (provides max_draft:
+ * 0), since the next pass is queued before the token it follows is known
+ * to the host. */
+static void check_pipeline(cctx *c, const tsr_plan *p, const tsr_rt_value *v) {
     const tsr_plan_slot *ds = &p->slots[TSR_SLOT_DRAFTER];
     if (!ds->m) return;
     const tsr_mcap *cap = tsr_manifest_provides(ds->m, "max_draft");
-    char v[64] = "nothing";
-    if (cap && cap->n_values == 1) tsr_plan_provided(ds, cap, 0, v, sizeof v);
-    if (strcmp(v, "0"))
-        tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, a->pipeline_line, a->pipeline_col,
+    char val[64] = "nothing";
+    if (cap && cap->n_values == 1) tsr_plan_provided(ds, cap, 0, val, sizeof val);
+    if (strcmp(val, "0"))
+        tsr_diag_add(c->d, TSR_ERR_REFUSED, c->a->path, v->line, v->col,
                      "runtime.pipeline queues each decode pass before the token it follows is read, so it "
                      "needs a drafter that proposes nothing (max_draft: 0); plugin %s provides max_draft = %s (%s)",
-                     ds->m->name, v, ds->m->path);
+                     ds->m->name, val, ds->m->path);
+}
+
+/* What each runtime switch needs (assembly.h): every one so far device
+ * cuda (why: said after the device's name), then its own check, if any:
+ * on any device where it asks nothing of the device (any_device), else
+ * only on cuda (the plugins' cuda_graph of a CPU assembly say nothing new). */
+static const struct {
+    const char *why;
+    void (*check)(cctx *c, const tsr_plan *p, const tsr_rt_value *v);
+    int any_device;
+} rt_needs[TSR_RT_COUNT] = {
+    [TSR_RT_CUDA_GRAPHS] = {"", check_graphs, 0},
+    [TSR_RT_PDL] = {" (launch attributes of CUDA kernels)", NULL, 0},
+    [TSR_RT_PIPELINE] = {" (its passes end before the call returns: nothing can be queued ahead)", check_pipeline,
+                         1},
+};
+
+static void check_runtime(cctx *c, const tsr_plan *p) {
+    const tsr_assembly *a = c->a;
+    for (int s = 0; s < TSR_RT_COUNT; s++) {
+        const tsr_rt_value *v = &a->runtime[s];
+        if (!v->on) continue;
+        const int cuda = a->device == TSR_DEVICE_CUDA;
+        if (!cuda)
+            tsr_diag_add(c->d, TSR_ERR_REFUSED, a->path, v->line, v->col,
+                         "runtime.%s needs device cuda, the assembly's device is %s%s",
+                         tsr_rt_switch_name((tsr_rt_switch)s), tsr_device_name(a->device), rt_needs[s].why);
+        if (rt_needs[s].check && (cuda || rt_needs[s].any_device)) rt_needs[s].check(c, p, v);
+    }
 }
 
 int tsr_check(const tsr_catalog *cat, const tsr_assembly *a, const tsr_check_opts *opts, tsr_plan **out,
@@ -346,9 +354,7 @@ int tsr_check(const tsr_catalog *cat, const tsr_assembly *a, const tsr_check_opt
         }
         check_params(&c, &p->slots[s], &a->slots[s], s);
     }
-    if (a->cuda_graphs) check_graphs(&c, p);
-    if (a->pdl) check_pdl(&c);
-    if (a->pipeline) check_pipeline(&c, p);
+    check_runtime(&c, p);
     /* params first: provides may name them ($param) */
     for (int s = 0; s < TSR_SLOT_COUNT; s++)
         if (p->slots[s].m && (int)p->slots[s].m->slot == s) check_requires(&c, opts, p, s);

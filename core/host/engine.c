@@ -618,9 +618,9 @@ const tsr_slot_ref *tsr_engine_slot(const tsr_engine *e, tsr_slot slot) {
 
 tsr_threadpool *tsr_engine_pool(const tsr_engine *e) { return e->pool; }
 int tsr_engine_device(const tsr_engine *e) { return e->device; }
-int tsr_engine_cuda_graphs(const tsr_engine *e) { return e->asmb->cuda_graphs; }
-int tsr_engine_pdl(const tsr_engine *e) { return e->asmb->pdl; }
-int tsr_engine_pipeline(const tsr_engine *e) { return e->asmb->pipeline; }
+int tsr_engine_runtime(const tsr_engine *e, int s) {
+    return s >= 0 && s < TSR_RT_COUNT && e->asmb->runtime[s].on;
+}
 const char *tsr_engine_name(const tsr_engine *e) { return e->asmb->name; }
 
 uint64_t tsr_engine_host_bytes(const tsr_engine *e) {
@@ -663,7 +663,6 @@ void tsr_engine_describe(const tsr_engine *e, FILE *f) {
         }
         fprintf(f, "\n");
     }
-    if (e->asmb->cuda_graphs) fprintf(f, "  runtime      cuda_graphs=true\n");
-    if (e->asmb->pdl) fprintf(f, "  runtime      pdl=true\n");
-    if (e->asmb->pipeline) fprintf(f, "  runtime      pipeline=true\n");
+    for (int s = 0; s < TSR_RT_COUNT; s++)
+        if (e->asmb->runtime[s].on) fprintf(f, "  runtime      %s=true\n", tsr_rt_switch_name((tsr_rt_switch)s));
 }

@@ -63,9 +63,7 @@ int tsr_engine_open_diag(const char *assembly_path, const tsr_model_config *cfg,
 const tsr_slot_ref *tsr_engine_slot(const tsr_engine *e, tsr_slot slot);
 tsr_threadpool *tsr_engine_pool(const tsr_engine *e);
 int tsr_engine_device(const tsr_engine *e);   /* tsr_device_kind */
-int tsr_engine_cuda_graphs(const tsr_engine *e); /* the assembly's runtime.cuda_graphs */
-int tsr_engine_pdl(const tsr_engine *e);         /* the assembly's runtime.pdl */
-int tsr_engine_pipeline(const tsr_engine *e);    /* the assembly's runtime.pipeline */
+int tsr_engine_runtime(const tsr_engine *e, int s); /* the assembly's runtime switch s (tsr_rt_switch, assembly.h) */
 const char *tsr_engine_name(const tsr_engine *e); /* the assembly's name */
 /* Print the resolved engine (slot, plugin, version, params, capabilities,
  * exactness), one slot per line, as `tessera check` does. */

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../../kernels/dtype.h"
+#include "../host/assembly.h" /* tsr_rt_switch */
 #include "model_internal.h"
 #include "../util/clock.h"
 
@@ -599,15 +600,15 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
         goto fail;
     }
     m->ex.stream = m->be->stream ? m->be->stream() : NULL;
-    m->graphs_on = tsr_engine_cuda_graphs(m->engine) && !o->profile;
-    m->ex.pdl = tsr_engine_pdl(m->engine) && m->be->set_pdl;
+    m->graphs_on = tsr_engine_runtime(m->engine, TSR_RT_CUDA_GRAPHS) && !o->profile;
+    m->ex.pdl = tsr_engine_runtime(m->engine, TSR_RT_PDL) && m->be->set_pdl;
     m->host_sampling = o->host_sampling;
-    m->pipeline_on = tsr_engine_pipeline(m->engine) || o->force_pipeline;
+    m->pipeline_on = tsr_engine_runtime(m->engine, TSR_RT_PIPELINE) || o->force_pipeline;
     if (o->profile && !(m->prof = calloc(2, sizeof *m->prof))) {
         rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (c->n_experts > 0 && tsr_engine_cuda_graphs(m->engine) && !experts_on_device(m)) {
+    if (c->n_experts > 0 && tsr_engine_runtime(m->engine, TSR_RT_CUDA_GRAPHS) && !experts_on_device(m)) {
         const int resident = TSR_SLOT_MEMBER(m->experts, tsr_expert_cache_i, resident) != NULL;
         rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED,
                            "assembly %s: runtime.cuda_graphs cannot capture this mixture-of-experts model's "
@@ -691,7 +692,7 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
             goto fail;
         }
         if ((rc = expert_residency(m, err)) != TSR_OK) goto fail;
-        if (!m->ex_tables && tsr_engine_cuda_graphs(m->engine)) {
+        if (!m->ex_tables && tsr_engine_runtime(m->engine, TSR_RT_CUDA_GRAPHS)) {
             rc = tsr_error_set(err, TSR_ERR_UNSUPPORTED,
                                "assembly %s: runtime.cuda_graphs: plugin %s declined to choose this model's "
                                "experts on the device (prepare_experts), so its passes cannot be captured; set "

@@ -328,7 +328,8 @@ static void test_assembly_bad(void **state) {
         {"name: [a\n", TSR_ERR_FORMAT, 0, 0, "malformed"},
         {"name: &x a\ndevice: *x\n", TSR_ERR_FORMAT, 1, 7, "anchors"},
         {"name: a\ndevice: cpu\nruntime: 3\n", TSR_ERR_FORMAT, 3, 10, "runtime must be a mapping"},
-        {"name: a\ndevice: cpu\nruntime:\n  colour: 1\n", TSR_ERR_FORMAT, 4, 3, "runtime: unknown key 'colour'"},
+        {"name: a\ndevice: cpu\nruntime:\n  colour: 1\n", TSR_ERR_FORMAT, 4, 3,
+         "runtime: unknown key 'colour' (cuda_graphs, pdl, pipeline)"},
         {"name: a\ndevice: cpu\nruntime:\n  cuda_graphs: yes\n", TSR_ERR_FORMAT, 4, 16, "must be true or false"},
         {"name: a\ndevice: cpu\nruntime:\n  pdl: 2\n", TSR_ERR_FORMAT, 4, 8, "runtime.pdl must be true or false"},
     };
@@ -565,7 +566,7 @@ static void test_checker_graphs(void **state) {
     (void)state;
     tsr_catalog *c = catalog_of(cuda_manifests, sizeof cuda_manifests / sizeof cuda_manifests[0]);
     tsr_plan *p = accepted(c, "name: t\ndevice: cuda\nruntime:\n  cuda_graphs: true\n", NULL);
-    assert_true(p->assembly->cuda_graphs);
+    assert_true(p->assembly->runtime[TSR_RT_CUDA_GRAPHS].on);
     plan_done(p);
     EXPECT_REFUSED(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime:\n  cuda_graphs: true\n", NULL, 6,
                    16, "plugin att_plain (slot attention) does not provide cuda_graph");
@@ -584,8 +585,8 @@ static void test_checker_pdl(void **state) {
     (void)state;
     tsr_catalog *c = catalog_of(cuda_manifests, sizeof cuda_manifests / sizeof cuda_manifests[0]);
     tsr_plan *p = accepted(c, "name: t\ndevice: cuda\nslots:\n  attention: att_plain\nruntime:\n  pdl: true\n", NULL);
-    assert_true(p->assembly->pdl);
-    assert_false(p->assembly->cuda_graphs);
+    assert_true(p->assembly->runtime[TSR_RT_PDL].on);
+    assert_false(p->assembly->runtime[TSR_RT_CUDA_GRAPHS].on);
     plan_done(p);
     tsr_catalog_free(c);
     c = mem_catalog();
@@ -600,7 +601,7 @@ static void test_checker_pipeline(void **state) {
     (void)state;
     tsr_catalog *c = catalog_of(cuda_manifests, sizeof cuda_manifests / sizeof cuda_manifests[0]);
     tsr_plan *p = accepted(c, "name: t\ndevice: cuda\nruntime:\n  pipeline: true\n", NULL);
-    assert_true(p->assembly->pipeline);
+    assert_true(p->assembly->runtime[TSR_RT_PIPELINE].on);
     plan_done(p);
     EXPECT_REFUSED(c, "name: t\ndevice: cuda\nslots:\n  drafter: dr_spec\nruntime:\n  pipeline: true\n", NULL, 6, 13,
                    "needs a drafter that proposes nothing (max_draft: 0); plugin dr_spec provides max_draft = 4");
