@@ -1,5 +1,6 @@
-// Sampling on the device (sample_cuda.h): one block of 1024 threads draws
-// one token, step by step as sampler.c does. Rounding is explicit
+// Sampling on the device (sample_cuda.h): five kernels draw one token, step
+// by step as sampler.c does (the passes over the whole vocabulary on many
+// blocks, the rules on the candidate set in one). Rounding is explicit
 // (__fdiv_rn, __dmul_rn, ...) so that nothing is contracted into an FMA that
 // the CPU does not do. Keys are the penalised, temperature-divided logits
 // (NaN marks a token that is not, or no longer, a candidate); weights are
@@ -70,28 +71,6 @@ __device__ int block_sum_int(int v, Shared &sh) {
     const int total = sh.i[0];
     __syncthreads();
     return total;
-}
-
-// The highest value, ties to the lowest index; bi -1 and best -inf when no
-// thread holds one (NaN and -inf never win).
-__device__ void block_argmax(float &best, int &bi, Shared &sh) {
-    for (int o = 16; o > 0; o >>= 1) {
-        const float b = __shfl_xor_sync(0xffffffffu, best, o);
-        const int j = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (j >= 0 && (bi < 0 || b > best || (b == best && j < bi))) best = b, bi = j;
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) sh.f[warp] = best, sh.i[warp] = bi;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < kT / 32; w++)
-            if (sh.i[w] >= 0 && (bi < 0 || sh.f[w] > best || (sh.f[w] == best && sh.i[w] < bi)))
-                best = sh.f[w], bi = sh.i[w];
-        sh.f[0] = best, sh.i[0] = bi;
-    }
-    __syncthreads();
-    best = sh.f[0], bi = sh.i[0];
-    __syncthreads();
 }
 
 // Exclusive prefix over the threads in thread order (Hillis-Steele, a fixed
@@ -235,24 +214,115 @@ __device__ int coarse(float k, double mx) {
     return d < 255.0 ? (int)d : 255;
 }
 
-// The inputs never overlap anything else (checked by tsr_cu_sample):
-// __restrict__ lets their loads run ahead. scratch: key [V], wt [V], then
-// the compacted list's keys, weights and ids [V] each.
-__global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits, const int32_t *__restrict__ state,
-                                               tsr_cu_sample_args a, float *scratch, int32_t *__restrict__ out) {
-    __shared__ Shared sh;
-    const int V = a.vocab, t = threadIdx.x;
-    float *key = scratch, *wt = scratch + V;
-    for (int d = t; d < 256; d += kT) sh.hcount[d] = 0, sh.hmd[d] = 0; // pass 2's coarse histogram
+// ---- the passes over the whole vocabulary, spread over many blocks ------
+//
+// One block walking 128K logits was bound by its own memory latency: each
+// of its passes (penalties and temperature, the weights, the draw's two)
+// took tens of microseconds, ~0.17 ms a token at Llama-3's vocabulary on
+// the H200. The passes that touch every id now run on kW-thread blocks of
+// kSpan consecutive ids each, leaving per-block results (maxima, sums,
+// counts) in the scratch's tail, which the next kernel reads in block
+// order: sums stay in a fixed order, so a draw is reproducible. Only the
+// rules that work on the candidate set (top-k, top-p, min-p) stay in the
+// one block (select_k), on the compacted list where there is one.
 
-    // Rule 1, penalties (sampler.c apply_penalties), then rule 3, with the
-    // maximum (the argmax for greedy requests).
+constexpr int kW = 256;       // threads of a wide block
+constexpr int kPer = 8;       // ids a thread
+constexpr int kSpan = kW * kPer;
+
+// What select_k hands the draw: the set's arrays, its size and its sum.
+struct Ctrl {
+    int done;   // out[0] is written: the later kernels do nothing
+    int listed; // the set is the compacted list (lkey, lwt, lid), else key, wt
+    int n;      // its size
+    double mx;  // the top key (0 in inf_mode)
+    double zk;  // the sum the draw divides by
+};
+
+// The tail of the scratch after the 5 vocab-sized arrays (blocks: the
+// wide kernels' grid).
+struct Tail {
+    float *bmax;
+    int *bidx, *bcnt, *dlast;
+    double *bsum, *dsum, *hmd;
+    unsigned int *hcount;
+    Ctrl *ctrl;
+};
+
+int wide_blocks(int vocab) { return (vocab + kSpan - 1) / kSpan; }
+
+__host__ __device__ inline uint64_t align8(uint64_t x) { return (x + 7) & ~7ull; }
+
+__host__ __device__ inline Tail tail_of(void *scratch, int vocab) {
+    uint8_t *p = (uint8_t *)scratch + align8(5ull * (uint64_t)vocab * sizeof(float));
+    const uint64_t nb = (uint64_t)(vocab + kSpan - 1) / kSpan;
+    Tail t;
+    t.bsum = (double *)p, p += nb * 8;
+    t.dsum = (double *)p, p += nb * 8;
+    t.hmd = (double *)p, p += 256 * 8;
+    t.ctrl = (Ctrl *)p, p += align8(sizeof(Ctrl));
+    t.bmax = (float *)p, p += nb * 4;
+    t.bidx = (int *)p, p += nb * 4;
+    t.bcnt = (int *)p, p += nb * 4;
+    t.dlast = (int *)p, p += nb * 4;
+    t.hcount = (unsigned int *)p;
+    return t;
+}
+
+// Sum over a wide block in a fixed order (a fixed tree); every thread gets it.
+__device__ double wide_sum(double v, double *buf) {
+    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) buf[warp] = v;
+    __syncthreads();
+    double t = 0;
+    if (threadIdx.x == 0) {
+        for (int w = 0; w < kW / 32; w++) t = __dadd_rn(t, buf[w]);
+        buf[0] = t;
+    }
+    __syncthreads();
+    t = buf[0];
+    __syncthreads();
+    return t;
+}
+
+// The highest value over a wide block, ties to the lowest index (as block_argmax).
+__device__ void wide_argmax(float &best, int &bi, float *bf, int *bix) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float b = __shfl_xor_sync(0xffffffffu, best, o);
+        const int j = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (j >= 0 && (bi < 0 || b > best || (b == best && j < bi))) best = b, bi = j;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) bf[warp] = best, bix[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kW / 32; w++)
+            if (bix[w] >= 0 && (bi < 0 || bf[w] > best || (bf[w] == best && bix[w] < bi))) best = bf[w], bi = bix[w];
+        bf[0] = best, bix[0] = bi;
+    }
+    __syncthreads();
+    best = bf[0], bi = bix[0];
+    __syncthreads();
+}
+
+// Rule 1, penalties (sampler.c apply_penalties), then rule 3, into key;
+// each block's maximum (the argmax for greedy requests) into the tail.
+// The inputs never overlap anything else (checked by tsr_cu_sample):
+// __restrict__ lets their loads run ahead.
+__global__ void __launch_bounds__(kW) keys_k(const float *__restrict__ logits, const int32_t *__restrict__ state,
+                                             tsr_cu_sample_args a, float *__restrict__ key, Tail tl) {
+    __shared__ float bf[kW / 32];
+    __shared__ int bix[kW / 32];
+    const int V = a.vocab, t = threadIdx.x, end = min(V, (int)(blockIdx.x + 1) * kSpan);
+    if (blockIdx.x == 0)
+        for (int d = t; d < 256; d += kW) tl.hcount[d] = 0, tl.hmd[d] = 0; // weights_k's histogram
     const float rep = a.repetition_penalty;
     const double pres = a.presence_penalty, freq = a.frequency_penalty;
     const bool pf = pres != 0 || freq != 0;
     float best = -INFINITY;
     int bi = -1;
-    for (int i = t; i < V; i += kT) {
+    for (int i = blockIdx.x * kSpan + t; i < end; i += kW) {
         float l = logits[i];
         const int32_t s = state ? state[i] : 0;
         if ((s & 1) && rep != 1.0f) l = l > 0 ? __fdiv_rn(l, rep) : __fmul_rn(l, rep);
@@ -262,23 +332,47 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
         key[i] = l;
         if (l > best) best = l, bi = i;
     }
-    block_argmax(best, bi, sh);
+    wide_argmax(best, bi, bf, bix);
+    if (t == 0) tl.bmax[blockIdx.x] = best, tl.bidx[blockIdx.x] = bi;
+}
+
+// The maximum over keys_k's blocks (every block reduces them, in block
+// order); greedy requests (or no number above -inf) end here. Else the
+// candidates: the +inf keys if any (uniform: key 0), else the finite ones,
+// their weights relative to the top (exp in double, rounded to float) into
+// wt, NaN keys for the rest; each block's sum of weights and count into
+// the tail, and with top-k (or top-p alone) their coarse buckets counted
+// (and weighed) into the tail's histogram.
+__global__ void __launch_bounds__(kW) weights_k(tsr_cu_sample_args a, float *__restrict__ key,
+                                                float *__restrict__ wt, int nb, Tail tl, int32_t *out) {
+    __shared__ float bf[kW / 32];
+    __shared__ int bix[kW / 32];
+    __shared__ double buf[kW / 32];
+    __shared__ unsigned int hc[256];
+    __shared__ double hm[256];
+    const int V = a.vocab, t = threadIdx.x, end = min(V, (int)(blockIdx.x + 1) * kSpan);
+    float best = -INFINITY;
+    int bi = -1;
+    for (int j = t; j < nb; j += kW) {
+        const float b = tl.bmax[j];
+        const int i = tl.bidx[j];
+        if (i >= 0 && (bi < 0 || b > best || (b == best && i < bi))) best = b, bi = i;
+    }
+    wide_argmax(best, bi, bf, bix);
     if (a.greedy || best == -INFINITY) {
-        if (t == 0) out[0] = a.greedy ? bi : -1;
+        if (blockIdx.x == 0 && t == 0) out[0] = a.greedy ? bi : -1, tl.ctrl->done = 1;
         return;
     }
-
-    // Candidates: the +inf keys if any (uniform: key 0), else the finite
-    // ones; weights relative to the top. part: this thread's share of the
-    // weights of the current set, kept up to date by every filter so that
-    // no pass is spent on the sums alone. With top-k, candidates are also
-    // counted per coarse bucket; with top-p alone, counted and weighed.
     const bool inf_mode = best == INFINITY;
     const double mx = inf_mode ? 0.0 : (double)best;
-    const bool top_k = a.top_k > 0, hist_p = !top_k && a.top_p < 1.0f;
+    if (blockIdx.x == 0 && t == 0) tl.ctrl->done = 0, tl.ctrl->mx = mx;
+    const bool hist = a.top_k > 0 || a.top_p < 1.0f, hist_p = a.top_k <= 0 && a.top_p < 1.0f;
+    if (hist)
+        for (int d = t; d < 256; d += kW) hc[d] = 0, hm[d] = 0;
+    __syncthreads();
     int nc = 0;
     double part = 0;
-    for (int i = t; i < V; i += kT) {
+    for (int i = blockIdx.x * kSpan + t; i < end; i += kW) {
         const float l = key[i];
         const bool c = inf_mode ? l == INFINITY : isfinite(l);
         const float k = __fadd_rn(inf_mode ? 0.0f : l, 0.0f); // -0 as +0: equal keys, equal codes
@@ -287,30 +381,62 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
         wt[i] = w;
         part = __dadd_rn(part, (double)w);
         nc += c;
-        if ((top_k || hist_p) && c) {
+        if (hist && c) {
             const int b = coarse(k, mx);
             if (b < 255) {
-                atomicAdd(&sh.hcount[b], 1u);
-                if (hist_p) atomicAdd(&sh.hmd[b], (double)w);
+                atomicAdd(&hc[b], 1u);
+                if (hist_p) atomicAdd(&hm[b], (double)w);
             }
         }
     }
-    nc = block_sum_int(nc, sh); // also orders the writes above before the reads below
+    const double z = wide_sum(part, buf);
+    const double n = wide_sum((double)nc, buf); // exact: at most kSpan
+    if (t == 0) tl.bsum[blockIdx.x] = z, tl.bcnt[blockIdx.x] = (int)n;
+    if (hist)
+        for (int d = t; d < 256; d += kW)
+            if (hc[d]) atomicAdd(&tl.hcount[d], hc[d]), atomicAdd(&tl.hmd[d], hm[d]);
+}
 
-    // The set the later rules work on: K, W [n], in id order (ids: NULL when
-    // position is id). The kept set is a prefix of the order, and so are the
+// The rules on the candidate set, in the one block (sampler.c's order),
+// from weights_k's keys, weights, block sums and histogram; hands the draw
+// the set (a prefix of the order: the vocabulary, or the compacted list)
+// and the sum it divides by (tl.ctrl). scratch: key [V], wt [V], then the
+// compacted list's keys, weights and ids [V] each.
+__global__ void __launch_bounds__(kT) select_k(tsr_cu_sample_args a, float *scratch, int nb, Tail tl) {
+    __shared__ Shared sh;
+    if (tl.ctrl->done) return;
+    const int V = a.vocab, t = threadIdx.x;
+    float *key = scratch, *wt = scratch + V;
+    const double mx = tl.ctrl->mx;
+    const bool top_k = a.top_k > 0, hist_p = !top_k && a.top_p < 1.0f;
+    for (int d = t; d < 256; d += kT) sh.hcount[d] = tl.hcount[d], sh.hmd[d] = tl.hmd[d];
+    // the candidates' count and weight: weights_k's blocks in order (a
+    // contiguous run of them a thread, then the fixed tree); part: this
+    // thread's share of the weights of the current set, kept up to date by
+    // every filter (the whole sum on thread 0 until one cuts the set)
+    int nc = 0;
+    double zb = 0;
+    {
+        const int per = (nb + kT - 1) / kT, lo = t * per, hi = min(nb, lo + per);
+        for (int j = lo; j < hi; j++) nc += tl.bcnt[j], zb = __dadd_rn(zb, tl.bsum[j]);
+    }
+    nc = block_sum_int(nc, sh);
+    const double zall = block_sum(zb, sh);
+    double part = t == 0 ? zall : 0.0;
+
+    // The set the later rules work on: K, W [n], in id order (the ids: lid
+    // where listed, else position is id). The kept set is a prefix of the order, and so are the
     // coarse buckets up to any one: with top-k, up to the bucket where the
     // count reaches k; with top-p alone, up to the bucket where the mass
-    // surely reaches p's target (the double sums of pass 2, in no fixed
-    // order, with a margin for their rounding and for the fixed point's).
-    // Those buckets are compacted, in id order, into a list that every later
-    // step works on instead of the vocabulary; which bucket bounds the list
-    // never changes the result, only what is read.
+    // surely reaches p's target (the double sums of the histogram, in no
+    // fixed order, with a margin for their rounding and for the fixed
+    // point's). Those buckets are compacted, in id order, into a list that
+    // every later step works on instead of the vocabulary; which bucket
+    // bounds the list never changes the result, only what is read.
     float *K = key, *W = wt;
-    const int32_t *ids = NULL;
     int n = V;
     const bool do_top_k = top_k && a.top_k < nc, do_top_p = a.top_p < 1.0f;
-    double z = do_top_k ? 0.0 : block_sum(part, sh); // top-k: after its cut
+    double z = do_top_k ? 0.0 : zall; // top-k: after its cut
     const u64 target_p = do_top_k || !do_top_p ? 0 : top_p_target(a.top_p, z);
     bool listed = false;
     if (do_top_k || hist_p) {
@@ -349,7 +475,7 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
                 part = __dadd_rn(part, (double)wt[i]);
             }
             __syncthreads();
-            K = lkey, W = lwt, ids = lid, n = (int)m;
+            K = lkey, W = lwt, n = (int)m; // ids: lid (ctrl.listed)
             listed = true;
         }
     }
@@ -384,39 +510,118 @@ __global__ void __launch_bounds__(kT) sample_k(const float *__restrict__ logits,
         __syncthreads();
         filtered = true;
     }
-
-    // Rule 6: renormalise, then the draw in id order (tsr_sampler_draw):
-    // thread t sums positions [lo, hi), a scan places the chunks, and the
-    // chunk where u * total falls walks its positions.
+    // Rule 6's renormaliser; the draw follows (draw_k, pick_k).
     const double zk = filtered ? block_sum(part, sh) : z;
-    const int chunk = (n + kT - 1) / kT, lo = t * chunk, hi = min(n, lo + chunk);
-    double own = 0;
-    int last = -1;
+    if (t == 0) tl.ctrl->listed = listed, tl.ctrl->n = n, tl.ctrl->zk = zk;
+}
+
+// The set's weights over the renormaliser, W[i] / zk rounded to float (0
+// where not a weight), summed in id order: thread t of block b the kPer
+// positions from (b kW + t) kPer, then the block's threads in order. dsum:
+// each block's sum, dlast its last position with a weight.
+__device__ void draw_chunk(const float *W, int n, double zk, double *own, int *last) {
+    const int lo = (blockIdx.x * kW + threadIdx.x) * kPer, hi = min(n, lo + kPer);
+    *own = 0, *last = -1;
     for (int i = lo; i < hi; i++) {
         const float p = W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
-        if (weight_ok(p)) own = __dadd_rn(own, (double)p), last = i;
+        if (weight_ok(p)) *own = __dadd_rn(*own, (double)p), *last = i;
     }
-    double total;
-    const double ex = excl_scan(own, sh.d, &total);
-    if (t == 0) sh.hit = INT_MAX, sh.last = -1;
+}
+
+// Exclusive prefix over a wide block's threads in thread order (fixed).
+__device__ double wide_scan(double v, double *buf, double *total) {
+    const int t = threadIdx.x;
+    buf[t] = v;
     __syncthreads();
-    const double target = __dmul_rn(a.u, total);
-    if (total > 0 && last >= 0 && target < __dadd_rn(ex, own)) {
-        double cum = ex;
+    for (int off = 1; off < kW; off <<= 1) {
+        const double add = t >= off ? buf[t - off] : 0.0;
+        __syncthreads();
+        buf[t] = __dadd_rn(buf[t], add);
+        __syncthreads();
+    }
+    const double ex = t > 0 ? buf[t - 1] : 0.0;
+    *total = buf[kW - 1];
+    __syncthreads();
+    return ex;
+}
+
+__global__ void __launch_bounds__(kW) draw_k(float *scratch, int V, Tail tl) {
+    __shared__ double buf[kW];
+    __shared__ int lmax;
+    if (tl.ctrl->done) return;
+    const int n = tl.ctrl->n;
+    if ((int)blockIdx.x * kSpan >= n) return;
+    const float *W = scratch + (tl.ctrl->listed ? 3 * (size_t)V : (size_t)V);
+    double own, total;
+    int last;
+    draw_chunk(W, n, tl.ctrl->zk, &own, &last);
+    if (threadIdx.x == 0) lmax = -1;
+    wide_scan(own, buf, &total);
+    if (last >= 0) atomicMax(&lmax, last);
+    __syncthreads();
+    if (threadIdx.x == 0) tl.dsum[blockIdx.x] = total, tl.dlast[blockIdx.x] = lmax;
+}
+
+// Rule 6's draw (tsr_sampler_draw): the first position whose running sum
+// exceeds u times the total (blocks in order, then the block's threads,
+// then its positions), else the last with a weight; -1 when none has one.
+__global__ void __launch_bounds__(kW) pick_k(float *scratch, tsr_cu_sample_args a, Tail tl, int32_t *out) {
+    __shared__ double buf[kW];
+    __shared__ int blk, hit, lastp;
+    __shared__ double before, target;
+    if (tl.ctrl->done) return;
+    const int V = a.vocab, n = tl.ctrl->n, nb = (n + kSpan - 1) / kSpan, t = threadIdx.x;
+    if (t == 0) {
+        double total = 0;
+        int last = -1;
+        for (int b = 0; b < nb; b++) {
+            total = __dadd_rn(total, tl.dsum[b]);
+            if (tl.dlast[b] > last) last = tl.dlast[b];
+        }
+        const double tg = __dmul_rn(a.u, total);
+        double cum = 0;
+        int b = 0;
+        if (total > 0 && last >= 0)
+            for (; b < nb; b++) {
+                const double next = __dadd_rn(cum, tl.dsum[b]);
+                if (tg < next) break;
+                cum = next;
+            }
+        blk = total > 0 && last >= 0 && b < nb ? b : -1;
+        lastp = total > 0 ? last : -1;
+        before = cum, target = tg, hit = INT_MAX;
+    }
+    __syncthreads();
+    const int b = blk;
+    int pos = lastp;
+    if (b >= 0) {
+        // block b's sums again, as draw_k made them
+        const float *W = scratch + (tl.ctrl->listed ? 3 * (size_t)V : (size_t)V);
+        const double zk = tl.ctrl->zk;
+        const int lo = (b * kW + t) * kPer, hi = min(n, lo + kPer);
+        double own = 0;
         for (int i = lo; i < hi; i++) {
             const float p = W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
-            if (!weight_ok(p)) continue;
-            cum = __dadd_rn(cum, (double)p);
-            if (target < cum) {
-                atomicMin(&sh.hit, i);
-                break;
-            }
+            if (weight_ok(p)) own = __dadd_rn(own, (double)p);
         }
+        double total;
+        const double ex = wide_scan(own, buf, &total);
+        double cum = __dadd_rn(before, ex);
+        if (target < __dadd_rn(cum, own))
+            for (int i = lo; i < hi; i++) {
+                const float p = W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
+                if (!weight_ok(p)) continue;
+                cum = __dadd_rn(cum, (double)p);
+                if (target < cum) {
+                    atomicMin(&hit, i);
+                    break;
+                }
+            }
+        __syncthreads();
+        if (hit != INT_MAX) pos = hit;
     }
-    if (last >= 0) atomicMax(&sh.last, last);
-    __syncthreads();
     if (t == 0) {
-        const int pos = !(total > 0) ? -1 : sh.hit != INT_MAX ? sh.hit : sh.last;
+        const int32_t *ids = tl.ctrl->listed ? (const int32_t *)(scratch + 4 * (size_t)V) : NULL;
         out[0] = pos < 0 || !ids ? pos : ids[pos];
     }
 }
@@ -441,7 +646,10 @@ bool overlap(const void *a, uint64_t na, const void *b, uint64_t nb) {
 } // namespace
 
 extern "C" uint64_t tsr_cu_sample_scratch_bytes(int vocab) {
-    return vocab > 0 ? 5ull * (uint64_t)vocab * sizeof(float) : 0;
+    if (vocab < 1) return 0;
+    const uint64_t nb = (uint64_t)wide_blocks(vocab);
+    return align8(5ull * (uint64_t)vocab * sizeof(float)) + nb * 16 + 256 * 8 + align8(sizeof(Ctrl)) + nb * 16 +
+           256 * 4;
 }
 
 extern "C" int tsr_cu_sample(const float *logits, const int32_t *state, const tsr_cu_sample_args *a,
@@ -453,7 +661,16 @@ extern "C" int tsr_cu_sample(const float *logits, const int32_t *state, const ts
     if (overlap(logits, row, scratch, scr) || overlap(out, 4, scratch, scr) || overlap(out, 4, logits, row) ||
         (state && (overlap(state, row, scratch, scr) || overlap(state, row, out, 4))))
         return -1;
-    sample_k<<<1, kT, 0, (cudaStream_t)stream>>>(logits, state, *a, (float *)scratch, out);
+    cudaStream_t st = (cudaStream_t)stream;
+    const int nb = wide_blocks(a->vocab);
+    float *key = (float *)scratch;
+    const Tail tl = tail_of(scratch, a->vocab);
+    keys_k<<<nb, kW, 0, st>>>(logits, state, *a, key, tl);
+    weights_k<<<nb, kW, 0, st>>>(*a, key, key + a->vocab, nb, tl, out);
+    if (a->greedy) return launched();
+    select_k<<<1, kT, 0, st>>>(*a, key, nb, tl);
+    draw_k<<<nb, kW, 0, st>>>(key, a->vocab, tl);
+    pick_k<<<1, kW, 0, st>>>(key, *a, tl, out);
     return launched();
 }
 

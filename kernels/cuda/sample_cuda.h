@@ -18,8 +18,10 @@
  *     top-k (or top-p alone), a histogram of coarse buckets below the
  *     maximum first bounds the kept set, and those buckets are compacted
  *     (in id order) into a list that every later step works on instead of
- *     the vocabulary (one block of 1024 threads: four passes over the
- *     vocabulary, then work on the list);
+ *     the vocabulary (the passes over the whole vocabulary, penalties and
+ *     temperature, the weights and the draw's, run on blocks of 2,048 ids
+ *     each; top-k, top-p and min-p in one block of 1024 threads, on the
+ *     list where there is one);
  *   - sums run in another order than the CPU's (block reductions and a
  *     scan in id order in double); top-p's cumulative mass is summed in
  *     fixed point (units of 2^-40 of the top weight, deterministic): it
@@ -69,8 +71,8 @@ int tsr_cu_sample_history(int32_t *state, const int32_t *ids, int n, int gen_fro
  * when a is out of range or the buffers overlap. */
 int tsr_cu_sample(const float *logits, const int32_t *state, const tsr_cu_sample_args *a,
                   void *scratch, int32_t *out, void *stream);
-/* 5 * vocab * 4 bytes: keys, weights, and a compacted list (keys, weights,
- * ids) */
+/* 5 * vocab * 4 bytes (keys, weights, and a compacted list: keys, weights,
+ * ids) and each wide block's sums and counts (about 16 bytes per 1,000 ids) */
 uint64_t tsr_cu_sample_scratch_bytes(int vocab);
 
 #ifdef __cplusplus
