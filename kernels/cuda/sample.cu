@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "pdl.cuh"
 #include "sample_cuda.h"
 
 namespace {
@@ -312,6 +313,7 @@ __device__ void wide_argmax(float &best, int &bi, float *bf, int *bix) {
 // __restrict__ lets their loads run ahead.
 __global__ void __launch_bounds__(kW) keys_k(const float *__restrict__ logits, const int32_t *__restrict__ state,
                                              tsr_cu_sample_args a, float *__restrict__ key, Tail tl) {
+    tsr_pdl::enter(); // each kernel after the first launched as a programmatic dependent
     __shared__ float bf[kW / 32];
     __shared__ int bix[kW / 32];
     const int V = a.vocab, t = threadIdx.x, end = min(V, (int)(blockIdx.x + 1) * kSpan);
@@ -345,6 +347,7 @@ __global__ void __launch_bounds__(kW) keys_k(const float *__restrict__ logits, c
 // (and weighed) into the tail's histogram.
 __global__ void __launch_bounds__(kW) weights_k(tsr_cu_sample_args a, float *__restrict__ key,
                                                 float *__restrict__ wt, int nb, Tail tl, int32_t *out) {
+    tsr_pdl::enter(); // each kernel after the first launched as a programmatic dependent
     __shared__ float bf[kW / 32];
     __shared__ int bix[kW / 32];
     __shared__ double buf[kW / 32];
@@ -403,6 +406,7 @@ __global__ void __launch_bounds__(kW) weights_k(tsr_cu_sample_args a, float *__r
 // and the sum it divides by (tl.ctrl). scratch: key [V], wt [V], then the
 // compacted list's keys, weights and ids [V] each.
 __global__ void __launch_bounds__(kT) select_k(tsr_cu_sample_args a, float *scratch, int nb, Tail tl) {
+    tsr_pdl::enter(); // each kernel after the first launched as a programmatic dependent
     __shared__ Shared sh;
     if (tl.ctrl->done) return;
     const int V = a.vocab, t = threadIdx.x;
@@ -546,6 +550,7 @@ __device__ double wide_scan(double v, double *buf, double *total) {
 }
 
 __global__ void __launch_bounds__(kW) draw_k(float *scratch, int V, Tail tl) {
+    tsr_pdl::enter(); // each kernel after the first launched as a programmatic dependent
     __shared__ double buf[kW];
     __shared__ int lmax;
     if (tl.ctrl->done) return;
@@ -566,6 +571,7 @@ __global__ void __launch_bounds__(kW) draw_k(float *scratch, int V, Tail tl) {
 // exceeds u times the total (blocks in order, then the block's threads,
 // then its positions), else the last with a weight; -1 when none has one.
 __global__ void __launch_bounds__(kW) pick_k(float *scratch, tsr_cu_sample_args a, Tail tl, int32_t *out) {
+    tsr_pdl::enter(); // each kernel after the first launched as a programmatic dependent
     __shared__ double buf[kW];
     __shared__ int blk, hit, lastp;
     __shared__ double before, target;
@@ -665,13 +671,27 @@ extern "C" int tsr_cu_sample(const float *logits, const int32_t *state, const ts
     const int nb = wide_blocks(a->vocab);
     float *key = (float *)scratch;
     const Tail tl = tail_of(scratch, a->vocab);
+    // The kernels after the first are launched as programmatic dependents
+    // of the one before (kernels/cuda/pdl.cuh) where the device has them
+    // (sm_90): each waits at its top, so its launch overlaps the other's
+    // run instead of following it. stories260K (vocabulary 512: each kernel
+    // one block) sampled through cuda-fast on the H200, 9,944 tok/s with
+    // plain launches (BENCHMARKS.md, twenty-seventh session).
+    static int pdl = -1; // the same answer from any thread
+    if (pdl < 0) {
+        int dev = 0, major = 0;
+        pdl = cudaGetDevice(&dev) == cudaSuccess &&
+              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    }
+    const bool dep = pdl == 1;
     keys_k<<<nb, kW, 0, st>>>(logits, state, *a, key, tl);
-    weights_k<<<nb, kW, 0, st>>>(*a, key, key + a->vocab, nb, tl, out);
+    cudaError_t e = tsr_pdl::launch(weights_k, nb, kW, 0, st, dep, *a, key, key + a->vocab, nb, tl, out);
+    if (e != cudaSuccess) return -10;
     if (a->greedy) return launched();
-    select_k<<<1, kT, 0, st>>>(*a, key, nb, tl);
-    draw_k<<<nb, kW, 0, st>>>(key, a->vocab, tl);
-    pick_k<<<1, kW, 0, st>>>(key, *a, tl, out);
-    return launched();
+    if ((e = tsr_pdl::launch(select_k, 1, kT, 0, st, dep, *a, key, nb, tl)) == cudaSuccess &&
+        (e = tsr_pdl::launch(draw_k, nb, kW, 0, st, dep, key, a->vocab, tl)) == cudaSuccess)
+        e = tsr_pdl::launch(pick_k, 1, kW, 0, st, dep, key, *a, tl, out);
+    return e == cudaSuccess ? launched() : -10;
 }
 
 extern "C" int tsr_cu_sample_history(int32_t *state, const int32_t *ids, int n, int gen_from, int vocab,
