@@ -27,7 +27,6 @@ struct Shared {
     u64 hmass[256];
     unsigned int hcount[256];
     double hmd[256]; // pass 2's coarse masses (top-p alone)
-    float f[32];
     int i[32];
     int found, hit, last;
     u64 above;
@@ -287,7 +286,8 @@ __device__ double wide_sum(double v, double *buf) {
     return t;
 }
 
-// The highest value over a wide block, ties to the lowest index (as block_argmax).
+// The highest value over a wide block, ties to the lowest index; bi -1 and
+// best -inf when no thread holds one (NaN and -inf never win).
 __device__ void wide_argmax(float &best, int &bi, float *bf, int *bix) {
     for (int o = 16; o > 0; o >>= 1) {
         const float b = __shfl_xor_sync(0xffffffffu, best, o);
