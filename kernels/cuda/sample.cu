@@ -28,7 +28,7 @@ struct Shared {
     unsigned int hcount[256];
     double hmd[256]; // pass 2's coarse masses (top-p alone)
     int i[32];
-    int found, hit, last;
+    int found, hit;
     u64 above;
 };
 
