@@ -55,6 +55,8 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
     cfg->q8_0_i16_kernel = tsr_gemv_q8_0_i16_kernel(want);
     cfg->isa = want;
     if (either(ctx, "prefill", "gemm", "gemm", "blas", &cfg->use_blas) != TSR_OK) return TSR_ERR_INVALID;
+    p = ctx->host->param(ctx, "glu");
+    cfg->glu = p && p->type == TSR_PARAM_BOOL ? p->v.b : 0;
     p = ctx->host->param(ctx, "blas_min_rows");
     cfg->blas_min_rows = p && p->type == TSR_PARAM_INT ? p->v.i : 0;
     p = ctx->host->param(ctx, "blas_min_rows_quant");
@@ -609,7 +611,8 @@ int gemv_engine_run(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const
 int gemv_engine_run_glu(const gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx, const gemv_matrix *m,
                         int rows, const float *x, float *y, const tsr_exec *ex) {
     const int64_t min_rows = prefill_rows(cfg, m);
-    if (!m->glu_rows || rows < 1 || !x || !y || (min_rows > 0 && rows >= min_rows)) return TSR_ERR_UNSUPPORTED;
+    if (!cfg->glu || !m->glu_rows || rows < 1 || !x || !y || (min_rows > 0 && rows >= min_rows))
+        return TSR_ERR_UNSUPPORTED;
     run_job j;
     job_init(&j, cfg, ctx, m, rows, x, y, m->glu_rows, ex);
     j.glu = m->glu_rows;

@@ -23,6 +23,7 @@ typedef struct gemv_engine_cfg {
     int64_t blas_min_rows_q;   /* the same for block-quantised dtypes (slower to widen) */
     int64_t tile_rows;         /* weight rows widened per sgemm call */
     int copy_weights;          /* weights as stored: copied at prepare (1) or read through the mapping (0) */
+    int glu;                   /* param glu: run_glu takes decode rows (1) or declines them (0) */
 } gemv_engine_cfg;
 
 /* Resident weights packed into shared blocks of whole 2 MiB pages (host

@@ -485,8 +485,15 @@ static void test_glu(void **state) {
         th_set_int("blas_min_rows", 4);
         th_set_int("blas_min_rows_quant", 4);
         inst_box b;
-        assert_int_equal(open_inst(&b), TSR_OK);
+        assert_int_equal(open_inst(&b), TSR_OK); /* glu off (the default): declined */
         void *g = NULL, *g3 = NULL, *odd = NULL;
+        assert_int_equal(b.g->prepare_group(b.inst, ws, 2, &g), TSR_OK);
+        assert_int_equal(b.g->run_glu(b.inst, g, 1, x, ybuf, &(tsr_exec){.device = TSR_DEVICE_CPU, .n_threads = 2}),
+                         TSR_ERR_UNSUPPORTED);
+        b.g->release(b.inst, g);
+        close_inst(&b);
+        th_set_bool("glu", 1);
+        assert_int_equal(open_inst(&b), TSR_OK);
         assert_int_equal(b.g->prepare_group(b.inst, ws, 2, &g), TSR_OK);
         tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = 2};
         for (int nx = 1; nx <= nmax; nx += 2)

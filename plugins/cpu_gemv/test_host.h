@@ -97,6 +97,15 @@ static void th_set_int(const char *name, int64_t v) {
     th_params[th_n_params++] = (tsr_param){.name = name, .type = TSR_PARAM_INT, .v.i = v};
 }
 
+static void th_set_bool(const char *name, int v) {
+    for (int i = 0; i < th_n_params; i++)
+        if (!strcmp(th_params[i].name, name)) {
+            th_params[i].v.b = v;
+            return;
+        }
+    th_params[th_n_params++] = (tsr_param){.name = name, .type = TSR_PARAM_BOOL, .v.b = v};
+}
+
 static void th_set_str(const char *name, const char *v) {
     for (int i = 0; i < th_n_params; i++)
         if (!strcmp(th_params[i].name, name)) {

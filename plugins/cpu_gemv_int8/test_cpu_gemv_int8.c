@@ -471,6 +471,7 @@ static void test_glu(void **state) {
         th_n_params = 0;
         th_set_int("blas_min_rows", 4);
         th_set_int("blas_min_rows_quant", 4);
+        th_set_bool("glu", 1); /* off by default: the host runs the pair and its SiLU */
         int rc;
         void *inst = open_inst(&rc), *grp = NULL;
         assert_int_equal(rc, TSR_OK);
