@@ -316,7 +316,7 @@ static void glu_cases(conf_env *env, gemv_pair *p, uint32_t dt, uint64_t *rng) {
         p->ci->err[0] = '\0';
         rc = glu(CONF_INST(p->ci), h, rows, x, y, &ex);
         if (!bad_ref && rc == TSR_ERR_UNSUPPORTED) {
-            conf_report(env, CONF_UNSUPPORTED, what, "not fused at this row count");
+            conf_report(env, CONF_UNSUPPORTED, what, "declined (this row count, or the plugin's params)");
             continue;
         }
         /* a product of two outputs each within a lossy plugin's bound e: its
