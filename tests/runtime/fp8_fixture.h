@@ -2,8 +2,9 @@
  * fp8_fixture.h - FP8 checkpoints made at test time from the transformers
  * fixtures by tools/mk_fp8_checkpoint, in a temporary folder removed at the
  * end. Shared by test_fp8_checkpoint (CPU) and test_cuda_fp8_ckpt (GPU).
- * The tool is $MK_FP8_CHECKPOINT when set (a build carried elsewhere), else
- * the one this build made.
+ * The tool is $MK_FP8_CHECKPOINT when set, else the one this build made,
+ * else (a build carried elsewhere, as to the GPU machine) bin/ beside the
+ * test binary's tests/bin.
  */
 #ifndef TSR_TESTS_FP8_FIXTURE_H
 #define TSR_TESTS_FP8_FIXTURE_H
@@ -62,16 +63,37 @@ static inline void fp8_fixture_dir(const char *family, char *out, size_t n) {
         snprintf(out, n, "%s/tests/data/fixtures/transformers/%s", fp8_src_dir(), family);
 }
 
+/* The converter to run (the header). */
+static inline const char *fp8_tool(void) {
+    static char found[4096];
+    const char *env = getenv("MK_FP8_CHECKPOINT");
+    if (env && env[0]) return env;
+    if (access(MK_FP8_CHECKPOINT, X_OK) == 0) return MK_FP8_CHECKPOINT;
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            if (snprintf(found, sizeof found, "%s/../../bin/mk_fp8_checkpoint", exe) < (int)sizeof found &&
+                access(found, X_OK) == 0)
+                return found;
+        }
+    }
+    return MK_FP8_CHECKPOINT; /* named by the failure */
+}
+
 /* Run the tool on a fixture: the FP8 checkpoint into tmp/NAME (dir), and the
  * dequantised f32 one into tmp/NAME-deq (deq) unless deq is NULL. */
 static inline void fp8_make_ckpt(const char *family, const char *name, const char *args, char *dir, char *deq,
                                  size_t n) {
     char src[4096], cmd[16384];
-    const char *tool = getenv("MK_FP8_CHECKPOINT");
+    const char *tool = fp8_tool();
     fp8_fixture_dir(family, src, sizeof src);
     snprintf(dir, n, "%s/%s", fp8_tmp_root, name);
     if (deq) snprintf(deq, n, "%s/%s-deq", fp8_tmp_root, name);
-    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' %s%s%s%s", tool && tool[0] ? tool : MK_FP8_CHECKPOINT, src, dir,
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' %s%s%s%s", tool, src, dir,
              args, deq ? " --dequant '" : "", deq ? deq : "", deq ? "'" : "");
     if (system(cmd) != 0) fail_msg("%s failed", cmd);
 }
