@@ -34,8 +34,17 @@ static int detect512bw(void) {
     __cpuid_count(7, 0, a, b, c, d);
     return (b >> 30) & 1;
 }
+
+/* AVX512-VNNI on top of detect512bw(): cpuid 7 ECX bit 11. */
+static int detect512vnni(void) {
+    if (!detect512bw()) return 0;
+    unsigned a, b, c, d;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (c >> 11) & 1;
+}
 #else
 static int detect(void) { return 0; }
+static int detect512vnni(void) { return 0; }
 static int detect512(void) { return 0; }
 static int detect512bw(void) { return 0; }
 #endif
@@ -55,5 +64,11 @@ int tsr_cpu_has_avx512f(void) {
 int tsr_cpu_has_avx512bw(void) {
     static int have = -1;
     if (have < 0) have = detect512bw();
+    return have;
+}
+
+int tsr_cpu_has_avx512vnni(void) {
+    static int have = -1;
+    if (have < 0) have = detect512vnni();
     return have;
 }

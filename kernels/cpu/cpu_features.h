@@ -13,5 +13,7 @@ int tsr_cpu_has_avx2_fma_f16c(void);
 int tsr_cpu_has_avx512f(void);
 /* 1 if the CPU (and OS) run AVX-512F and AVX-512BW. */
 int tsr_cpu_has_avx512bw(void);
+/* 1 if that and AVX512-VNNI are present. */
+int tsr_cpu_has_avx512vnni(void);
 
 #endif

@@ -1138,6 +1138,72 @@ INL512 void i8_dot512(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n,
 AVX512BW static I8_ROWS(i8_rows512, i8_dot512)
 void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { i8_rows512(a, r0, r1); }
 
+/* The same with AVX512-VNNI: vpdpwssd is vpmaddwd and vpaddd in one (the
+ * same int32 sums: no pair of products here comes near 2^31), and up to 8
+ * input rows a pass over a weight row (26 of the 32 vector registers), so
+ * that a verification pass of k + 1 <= 8 rows widens each weight once. The
+ * results are bit for bit i8_dot512's (test_cpu_gemv_int8). bench_gemv
+ * i8x16 [4864 x 896] on the Xeon VM, 2 threads, GB/s at 1 / 2 / 4 / 8 rows:
+ * 31.6, 26.6, 18.6, 10.2 -> 32.1, 28.5, 20.5, 12.0; cpu_gemv_int8's 8-row
+ * passes of the Qwen2.5-0.5B shape 49.0-50.2 -> 41.6-42.3 ms (BENCHMARKS.md,
+ * twenty-seventh session). Bound by vpdpwssd's one-a-cycle issue at 8 rows. */
+#define AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma,f16c")))
+#define INLVNNI AVX512VNNI static inline __attribute__((always_inline))
+enum { XG8 = 8 };
+
+INLVNNI void i8_dot_vnni(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {
+    __m512 accf[XG8];
+    for (int i = 0; i < nx; i++) accf[i] = _mm512_setzero_ps();
+    int64_t c = 0;
+    while (c + 64 <= n) {
+        const int64_t end = c + 1024 < n ? c + 1024 : n;
+        __m512i acc[XG8][2];
+        for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+        for (; c + 64 <= end; c += 64) {
+            _mm_prefetch((const char *)(w + c) + PF_DIST, _MM_HINT_T0);
+            const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(w + c)));
+            const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(w + c + 32)));
+            for (int i = 0; i < nx; i++) {
+                const int16_t *xp = x + i * ldx + c;
+                acc[i][0] = _mm512_dpwssd_epi32(acc[i][0], w0, _mm512_loadu_si512(xp));
+                acc[i][1] = _mm512_dpwssd_epi32(acc[i][1], w1, _mm512_loadu_si512(xp + 32));
+            }
+        }
+        for (int i = 0; i < nx; i++)
+            accf[i] = _mm512_add_ps(accf[i], _mm512_cvtepi32_ps(_mm512_add_epi32(acc[i][0], acc[i][1])));
+    }
+    for (int i = 0; i < nx; i++) out[i] = _mm512_reduce_add_ps(accf[i]) + (float)i8_tail(w, x + i * ldx, c, n);
+}
+
+/* i8_rows512's driver with groups of up to XG8 input rows. */
+AVX512VNNI static void i8_rows_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    float out[XG8];
+    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols, (uint64_t)(r1 - r0) * (uint64_t)a->cols);
+    for (int64_t c0 = r0; c0 < r1; c0 += Y_RUN) {
+        const int64_t c1 = r1 - c0 > Y_RUN ? c0 + Y_RUN : r1;
+        prefetch_y(a->y, a->ldy, a->nx, c0, c1);
+        for (int64_t r = c0; r < c1; r++) {
+            const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;
+            for (int g = 0; g < a->nx; g += XG8) {
+                const int nn = a->nx - g < XG8 ? a->nx - g : XG8;
+                const int16_t *xg = a->xq + (int64_t)g * a->cols;
+                switch (nn) { /* each a constant row count, so the dot's loops unroll */
+                case 1: i8_dot_vnni(w, xg, a->cols, a->cols, 1, out); break;
+                case 2: i8_dot_vnni(w, xg, a->cols, a->cols, 2, out); break;
+                case 3: i8_dot_vnni(w, xg, a->cols, a->cols, 3, out); break;
+                case 4: i8_dot_vnni(w, xg, a->cols, a->cols, 4, out); break;
+                case 5: i8_dot_vnni(w, xg, a->cols, a->cols, 5, out); break;
+                case 6: i8_dot_vnni(w, xg, a->cols, a->cols, 6, out); break;
+                case 7: i8_dot_vnni(w, xg, a->cols, a->cols, 7, out); break;
+                default: i8_dot_vnni(w, xg, a->cols, a->cols, 8, out); break;
+                }
+                for (int i = 0; i < nn; i++) STORE_I8(g, i);
+            }
+        }
+    }
+}
+void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { i8_rows_vnni(a, r0, r1); }
+
 /* Q8_0 x f32: a block's 32 codes widened to f32 in two vectors, its two
  * products summed, then times d; two blocks a step in two chains. */
 #define Q8F_BLOCK512(blk, b, h)                                                                  \

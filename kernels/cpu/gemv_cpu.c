@@ -169,6 +169,9 @@ void tsr_gemv_permute_x(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a
 /* --- int8 x int16 ------------------------------------------------------------- */
 
 tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa) {
+#if defined(__x86_64__)
+    if (avx512_kernels(isa) && tsr_cpu_has_avx512vnni()) return tsr_gemv_i8_rows_avx512_vnni;
+#endif
     if (avx512_kernels(isa)) return tsr_gemv_i8_rows_avx512;
     switch (kernel_isa(isa)) {
     case TSR_GEMV_ISA_PORTABLE: return tsr_gemv_i8_rows_portable;

@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemv_cpu.h"
 #include "kernels/dtype.h"
 #include "plugins/cpu_gemv/test_host.h"
@@ -125,6 +126,46 @@ static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char
     free(inst);
     assert_int_equal(atomic_load(&th_live), 0);
     free(wf), free(w), free(x), free(y), free(q);
+}
+
+/* The AVX512-VNNI int8 x int16 kernel (vpdpwssd, up to 8 input rows a
+ * pass) gives the AVX-512 kernel's outputs bit for bit: 1..9 input rows,
+ * columns with whole 1,024-column flushes, a partial one and a tail, the
+ * largest codes and activations. Skipped where the CPU lacks VNNI. */
+static void test_vnni_bits(void **state) {
+    (void)state;
+#if defined(__x86_64__)
+    if (!tsr_cpu_has_avx512vnni()) {
+        printf("# no AVX512-VNNI here: its kernel is not compared\n");
+        skip();
+    }
+    rng = SEED + 99;
+    const int64_t rows = 37, shapes[] = {64, 2100, 4864 + 33};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int64_t cols = shapes[si];
+        int8_t *w = malloc((size_t)(rows * cols));
+        int16_t *xq = malloc((size_t)(9 * cols) * sizeof *xq);
+        float *ws = malloc((size_t)rows * sizeof *ws), xs[9], *y0 = malloc((size_t)(9 * rows) * sizeof *y0),
+              *y1 = malloc((size_t)(9 * rows) * sizeof *y1);
+        assert_true(w && xq && ws && y0 && y1);
+        for (int64_t i = 0; i < rows * cols; i++) w[i] = (int8_t)(i % 97 == 0 ? -127 : lrintf(rndf(-127, 127)));
+        for (int64_t i = 0; i < 9 * cols; i++) xq[i] = (int16_t)(i % 89 == 0 ? -32767 : lrintf(rndf(-32767, 32767)));
+        for (int64_t r = 0; r < rows; r++) ws[r] = rndf(1e-4f, 1e-2f);
+        for (int i = 0; i < 9; i++) xs[i] = rndf(1e-5f, 1e-3f);
+        for (int nx = 1; nx <= 9; nx++) {
+            tsr_gemv_i8_args a = {w, ws, cols, xq, xs, nx, y0, rows};
+            tsr_gemv_i8_rows_avx512(&a, 0, rows);
+            a.y = y1;
+            tsr_gemv_i8_rows_avx512_vnni(&a, 0, rows);
+            if (memcmp(y0, y1, (size_t)(nx * rows) * sizeof *y0) != 0)
+                fail_msg("%lld columns, %d rows: the VNNI kernel differs from the AVX-512 one", (long long)cols, nx);
+        }
+        free(w), free(xq), free(ws), free(y0), free(y1);
+    }
+    printf("# the AVX512-VNNI kernel equals the AVX-512 one bit for bit (1..9 rows)\n");
+#else
+    skip();
+#endif
 }
 
 static void test_table(void **state) {
@@ -546,6 +587,7 @@ static void test_quantisers(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_vnni_bits),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_q8_0_as_stored),
         cmocka_unit_test(test_errors),
