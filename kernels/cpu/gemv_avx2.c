@@ -1228,12 +1228,102 @@ INL512 void dot_q8_0_512(const uint8_t *w, const float *x, int64_t ldx, int64_t 
 #undef Q8F_BLOCK512
 AVX512BW ROW_DRIVER(rows_q8_0_512, dot_q8_0_512, 4)
 
-/* The AVX-512 decode kernels where there is one (Q8_0), else the AVX2 ones.
+/* bf16 verification rows (2 and more input rows) in 512-bit vectors: 32
+ * weights a 64-byte load split with a shift and a mask as bf16p_dot splits
+ * 16, against activations permuted by blocks of 32 (permute_x16: xp[b*32 +
+ * 16k + j] = x[b*32 + 2j + k]), up to XG8 input rows a pass over a weight
+ * row (16 accumulators), two chains a row. One row keeps bf16p_dot (the
+ * 512-bit one-row variant made the pass slower, below). Products exact in
+ * f32 as before; sums in another lane grouping. bench_gemv bf16 [4864 x
+ * 896], 2 threads, GB/s at 2 / 4 / 8 rows: 28.4, 21.2, 11.9 (AVX2, groups
+ * of 4) -> 32.0, 24.3, 14.1; cpu_gemv's 8-row passes of the Qwen2.5-0.5B
+ * shape 81.4-81.5 -> 64.1-69.9 ms (BENCHMARKS.md, twenty-seventh session). */
+static void permute_x16(const float *x, int64_t ldx, int nx, int64_t n, float *xp) {
+    const int64_t nb = n / 32;
+    for (int i = 0; i < nx; i++) {
+        const float *xi = x + i * ldx;
+        float *o = xp + i * n;
+        for (int64_t b = 0; b < nb; b++)
+            for (int k = 0; k < 2; k++)
+                for (int j = 0; j < 16; j++) o[b * 32 + 16 * k + j] = xi[b * 32 + 2 * j + k];
+        for (int64_t c = nb * 32; c < n; c++) o[c] = xi[c]; /* tail in order */
+    }
+}
+
+int tsr_gemv_bf16_512_rows(const tsr_gemv_args *a) { return a->nx >= 2; }
+
+void tsr_gemv_permute_x_bf16_512(const tsr_gemv_args *a, float *xp) { permute_x16(a->x, a->ldx, a->nx, a->cols, xp); }
+
+INL512 void bf16p_dot512(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int nx, float *out) {
+    __m512 acc[XG8][2];
+    for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
+    int64_t c = 0;
+    for (; c + 32 <= n; c += 32) {
+        _mm_prefetch((const char *)(w + 2 * c) + PF_DIST, _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512((const void *)(w + 2 * c));
+        const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+        for (int i = 0; i < nx; i++) {
+            const float *x = xp + i * ldx + c;
+            acc[i][0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x), acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), acc[i][1]);
+        }
+    }
+    for (int i = 0; i < nx; i++) {
+        float t = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+        for (int64_t cc = c; cc < n; cc++) t += sc_bf16(w + 2 * cc) * xp[i * ldx + cc];
+        out[i] = t;
+    }
+}
+
+AVX512BW static void rows_bf16p512(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp) {
+    float out[XG8];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
+        for (int g = 0; g < a->nx; g += XG8) {
+            const int nn = a->nx - g < XG8 ? a->nx - g : XG8;
+            const float *xg = xp + (int64_t)g * a->cols;
+            switch (nn) { /* each a constant row count, so the dot's loops unroll */
+            case 1: bf16p_dot512(row, xg, a->cols, a->cols, 1, out); break;
+            case 2: bf16p_dot512(row, xg, a->cols, a->cols, 2, out); break;
+            case 3: bf16p_dot512(row, xg, a->cols, a->cols, 3, out); break;
+            case 4: bf16p_dot512(row, xg, a->cols, a->cols, 4, out); break;
+            case 5: bf16p_dot512(row, xg, a->cols, a->cols, 5, out); break;
+            case 6: bf16p_dot512(row, xg, a->cols, a->cols, 6, out); break;
+            case 7: bf16p_dot512(row, xg, a->cols, a->cols, 7, out); break;
+            default: bf16p_dot512(row, xg, a->cols, a->cols, 8, out); break;
+            }
+            for (int i = 0; i < nn; i++) Y_AT(g, i) = out[i];
+        }
+    }
+}
+
+/* The AVX-512 decode kernels where there is one (Q8_0; bf16 from two input
+ * rows), else the AVX2 ones.
  * (bf16 in 512-bit vectors, its activations permuted by 32s, read 17% more
  * from L2 but made the 0.5B pass slower, 31.8-32.7 -> 32.8-33.4 ms; E4M3,
  * 32 codes widened in two 16-lane conversions, 5% more from L2 and a 3%
  * faster pass: neither kept, BENCHMARKS.md, seventeenth session.) */
 void tsr_gemv_rows_avx512(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
+    if (dtype == TSR_DTYPE_BF16 && tsr_gemv_bf16_512_rows(a)) {
+        float *own = NULL;
+        const float *xp = a->xp;
+        if (!xp) { /* as tsr_gemv_permute_x makes it for this ISA */
+            if (!(own = malloc((size_t)a->nx * (size_t)a->cols * sizeof *own))) {
+                tsr_gemv_rows_avx2(dtype, a, r0, r1);
+                return;
+            }
+            permute_x16(a->x, a->ldx, a->nx, a->cols, own);
+            xp = own;
+        }
+        if (r1 > r0) prefetch_start(a->w + (uint64_t)r0 * a->row_bytes, (uint64_t)(r1 - r0) * a->row_bytes);
+#define RUN(c0, c1) rows_bf16p512(a, c0, c1, xp)
+        EACH_Y_RUN(a, r0, r1, RUN)
+#undef RUN
+        free(own);
+        return;
+    }
     if (dtype != TSR_DTYPE_Q8_0) {
         tsr_gemv_rows_avx2(dtype, a, r0, r1);
         return;

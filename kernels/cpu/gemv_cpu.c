@@ -153,6 +153,7 @@ float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
 
 int64_t tsr_gemv_permuted_x_floats(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a) {
 #if defined(__x86_64__)
+    /* bf16 from two rows on AVX-512: the same size, blocks of 32 (tsr_gemv_rows_avx512) */
     if (kernel_isa(isa) == TSR_GEMV_ISA_AVX2) return tsr_gemv_permuted_x_floats_avx2(dtype, a);
 #endif
     (void)isa, (void)dtype, (void)a;
@@ -161,6 +162,10 @@ int64_t tsr_gemv_permuted_x_floats(tsr_gemv_isa isa, uint32_t dtype, const tsr_g
 
 void tsr_gemv_permute_x(tsr_gemv_isa isa, uint32_t dtype, const tsr_gemv_args *a, float *xp) {
 #if defined(__x86_64__)
+    if (avx512_kernels(isa) && dtype == TSR_DTYPE_BF16 && tsr_gemv_bf16_512_rows(a)) {
+        tsr_gemv_permute_x_bf16_512(a, xp);
+        return;
+    }
     if (kernel_isa(isa) == TSR_GEMV_ISA_AVX2) tsr_gemv_permute_x_avx2(dtype, a, xp);
 #endif
     (void)isa, (void)dtype, (void)a, (void)xp;

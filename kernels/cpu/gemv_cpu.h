@@ -167,6 +167,10 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
 void tsr_gemv_rows_portable(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_rows_avx512(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1);
+/* 1 where tsr_gemv_rows_avx512 runs bf16 rows in 512-bit vectors (a->nx >= 2),
+ * with their own permutation of x (tsr_gemv_permute_x_bf16_512). */
+int tsr_gemv_bf16_512_rows(const tsr_gemv_args *a);
+void tsr_gemv_permute_x_bf16_512(const tsr_gemv_args *a, float *xp);
 void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1); /* AVX512-VNNI too */
 int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a);
