@@ -36,6 +36,25 @@
         }                                                                                      \
         for (int i = 0; i < nn; i++) STORE(g, i);                                              \
     }
+/* The same, XG8 rows at a time, for the AVX-512 kernels whose dots hold 8
+ * rows' accumulators (32 vector registers): a pass of up to 8 rows (a
+ * verification pass) widens each weight once. */
+enum { XG8 = 8 };
+#define EACH_GROUP8(NX, STORE, CALL, ...)                                                      \
+    for (int g = 0; g < (NX); g += XG8) {                                                      \
+        const int nn = (NX) - g < XG8 ? (NX) - g : XG8;                                        \
+        switch (nn) {                                                                          \
+        case 1: CALL(__VA_ARGS__, g, 1); break;                                                \
+        case 2: CALL(__VA_ARGS__, g, 2); break;                                                \
+        case 3: CALL(__VA_ARGS__, g, 3); break;                                                \
+        case 4: CALL(__VA_ARGS__, g, 4); break;                                                \
+        case 5: CALL(__VA_ARGS__, g, 5); break;                                                \
+        case 6: CALL(__VA_ARGS__, g, 6); break;                                                \
+        case 7: CALL(__VA_ARGS__, g, 7); break;                                                \
+        default: CALL(__VA_ARGS__, g, 8); break;                                               \
+        }                                                                                      \
+        for (int i = 0; i < nn; i++) STORE(g, i);                                              \
+    }
 /* Independent chains of the f32-activation dots by input rows: U1 for one,
  * 4 for two, 2 for three or four. */
 #define CHAINS(N, U1) ((N) == 1 ? (U1) : (N) == 2 ? 4 : 2)
@@ -1149,7 +1168,6 @@ void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) 
  * twenty-seventh session). Bound by vpdpwssd's one-a-cycle issue at 8 rows. */
 #define AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma,f16c")))
 #define INLVNNI AVX512VNNI static inline __attribute__((always_inline))
-enum { XG8 = 8 };
 
 INLVNNI void i8_dot_vnni(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {
     __m512 accf[XG8];
@@ -1176,32 +1194,17 @@ INLVNNI void i8_dot_vnni(const int8_t *w, const int16_t *x, int64_t ldx, int64_t
 }
 
 /* i8_rows512's driver with groups of up to XG8 input rows. */
+#define I8_RUN8(c0, c1)                                                                        \
+    for (int64_t r = c0; r < c1; r++) {                                                        \
+        const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;                              \
+        EACH_GROUP8(a->nx, STORE_I8, XQ_CALL, i8_dot_vnni, a->cols)                            \
+    }
 AVX512VNNI static void i8_rows_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     float out[XG8];
     if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols, (uint64_t)(r1 - r0) * (uint64_t)a->cols);
-    for (int64_t c0 = r0; c0 < r1; c0 += Y_RUN) {
-        const int64_t c1 = r1 - c0 > Y_RUN ? c0 + Y_RUN : r1;
-        prefetch_y(a->y, a->ldy, a->nx, c0, c1);
-        for (int64_t r = c0; r < c1; r++) {
-            const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;
-            for (int g = 0; g < a->nx; g += XG8) {
-                const int nn = a->nx - g < XG8 ? a->nx - g : XG8;
-                const int16_t *xg = a->xq + (int64_t)g * a->cols;
-                switch (nn) { /* each a constant row count, so the dot's loops unroll */
-                case 1: i8_dot_vnni(w, xg, a->cols, a->cols, 1, out); break;
-                case 2: i8_dot_vnni(w, xg, a->cols, a->cols, 2, out); break;
-                case 3: i8_dot_vnni(w, xg, a->cols, a->cols, 3, out); break;
-                case 4: i8_dot_vnni(w, xg, a->cols, a->cols, 4, out); break;
-                case 5: i8_dot_vnni(w, xg, a->cols, a->cols, 5, out); break;
-                case 6: i8_dot_vnni(w, xg, a->cols, a->cols, 6, out); break;
-                case 7: i8_dot_vnni(w, xg, a->cols, a->cols, 7, out); break;
-                default: i8_dot_vnni(w, xg, a->cols, a->cols, 8, out); break;
-                }
-                for (int i = 0; i < nn; i++) STORE_I8(g, i);
-            }
-        }
-    }
+    EACH_Y_RUN(a, r0, r1, I8_RUN8)
 }
+#undef I8_RUN8
 void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { i8_rows_vnni(a, r0, r1); }
 
 /* Q8_0 x f32: a block's 32 codes widened to f32 in two vectors, its two
@@ -1220,13 +1223,22 @@ void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t
 
 INL512 void dot_q8_0_512(const uint8_t *w, const float *x, int64_t ldx, int64_t n, int nx, int u, float *out) {
     (void)u;
-    __m512 acc[XG][2];
+    __m512 acc[XG8][2];
     for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     Q8_PAIRS(Q8F_BLOCK512, n / 32);
     for (int i = 0; i < nx; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
 }
 #undef Q8F_BLOCK512
-AVX512BW ROW_DRIVER(rows_q8_0_512, dot_q8_0_512, 4)
+/* ROW_DRIVER's loop with groups of up to XG8 input rows (each row's sums as
+ * in groups of 4: the rows of a group share only the widened codes). */
+AVX512BW static void rows_q8_0_512(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *rs) {
+    float out[XG8];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
+        float s = rs ? rs[r] : 1.0f;
+        EACH_GROUP8(a->nx, STORE_S, ROW_CALL, dot_q8_0_512, 4)
+    }
+}
 
 /* bf16 verification rows (2 and more input rows) in 512-bit vectors: 32
  * weights a 64-byte load split with a shift and a mask as bf16p_dot splits
@@ -1277,27 +1289,15 @@ INL512 void bf16p_dot512(const uint8_t *w, const float *xp, int64_t ldx, int64_t
     }
 }
 
+#define PERM_CALL8(DOT, g, N) DOT(row, xp + (int64_t)(g) * a->cols, a->cols, a->cols, N, out)
 AVX512BW static void rows_bf16p512(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp) {
     float out[XG8];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
-        for (int g = 0; g < a->nx; g += XG8) {
-            const int nn = a->nx - g < XG8 ? a->nx - g : XG8;
-            const float *xg = xp + (int64_t)g * a->cols;
-            switch (nn) { /* each a constant row count, so the dot's loops unroll */
-            case 1: bf16p_dot512(row, xg, a->cols, a->cols, 1, out); break;
-            case 2: bf16p_dot512(row, xg, a->cols, a->cols, 2, out); break;
-            case 3: bf16p_dot512(row, xg, a->cols, a->cols, 3, out); break;
-            case 4: bf16p_dot512(row, xg, a->cols, a->cols, 4, out); break;
-            case 5: bf16p_dot512(row, xg, a->cols, a->cols, 5, out); break;
-            case 6: bf16p_dot512(row, xg, a->cols, a->cols, 6, out); break;
-            case 7: bf16p_dot512(row, xg, a->cols, a->cols, 7, out); break;
-            default: bf16p_dot512(row, xg, a->cols, a->cols, 8, out); break;
-            }
-            for (int i = 0; i < nn; i++) Y_AT(g, i) = out[i];
-        }
+        EACH_GROUP8(a->nx, STORE_1, PERM_CALL8, bf16p_dot512)
     }
 }
+#undef PERM_CALL8
 
 /* The AVX-512 decode kernels where there is one (Q8_0; bf16 from two input
  * rows), else the AVX2 ones.

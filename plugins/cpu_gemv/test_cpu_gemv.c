@@ -234,6 +234,39 @@ static double run_case(const gcase *gc, int nx, const char *isa, int mode) {
     return worst;
 }
 
+/* The AVX-512 Q8_0 kernel groups up to 8 input rows a pass and shares only
+ * the widened codes between them: each row's outputs are those of a call
+ * of that row alone, bit for bit, at 1-9 rows (so a verification pass gives
+ * the one-row pass's logits for the same context). Skipped without AVX-512BW. */
+static void test_q8_0_rows_independent(void **state) {
+    (void)state;
+    const tsr_gemv_kernel_fn k = tsr_gemv_kernel(TSR_GEMV_ISA_AVX512);
+    if (!tsr_gemv_isa_runs(TSR_GEMV_ISA_AVX512) || !k || k != tsr_gemv_rows_avx512) {
+        printf("# no AVX-512 (BW) kernels here: skipped\n");
+        skip();
+    }
+    const int64_t rows = 21, cols = 32 * 37;
+    uint64_t rb;
+    uint8_t *w = make_weights(TSR_DTYPE_Q8_0, rows, cols, &rb);
+    float *x = malloc((size_t)(9 * cols) * sizeof *x), *ya = malloc((size_t)(9 * rows) * sizeof *ya),
+          *y1 = malloc((size_t)rows * sizeof *y1);
+    assert_true(x && ya && y1);
+    for (int64_t i = 0; i < 9 * cols; i++) x[i] = rndf(-2, 2);
+    for (int nx = 1; nx <= 9; nx++) {
+        tsr_gemv_args a = {.w = w, .row_bytes = rb, .cols = cols, .x = x, .ldx = cols, .nx = nx, .y = ya, .ldy = rows};
+        k(TSR_DTYPE_Q8_0, &a, 0, rows);
+        for (int i = 0; i < nx; i++) {
+            tsr_gemv_args one = a;
+            one.x = x + (int64_t)i * cols, one.nx = 1, one.y = y1;
+            k(TSR_DTYPE_Q8_0, &one, 0, rows);
+            if (memcmp(ya + (int64_t)i * rows, y1, (size_t)rows * sizeof *y1) != 0)
+                fail_msg("Q8_0 AVX-512: input row %d of %d differs from the same row alone", i, nx);
+        }
+    }
+    printf("# Q8_0 AVX-512: each of 1-9 input rows equals its own one-row call bit for bit\n");
+    free(w), free(x), free(ya), free(y1);
+}
+
 static void test_table(void **state) {
     (void)state;
     rng = SEED;
@@ -680,6 +713,7 @@ static void test_f8(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f8),
+        cmocka_unit_test(test_q8_0_rows_independent),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_nan_parity),
         cmocka_unit_test(test_errors),
