@@ -3,7 +3,8 @@
  * flags for this file only; called only after tsr_gemv_isa_runs() said yes.
  *
  * Each weight vector of 8 elements is decoded once in registers and used for
- * up to 4 input rows; wider batches take the row again from L1 per group of 4.
+ * up to 4 input rows; wider batches take the row again from L1 per group of 4
+ * (the AVX-512 section's int8 x int16, bf16 and Q8_0 kernels: up to 8).
  * f32 and f16 rows of at most ROW4_MAX_COLS columns go four weight rows at a
  * time against one input row after another (the four rows stay in L1), so
  * that one reduction serves four outputs.
@@ -1346,6 +1347,14 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
     tsr_gemv_q8_0_i16_rows_portable(a, r0, r1);
 }
 void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { tsr_gemv_i8_rows_portable(a, r0, r1); }
+void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    tsr_gemv_i8_rows_portable(a, r0, r1);
+}
+int tsr_gemv_bf16_512_rows(const tsr_gemv_args *a) {
+    (void)a;
+    return 0;
+}
+void tsr_gemv_permute_x_bf16_512(const tsr_gemv_args *a, float *xp) { (void)a, (void)xp; }
 void tsr_gemv_rows_avx512(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_rows_portable(dtype, a, r0, r1);
 }
