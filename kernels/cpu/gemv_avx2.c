@@ -1129,30 +1129,41 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
 #define INL512 AVX512BW static inline __attribute__((always_inline))
 
 /* int8 x int16: 64 weights a step in two chains, int32 sums flushed to f32
- * every 1024 elements (a lane's 64 products stay below 2^31). */
-INL512 void i8_dot512(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {
-    __m512 accf[XG];
-    for (int i = 0; i < nx; i++) accf[i] = _mm512_setzero_ps();
-    int64_t c = 0;
-    while (c + 64 <= n) {
-        const int64_t end = c + 1024 < n ? c + 1024 : n;
-        __m512i acc[XG][2];
-        for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
-        for (; c + 64 <= end; c += 64) {
-            _mm_prefetch((const char *)(w + c) + PF_DIST, _MM_HINT_T0);
-            const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(w + c)));
-            const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(w + c + 32)));
-            for (int i = 0; i < nx; i++) {
-                const int16_t *xp = x + i * ldx + c;
-                acc[i][0] = _mm512_add_epi32(acc[i][0], _mm512_madd_epi16(w0, _mm512_loadu_si512(xp)));
-                acc[i][1] = _mm512_add_epi32(acc[i][1], _mm512_madd_epi16(w1, _mm512_loadu_si512(xp + 32)));
-            }
-        }
-        for (int i = 0; i < nx; i++)
-            accf[i] = _mm512_add_ps(accf[i], _mm512_cvtepi32_ps(_mm512_add_epi32(acc[i][0], acc[i][1])));
+ * every 1024 elements (a lane's 64 products stay below 2^31). NAME with the
+ * qualifiers QUAL, up to G input rows, MAC(acc, w, x): acc plus the
+ * pairwise products of w and x (vpmaddwd then vpaddd, or VNNI's vpdpwssd:
+ * the same int32 sums). */
+#define MAC_MADD(acc, w, x) _mm512_add_epi32(acc, _mm512_madd_epi16(w, x))
+#define MAC_DPWSSD(acc, w, x) _mm512_dpwssd_epi32(acc, w, x)
+#define I8_DOT512(NAME, QUAL, G, MAC)                                                                          \
+    QUAL void NAME(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {            \
+        __m512 accf[G];                                                                                        \
+        for (int i = 0; i < nx; i++) accf[i] = _mm512_setzero_ps();                                            \
+        int64_t c = 0;                                                                                         \
+        while (c + 64 <= n) {                                                                                  \
+            const int64_t end = c + 1024 < n ? c + 1024 : n;                                                   \
+            __m512i acc[G][2];                                                                                 \
+            for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();                       \
+            for (; c + 64 <= end; c += 64) {                                                                   \
+                _mm_prefetch((const char *)(w + c) + PF_DIST, _MM_HINT_T0);                                    \
+                const __m256i *wp = (const __m256i *)(const void *)(w + c);                                    \
+                const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(wp));                               \
+                const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(wp + 1));                           \
+                for (int i = 0; i < nx; i++) {                                                                 \
+                    const int16_t *xp = x + i * ldx + c;                                                       \
+                    acc[i][0] = MAC(acc[i][0], w0, _mm512_loadu_si512(xp));                                    \
+                    acc[i][1] = MAC(acc[i][1], w1, _mm512_loadu_si512(xp + 32));                               \
+                }                                                                                              \
+            }                                                                                                  \
+            for (int i = 0; i < nx; i++) {                                                                     \
+                const __m512i t = _mm512_add_epi32(acc[i][0], acc[i][1]);                                      \
+                accf[i] = _mm512_add_ps(accf[i], _mm512_cvtepi32_ps(t));                                       \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int i = 0; i < nx; i++)                                                                           \
+            out[i] = _mm512_reduce_add_ps(accf[i]) + (float)i8_tail(w, x + i * ldx, c, n);                     \
     }
-    for (int i = 0; i < nx; i++) out[i] = _mm512_reduce_add_ps(accf[i]) + (float)i8_tail(w, x + i * ldx, c, n);
-}
+I8_DOT512(i8_dot512, INL512, XG, MAC_MADD)
 
 #define I8_RUN_i8_dot512(c0, c1) I8_RUN(i8_dot512, c0, c1)
 AVX512BW static I8_ROWS(i8_rows512, i8_dot512)
@@ -1170,29 +1181,7 @@ void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) 
 #define AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma,f16c")))
 #define INLVNNI AVX512VNNI static inline __attribute__((always_inline))
 
-INLVNNI void i8_dot_vnni(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {
-    __m512 accf[XG8];
-    for (int i = 0; i < nx; i++) accf[i] = _mm512_setzero_ps();
-    int64_t c = 0;
-    while (c + 64 <= n) {
-        const int64_t end = c + 1024 < n ? c + 1024 : n;
-        __m512i acc[XG8][2];
-        for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
-        for (; c + 64 <= end; c += 64) {
-            _mm_prefetch((const char *)(w + c) + PF_DIST, _MM_HINT_T0);
-            const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(w + c)));
-            const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(w + c + 32)));
-            for (int i = 0; i < nx; i++) {
-                const int16_t *xp = x + i * ldx + c;
-                acc[i][0] = _mm512_dpwssd_epi32(acc[i][0], w0, _mm512_loadu_si512(xp));
-                acc[i][1] = _mm512_dpwssd_epi32(acc[i][1], w1, _mm512_loadu_si512(xp + 32));
-            }
-        }
-        for (int i = 0; i < nx; i++)
-            accf[i] = _mm512_add_ps(accf[i], _mm512_cvtepi32_ps(_mm512_add_epi32(acc[i][0], acc[i][1])));
-    }
-    for (int i = 0; i < nx; i++) out[i] = _mm512_reduce_add_ps(accf[i]) + (float)i8_tail(w, x + i * ldx, c, n);
-}
+I8_DOT512(i8_dot_vnni, INLVNNI, XG8, MAC_DPWSSD)
 
 /* i8_rows512's driver with groups of up to XG8 input rows. */
 #define I8_RUN8(c0, c1)                                                                        \
@@ -1202,7 +1191,8 @@ INLVNNI void i8_dot_vnni(const int8_t *w, const int16_t *x, int64_t ldx, int64_t
     }
 AVX512VNNI static void i8_rows_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     float out[XG8];
-    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols, (uint64_t)(r1 - r0) * (uint64_t)a->cols);
+    const uint64_t rb = (uint64_t)a->cols;
+    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * rb, (uint64_t)(r1 - r0) * rb);
     EACH_Y_RUN(a, r0, r1, I8_RUN8)
 }
 #undef I8_RUN8
