@@ -627,22 +627,23 @@ void tsr_gemv_rows_avx2(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
  * and the shuffle port, not memory, then bounds decode. Instead, a 32-byte
  * load is split with shifts: lane j of part k holds element G*j + k (G = 2
  * for bf16, 4 for int8). The activations are permuted the same way once per
- * call (xp[b*8G + 8k + j] = x[b*8G + G*j + k]), so the products and their sum
- * are the same as in element order, up to summation order.
+ * call (xp[b*8G + 8k + j] = x[b*8G + G*j + k]; 16 lanes for the AVX-512
+ * bf16 kernel), so the products and their sum are the same as in element
+ * order, up to summation order.
  * Q8_0 had such a path too; on this project's AMD EPYC machine dot_q8_0's
  * widening loads were as fast or faster (bench_gemv -t 2, share of the
  * streaming read at one activation row, medians of three interleaved runs:
  * 4864 x 896 73% against 58%, 896 x 4864 67% against 66%; the LM head shape
  * once, 77% against 64%; two rows even), so it was removed. */
 
-static void permute_x(const float *x, int64_t ldx, int nx, int64_t n, int g, float *xp) {
-    int64_t bw = 8 * g, nb = n / bw;
+static void permute_x(const float *x, int64_t ldx, int nx, int64_t n, int g, int lanes, float *xp) {
+    int64_t bw = (int64_t)lanes * g, nb = n / bw;
     for (int i = 0; i < nx; i++) {
         const float *xi = x + i * ldx;
         float *o = xp + i * n;
         for (int64_t b = 0; b < nb; b++)
             for (int k = 0; k < g; k++)
-                for (int j = 0; j < 8; j++) o[b * bw + 8 * k + j] = xi[b * bw + g * j + k];
+                for (int j = 0; j < lanes; j++) o[b * bw + lanes * k + j] = xi[b * bw + g * j + k];
         for (int64_t c = nb * bw; c < n; c++) o[c] = xi[c]; /* tail in order */
     }
 }
@@ -864,7 +865,7 @@ int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a) 
 }
 
 void tsr_gemv_permute_x_avx2(uint32_t dtype, const tsr_gemv_args *a, float *xp) {
-    permute_x(a->x, a->ldx, a->nx, a->cols, dtype == TSR_DTYPE_BF16 ? 2 : 4, xp);
+    permute_x(a->x, a->ldx, a->nx, a->cols, dtype == TSR_DTYPE_BF16 ? 2 : 4, 8, xp);
     if (dtype != TSR_DTYPE_Q4_K) return;
     float *xs = xp + (int64_t)a->nx * a->cols; /* [nx][cols / 32], in element order */
     for (int i = 0; i < a->nx; i++)
@@ -1233,29 +1234,20 @@ AVX512BW static void rows_q8_0_512(const tsr_gemv_args *a, int64_t r0, int64_t r
 
 /* bf16 verification rows (2 and more input rows) in 512-bit vectors: 32
  * weights a 64-byte load split with a shift and a mask as bf16p_dot splits
- * 16, against activations permuted by blocks of 32 (permute_x16: xp[b*32 +
- * 16k + j] = x[b*32 + 2j + k]), up to XG8 input rows a pass over a weight
- * row (16 accumulators), two chains a row. One row keeps bf16p_dot (the
- * 512-bit one-row variant made the pass slower, below). Products exact in
+ * 16, against activations permuted by blocks of 32 (permute_x with 16
+ * lanes: xp[b*32 + 16k + j] = x[b*32 + 2j + k]), up to XG8 input rows a
+ * pass over a weight row (16 accumulators), two chains a row. One row
+ * keeps bf16p_dot (the 512-bit one-row variant made the pass slower,
+ * below). Products exact in
  * f32 as before; sums in another lane grouping. bench_gemv bf16 [4864 x
  * 896], 2 threads, GB/s at 2 / 4 / 8 rows: 28.4, 21.2, 11.9 (AVX2, groups
  * of 4) -> 32.0, 24.3, 14.1; cpu_gemv's 8-row passes of the Qwen2.5-0.5B
  * shape 81.4-81.5 -> 64.1-69.9 ms (BENCHMARKS.md, twenty-seventh session). */
-static void permute_x16(const float *x, int64_t ldx, int nx, int64_t n, float *xp) {
-    const int64_t nb = n / 32;
-    for (int i = 0; i < nx; i++) {
-        const float *xi = x + i * ldx;
-        float *o = xp + i * n;
-        for (int64_t b = 0; b < nb; b++)
-            for (int k = 0; k < 2; k++)
-                for (int j = 0; j < 16; j++) o[b * 32 + 16 * k + j] = xi[b * 32 + 2 * j + k];
-        for (int64_t c = nb * 32; c < n; c++) o[c] = xi[c]; /* tail in order */
-    }
-}
-
 int tsr_gemv_bf16_512_rows(const tsr_gemv_args *a) { return a->nx >= 2; }
 
-void tsr_gemv_permute_x_bf16_512(const tsr_gemv_args *a, float *xp) { permute_x16(a->x, a->ldx, a->nx, a->cols, xp); }
+void tsr_gemv_permute_x_bf16_512(const tsr_gemv_args *a, float *xp) {
+    permute_x(a->x, a->ldx, a->nx, a->cols, 2, 16, xp);
+}
 
 INL512 void bf16p_dot512(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int nx, float *out) {
     __m512 acc[XG8][2];
@@ -1305,7 +1297,7 @@ void tsr_gemv_rows_avx512(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, in
                 tsr_gemv_rows_avx2(dtype, a, r0, r1);
                 return;
             }
-            permute_x16(a->x, a->ldx, a->nx, a->cols, own);
+            tsr_gemv_permute_x_bf16_512(a, own);
             xp = own;
         }
         if (r1 > r0) prefetch_start(a->w + (uint64_t)r0 * a->row_bytes, (uint64_t)(r1 - r0) * a->row_bytes);
