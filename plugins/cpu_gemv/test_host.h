@@ -88,31 +88,26 @@ static const tsr_host_api th_api = {
 
 static tsr_plugin_ctx th_ctx = {.host = &th_api, .name = "test"};
 
-static void th_set_int(const char *name, int64_t v) {
+/* Param p.name set to p (replacing one of that name, else added). */
+static void th_set(tsr_param p) {
     for (int i = 0; i < th_n_params; i++)
-        if (!strcmp(th_params[i].name, name)) {
-            th_params[i].v.i = v;
+        if (!strcmp(th_params[i].name, p.name)) {
+            th_params[i] = p;
             return;
         }
-    th_params[th_n_params++] = (tsr_param){.name = name, .type = TSR_PARAM_INT, .v.i = v};
+    th_params[th_n_params++] = p;
+}
+
+static void th_set_int(const char *name, int64_t v) {
+    th_set((tsr_param){.name = name, .type = TSR_PARAM_INT, .v.i = v});
 }
 
 static void th_set_bool(const char *name, int v) {
-    for (int i = 0; i < th_n_params; i++)
-        if (!strcmp(th_params[i].name, name)) {
-            th_params[i].v.b = v;
-            return;
-        }
-    th_params[th_n_params++] = (tsr_param){.name = name, .type = TSR_PARAM_BOOL, .v.b = v};
+    th_set((tsr_param){.name = name, .type = TSR_PARAM_BOOL, .v.b = v});
 }
 
 static void th_set_str(const char *name, const char *v) {
-    for (int i = 0; i < th_n_params; i++)
-        if (!strcmp(th_params[i].name, name)) {
-            th_params[i].v.s = v;
-            return;
-        }
-    th_params[th_n_params++] = (tsr_param){.name = name, .type = TSR_PARAM_STRING, .v.s = v};
+    th_set((tsr_param){.name = name, .type = TSR_PARAM_STRING, .v.s = v});
 }
 
 /* run_glu of nx rows of x through the gate/up handle h (f rows each) into
