@@ -70,24 +70,37 @@ enum { XG8 = 8 };
 #define PF_DIST 3072
 #endif
 
-/* The first PF_DIST bytes of a take of weight rows, asked for at once: the
- * kernels' software prefetch runs PF_DIST ahead of their loads, so without
- * this a take's first lines would come one demand miss after another (a
- * worker starts a new stream at each take, several times per call). */
+/* How far ahead the one-row bf16 and int8 streams ask for lines, into L2
+ * (prefetcht1), where PF_DIST into L1 kept fewer lines in flight: a core's
+ * L1 misses, software prefetches into L1 among them, hold its few fill
+ * buffers until the line arrives, and a stream 3 KiB ahead on this Xeon VM
+ * was bound by them. Two-thread lab over 512 MiB (int8 x int16, VNNI): T0
+ * 3 KiB 26.8-27.4 GB/s, T1 3 KiB 28.2-28.6, T1 6 KiB 29.2-30.2, T1 8 KiB
+ * 30.2; a pass's GEMVs in order (seq_lab, three rounds) int8 18.1-19.0 ->
+ * 16.9-17.3 ms, bf16 35.0-37.6 -> 33.0-34.1 (BENCHMARKS.md, twenty-eighth
+ * session). Q8_0 blocks measured no faster so (they keep PF_DIST), nor
+ * verification rows (bound by their arithmetic). */
+#define PF_FAR 6144
+
+/* The first PF_FAR bytes of a take of weight rows, asked for at once: the
+ * kernels' software prefetch runs PF_DIST or PF_FAR ahead of their loads, so
+ * without this a take's first lines would come one demand miss after another
+ * (a worker starts a new stream at each take, several times per call). */
 INL void prefetch_start(const uint8_t *w, uint64_t bytes) {
-    if (bytes > PF_DIST) bytes = PF_DIST;
+    if (bytes > PF_FAR) bytes = PF_FAR;
     for (uint64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)w + o, _MM_HINT_T0);
 }
 
-/* Decode's bf16 stream: into L2 PF_DIST ahead, into L1 only PF_NEAR ahead.
+/* Decode's bf16 stream: into L2 PF_FAR ahead, into L1 only PF_NEAR ahead.
  * Against one T0 prefetch PF_DIST ahead: one-core lab over the down
  * projection's shape (896 x 4864 bf16) 13.5 -> 14.9 GB/s, the LM head's
  * (x 896) even; decode passes on a Xeon VM 0.5B ~3%, 1B 71-75 against
- * 75-76 ms. The same for the Q8_0 blocks was slower (BENCHMARKS.md,
- * fifteenth session). */
+ * 75-76 ms (with the far prefetch PF_DIST ahead then; PF_FAR since the
+ * twenty-eighth session). The same for the Q8_0 blocks was slower
+ * (BENCHMARKS.md, fifteenth session). E4M3 rows (F8_STEP) share it. */
 #define PF_NEAR 512
 INL void prefetch_two_level(const uint8_t *p) {
-    _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
+    _mm_prefetch((const char *)p + PF_FAR, _MM_HINT_T1);
     _mm_prefetch((const char *)p + PF_NEAR, _MM_HINT_T0);
 }
 
@@ -1146,7 +1159,8 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
             __m512i acc[G][2];                                                                                 \
             for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();                       \
             for (; c + 64 <= end; c += 64) {                                                                   \
-                _mm_prefetch((const char *)(w + c) + PF_DIST, _MM_HINT_T0);                                    \
+                if (nx == 1) _mm_prefetch((const char *)(w + c) + PF_FAR, _MM_HINT_T1);                       \
+                else _mm_prefetch((const char *)(w + c) + PF_DIST, _MM_HINT_T0);                               \
                 const __m256i *wp = (const __m256i *)(const void *)(w + c);                                    \
                 const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(wp));                               \
                 const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(wp + 1));                           \
