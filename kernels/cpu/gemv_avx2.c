@@ -1146,12 +1146,13 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
  * every 1024 elements (a lane's 64 products stay below 2^31). NAME with the
  * qualifiers QUAL, up to G input rows, MAC(acc, w, x): acc plus the
  * pairwise products of w and x (vpmaddwd then vpaddd, or VNNI's vpdpwssd:
- * the same int32 sums). */
+ * the same int32 sums). NAME leaves each input row's 16 f32 lanes in
+ * accf[i] and returns the first column it did not take (the tail, fewer
+ * than 64); I8_DOT512's NAME sums them across as out[i]. */
 #define MAC_MADD(acc, w, x) _mm512_add_epi32(acc, _mm512_madd_epi16(w, x))
 #define MAC_DPWSSD(acc, w, x) _mm512_dpwssd_epi32(acc, w, x)
-#define I8_DOT512(NAME, QUAL, G, MAC)                                                                          \
-    QUAL void NAME(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {            \
-        __m512 accf[G];                                                                                        \
+#define I8_SUMS512(NAME, QUAL, G, MAC)                                                                         \
+    QUAL int64_t NAME(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, __m512 *accf) {       \
         for (int i = 0; i < nx; i++) accf[i] = _mm512_setzero_ps();                                            \
         int64_t c = 0;                                                                                         \
         while (c + 64 <= n) {                                                                                  \
@@ -1175,13 +1176,75 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
                 accf[i] = _mm512_add_ps(accf[i], _mm512_cvtepi32_ps(t));                                       \
             }                                                                                                  \
         }                                                                                                      \
+        return c;                                                                                              \
+    }
+#define I8_DOT512(NAME, QUAL, SUMS)                                                                            \
+    QUAL void NAME(const int8_t *w, const int16_t *x, int64_t ldx, int64_t n, int nx, float *out) {            \
+        __m512 accf[XG8];                                                                                      \
+        const int64_t c = SUMS(w, x, ldx, n, nx, accf);                                                        \
         for (int i = 0; i < nx; i++)                                                                           \
             out[i] = _mm512_reduce_add_ps(accf[i]) + (float)i8_tail(w, x + i * ldx, c, n);                     \
     }
-I8_DOT512(i8_dot512, INL512, XG, MAC_MADD)
 
-#define I8_RUN_i8_dot512(c0, c1) I8_RUN(i8_dot512, c0, c1)
-AVX512BW static I8_ROWS(i8_rows512, i8_dot512)
+/* Sixteen vectors summed across: lane k of the result is the sum of v[k]'s
+ * lanes, paired as _mm512_reduce_add_ps pairs them (lane j with j + 8, then
+ * j + 4, j + 2, j + 1; GCC's and the intrinsics guide's order), so each sum
+ * is bit for bit that function's: for one row it costs about as much as the
+ * whole transposition does for sixteen. */
+INL512 __m512 hsum16x16(const __m512 *v) {
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) /* [v_i lanes j + j+8 | v_i+8's], j < 8 */
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
+    for (int i = 0; i < 4; i++) /* 128-bit blocks: rows i, i+8, i+4, i+12, lanes j + j+4 */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 4], 0x88), _mm512_shuffle_f32x4(a[i], a[i + 4], 0xdd));
+    for (int i = 0; i < 2; i++) /* a block [x_0, y_0, x_1, y_1]: rows x of b[i], y of b[i+2], lanes j + j+2 */
+        c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[i], b[i + 2]), _mm512_unpackhi_ps(b[i], b[i + 2]));
+    /* the sums of rows 0-3, 8-11, 4-7, 12-15; blocks 1 and 2 swapped */
+    const __m512 t = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+    return _mm512_shuffle_f32x4(t, t, 0xd8);
+}
+
+/* Decode (one input row, columns a multiple of 64) in blocks of 16 weight
+ * rows: SUMS leaves each row's lanes in a vector, hsum16x16 sums the 16
+ * across, and the 16 outputs are scaled and stored as one vector: the same
+ * sums, products and stores as a row at a time (out * wscale * xscale, in
+ * that order), without a horizontal sum, a tail and a scalar store a row.
+ * A short row (896 columns: 14 steps) spent about as many instructions on
+ * them as on its weights, which left fewer of a core's misses in flight.
+ * Two-thread lab over 512 MiB as 896-column rows: 23.9 -> 26.8 GB/s, as
+ * 4,864-column rows 27.9 -> 29.5 (BENCHMARKS.md, twenty-eighth session). */
+#define I8_ROW16(SUMS)                                                                         \
+    do {                                                                                       \
+        __m512 v_[16];                                                                         \
+        for (int k_ = 0; k_ < 16; k_++)                                                        \
+            (void)SUMS(a->w + (uint64_t)(r + k_) * (uint64_t)a->cols, a->xq, a->cols, a->cols, 1, &v_[k_]); \
+        const __m512 s_ = _mm512_mul_ps(hsum16x16(v_), _mm512_loadu_ps(a->wscale + r));        \
+        _mm512_storeu_ps(a->y + r, _mm512_mul_ps(s_, _mm512_set1_ps(a->xscale[0])));           \
+    } while (0)
+
+/* The AVX-512 drivers: rows [c0, c1), decode's in blocks of 16 where it
+ * can, the rest (and verification rows) a row at a time through DOT with
+ * input rows in groups by EACH (EACH_GROUP: 4, EACH_GROUP8: 8). */
+#define I8_RUN512(SUMS, DOT, EACH, c0, c1)                                                     \
+    do {                                                                                       \
+        int64_t r = c0;                                                                        \
+        if (a->nx == 1 && a->cols % 64 == 0)                                                   \
+            for (; r + 16 <= (c1); r += 16) I8_ROW16(SUMS);                                    \
+        for (; r < (c1); r++) {                                                                \
+            const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;                          \
+            EACH(a->nx, STORE_I8, XQ_CALL, DOT, a->cols)                                       \
+        }                                                                                      \
+    } while (0)
+
+I8_SUMS512(i8_sums512, INL512, XG, MAC_MADD)
+I8_DOT512(i8_dot512, INL512, i8_sums512)
+#define I8_RUN_512(c0, c1) I8_RUN512(i8_sums512, i8_dot512, EACH_GROUP, c0, c1)
+AVX512BW static void i8_rows512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    float out[XG];
+    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols, (uint64_t)(r1 - r0) * (uint64_t)a->cols);
+    EACH_Y_RUN(a, r0, r1, I8_RUN_512)
+}
+#undef I8_RUN_512
 void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { i8_rows512(a, r0, r1); }
 
 /* The same with AVX512-VNNI: vpdpwssd is vpmaddwd and vpaddd in one (the
@@ -1196,21 +1259,16 @@ void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) 
 #define AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma,f16c")))
 #define INLVNNI AVX512VNNI static inline __attribute__((always_inline))
 
-I8_DOT512(i8_dot_vnni, INLVNNI, XG8, MAC_DPWSSD)
-
-/* i8_rows512's driver with groups of up to XG8 input rows. */
-#define I8_RUN8(c0, c1)                                                                        \
-    for (int64_t r = c0; r < c1; r++) {                                                        \
-        const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;                              \
-        EACH_GROUP8(a->nx, STORE_I8, XQ_CALL, i8_dot_vnni, a->cols)                            \
-    }
+I8_SUMS512(i8_sums_vnni, INLVNNI, XG8, MAC_DPWSSD)
+I8_DOT512(i8_dot_vnni, INLVNNI, i8_sums_vnni)
+#define I8_RUN_VNNI(c0, c1) I8_RUN512(i8_sums_vnni, i8_dot_vnni, EACH_GROUP8, c0, c1)
 AVX512VNNI static void i8_rows_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     float out[XG8];
     const uint64_t rb = (uint64_t)a->cols;
     if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * rb, (uint64_t)(r1 - r0) * rb);
-    EACH_Y_RUN(a, r0, r1, I8_RUN8)
+    EACH_Y_RUN(a, r0, r1, I8_RUN_VNNI)
 }
-#undef I8_RUN8
+#undef I8_RUN_VNNI
 void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { i8_rows_vnni(a, r0, r1); }
 
 /* Q8_0 x f32: a block's 32 codes widened to f32 in two vectors, its two

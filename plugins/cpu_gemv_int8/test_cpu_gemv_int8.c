@@ -131,7 +131,11 @@ static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char
 /* The AVX512-VNNI int8 x int16 kernel (vpdpwssd, up to 8 input rows a
  * pass) gives the AVX-512 kernel's outputs bit for bit: 1..9 input rows,
  * columns with whole 1,024-column flushes, a partial one and a tail, the
- * largest codes and activations. Skipped where the CPU lacks VNNI. */
+ * largest codes and activations. Both take one input row in blocks of 16
+ * weight rows where the columns are whole 64-column steps (a transposing
+ * sum across 16 rows' lanes): each must equal the same kernel called a row
+ * at a time (its row-by-row path), bit for bit. Skipped where the CPU
+ * lacks VNNI. */
 static void test_vnni_bits(void **state) {
     (void)state;
 #if defined(__x86_64__)
@@ -140,7 +144,7 @@ static void test_vnni_bits(void **state) {
         skip();
     }
     rng = SEED + 99;
-    const int64_t rows = 37, shapes[] = {64, 2100, 4864 + 33};
+    const int64_t rows = 37, shapes[] = {64, 1088, 2100, 4864 + 33};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const int64_t cols = shapes[si];
         int8_t *w = malloc((size_t)(rows * cols));
@@ -159,6 +163,17 @@ static void test_vnni_bits(void **state) {
             tsr_gemv_i8_rows_avx512_vnni(&a, 0, rows);
             if (memcmp(y0, y1, (size_t)(nx * rows) * sizeof *y0) != 0)
                 fail_msg("%lld columns, %d rows: the VNNI kernel differs from the AVX-512 one", (long long)cols, nx);
+        }
+        for (int k = 0; k < 2; k++) { /* one input row: whole ranges against a row at a time */
+            void (*kern)(const tsr_gemv_i8_args *, int64_t, int64_t) =
+                k ? tsr_gemv_i8_rows_avx512_vnni : tsr_gemv_i8_rows_avx512;
+            tsr_gemv_i8_args a = {w, ws, cols, xq, xs, 1, y0, rows};
+            kern(&a, 0, rows);
+            a.y = y1;
+            for (int64_t r = 0; r < rows; r++) kern(&a, r, r + 1);
+            if (memcmp(y0, y1, (size_t)rows * sizeof *y0) != 0)
+                fail_msg("%lld columns, one row: the %s kernel's blocks of 16 rows differ from its rows one at a time",
+                         (long long)cols, k ? "VNNI" : "AVX-512");
         }
         free(w), free(xq), free(ws), free(y0), free(y1);
     }
@@ -189,7 +204,8 @@ static void test_table(void **state) {
                         check(dts[d], 5, 160, nx, isa, blas ? 2 : 0, x16); /* 64-column steps and a tail of 32 */
                         check(dts[d], 3, 2100, nx, isa, blas ? 2 : 0, x16); /* > 1024: int32 flushes */
                         check(dts[d], 2100, 32, nx, isa, blas ? 2 : 0, x16); /* > 1,024 output rows a take */
-                        ran += 5;
+                        check(dts[d], 37, 128, nx, isa, blas ? 2 : 0, x16); /* AVX-512 decode: blocks of 16 rows */
+                        ran += 6;
                     }
     }
     printf("%d cases passed\n", ran);
