@@ -1292,12 +1292,32 @@ INL512 void dot_q8_0_512(const uint8_t *w, const float *x, int64_t ldx, int64_t 
     Q8_PAIRS(Q8F_BLOCK512, n / 32);
     for (int i = 0; i < nx; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
 }
+/* dot_q8_0_512's lanes for one input row, before the sum across. */
+INL512 __m512 lanes_q8_0_512(const uint8_t *w, const float *x, int64_t n) {
+    const int nx = 1;
+    const int64_t ldx = 0;
+    __m512 acc[1][2] = {{_mm512_setzero_ps(), _mm512_setzero_ps()}};
+    Q8_PAIRS(Q8F_BLOCK512, n / 32);
+    return _mm512_add_ps(acc[0][0], acc[0][1]);
+}
 #undef Q8F_BLOCK512
 /* ROW_DRIVER's loop with groups of up to XG8 input rows (each row's sums as
- * in groups of 4: the rows of a group share only the widened codes). */
+ * in groups of 4: the rows of a group share only the widened codes); one
+ * input row in blocks of 16 weight rows summed across together (hsum16x16:
+ * the same sums; its 952-byte rows at the 0.5B shape's 896 columns spent
+ * as much on a sum across as int8's: lab, BENCHMARKS.md, twenty-eighth
+ * session). */
 AVX512BW static void rows_q8_0_512(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *rs) {
     float out[XG8];
-    for (int64_t r = r0; r < r1; r++) {
+    int64_t r = r0;
+    if (a->nx == 1)
+        for (; r + 16 <= r1; r += 16) {
+            __m512 v[16];
+            for (int k = 0; k < 16; k++) v[k] = lanes_q8_0_512(a->w + (uint64_t)(r + k) * a->row_bytes, a->x, a->cols);
+            const __m512 s = hsum16x16(v);
+            _mm512_storeu_ps(a->y + r, rs ? _mm512_mul_ps(s, _mm512_loadu_ps(rs + r)) : s);
+        }
+    for (; r < r1; r++) {
         const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
         float s = rs ? rs[r] : 1.0f;
         EACH_GROUP8(a->nx, STORE_S, ROW_CALL, dot_q8_0_512, 4)

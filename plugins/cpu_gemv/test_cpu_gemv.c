@@ -237,7 +237,9 @@ static double run_case(const gcase *gc, int nx, const char *isa, int mode) {
 /* The AVX-512 Q8_0 kernel groups up to 8 input rows a pass and shares only
  * the widened codes between them: each row's outputs are those of a call
  * of that row alone, bit for bit, at 1-9 rows (so a verification pass gives
- * the one-row pass's logits for the same context). Skipped without AVX-512BW. */
+ * the one-row pass's logits for the same context); and one input row, whose
+ * weight rows go in blocks of 16 summed across together, equals the same
+ * kernel called a row at a time. Skipped without AVX-512BW. */
 static void test_q8_0_rows_independent(void **state) {
     (void)state;
     const tsr_gemv_kernel_fn k = tsr_gemv_kernel(TSR_GEMV_ISA_AVX512);
@@ -245,7 +247,7 @@ static void test_q8_0_rows_independent(void **state) {
         printf("# no AVX-512 (BW) kernels here: skipped\n");
         skip();
     }
-    const int64_t rows = 21, cols = 32 * 37;
+    const int64_t rows = 37, cols = 32 * 37;
     uint64_t rb;
     uint8_t *w = make_weights(TSR_DTYPE_Q8_0, rows, cols, &rb);
     float *x = malloc((size_t)(9 * cols) * sizeof *x), *ya = malloc((size_t)(9 * rows) * sizeof *ya),
@@ -263,7 +265,15 @@ static void test_q8_0_rows_independent(void **state) {
                 fail_msg("Q8_0 AVX-512: input row %d of %d differs from the same row alone", i, nx);
         }
     }
-    printf("# Q8_0 AVX-512: each of 1-9 input rows equals its own one-row call bit for bit\n");
+    /* one input row: weight rows in blocks of 16 (summed across together) against a row at a time */
+    tsr_gemv_args one = {.w = w, .row_bytes = rb, .cols = cols, .x = x, .ldx = cols, .nx = 1, .y = y1, .ldy = rows};
+    for (int64_t r = 0; r < rows; r++) k(TSR_DTYPE_Q8_0, &one, r, r + 1);
+    one.y = ya;
+    k(TSR_DTYPE_Q8_0, &one, 0, rows);
+    if (memcmp(ya, y1, (size_t)rows * sizeof *y1) != 0)
+        fail_msg("Q8_0 AVX-512: one input row's blocks of 16 weight rows differ from its rows one at a time");
+    printf("# Q8_0 AVX-512: each of 1-9 input rows equals its own one-row call bit for bit, blocks of 16 rows"
+           " a row at a time\n");
     free(w), free(x), free(ya), free(y1);
 }
 
