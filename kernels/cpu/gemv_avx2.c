@@ -669,30 +669,38 @@ INL __m256 i8_part(__m256i v, int k) {
 /* bf16: 16 elements per 32-byte load: two chains per input row, four at
  * nx 1 (two loads per step). With two chains a row is bound by the FMA
  * latency (32 bytes per 4-5 cycles: about the DRAM rate of one core, no
- * slack), so decode takes 64 bytes per step in four independent chains. */
+ * slack), so decode takes 64 bytes per step in four independent chains:
+ * bf16p_one, over the whole 32-element steps of n, leaves the row's lanes
+ * in *acc0 and *acc1 (chains 0 + 2, 1 + 3) and returns the first column it
+ * did not take. */
+INL int64_t bf16p_one(const uint8_t *w, const float *xp, int64_t n, __m256 *acc0, __m256 *acc1) {
+    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t c = 0;
+    for (; c + 32 <= n; c += 32) {
+        prefetch_two_level(w + 2 * c);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(w + 2 * c));
+        __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(w + 2 * c + 32));
+        __m256 v0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        __m256 v1 = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
+        __m256 u0 = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+        __m256 u1 = _mm256_castsi256_ps(_mm256_and_si256(u, hi_mask));
+        a0 = _mm256_fmadd_ps(v0, _mm256_loadu_ps(xp + c), a0);
+        a1 = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xp + c + 8), a1);
+        a2 = _mm256_fmadd_ps(u0, _mm256_loadu_ps(xp + c + 16), a2);
+        a3 = _mm256_fmadd_ps(u1, _mm256_loadu_ps(xp + c + 24), a3);
+    }
+    *acc0 = _mm256_add_ps(a0, a2);
+    *acc1 = _mm256_add_ps(a1, a3);
+    return c;
+}
+
 INL void bf16p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int nx, float *out) {
     __m256 acc[XG][2];
     for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
     int64_t c = 0;
-    if (nx == 1) {
-        __m256 a2 = _mm256_setzero_ps(), a3 = a2;
-        for (; c + 32 <= n; c += 32) {
-            prefetch_two_level(w + 2 * c);
-            __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(w + 2 * c));
-            __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(w + 2 * c + 32));
-            __m256 v0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-            __m256 v1 = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
-            __m256 u0 = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-            __m256 u1 = _mm256_castsi256_ps(_mm256_and_si256(u, hi_mask));
-            acc[0][0] = _mm256_fmadd_ps(v0, _mm256_loadu_ps(xp + c), acc[0][0]);
-            acc[0][1] = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xp + c + 8), acc[0][1]);
-            a2 = _mm256_fmadd_ps(u0, _mm256_loadu_ps(xp + c + 16), a2);
-            a3 = _mm256_fmadd_ps(u1, _mm256_loadu_ps(xp + c + 24), a3);
-        }
-        acc[0][0] = _mm256_add_ps(acc[0][0], a2);
-        acc[0][1] = _mm256_add_ps(acc[0][1], a3);
-    }
+    if (nx == 1) c = bf16p_one(w, xp, n, &acc[0][0], &acc[0][1]);
     for (; c + 16 <= n; c += 16) {
         if ((c & 31) == 0) _mm_prefetch((const char *)(w + 2 * c) + PF_DIST, _MM_HINT_T0);
         __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(w + 2 * c));
@@ -747,7 +755,43 @@ INL void i8p_dot(const uint8_t *w, const float *xp, int64_t ldx, int64_t n, int 
         }                                                                                      \
     }
 
-PERM_DRIVER(rows_bf16p, bf16p_dot)
+/* Eight vectors summed across: lane k of the result is the sum of v[k]'s
+ * lanes, paired as hsum8 pairs them (lane j with j + 4, then j + 2, j + 1),
+ * so each sum is bit for bit hsum8's (hsum16x16's counterpart). */
+INL __m256 hsum8x8(const __m256 *v) {
+    __m256 a[4], b[2];
+    for (int i = 0; i < 4; i++) /* [v_i lanes j + j+4 | v_i+4's], j < 4 */
+        a[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[i], v[i + 4], 0x20), _mm256_permute2f128_ps(v[i], v[i + 4], 0x31));
+    for (int i = 0; i < 2; i++) /* halves [x_0, y_0, x_1, y_1]: rows i, i+2 | i+4, i+6, lanes j + j+2 */
+        b[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[i], a[i + 2]), _mm256_unpackhi_ps(a[i], a[i + 2]));
+    return _mm256_add_ps(_mm256_unpacklo_ps(b[0], b[1]), _mm256_unpackhi_ps(b[0], b[1]));
+}
+
+/* PERM_DRIVER's loop over bf16p_dot, with one input row (columns whole
+ * 32-element steps) in blocks of 8 weight rows summed across together and
+ * stored as one vector: the same sums, without a horizontal sum, a tail
+ * and a scalar store a row (as the AVX-512 int8 and Q8_0 decode's blocks of
+ * 16; BENCHMARKS.md, twenty-eighth session). */
+static void rows_bf16p(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp, const float *rs) {
+    float out[XG];
+    int64_t r = r0;
+    if (a->nx == 1 && a->cols % 32 == 0)
+        for (; r + 8 <= r1; r += 8) {
+            __m256 v[8];
+            for (int k = 0; k < 8; k++) {
+                __m256 s0, s1;
+                (void)bf16p_one(a->w + (uint64_t)(r + k) * a->row_bytes, xp, a->cols, &s0, &s1);
+                v[k] = _mm256_add_ps(s0, s1);
+            }
+            const __m256 s = hsum8x8(v);
+            _mm256_storeu_ps(a->y + r, rs ? _mm256_mul_ps(s, _mm256_loadu_ps(rs + r)) : s);
+        }
+    for (; r < r1; r++) {
+        const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
+        float s = rs ? rs[r] : 1.0f;
+        EACH_GROUP(a->nx, STORE_S, PERM_CALL, bf16p_dot)
+    }
+}
 PERM_DRIVER(rows_i8p, i8p_dot)
 
 /* Q4_K: a weight is d * sc_j * q - dmin * m_j (sub-block j of 32, q a

@@ -277,6 +277,41 @@ static void test_q8_0_rows_independent(void **state) {
     free(w), free(x), free(ya), free(y1);
 }
 
+/* bf16 decode (one input row, columns whole 32-element steps) goes in
+ * blocks of 8 weight rows summed across together: the AVX2 kernel (which
+ * the AVX-512 one uses for one row) equals itself called a row at a time,
+ * bit for bit, at 37 rows (four blocks and a rest) and 1,184 columns. */
+static void test_bf16_decode_blocks(void **state) {
+    (void)state;
+    const tsr_gemv_isa isas[] = {TSR_GEMV_ISA_AVX2, TSR_GEMV_ISA_AVX512};
+    const int64_t rows = 37, cols = 32 * 37;
+    uint64_t rb;
+    uint8_t *w = make_weights(TSR_DTYPE_BF16, rows, cols, &rb);
+    float *x = malloc((size_t)cols * sizeof *x), *ya = malloc((size_t)rows * sizeof *ya),
+          *y1 = malloc((size_t)rows * sizeof *y1);
+    assert_true(x && ya && y1);
+    for (int64_t i = 0; i < cols; i++) x[i] = rndf(-2, 2);
+    int ran = 0;
+    for (size_t s = 0; s < sizeof isas / sizeof *isas; s++) {
+        const tsr_gemv_kernel_fn k = tsr_gemv_kernel(isas[s]);
+        if (!tsr_gemv_isa_runs(isas[s]) || !k) continue;
+        tsr_gemv_args a = {.w = w, .row_bytes = rb, .cols = cols, .x = x, .ldx = cols, .nx = 1, .y = ya, .ldy = rows};
+        k(TSR_DTYPE_BF16, &a, 0, rows);
+        a.y = y1;
+        for (int64_t r = 0; r < rows; r++) k(TSR_DTYPE_BF16, &a, r, r + 1);
+        if (memcmp(ya, y1, (size_t)rows * sizeof *y1) != 0)
+            fail_msg("bf16 %s: one input row's blocks of 8 weight rows differ from its rows one at a time",
+                     tsr_gemv_isa_name(isas[s]));
+        ran++;
+    }
+    free(w), free(x), free(ya), free(y1);
+    if (!ran) {
+        printf("# no AVX2 here: skipped\n");
+        skip();
+    }
+    printf("# bf16 decode: blocks of 8 weight rows equal rows one at a time (%d isa)\n", ran);
+}
+
 static void test_table(void **state) {
     (void)state;
     rng = SEED;
@@ -724,6 +759,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f8),
         cmocka_unit_test(test_q8_0_rows_independent),
+        cmocka_unit_test(test_bf16_decode_blocks),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_nan_parity),
         cmocka_unit_test(test_errors),
