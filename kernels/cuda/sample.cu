@@ -519,15 +519,21 @@ __global__ void __launch_bounds__(kT) select_k(tsr_cu_sample_args a, float *scra
     if (t == 0) tl.ctrl->listed = listed, tl.ctrl->n = n, tl.ctrl->zk = zk;
 }
 
-// The set's weights over the renormaliser, W[i] / zk rounded to float (0
-// where not a weight), summed in id order: thread t of block b the kPer
-// positions from (b kW + t) kPer, then the block's threads in order. dsum:
-// each block's sum, dlast its last position with a weight.
-__device__ void draw_chunk(const float *W, int n, double zk, double *own, int *last) {
-    const int lo = (blockIdx.x * kW + threadIdx.x) * kPer, hi = min(n, lo + kPer);
+// Position i's weight over the renormaliser, W[i] / zk rounded to float (0
+// where not a weight; weight_ok says which count).
+__device__ __forceinline__ float set_weight(const float *W, int i, double zk) {
+    return W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
+}
+
+// The set's weights summed in id order: thread t of block b the kPer
+// positions from (b kW + t) kPer, then the block's threads in order. draw_k
+// keeps each block's sum (dsum) and its last position with a weight
+// (dlast); pick_k sums the drawn block again the same way.
+__device__ void draw_chunk(const float *W, int n, double zk, int b, double *own, int *last) {
+    const int lo = (b * kW + threadIdx.x) * kPer, hi = min(n, lo + kPer);
     *own = 0, *last = -1;
     for (int i = lo; i < hi; i++) {
-        const float p = W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
+        const float p = set_weight(W, i, zk);
         if (weight_ok(p)) *own = __dadd_rn(*own, (double)p), *last = i;
     }
 }
@@ -559,7 +565,7 @@ __global__ void __launch_bounds__(kW) draw_k(float *scratch, int V, Tail tl) {
     const float *W = scratch + (tl.ctrl->listed ? 3 * (size_t)V : (size_t)V);
     double own, total;
     int last;
-    draw_chunk(W, n, tl.ctrl->zk, &own, &last);
+    draw_chunk(W, n, tl.ctrl->zk, (int)blockIdx.x, &own, &last);
     if (threadIdx.x == 0) lmax = -1;
     wide_scan(own, buf, &total);
     if (last >= 0) atomicMax(&lmax, last);
@@ -605,17 +611,15 @@ __global__ void __launch_bounds__(kW) pick_k(float *scratch, tsr_cu_sample_args 
         const float *W = scratch + (tl.ctrl->listed ? 3 * (size_t)V : (size_t)V);
         const double zk = tl.ctrl->zk;
         const int lo = (b * kW + t) * kPer, hi = min(n, lo + kPer);
-        double own = 0;
-        for (int i = lo; i < hi; i++) {
-            const float p = W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
-            if (weight_ok(p)) own = __dadd_rn(own, (double)p);
-        }
+        double own;
+        int unused;
+        draw_chunk(W, n, zk, b, &own, &unused);
         double total;
         const double ex = wide_scan(own, buf, &total);
         double cum = __dadd_rn(before, ex);
         if (target < __dadd_rn(cum, own))
             for (int i = lo; i < hi; i++) {
-                const float p = W[i] > 0 ? (float)__ddiv_rn((double)W[i], zk) : 0.0f;
+                const float p = set_weight(W, i, zk);
                 if (!weight_ok(p)) continue;
                 cum = __dadd_rn(cum, (double)p);
                 if (target < cum) {
