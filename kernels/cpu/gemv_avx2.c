@@ -1315,6 +1315,57 @@ AVX512VNNI static void i8_rows_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64
 #undef I8_RUN_VNNI
 void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { i8_rows_vnni(a, r0, r1); }
 
+/* Q8_0 as stored x int16 with AVX512-VNNI, one input row (decode): a block's
+ * 32 codes widened to int16 in one vector, one vpdpwssd against its 32
+ * activations (16 int32 lanes of two products each: exact in f32), times
+ * the block's d into f32 lanes, two blocks a step in two chains; weight
+ * rows in blocks of 16 summed across together (hsum16x16), the lines asked
+ * into L2 PF_FAR ahead. The same products as the AVX2 kernel, whose blocks
+ * take two vpmaddwd and an add into 8 lanes: sums in another grouping. Lab
+ * (two threads, 512 MiB of 896-column Q8_0 rows): the AVX2 kernel 24.9
+ * GB/s, this 26.5 (BENCHMARKS.md, twenty-eighth session). Verification
+ * rows keep the AVX2 kernel (groups of 4). */
+#define Q8I16_VNNI_BLOCK(blk, b, h)                                                            \
+    do {                                                                                       \
+        const __m512i q_ = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)((blk) + 2))); \
+        const __m512i t_ = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q_, _mm512_loadu_si512(x + (b) * 32)); \
+        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(h2f(blk)), _mm512_cvtepi32_ps(t_), acc[h]);     \
+    } while (0)
+INL void prefetch_q8_far(const uint8_t *blk) {
+    _mm_prefetch((const char *)blk + PF_FAR, _MM_HINT_T1);
+    _mm_prefetch((const char *)blk + PF_FAR + 64, _MM_HINT_T1);
+}
+INLVNNI __m512 q8i16_lanes_vnni(const uint8_t *w, const int16_t *x, int64_t nb) {
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    BLOCK_PAIRS(Q8I16_VNNI_BLOCK, nb, 34, prefetch_q8_far);
+    return _mm512_add_ps(acc[0], acc[1]);
+}
+#undef Q8I16_VNNI_BLOCK
+
+AVX512VNNI static void q8i16_rows_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    const int64_t nb = a->cols / 32;
+    const uint64_t rb = (uint64_t)nb * 34;
+    const uint8_t *w = (const uint8_t *)a->w;
+    if (r1 > r0) prefetch_start(w + (uint64_t)r0 * rb, (uint64_t)(r1 - r0) * rb);
+#define RUN(c0, c1)                                                                            \
+    do {                                                                                       \
+        int64_t r = c0;                                                                        \
+        for (; r + 16 <= (c1); r += 16) {                                                      \
+            __m512 v[16];                                                                      \
+            for (int k = 0; k < 16; k++) v[k] = q8i16_lanes_vnni(w + (uint64_t)(r + k) * rb, a->xq, nb); \
+            _mm512_storeu_ps(a->y + r, _mm512_mul_ps(hsum16x16(v), _mm512_set1_ps(a->xscale[0]))); \
+        }                                                                                      \
+        for (; r < (c1); r++)                                                                  \
+            a->y[r] = _mm512_reduce_add_ps(q8i16_lanes_vnni(w + (uint64_t)r * rb, a->xq, nb)) * a->xscale[0]; \
+    } while (0)
+    EACH_Y_RUN(a, r0, r1, RUN)
+#undef RUN
+}
+void tsr_gemv_q8_0_i16_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    if (a->nx == 1) q8i16_rows_vnni(a, r0, r1);
+    else tsr_gemv_q8_0_i16_rows_avx2(a, r0, r1);
+}
+
 /* Q8_0 x f32: a block's 32 codes widened to f32 in two vectors, its two
  * products summed, then times d; two blocks a step in two chains. */
 #define Q8F_BLOCK512(blk, b, h)                                                                  \
@@ -1467,6 +1518,9 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
 void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { tsr_gemv_i8_rows_portable(a, r0, r1); }
 void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_i8_rows_portable(a, r0, r1);
+}
+void tsr_gemv_q8_0_i16_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
+    tsr_gemv_q8_0_i16_rows_portable(a, r0, r1);
 }
 int tsr_gemv_bf16_512_rows(const tsr_gemv_args *a) {
     (void)a;

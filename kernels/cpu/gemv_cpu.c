@@ -227,6 +227,9 @@ void tsr_gemv_i8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1
 /* --- Q8_0 (as stored) x int16 ------------------------------------------------- */
 
 tsr_gemv_i8_kernel_fn tsr_gemv_q8_0_i16_kernel(tsr_gemv_isa isa) {
+#if defined(__x86_64__)
+    if (avx512_kernels(isa) && tsr_cpu_has_avx512vnni()) return tsr_gemv_q8_0_i16_rows_avx512_vnni;
+#endif
     switch (kernel_isa(isa)) {
     case TSR_GEMV_ISA_PORTABLE: return tsr_gemv_q8_0_i16_rows_portable;
 #if defined(__x86_64__)

@@ -173,6 +173,7 @@ int tsr_gemv_bf16_512_rows(const tsr_gemv_args *a);
 void tsr_gemv_permute_x_bf16_512(const tsr_gemv_args *a, float *xp);
 void tsr_gemv_i8_rows_avx512(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1); /* AVX512-VNNI too */
+void tsr_gemv_q8_0_i16_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1); /* one row VNNI */
 int64_t tsr_gemv_permuted_x_floats_avx2(uint32_t dtype, const tsr_gemv_args *a);
 void tsr_gemv_permute_x_avx2(uint32_t dtype, const tsr_gemv_args *a, float *xp);
 int tsr_gemv_widen_row_avx2(uint32_t dtype, const uint8_t *src, int64_t n, float *dst); /* 0: not handled */

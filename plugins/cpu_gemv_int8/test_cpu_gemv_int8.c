@@ -183,6 +183,43 @@ static void test_vnni_bits(void **state) {
 #endif
 }
 
+/* Q8_0 x int16 with AVX512-VNNI takes one input row in blocks of 16 weight
+ * rows summed across together: equal, bit for bit, to the same kernel
+ * called a row at a time, at 37 rows and 37 blocks a row (an odd block
+ * last). (Its sums against the stored weights: test_q8_0_as_stored at isa
+ * avx512.) Skipped where the CPU lacks VNNI. */
+static void test_q8_0_vnni_blocks(void **state) {
+    (void)state;
+#if defined(__x86_64__)
+    if (!tsr_cpu_has_avx512vnni()) {
+        printf("# no AVX512-VNNI here: skipped\n");
+        skip();
+    }
+    rng = SEED + 7;
+    const int64_t rows = 37, cols = 32 * 37, nb = cols / 32;
+    uint8_t *w = malloc((size_t)(rows * nb * 34));
+    int16_t *xq = malloc((size_t)cols * sizeof *xq);
+    float xs[1] = {rndf(1e-5f, 1e-3f)}, *y0 = malloc((size_t)rows * sizeof *y0), *y1 = malloc((size_t)rows * sizeof *y1);
+    assert_true(w && xq && y0 && y1);
+    for (int64_t b = 0; b < rows * nb; b++) {
+        const uint16_t d = tsr_f32_to_f16(rndf(1e-4f, 1e-2f));
+        memcpy(w + b * 34, &d, 2);
+        for (int k = 0; k < 32; k++) w[b * 34 + 2 + k] = (uint8_t)(int8_t)lrintf(rndf(-127, 127));
+    }
+    for (int64_t i = 0; i < cols; i++) xq[i] = (int16_t)lrintf(rndf(-32767, 32767));
+    tsr_gemv_i8_args a = {(const int8_t *)w, NULL, cols, xq, xs, 1, y0, rows};
+    tsr_gemv_q8_0_i16_rows_avx512_vnni(&a, 0, rows);
+    a.y = y1;
+    for (int64_t r = 0; r < rows; r++) tsr_gemv_q8_0_i16_rows_avx512_vnni(&a, r, r + 1);
+    if (memcmp(y0, y1, (size_t)rows * sizeof *y0) != 0)
+        fail_msg("Q8_0 x int16 VNNI: blocks of 16 weight rows differ from rows one at a time");
+    printf("# Q8_0 x int16 VNNI: blocks of 16 weight rows equal rows one at a time\n");
+    free(w), free(xq), free(y0), free(y1);
+#else
+    skip();
+#endif
+}
+
 static void test_table(void **state) {
     (void)state;
     rng = SEED;
@@ -604,6 +641,7 @@ static void test_quantisers(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vnni_bits),
+        cmocka_unit_test(test_q8_0_vnni_blocks),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_q8_0_as_stored),
         cmocka_unit_test(test_errors),
