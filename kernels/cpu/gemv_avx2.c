@@ -78,8 +78,9 @@ enum { XG8 = 8 };
  * 3 KiB 26.8-27.4 GB/s, T1 3 KiB 28.2-28.6, T1 6 KiB 29.2-30.2, T1 8 KiB
  * 30.2; a pass's GEMVs in order (seq_lab, three rounds) int8 18.1-19.0 ->
  * 16.9-17.3 ms, bf16 35.0-37.6 -> 33.0-34.1 (BENCHMARKS.md, twenty-eighth
- * session). Q8_0 blocks measured no faster so (they keep PF_DIST), nor
- * verification rows (bound by their arithmetic). */
+ * session). cpu_gemv's Q8_0 blocks (f32 activations) measured slower so
+ * (they keep PF_DIST), verification rows no faster (bound by their
+ * arithmetic); the VNNI Q8_0 x int16 decode takes PF_FAR as well. */
 #define PF_FAR 6144
 
 /* The first PF_FAR bytes of a take of weight rows, asked for at once: the
