@@ -234,6 +234,18 @@ static double run_case(const gcase *gc, int nx, const char *isa, int mode) {
     return worst;
 }
 
+/* Kernel k over one input row's weight rows [0, a.rows) in one call (its
+ * decode blocks) and a row at a time (its row-by-row path), into y0 and y1:
+ * whether the two agree bit for bit. */
+static int blocks_equal_rows(tsr_gemv_kernel_fn k, uint32_t dtype, tsr_gemv_args a, int64_t rows, float *y0,
+                             float *y1) {
+    a.nx = 1, a.y = y0;
+    k(dtype, &a, 0, rows);
+    a.y = y1;
+    for (int64_t r = 0; r < rows; r++) k(dtype, &a, r, r + 1);
+    return memcmp(y0, y1, (size_t)rows * sizeof *y0) == 0;
+}
+
 /* The AVX-512 Q8_0 kernel groups up to 8 input rows a pass and shares only
  * the widened codes between them: each row's outputs are those of a call
  * of that row alone, bit for bit, at 1-9 rows (so a verification pass gives
@@ -266,11 +278,8 @@ static void test_q8_0_rows_independent(void **state) {
         }
     }
     /* one input row: weight rows in blocks of 16 (summed across together) against a row at a time */
-    tsr_gemv_args one = {.w = w, .row_bytes = rb, .cols = cols, .x = x, .ldx = cols, .nx = 1, .y = y1, .ldy = rows};
-    for (int64_t r = 0; r < rows; r++) k(TSR_DTYPE_Q8_0, &one, r, r + 1);
-    one.y = ya;
-    k(TSR_DTYPE_Q8_0, &one, 0, rows);
-    if (memcmp(ya, y1, (size_t)rows * sizeof *y1) != 0)
+    const tsr_gemv_args one = {.w = w, .row_bytes = rb, .cols = cols, .x = x, .ldx = cols, .ldy = rows};
+    if (!blocks_equal_rows(k, TSR_DTYPE_Q8_0, one, rows, ya, y1))
         fail_msg("Q8_0 AVX-512: one input row's blocks of 16 weight rows differ from its rows one at a time");
     printf("# Q8_0 AVX-512: each of 1-9 input rows equals its own one-row call bit for bit, blocks of 16 rows"
            " a row at a time\n");
@@ -295,11 +304,8 @@ static void test_bf16_decode_blocks(void **state) {
     for (size_t s = 0; s < sizeof isas / sizeof *isas; s++) {
         const tsr_gemv_kernel_fn k = tsr_gemv_kernel(isas[s]);
         if (!tsr_gemv_isa_runs(isas[s]) || !k) continue;
-        tsr_gemv_args a = {.w = w, .row_bytes = rb, .cols = cols, .x = x, .ldx = cols, .nx = 1, .y = ya, .ldy = rows};
-        k(TSR_DTYPE_BF16, &a, 0, rows);
-        a.y = y1;
-        for (int64_t r = 0; r < rows; r++) k(TSR_DTYPE_BF16, &a, r, r + 1);
-        if (memcmp(ya, y1, (size_t)rows * sizeof *y1) != 0)
+        const tsr_gemv_args a = {.w = w, .row_bytes = rb, .cols = cols, .x = x, .ldx = cols, .ldy = rows};
+        if (!blocks_equal_rows(k, TSR_DTYPE_BF16, a, rows, ya, y1))
             fail_msg("bf16 %s: one input row's blocks of 8 weight rows differ from its rows one at a time",
                      tsr_gemv_isa_name(isas[s]));
         ran++;

@@ -128,6 +128,27 @@ static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char
     free(wf), free(w), free(x), free(y), free(q);
 }
 
+#if defined(__x86_64__)
+/* Skips the calling test where the CPU lacks AVX512-VNNI. */
+static void require_vnni(void) {
+    if (!tsr_cpu_has_avx512vnni()) {
+        printf("# no AVX512-VNNI here: skipped\n");
+        skip();
+    }
+}
+
+/* Kernel k over one input row's weight rows [0, rows) in one call (its
+ * decode blocks) and a row at a time (its row-by-row path), into y0 and y1:
+ * whether the two agree bit for bit. */
+static int blocks_equal_rows(tsr_gemv_i8_kernel_fn k, tsr_gemv_i8_args a, int64_t rows, float *y0, float *y1) {
+    a.nx = 1, a.y = y0;
+    k(&a, 0, rows);
+    a.y = y1;
+    for (int64_t r = 0; r < rows; r++) k(&a, r, r + 1);
+    return memcmp(y0, y1, (size_t)rows * sizeof *y0) == 0;
+}
+#endif
+
 /* The AVX512-VNNI int8 x int16 kernel (vpdpwssd, up to 8 input rows a
  * pass) gives the AVX-512 kernel's outputs bit for bit: 1..9 input rows,
  * columns with whole 1,024-column flushes, a partial one and a tail, the
@@ -139,10 +160,7 @@ static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char
 static void test_vnni_bits(void **state) {
     (void)state;
 #if defined(__x86_64__)
-    if (!tsr_cpu_has_avx512vnni()) {
-        printf("# no AVX512-VNNI here: its kernel is not compared\n");
-        skip();
-    }
+    require_vnni();
     rng = SEED + 99;
     const int64_t rows = 37, shapes[] = {64, 1088, 2100, 4864 + 33};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -164,17 +182,11 @@ static void test_vnni_bits(void **state) {
             if (memcmp(y0, y1, (size_t)(nx * rows) * sizeof *y0) != 0)
                 fail_msg("%lld columns, %d rows: the VNNI kernel differs from the AVX-512 one", (long long)cols, nx);
         }
-        for (int k = 0; k < 2; k++) { /* one input row: whole ranges against a row at a time */
-            void (*kern)(const tsr_gemv_i8_args *, int64_t, int64_t) =
-                k ? tsr_gemv_i8_rows_avx512_vnni : tsr_gemv_i8_rows_avx512;
-            tsr_gemv_i8_args a = {w, ws, cols, xq, xs, 1, y0, rows};
-            kern(&a, 0, rows);
-            a.y = y1;
-            for (int64_t r = 0; r < rows; r++) kern(&a, r, r + 1);
-            if (memcmp(y0, y1, (size_t)rows * sizeof *y0) != 0)
+        for (int k = 0; k < 2; k++) /* one input row: whole ranges against a row at a time */
+            if (!blocks_equal_rows(k ? tsr_gemv_i8_rows_avx512_vnni : tsr_gemv_i8_rows_avx512,
+                                   (tsr_gemv_i8_args){w, ws, cols, xq, xs, 1, NULL, rows}, rows, y0, y1))
                 fail_msg("%lld columns, one row: the %s kernel's blocks of 16 rows differ from its rows one at a time",
                          (long long)cols, k ? "VNNI" : "AVX-512");
-        }
         free(w), free(xq), free(ws), free(y0), free(y1);
     }
     printf("# the AVX512-VNNI kernel equals the AVX-512 one bit for bit (1..9 rows)\n");
@@ -191,10 +203,7 @@ static void test_vnni_bits(void **state) {
 static void test_q8_0_vnni_blocks(void **state) {
     (void)state;
 #if defined(__x86_64__)
-    if (!tsr_cpu_has_avx512vnni()) {
-        printf("# no AVX512-VNNI here: skipped\n");
-        skip();
-    }
+    require_vnni();
     rng = SEED + 7;
     const int64_t rows = 37, cols = 32 * 37, nb = cols / 32;
     uint8_t *w = malloc((size_t)(rows * nb * 34));
@@ -207,11 +216,8 @@ static void test_q8_0_vnni_blocks(void **state) {
         for (int k = 0; k < 32; k++) w[b * 34 + 2 + k] = (uint8_t)(int8_t)lrintf(rndf(-127, 127));
     }
     for (int64_t i = 0; i < cols; i++) xq[i] = (int16_t)lrintf(rndf(-32767, 32767));
-    tsr_gemv_i8_args a = {(const int8_t *)w, NULL, cols, xq, xs, 1, y0, rows};
-    tsr_gemv_q8_0_i16_rows_avx512_vnni(&a, 0, rows);
-    a.y = y1;
-    for (int64_t r = 0; r < rows; r++) tsr_gemv_q8_0_i16_rows_avx512_vnni(&a, r, r + 1);
-    if (memcmp(y0, y1, (size_t)rows * sizeof *y0) != 0)
+    if (!blocks_equal_rows(tsr_gemv_q8_0_i16_rows_avx512_vnni,
+                           (tsr_gemv_i8_args){(const int8_t *)w, NULL, cols, xq, xs, 1, NULL, rows}, rows, y0, y1))
         fail_msg("Q8_0 x int16 VNNI: blocks of 16 weight rows differ from rows one at a time");
     printf("# Q8_0 x int16 VNNI: blocks of 16 weight rows equal rows one at a time\n");
     free(w), free(xq), free(y0), free(y1);
