@@ -773,7 +773,7 @@ INL __m256 hsum8x8(const __m256 *v) {
  * stored as one vector: the same sums, without a horizontal sum, a tail
  * and a scalar store a row (as the AVX-512 int8 and Q8_0 decode's blocks of
  * 16; BENCHMARKS.md, twenty-eighth session). */
-static void rows_bf16p(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp, const float *rs) {
+static void rows_bf16p(const tsr_gemv_args *a, int64_t r0, int64_t r1, const float *xp) {
     float out[XG];
     int64_t r = r0;
     if (a->nx == 1 && a->cols % 32 == 0)
@@ -784,13 +784,11 @@ static void rows_bf16p(const tsr_gemv_args *a, int64_t r0, int64_t r1, const flo
                 (void)bf16p_one(a->w + (uint64_t)(r + k) * a->row_bytes, xp, a->cols, &s0, &s1);
                 v[k] = _mm256_add_ps(s0, s1);
             }
-            const __m256 s = hsum8x8(v);
-            _mm256_storeu_ps(a->y + r, rs ? _mm256_mul_ps(s, _mm256_loadu_ps(rs + r)) : s);
+            _mm256_storeu_ps(a->y + r, hsum8x8(v));
         }
     for (; r < r1; r++) {
         const uint8_t *row = a->w + (uint64_t)r * a->row_bytes;
-        float s = rs ? rs[r] : 1.0f;
-        EACH_GROUP(a->nx, STORE_S, PERM_CALL, bf16p_dot)
+        EACH_GROUP(a->nx, STORE_1, PERM_CALL, bf16p_dot)
     }
 }
 PERM_DRIVER(rows_i8p, i8p_dot)
@@ -945,7 +943,7 @@ static int run_permuted(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int6
         tsr_gemv_permute_x_avx2(dtype, a, own);
         xp = own;
     }
-    if (dtype == TSR_DTYPE_BF16) rows_bf16p(a, r0, r1, xp, NULL);
+    if (dtype == TSR_DTYPE_BF16) rows_bf16p(a, r0, r1, xp);
     else if (dtype == TSR_DTYPE_Q4_K) rows_q4kp(a, r0, r1, xp);
     else if (dtype == TSR_DTYPE_Q6_K) rows_q6kp(a, r0, r1, xp, NULL);
     else rows_i8p(a, r0, r1, xp, a->scale);
@@ -1234,8 +1232,8 @@ void tsr_gemv_q8_0_i16_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t 
 /* Sixteen vectors summed across: lane k of the result is the sum of v[k]'s
  * lanes, paired as _mm512_reduce_add_ps pairs them (lane j with j + 8, then
  * j + 4, j + 2, j + 1; GCC's and the intrinsics guide's order), so each sum
- * is bit for bit that function's: for one row it costs about as much as the
- * whole transposition does for sixteen. */
+ * is bit for bit that function's, in ~46 vector operations for sixteen rows
+ * where the reduction takes ~8 a row. */
 INL512 __m512 hsum16x16(const __m512 *v) {
     __m512 a[8], b[4], c[2];
     for (int i = 0; i < 8; i++) /* [v_i lanes j + j+8 | v_i+8's], j < 8 */
