@@ -1022,8 +1022,9 @@ int g_run(void *inst, const void *prepared, int rows, const float *x, float *y, 
 }
 
 // Whether launch_row<kFp8, true> takes this gate/up pair's one row: as
-// glu_reads, or at any height for an expert's pair (Weight.expert).
-bool glu_takes(const Weight *w, const tsr_mma::Args &a) {
+// glu_reads, or at any height for an expert's pair (Weight.expert). (Rows
+// 2..8 go through gemv_mma.cuh's GLU kernel: tsr_mma::glu_takes.)
+bool row_glu_takes(const Weight *w, const tsr_mma::Args &a) {
     if (!w->pair) return false;
     return w->expert ? a.n_out % 2 == 0 && tsr_row::row_reads(tsr_mma::kFp8, a) : tsr_row::glu_reads<tsr_mma::kFp8>(a);
 }
@@ -1046,7 +1047,7 @@ int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float 
                                                                      ex->pdl != 0),
                               "fp8 gate/up gemv launch")
                    : TSR_ERR_UNSUPPORTED;
-    if (!glu_takes(w, a)) return TSR_ERR_UNSUPPORTED;
+    if (!row_glu_takes(w, a)) return TSR_ERR_UNSUPPORTED;
     return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, true>(a, row_role(w), static_cast<cudaStream_t>(ex->stream),
                                                                 ex->pdl != 0),
                     "fp8 gate/up gemv launch");
