@@ -173,6 +173,20 @@ static void end_generation(tsr_srv_sched *s, tsr_srv_job *j, tsr_srv_finish_reas
                            st.draft_accepted, st.verify_passes);
 }
 
+/* Engine thread, with the lock: running job j (run slot i) ends, why for the
+ * metrics: its generation freed without the lock, the job marked done
+ * (j->finish as the caller left it) and woken, the slot emptied, the
+ * engine's reference dropped. */
+static void retire_locked(tsr_srv_sched *s, int i, tsr_srv_job *j, tsr_srv_finish_reason why) {
+    pthread_mutex_unlock(&s->mu);
+    end_generation(s, j, why);
+    pthread_mutex_lock(&s->mu);
+    j->state = TSR_SRV_JOB_DONE;
+    pthread_cond_broadcast(&j->cond);
+    s->run[i] = NULL;
+    if (unref_locked(j)) job_free(j);
+}
+
 static void *engine_main(void *arg) {
     tsr_srv_sched *s = arg;
     int kv_blocked = 0; /* the queue's head waits for KV held by running jobs */
@@ -252,12 +266,8 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < s->n_run; i++) {
             tsr_srv_job *j = s->run[i];
             if (j->cancelled || s->quit) {
-                pthread_mutex_unlock(&s->mu);
-                end_generation(s, j, TSR_SRV_FIN_CANCELLED);
-                pthread_mutex_lock(&s->mu);
-                finish_locked(s, j, TSR_SRV_FIN_CANCELLED);
-                s->run[i] = NULL;
-                if (unref_locked(j)) job_free(j);
+                if (!j->finish) j->finish = TSR_FINISH_CANCELLED;
+                retire_locked(s, i, j, TSR_SRV_FIN_CANCELLED);
                 changed = 1;
                 continue;
             }
@@ -283,13 +293,7 @@ static void *engine_main(void *arg) {
                 tsr_srv_error_set(&j->error, 500, "", "generation failed: %s", err.msg);
                 j->status = 500;
                 j->finish = TSR_FINISH_NONE;
-                pthread_mutex_unlock(&s->mu);
-                end_generation(s, j, TSR_SRV_FIN_ERROR);
-                pthread_mutex_lock(&s->mu);
-                j->state = TSR_SRV_JOB_DONE;
-                pthread_cond_broadcast(&j->cond);
-                s->run[i] = NULL;
-                if (unref_locked(j)) job_free(j);
+                retire_locked(s, i, j, TSR_SRV_FIN_ERROR);
                 changed = 1;
                 continue;
             }
@@ -312,13 +316,7 @@ static void *engine_main(void *arg) {
                                             : ev.finish == TSR_FINISH_LENGTH ? TSR_SRV_FIN_LENGTH
                                                                              : TSR_SRV_FIN_CANCELLED;
                 j->finish = ev.finish;
-                pthread_mutex_unlock(&s->mu);
-                end_generation(s, j, why);
-                pthread_mutex_lock(&s->mu);
-                j->state = TSR_SRV_JOB_DONE;
-                pthread_cond_broadcast(&j->cond);
-                s->run[i] = NULL;
-                if (unref_locked(j)) job_free(j);
+                retire_locked(s, i, j, why);
                 changed = 1;
             }
         }
