@@ -315,6 +315,46 @@ static void probe_gpu(tsr_probe_result *r) {
 #endif
 }
 
+/* A buffer of bytes (a multiple of 64) held as the engine holds prepared
+ * weights (engine.c, h_alloc): on a 2 MiB boundary, its whole 2 MiB pages
+ * advised into transparent huge pages before the first touch. In 4 KiB
+ * pages the same loop read 30 against 34 GB/s on a 2-core Xeon VM (THP on
+ * request only), below what the engine's GEMVs then streamed: no ceiling.
+ * Every page touched; NULL on no memory. */
+static uint64_t *read_buffer(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    uint64_t *buf = NULL;
+    if (posix_memalign((void **)&buf, bytes >= huge ? huge : 64, bytes)) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (bytes >= huge) (void)madvise(buf, bytes & ~(huge - 1), MADV_HUGEPAGE);
+#endif
+    for (size_t i = 0; i < bytes / 8; i++) buf[i] = i * 0x9e3779b97f4a7c15ull;
+    return buf;
+}
+
+/* Every read loop this CPU runs, repeats passes of nt threads over buf
+ * each: the loop of the fastest median (*won), that median (returned, GB/s)
+ * and its passes sorted into best[repeats] (s: repeats of scratch). */
+static double fastest_loop(const uint64_t *buf, size_t words, int nt, int repeats, double *s, double *best,
+                           int *won, uint64_t *sink) {
+    int loop0 = LOOP_WORDS, loop1 = LOOP_WORDS;
+    *won = LOOP_WORDS;
+#if defined(__x86_64__)
+    if (tsr_cpu_has_avx2_fma_f16c()) loop0 = LOOP_INT4, loop1 = LOOP_FLOAT2_PF, *won = loop0;
+    if (loop1 == LOOP_FLOAT2_PF && tsr_cpu_has_avx512f()) loop1 = LOOP_FLOAT512_PF;
+#endif
+    double top = 0;
+    for (int l = loop0; l <= loop1; l++) {
+        for (int k = 0; k < repeats; k++) read_pass(buf, words, l, nt, &s[k], sink);
+        double med = median(s, repeats);
+        if (med > top) {
+            top = med, *won = l;
+            memcpy(best, s, sizeof(double) * (size_t)repeats);
+        }
+    }
+    return top;
+}
+
 int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) {
     memset(r, 0, sizeof *r);
     read_machine(r);
@@ -332,20 +372,9 @@ int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) 
     if (bytes < 4096) return tsr_error_set(err, TSR_ERR_INVALID, "probe: buffer of %zu bytes", bytes);
     r->buffer_bytes = bytes;
 
-    /* The buffer is held as the engine holds prepared weights (engine.c,
-     * h_alloc): on a 2 MiB boundary, its whole 2 MiB pages advised into
-     * transparent huge pages before the first touch. In 4 KiB pages the
-     * same loop read 30 against 34 GB/s on a 2-core Xeon VM (THP on request
-     * only), below what the engine's GEMVs then streamed: no ceiling. */
-    const size_t huge = (size_t)2 << 20;
-    uint64_t *buf = NULL;
-    if (posix_memalign((void **)&buf, bytes >= huge ? huge : 64, bytes))
-        return tsr_error_set(err, TSR_ERR_NOMEM, "probe: no memory for a %zu-byte buffer", bytes);
-#ifdef MADV_HUGEPAGE
-    if (bytes >= huge) (void)madvise(buf, bytes & ~(huge - 1), MADV_HUGEPAGE);
-#endif
+    uint64_t *buf = read_buffer(bytes);
+    if (!buf) return tsr_error_set(err, TSR_ERR_NOMEM, "probe: no memory for a %zu-byte buffer", bytes);
     size_t words = bytes / 8;
-    for (size_t i = 0; i < words; i++) buf[i] = i * 0x9e3779b97f4a7c15ull; /* touch every page */
     double *s = malloc(sizeof(double) * 2 * (size_t)r->repeats), *best = s + r->repeats;
     if (!s) {
         free(buf);
@@ -359,20 +388,8 @@ int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) 
         return tsr_error_set(err, TSR_ERR_IO, "probe: cannot start %d threads", r->n_threads);
     }
     /* every loop this CPU runs, repeats passes each; the fastest median wins */
-    int loop0 = LOOP_WORDS, loop1 = LOOP_WORDS, won = LOOP_WORDS;
-#if defined(__x86_64__)
-    if (tsr_cpu_has_avx2_fma_f16c()) loop0 = LOOP_INT4, loop1 = LOOP_FLOAT2_PF, won = loop0;
-    if (loop1 == LOOP_FLOAT2_PF && tsr_cpu_has_avx512f()) loop1 = LOOP_FLOAT512_PF;
-#endif
-    r->read_gbs = 0;
-    for (int l = loop0; l <= loop1; l++) {
-        for (int k = 0; k < r->repeats; k++) read_pass(buf, words, l, r->n_threads, &s[k], &sink);
-        double med = median(s, r->repeats);
-        if (med > r->read_gbs) {
-            r->read_gbs = med, won = l;
-            memcpy(best, s, sizeof(double) * (size_t)r->repeats);
-        }
-    }
+    int won;
+    r->read_gbs = fastest_loop(buf, words, r->n_threads, r->repeats, s, best, &won, &sink);
     snprintf(r->read_loop, sizeof r->read_loop, "%s", loop_names[won]);
     double t_all = 0, bytes_all = 0;
     for (double t0 = tsr_now_seconds(); tsr_now_seconds() - t0 < 1.0;) {
@@ -416,6 +433,65 @@ int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) 
     free(s);
     probe_gpu(r);
     return TSR_OK;
+}
+
+struct tsr_probe_reader {
+    uint64_t *buf;
+    size_t words, window; /* the buffer's, a read's (in words) */
+    size_t next;          /* the next window's first word */
+    int loop, n_threads;
+    uint64_t sink;
+};
+
+int tsr_probe_reader_new(int n_threads, size_t window_bytes, size_t buffer_bytes, tsr_probe_reader **out,
+                         tsr_error *err) {
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 256)
+        return tsr_error_set(err, TSR_ERR_INVALID, "probe reader: %d threads", n_threads);
+    window_bytes &= ~(size_t)63;
+    if (window_bytes < 4096)
+        return tsr_error_set(err, TSR_ERR_INVALID, "probe reader: a window of %zu bytes", window_bytes);
+    /* windows in turn through a buffer no cache holds twice over */
+    size_t bytes = buffer_bytes;
+    if (!bytes) {
+        tsr_probe_result m;
+        memset(&m, 0, sizeof m);
+        read_machine(&m);
+        bytes = (size_t)m.llc_bytes * 8;
+    }
+    if (bytes < window_bytes * 4) bytes = window_bytes * 4;
+    bytes = bytes / window_bytes * window_bytes;
+    tsr_probe_reader *rd = calloc(1, sizeof *rd);
+    if (!rd || !(rd->buf = read_buffer(bytes))) {
+        free(rd);
+        return tsr_error_set(err, TSR_ERR_NOMEM, "probe reader: no memory for a %zu-byte buffer", bytes);
+    }
+    rd->words = bytes / 8, rd->window = window_bytes / 8, rd->n_threads = n_threads;
+    double s[3], best[3], warm;
+    if (read_pass(rd->buf, rd->words, LOOP_WORDS, n_threads, &warm, &rd->sink)) {
+        tsr_probe_reader_free(rd);
+        return tsr_error_set(err, TSR_ERR_IO, "probe reader: cannot start %d threads", n_threads);
+    }
+    fastest_loop(rd->buf, rd->words, n_threads, 3, s, best, &rd->loop, &rd->sink);
+    *out = rd;
+    return TSR_OK;
+}
+
+double tsr_probe_reader_pass(tsr_probe_reader *rd) {
+    double gbs;
+    if (read_pass(rd->buf + rd->next, rd->window, rd->loop, rd->n_threads, &gbs, &rd->sink)) return -1;
+    rd->next += rd->window;
+    if (rd->next + rd->window > rd->words) rd->next = 0;
+    return gbs;
+}
+
+const char *tsr_probe_reader_loop(const tsr_probe_reader *rd) { return loop_names[rd->loop]; }
+
+void tsr_probe_reader_free(tsr_probe_reader *rd) {
+    if (!rd) return;
+    if (rd->sink == 0x1234) fputc(' ', stderr); /* keep the reads */
+    free(rd->buf);
+    free(rd);
 }
 
 json_t *tsr_jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }

@@ -53,6 +53,22 @@ typedef struct tsr_probe_result {
 
 int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err);
 
+/* Reads to pair with another measurement taken at the same moment (`tessera
+ * passes --floor`: this VM's read rate moves by a third within minutes, so
+ * a probe taken seconds apart says little about a pass). The probe's read
+ * loops are tried once at new (three passes each over the buffer, the
+ * fastest median's loop kept); each pass then reads the next window of
+ * window_bytes of a buffer of buffer_bytes (0: 8 x the last-level cache),
+ * at least four windows (windows in turn: none is still in a cache from the
+ * pass before) on n_threads threads, and returns its rate in GB/s (1e9
+ * bytes), -1 where the threads cannot be started. */
+typedef struct tsr_probe_reader tsr_probe_reader;
+int tsr_probe_reader_new(int n_threads, size_t window_bytes, size_t buffer_bytes, tsr_probe_reader **out,
+                         tsr_error *err);
+double tsr_probe_reader_pass(tsr_probe_reader *rd);
+const char *tsr_probe_reader_loop(const tsr_probe_reader *rd); /* the loop's name, as memory_read.loop */
+void tsr_probe_reader_free(tsr_probe_reader *rd);
+
 /* device.json (schema "tessera.device/1"); NULL on no memory. */
 json_t *tsr_probe_to_json(const tsr_probe_result *r);
 /* Read it back (from `tessera probe --out` or result.json's "device"). */

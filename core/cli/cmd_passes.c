@@ -8,21 +8,29 @@
  * sample sees the same context. With --prompt N it times instead a prompt
  * of N tokens into an empty sequence (prefill as `tessera run` does it:
  * chunks, the last row's output only), repeated on one loaded model.
+ * With --floor (CPU) each one-row pass is paired with a read of the same
+ * bytes by the probe's fastest read loop just before it, and the share of
+ * the bandwidth floor is taken pair by pair (issue #4's measure, with the
+ * probe at the same moment as the pass it judges).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "commands.h"
 #include "model_opts.h"
 #include "../../ablation/bench.h"
+#include "../../ablation/probe.h"
+#include "../host/engine.h"
+#include "../host/manifest.h"
 #include "../util/clock.h"
 
 static void passes_usage(FILE *f) {
     fprintf(f,
             "usage: tessera passes [ASSEMBLY] [--model PATH] [--context N] [--rows LIST | --prompt N]\n"
-            "                      [--reps N] [--profile]\n\n"
+            "                      [--reps N] [--profile] [--floor]\n\n"
             "Times forward passes of each row count after a context of N tokens (pseudo-random\n"
             "ids): median and min over the repetitions, and the ratio to one row.\n\n"
             "%s"
@@ -32,8 +40,56 @@ static void passes_usage(FILE *f) {
             "                     (prefill, the last row's output only): ms and tokens/s\n"
             "  --reps N           timed repetitions of each (default 50, after 5 warm-up)\n"
             "  --profile          after each row count, the time per kind of op of its passes,\n"
-            "                     waiting for the device after each op (no CUDA graphs)\n",
+            "                     waiting for the device after each op (no CUDA graphs)\n"
+            "  --floor            (CPU) one-row passes, each paired with a read of the bytes it\n"
+            "                     reads (weights and KV) by the probe's fastest read loop on as\n"
+            "                     many threads, just before it: the pass against that floor, pair\n"
+            "                     by pair (median, min, max of the shares)\n",
             TSR_MODEL_OPTS_HELP);
+}
+
+/* --floor: reps one-row passes of token *id after context tokens of s
+ * (five more first, untimed), each just after a read of the bytes it reads
+ * (the model's weights a token, the sequence's KV) by the probe's fastest
+ * loop on n_threads (0: every core); prints the medians and the shares of
+ * the floor pair by pair. 0, or -1 with err set. */
+static int floor_pairs(tsr_model *m, tsr_seq *s, const int32_t *id, int context, long reps, int n_threads,
+                       tsr_error *err) {
+    uint64_t kv_used = 0, kv_cap = 0;
+    tsr_model_kv_usage(m, &kv_used, &kv_cap);
+    const double bytes = (double)tsr_model_weight_bytes_per_token(m) + (double)kv_used;
+    if (n_threads <= 0) n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    tsr_probe_reader *rd = NULL;
+    if (tsr_probe_reader_new(n_threads, (size_t)bytes, 0, &rd, err)) return -1;
+    double *v = malloc(3 * (size_t)reps * sizeof *v), *pass = v + reps, *gbs = v + 2 * reps;
+    int32_t choice;
+    int rc = v ? 0 : tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    for (long r = -5; r < reps && !rc; r++) {
+        const double g = tsr_probe_reader_pass(rd);
+        const double t0 = tsr_now_seconds();
+        if (g <= 0) rc = tsr_error_set(err, TSR_ERR_IO, "--floor: the read pass could not start its threads");
+        else if (!tsr_seq_forward_greedy(s, id, 1, &choice, 1, err) && !tsr_seq_truncate(s, context, err)) {
+            const double t = tsr_now_seconds() - t0;
+            if (r >= 0) pass[r] = t, gbs[r] = g, v[r] = bytes / (g * 1e9) / t;
+        } else
+            rc = -1;
+    }
+    if (!rc) {
+        printf("# %s, context %d, %ld one-row passes, each after a read of its %.3f GB (weights %.3f, KV %.3f) by "
+               "the probe's loop (%s) on %d threads\n",
+               tsr_engine_name(tsr_model_get_engine(m)), context, reps, bytes / 1e9,
+               (double)tsr_model_weight_bytes_per_token(m) / 1e9, (double)kv_used / 1e9, tsr_probe_reader_loop(rd),
+               n_threads);
+        const tsr_stat3 sp = tsr_stat3_of(pass, (int)reps), sg = tsr_stat3_of(gbs, (int)reps),
+                        sv = tsr_stat3_of(v, (int)reps);
+        printf("pass %.3f ms (min %.3f); read %.1f GB/s (min %.1f, max %.1f): floor %.3f ms\n", sp.med * 1e3,
+               sp.min * 1e3, sg.med, sg.min, sg.max, bytes / (sg.med * 1e9) * 1e3);
+        printf("floor share, pair by pair: median %.1f%% (min %.1f%%, max %.1f%%)\n", sv.med * 100, sv.min * 100,
+               sv.max * 100);
+    }
+    free(v);
+    tsr_probe_reader_free(rd);
+    return rc ? -1 : 0;
 }
 
 int tsr_cmd_passes(int argc, char **argv) {
@@ -43,7 +99,7 @@ int tsr_cmd_passes(int argc, char **argv) {
     }
     tsr_model_opts o = {.progress = 1, .no_tokenizer = 1};
     long context = 512, reps = 50, prompt = 0;
-    int rows[32], n_rows = 0;
+    int rows[32], n_rows = 0, floor = 0;
     const char *rows_arg = "1,2,4,8,9";
     for (int i = 1; i < argc; i++) {
         int r = tsr_cli_model_opt(argc, argv, &i, &o, "passes");
@@ -51,6 +107,10 @@ int tsr_cmd_passes(int argc, char **argv) {
         if (r > 0) continue;
         if (!strcmp(argv[i], "--profile")) {
             o.profile = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--floor")) {
+            floor = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -71,6 +131,7 @@ int tsr_cmd_passes(int argc, char **argv) {
             return 2;
         }
     }
+    if (floor && !strcmp(rows_arg, "1,2,4,8,9")) rows_arg = "1"; /* not given: --floor's one row */
     for (const char *p = rows_arg; *p;) {
         char *end;
         long n = strtol(p, &end, 10);
@@ -83,12 +144,24 @@ int tsr_cmd_passes(int argc, char **argv) {
         rows[n_rows++] = (int)n;
         p = *end ? end + 1 : end;
     }
+    if (floor && (prompt > 0 || o.profile || n_rows != 1 || rows[0] != 1)) {
+        fprintf(stderr, "tessera passes: --floor times one-row passes alone (no --prompt, --profile or --rows "
+                        "other than 1)\n");
+        return 2;
+    }
     tsr_error err;
     tsr_error_clear(&err);
     tsr_model *m = NULL;
     if (tsr_model_load(&o, &m, &err) != TSR_OK) {
         fprintf(stderr, "tessera passes: %s\n", err.msg);
         return 1;
+    }
+    if (floor && tsr_engine_device(tsr_model_get_engine(m)) != TSR_DEVICE_CPU) {
+        fprintf(stderr, "tessera passes: --floor reads with the CPU's loops; this assembly runs on %s "
+                        "(tools/device_cuda.sh measures the GPU)\n",
+                tsr_device_name(tsr_engine_device(tsr_model_get_engine(m))));
+        tsr_model_free(m);
+        return 2;
     }
     const int vocab = tsr_model_get_config(m)->vocab;
     const int total = prompt > 0 ? (int)prompt : (int)context + TSR_GRAPH_MAX_ROWS;
@@ -127,6 +200,11 @@ int tsr_cmd_passes(int argc, char **argv) {
     }
     if (tsr_seq_new(m, total, &s, &err) || tsr_seq_forward_greedy(s, ids, (int)context, choices, 0, &err))
         goto fail;
+    if (floor) {
+        status = floor_pairs(m, s, ids + context, (int)context, reps, o.n_threads, &err);
+        if (status < 0) goto fail;
+        goto done;
+    }
     printf("# %s, context %ld, %ld repetitions (median, min), ratio of medians to 1 row\n",
            tsr_engine_name(tsr_model_get_engine(m)), context, reps);
     double one = 0;

@@ -481,6 +481,30 @@ static void test_attribution_and_reports(void **st) {
     tsr_abl_result_free(r);
 }
 
+/* The paired reader (`tessera passes --floor`): bad sizes and thread counts
+ * refused by name; passes read at a finite, positive rate, window after
+ * window through the buffer and round again, with one of the probe's
+ * loops. */
+static void test_probe_reader(void **state) {
+    (void)state;
+    tsr_probe_reader *rd = NULL;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_probe_reader_new(0, 1 << 20, 0, &rd, &err), TSR_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "0 threads"));
+    assert_null(rd);
+    assert_int_equal(tsr_probe_reader_new(1, 100, 0, &rd, &err), TSR_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "window"));
+    assert_int_equal(tsr_probe_reader_new(2, 64 << 10, 256 << 10, &rd, &err), TSR_OK);
+    assert_non_null(rd);
+    assert_true(strlen(tsr_probe_reader_loop(rd)) > 0);
+    for (int i = 0; i < 9; i++) { /* more passes than the four windows */
+        const double g = tsr_probe_reader_pass(rd);
+        assert_true(isfinite(g) && g > 0);
+    }
+    tsr_probe_reader_free(rd);
+}
+
 /* A device record written and read back keeps what says how its ceilings
  * were measured: the read loop taken and the FMA loop's ISA (records
  * without them read back as "" and AVX2). */
@@ -547,6 +571,7 @@ int main(void) {
         cmocka_unit_test(test_bench_merge),
         cmocka_unit_test(test_attribution_and_reports),
         cmocka_unit_test(test_probe_record_roundtrip),
+        cmocka_unit_test(test_probe_reader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
