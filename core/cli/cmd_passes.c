@@ -61,9 +61,10 @@ static int floor_pairs(tsr_model *m, tsr_seq *s, const int32_t *id, int context,
     if (n_threads <= 0) n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     tsr_probe_reader *rd = NULL;
     if (tsr_probe_reader_new(n_threads, (size_t)bytes, 0, &rd, err)) return -1;
-    double *v = malloc(3 * (size_t)reps * sizeof *v), *pass = v + reps, *gbs = v + 2 * reps;
+    double *v = malloc(3 * (size_t)reps * sizeof *v), *pass = NULL, *gbs = NULL;
     int32_t choice;
     int rc = v ? 0 : tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
+    if (v) pass = v + reps, gbs = v + 2 * reps;
     for (long r = -5; r < reps && !rc; r++) {
         const double g = tsr_probe_reader_pass(rd);
         const double t0 = tsr_now_seconds();
