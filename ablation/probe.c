@@ -453,11 +453,12 @@ int tsr_probe_reader_new(int n_threads, size_t window_bytes, size_t buffer_bytes
         return tsr_error_set(err, TSR_ERR_INVALID, "probe reader: a window of %zu bytes", window_bytes);
     /* windows in turn through a buffer no cache holds twice over */
     size_t bytes = buffer_bytes;
-    if (!bytes) {
+    if (!bytes) { /* as tsr_probe_run's */
         tsr_probe_result m;
         memset(&m, 0, sizeof m);
         read_machine(&m);
-        bytes = (size_t)m.llc_bytes * 8;
+        bytes = (size_t)256 << 20;
+        if (m.llc_bytes && m.llc_bytes * 8 > bytes) bytes = (size_t)m.llc_bytes * 8;
     }
     if (bytes < window_bytes * 4) bytes = window_bytes * 4;
     bytes = bytes / window_bytes * window_bytes;

@@ -58,7 +58,8 @@ int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err);
  * a probe taken seconds apart says little about a pass). The probe's read
  * loops are tried once at new (three passes each over the buffer, the
  * fastest median's loop kept); each pass then reads the next window of
- * window_bytes of a buffer of buffer_bytes (0: 8 x the last-level cache),
+ * window_bytes of a buffer of buffer_bytes (0: 8 x the last-level cache,
+ * at least 256 MiB, as the probe's),
  * at least four windows (windows in turn: none is still in a cache from the
  * pass before) on n_threads threads, and returns its rate in GB/s (1e9
  * bytes), -1 where the threads cannot be started. */
