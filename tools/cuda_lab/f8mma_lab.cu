@@ -1,0 +1,213 @@
+// f8mma_lab - could the one-row E4M3 GEMV run on the FP8 tensor cores,
+// weights as stored, with the activations as two E4M3 halves?
+// Not part of the engine; run by hand on the device:
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I. -o f8mma_lab tools/cuda_lab/f8mma_lab.cu && ./f8mma_lab
+//
+// The question behind it (issue #7): E4M3 decode is far from its floor
+// (2.19 ms a token for the GEMVs alone against 1.75), and its short
+// matrices read well below the DRAM rate even from L2 (the o projection
+// 8.9 us from L2 against 10.1 from DRAM: twenty-ninth session): each lane
+// widens its codes to f16 (8 conversions a 16 bytes) for f16 mma. Here the
+// codes go to mma.m16n8k32 e4m3 as they are stored; the activations,
+// scaled by one factor sx per vector, are cut into hi = e4m3(x / sx) and
+// lo = e4m3(x / sx - hi) (about 8 significant bits between them, against
+// f16's 11 in the production kernels: lossy, and so its error is reported),
+// column 0 of B holding hi, column 1 lo. Weights in 16-row tiles, each 64-
+// column chunk of a tile 1 KiB contiguous in the order the lanes read it
+// (two 512-byte loads a warp a chunk), as a plugin could store them at load.
+//
+// Reports (1) the worst error against f64 relative to sum |w x| for a few
+// shapes and magnitudes, (2) per shape, weights out of L2, the production
+// launcher (launch_decode<kFp8>, its column permutation) against this
+// kernel at several warps a tile and chunks in flight, and the activation
+// quantisation's own kernel.
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/gemv_row.cuh"
+#include "tools/cuda_lab/lab_util.cuh"
+
+using tsr_mma::Args;
+using tsr_mma::kFp8;
+
+__device__ __forceinline__ void mma_e4m3(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// x [cols] -> xq: per 64-column chunk c, 64 bytes of hi then 64 of lo; *sx
+// the factor (largest |x| / 448). One block.
+__global__ void quant_x(const float *x, int cols, uint8_t *xq, float *sx) {
+    __shared__ float red[32];
+    float m = 0.0f;
+    for (int k = threadIdx.x; k < cols; k += blockDim.x) m = fmaxf(m, fabsf(x[k]));
+    for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        m = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
+        if (threadIdx.x == 0) red[0] = m > 0.0f ? m / 448.0f : 1.0f;
+    }
+    __syncthreads();
+    const float inv = 1.0f / red[0];
+    if (threadIdx.x == 0) *sx = red[0];
+    for (int k = threadIdx.x; k < cols; k += blockDim.x) {
+        const float v = x[k] * inv;
+        const __nv_fp8_e4m3 h(v);
+        const __nv_fp8_e4m3 l(v - (float)h);
+        xq[128 * (k / 64) + k % 64] = h.__x;
+        xq[128 * (k / 64) + 64 + k % 64] = l.__x;
+    }
+}
+
+// One 16-row tile a block of KW warps, each warp chunks kw, kw + KW, ...,
+// U chunks' loads in flight. w: tiles of nch chunks of 1 KiB (lane l's 16
+// bytes of row l / 4 at 16 l, of row 8 + l / 4 at 512 + 16 l; bytes 16 (l %
+// 4) .. + 15 of the chunk's 64 columns).
+template <int KW, int U>
+__global__ void __launch_bounds__(32 * KW) f8mma(const uint8_t *w, const uint8_t *xq, const float *sx,
+                                                 const float *wscale, float *y, int n_out, int cols) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, nch = cols / 64;
+    const uint8_t *tw = w + (int64_t)tile * nch * 1024 + 16 * lane;
+    const int n = lane >> 2; // B column: 0 hi, 1 lo
+    const uint8_t *xb = xq + (n == 1 ? 64 : 0) + 16 * t;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int c0 = warp; c0 < nch; c0 += KW * U) {
+        uint4 a[U], b[U], xv[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * KW;
+            if (c < nch) {
+                a[u] = tsr_mma::load_w(tw + (int64_t)c * 1024);
+                b[u] = tsr_mma::load_w(tw + (int64_t)c * 1024 + 512);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * KW;
+            if (c >= nch) continue;
+            xv[u] = n < 2 ? *reinterpret_cast<const uint4 *>(xb + (int64_t)c * 128) : make_uint4(0, 0, 0, 0);
+            mma_e4m3(acc, a[u].x, b[u].x, a[u].y, b[u].y, xv[u].x, xv[u].y);
+            mma_e4m3(acc, a[u].z, b[u].z, a[u].w, b[u].w, xv[u].z, xv[u].w);
+        }
+    }
+    __shared__ float part[KW][32][2];
+    part[warp][lane][0] = acc[0] + acc[1], part[warp][lane][1] = acc[2] + acc[3];
+    __syncthreads();
+    if (warp != 0 || t != 0) return;
+    float s0 = 0.f, s1 = 0.f;
+    for (int k = 0; k < KW; k++) s0 += part[k][lane][0], s1 += part[k][lane][1];
+    const int r0 = tile * 16 + g, r1 = r0 + 8;
+    const float f = *sx;
+    if (r0 < n_out) y[r0] = s0 * f * wscale[r0];
+    if (r1 < n_out) y[r1] = s1 * f * wscale[r1];
+}
+
+// Row-major E4M3 [n_out, cols] -> the tile layout above (n_out a multiple of 16).
+static void to_tiles(const uint8_t *src, int n_out, int cols, uint8_t *dst) {
+    const int nch = cols / 64;
+    for (int T = 0; T < n_out / 16; T++)
+        for (int c = 0; c < nch; c++)
+            for (int l = 0; l < 32; l++)
+                for (int j = 0; j < 16; j++) {
+                    const int col = 64 * c + 16 * (l % 4) + j;
+                    uint8_t *d = dst + ((int64_t)T * nch + c) * 1024;
+                    d[16 * l + j] = src[(int64_t)(16 * T + l / 4) * cols + col];
+                    d[512 + 16 * l + j] = src[(int64_t)(16 * T + 8 + l / 4) * cols + col];
+                }
+}
+
+typedef void (*Kern)(const uint8_t *, const uint8_t *, const float *, const float *, float *, int, int);
+struct KCfg {
+    const char *name;
+    Kern k;
+    int threads;
+};
+static const KCfg kCfgs[] = {
+    {"kw 4 u 1", f8mma<4, 1>, 128},   {"kw 4 u 2", f8mma<4, 2>, 128},  {"kw 4 u 4", f8mma<4, 4>, 128},
+    {"kw 8 u 1", f8mma<8, 1>, 256},   {"kw 8 u 2", f8mma<8, 2>, 256},  {"kw 8 u 4", f8mma<8, 4>, 256},
+    {"kw 16 u 1", f8mma<16, 1>, 512}, {"kw 16 u 2", f8mma<16, 2>, 512},
+};
+static const int kNumK = sizeof kCfgs / sizeof *kCfgs;
+
+static void check(cudaStream_t st) {
+    const int shapes[][2] = {{64, 4096}, {32, 14336}, {48, 1024}};
+    for (int ki = 0; ki < kNumK; ki++) {
+        double worst = 0;
+        for (float amp : {1.0f, 100.0f, 0.01f})
+            for (auto &s : shapes) {
+                const int n = s[0], cols = s[1];
+                LabCase c = lab_case_new(1, n, cols, cols, 1, amp);
+                uint8_t *tiles = (uint8_t *)malloc((size_t)n * cols), *dt, *dxq;
+                float *dsx;
+                to_tiles(c.hw, n, cols, tiles);
+                CK(cudaMalloc(&dt, (size_t)n * cols));
+                CK(cudaMalloc(&dxq, (size_t)cols * 2));
+                CK(cudaMalloc(&dsx, sizeof(float)));
+                CK(cudaMemcpy(dt, tiles, (size_t)n * cols, cudaMemcpyHostToDevice));
+                quant_x<<<1, 1024, 0, st>>>(c.dx, cols, dxq, dsx);
+                kCfgs[ki].k<<<n / 16, kCfgs[ki].threads, 0, st>>>(dt, dxq, dsx, c.ds, c.dy, n, cols);
+                CK(cudaStreamSynchronize(st));
+                CK(cudaMemcpy(c.hy, c.dy, sizeof(float) * n, cudaMemcpyDeviceToHost));
+                for (int o = 0; o < n; o++) {
+                    double sum = 0, mag = 0;
+                    for (int k = 0; k < cols; k++) {
+                        const double wv = lab_case_w(c, 1, o, k), xv = c.hx[k];
+                        sum += wv * xv, mag += fabs(wv * xv);
+                    }
+                    const double e = fabs(c.hy[o] - sum) / (mag + 1e-30);
+                    if (!(e <= worst)) worst = e;
+                }
+                cudaFree(dt), cudaFree(dxq), cudaFree(dsx);
+                free(tiles);
+                lab_case_free(&c);
+            }
+        printf("  %-10s worst |y - f64| / sum |w x|: %.3g\n", kCfgs[ki].name, worst);
+    }
+}
+
+int main(void) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    printf("correctness (E4M3 weights exact; activations as two E4M3 halves):\n");
+    check(st);
+    LabBufs b = lab_bufs(st, (size_t)8 << 30);
+    uint8_t *xq;
+    float *sx;
+    CK(cudaMalloc(&xq, 2 * 128256));
+    CK(cudaMalloc(&sx, sizeof(float)));
+    CK(cudaMemsetAsync(xq, 0x38, 2 * 128256, st));
+    float one = 1.0f;
+    CK(cudaMemcpy(sx, &one, sizeof one, cudaMemcpyHostToDevice));
+    printf("\nTB/s at one row, weights out of L2 (copies in turn), E4M3:\n");
+    for (int si = 0; si < kNumShapes; si++) {
+        const Shape &S = kShapes[si];
+        const size_t bytes = (size_t)S.out * S.in, copies = b.pool_bytes / bytes < 64 ? b.pool_bytes / bytes : 64;
+        Args a = {};
+        a.scale = b.s, a.x = b.x, a.y = b.y, a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
+        const float prod = lab_calls_ms(st, 60, [&](int i) {
+            a.w = b.pool + (size_t)(i % copies) * bytes;
+            CK(tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, false));
+        });
+        printf("%-22s production %.2f", S.name, bytes / prod / 1e9);
+        for (int ki = 0; ki < kNumK; ki++) {
+            const float ms = lab_calls_ms(st, 60, [&](int i) {
+                kCfgs[ki].k<<<S.out / 16, kCfgs[ki].threads, 0, st>>>(b.pool + (size_t)(i % copies) * bytes, xq, sx,
+                                                                      b.s, b.y, S.out, S.in);
+            });
+            printf(" | %s %.2f", kCfgs[ki].name, bytes / ms / 1e9);
+        }
+        const float q = lab_calls_ms(st, 60, [&](int) { quant_x<<<1, 1024, 0, st>>>(b.x, S.in, xq, sx); });
+        printf(" | quant_x %.1f us\n", q * 1e3);
+    }
+    return 0;
+}
