@@ -19,8 +19,12 @@
 // Reports (1) the worst error against f64 relative to sum |w x| for a few
 // shapes and magnitudes, (2) per shape, weights out of L2, the production
 // launcher (launch_decode<kFp8>, its column permutation) against this
-// kernel at several warps a tile and chunks in flight, and the activation
-// quantisation's own kernel.
+// kernel at several warps a tile and chunks in flight, with the
+// activations quantised by their own kernel first (quant_x, timed apart)
+// or in the kernel with a scale per chunk ("q"). Measured (twenty-ninth
+// session, BENCHMARKS.md): quantised first, 3-20% faster a GEMV than
+// production but quant_x costs 3.4-6 us a call; quantised in the kernel,
+// slower than production at every shape.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -112,6 +116,83 @@ __global__ void __launch_bounds__(32 * KW) f8mma(const uint8_t *w, const uint8_t
     if (r1 < n_out) y[r1] = s1 * f * wscale[r1];
 }
 
+// The same with the activations quantised in the kernel, a scale per
+// 64-column chunk: lanes 0-7 of the warp taking a chunk load its 64 f32
+// activations (16 a lane, lanes t and 4 + t the same ones), take the
+// chunk's largest |x| by two shuffles, and pack hi (lanes 0-3) or lo (4-7);
+// each chunk's two mma start from zero and are added into the sums times
+// the chunk's scale. No separate kernel, nothing shared across blocks.
+template <int KW, int U>
+__global__ void __launch_bounds__(32 * KW) f8mma_q(const uint8_t *w, const float *x, const float *unused,
+                                                   const float *wscale, float *y, int n_out, int cols) {
+    (void)unused;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, nch = cols / 64;
+    const uint8_t *tw = w + (int64_t)tile * nch * 1024 + 16 * lane;
+    const int n = lane >> 2; // B column: 0 hi, 1 lo
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int c0 = warp; c0 < nch; c0 += KW * U) {
+        uint4 a[U], b[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * KW;
+            if (c < nch) {
+                a[u] = tsr_mma::load_w(tw + (int64_t)c * 1024);
+                b[u] = tsr_mma::load_w(tw + (int64_t)c * 1024 + 512);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * KW;
+            if (c >= nch) continue;
+            float v[16];
+            float m = 0.0f;
+            if (n < 2) {
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float4 f = __ldg(reinterpret_cast<const float4 *>(x + 64 * c + 16 * t + 4 * q));
+                    v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+                }
+#pragma unroll
+                for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(v[i]));
+            }
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            const float sc = __shfl_sync(0xffffffffu, m, 0) > 0.0f ? __shfl_sync(0xffffffffu, m, 0) / 448.0f : 1.0f;
+            uint32_t xw[4] = {0u, 0u, 0u, 0u};
+            if (n < 2) {
+                const float inv = 1.0f / sc;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float2 p = make_float2(v[2 * j] * inv, v[2 * j + 1] * inv);
+                    const __nv_fp8x2_storage_t h = __nv_cvt_float2_to_fp8x2(p, __NV_SATFINITE, __NV_E4M3);
+                    uint32_t bits = h;
+                    if (n == 1) {
+                        const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(h, __NV_E4M3);
+                        const float2 hf = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
+                        bits = __nv_cvt_float2_to_fp8x2(make_float2(p.x - hf.x, p.y - hf.y), __NV_SATFINITE, __NV_E4M3);
+                    }
+                    xw[j >> 1] |= bits << (16 * (j & 1));
+                }
+            }
+            float tmp[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_e4m3(tmp, a[u].x, b[u].x, a[u].y, b[u].y, xw[0], xw[1]);
+            mma_e4m3(tmp, a[u].z, b[u].z, a[u].w, b[u].w, xw[2], xw[3]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[i] = fmaf(tmp[i], sc, acc[i]);
+        }
+    }
+    __shared__ float part[KW][32][2];
+    part[warp][lane][0] = acc[0] + acc[1], part[warp][lane][1] = acc[2] + acc[3];
+    __syncthreads();
+    if (warp != 0 || t != 0) return;
+    float s0 = 0.f, s1 = 0.f;
+    for (int k = 0; k < KW; k++) s0 += part[k][lane][0], s1 += part[k][lane][1];
+    const int r0 = tile * 16 + g, r1 = r0 + 8;
+    if (r0 < n_out) y[r0] = s0 * wscale[r0];
+    if (r1 < n_out) y[r1] = s1 * wscale[r1];
+}
+
 // Row-major E4M3 [n_out, cols] -> the tile layout above (n_out a multiple of 16).
 static void to_tiles(const uint8_t *src, int n_out, int cols, uint8_t *dst) {
     const int nch = cols / 64;
@@ -127,15 +208,20 @@ static void to_tiles(const uint8_t *src, int n_out, int cols, uint8_t *dst) {
 }
 
 typedef void (*Kern)(const uint8_t *, const uint8_t *, const float *, const float *, float *, int, int);
+typedef void (*KernQ)(const uint8_t *, const float *, const float *, const float *, float *, int, int);
 struct KCfg {
     const char *name;
-    Kern k;
+    Kern k;   // activations quantised by quant_x first
+    KernQ kq; // or in the kernel, a scale per chunk
     int threads;
 };
 static const KCfg kCfgs[] = {
-    {"kw 4 u 1", f8mma<4, 1>, 128},   {"kw 4 u 2", f8mma<4, 2>, 128},  {"kw 4 u 4", f8mma<4, 4>, 128},
-    {"kw 8 u 1", f8mma<8, 1>, 256},   {"kw 8 u 2", f8mma<8, 2>, 256},  {"kw 8 u 4", f8mma<8, 4>, 256},
-    {"kw 16 u 1", f8mma<16, 1>, 512}, {"kw 16 u 2", f8mma<16, 2>, 512},
+    {"kw 4 u 1", f8mma<4, 1>, nullptr, 128},   {"kw 4 u 2", f8mma<4, 2>, nullptr, 128},
+    {"kw 8 u 1", f8mma<8, 1>, nullptr, 256},   {"kw 8 u 2", f8mma<8, 2>, nullptr, 256},
+    {"kw 16 u 1", f8mma<16, 1>, nullptr, 512}, {"kw 16 u 2", f8mma<16, 2>, nullptr, 512},
+    {"q kw 4 u 2", nullptr, f8mma_q<4, 2>, 128}, {"q kw 8 u 1", nullptr, f8mma_q<8, 1>, 256},
+    {"q kw 8 u 2", nullptr, f8mma_q<8, 2>, 256}, {"q kw 16 u 1", nullptr, f8mma_q<16, 1>, 512},
+    {"q kw 16 u 2", nullptr, f8mma_q<16, 2>, 512},
 };
 static const int kNumK = sizeof kCfgs / sizeof *kCfgs;
 
@@ -154,8 +240,12 @@ static void check(cudaStream_t st) {
                 CK(cudaMalloc(&dxq, (size_t)cols * 2));
                 CK(cudaMalloc(&dsx, sizeof(float)));
                 CK(cudaMemcpy(dt, tiles, (size_t)n * cols, cudaMemcpyHostToDevice));
-                quant_x<<<1, 1024, 0, st>>>(c.dx, cols, dxq, dsx);
-                kCfgs[ki].k<<<n / 16, kCfgs[ki].threads, 0, st>>>(dt, dxq, dsx, c.ds, c.dy, n, cols);
+                if (kCfgs[ki].k) {
+                    quant_x<<<1, 1024, 0, st>>>(c.dx, cols, dxq, dsx);
+                    kCfgs[ki].k<<<n / 16, kCfgs[ki].threads, 0, st>>>(dt, dxq, dsx, c.ds, c.dy, n, cols);
+                } else {
+                    kCfgs[ki].kq<<<n / 16, kCfgs[ki].threads, 0, st>>>(dt, c.dx, nullptr, c.ds, c.dy, n, cols);
+                }
                 CK(cudaStreamSynchronize(st));
                 CK(cudaMemcpy(c.hy, c.dy, sizeof(float) * n, cudaMemcpyDeviceToHost));
                 for (int o = 0; o < n; o++) {
@@ -201,8 +291,9 @@ int main(void) {
         printf("%-22s production %.2f", S.name, bytes / prod / 1e9);
         for (int ki = 0; ki < kNumK; ki++) {
             const float ms = lab_calls_ms(st, 60, [&](int i) {
-                kCfgs[ki].k<<<S.out / 16, kCfgs[ki].threads, 0, st>>>(b.pool + (size_t)(i % copies) * bytes, xq, sx,
-                                                                      b.s, b.y, S.out, S.in);
+                const uint8_t *wp = b.pool + (size_t)(i % copies) * bytes;
+                if (kCfgs[ki].k) kCfgs[ki].k<<<S.out / 16, kCfgs[ki].threads, 0, st>>>(wp, xq, sx, b.s, b.y, S.out, S.in);
+                else kCfgs[ki].kq<<<S.out / 16, kCfgs[ki].threads, 0, st>>>(wp, b.x, nullptr, b.s, b.y, S.out, S.in);
             });
             printf(" | %s %.2f", kCfgs[ki].name, bytes / ms / 1e9);
         }
