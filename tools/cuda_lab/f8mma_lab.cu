@@ -72,6 +72,38 @@ __global__ void quant_x(const float *x, int cols, uint8_t *xq, float *sx) {
     }
 }
 
+// The weights of chunks c0, c0 + KW, ... (U of them, those below nch) of a
+// lane's tile (tw: the tile's first chunk plus the lane's 16 bytes): rows
+// g into a, rows g + 8 into b.
+template <int KW, int U>
+__device__ __forceinline__ void load_chunks(const uint8_t *tw, int c0, int nch, uint4 *a, uint4 *b) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = c0 + u * KW;
+        if (c < nch) {
+            a[u] = tsr_mma::load_w(tw + (int64_t)c * 1024);
+            b[u] = tsr_mma::load_w(tw + (int64_t)c * 1024 + 512);
+        }
+    }
+}
+
+// The KW warps' sums of a tile added in warp order; rows g and g + 8 of
+// tile (columns 0 and 1 of C: hi and lo) times mul and their scales.
+template <int KW>
+__device__ __forceinline__ void store_tile(const float *acc, int tile, int n_out, float mul, const float *wscale,
+                                           float *y) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    __shared__ float part[KW][32][2];
+    part[warp][lane][0] = acc[0] + acc[1], part[warp][lane][1] = acc[2] + acc[3];
+    __syncthreads();
+    if (warp != 0 || t != 0) return;
+    float s0 = 0.f, s1 = 0.f;
+    for (int k = 0; k < KW; k++) s0 += part[k][lane][0], s1 += part[k][lane][1];
+    const int r0 = tile * 16 + g, r1 = r0 + 8;
+    if (r0 < n_out) y[r0] = s0 * mul * wscale[r0];
+    if (r1 < n_out) y[r1] = s1 * mul * wscale[r1];
+}
+
 // One 16-row tile a block of KW warps, each warp chunks kw, kw + KW, ...,
 // U chunks' loads in flight. w: tiles of nch chunks of 1 KiB (lane l's 16
 // bytes of row l / 4 at 16 l, of row 8 + l / 4 at 512 + 16 l; bytes 16 (l %
@@ -79,7 +111,7 @@ __global__ void quant_x(const float *x, int cols, uint8_t *xq, float *sx) {
 template <int KW, int U>
 __global__ void __launch_bounds__(32 * KW) f8mma(const uint8_t *w, const uint8_t *xq, const float *sx,
                                                  const float *wscale, float *y, int n_out, int cols) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const int tile = blockIdx.x, nch = cols / 64;
     const uint8_t *tw = w + (int64_t)tile * nch * 1024 + 16 * lane;
     const int n = lane >> 2; // B column: 0 hi, 1 lo
@@ -87,14 +119,7 @@ __global__ void __launch_bounds__(32 * KW) f8mma(const uint8_t *w, const uint8_t
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int c0 = warp; c0 < nch; c0 += KW * U) {
         uint4 a[U], b[U], xv[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * KW;
-            if (c < nch) {
-                a[u] = tsr_mma::load_w(tw + (int64_t)c * 1024);
-                b[u] = tsr_mma::load_w(tw + (int64_t)c * 1024 + 512);
-            }
-        }
+        load_chunks<KW, U>(tw, c0, nch, a, b);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * KW;
@@ -104,16 +129,7 @@ __global__ void __launch_bounds__(32 * KW) f8mma(const uint8_t *w, const uint8_t
             mma_e4m3(acc, a[u].z, b[u].z, a[u].w, b[u].w, xv[u].z, xv[u].w);
         }
     }
-    __shared__ float part[KW][32][2];
-    part[warp][lane][0] = acc[0] + acc[1], part[warp][lane][1] = acc[2] + acc[3];
-    __syncthreads();
-    if (warp != 0 || t != 0) return;
-    float s0 = 0.f, s1 = 0.f;
-    for (int k = 0; k < KW; k++) s0 += part[k][lane][0], s1 += part[k][lane][1];
-    const int r0 = tile * 16 + g, r1 = r0 + 8;
-    const float f = *sx;
-    if (r0 < n_out) y[r0] = s0 * f * wscale[r0];
-    if (r1 < n_out) y[r1] = s1 * f * wscale[r1];
+    store_tile<KW>(acc, tile, n_out, *sx, wscale, y);
 }
 
 // The same with the activations quantised in the kernel, a scale per
@@ -126,21 +142,14 @@ template <int KW, int U>
 __global__ void __launch_bounds__(32 * KW) f8mma_q(const uint8_t *w, const float *x, const float *unused,
                                                    const float *wscale, float *y, int n_out, int cols) {
     (void)unused;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const int tile = blockIdx.x, nch = cols / 64;
     const uint8_t *tw = w + (int64_t)tile * nch * 1024 + 16 * lane;
     const int n = lane >> 2; // B column: 0 hi, 1 lo
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int c0 = warp; c0 < nch; c0 += KW * U) {
         uint4 a[U], b[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * KW;
-            if (c < nch) {
-                a[u] = tsr_mma::load_w(tw + (int64_t)c * 1024);
-                b[u] = tsr_mma::load_w(tw + (int64_t)c * 1024 + 512);
-            }
-        }
+        load_chunks<KW, U>(tw, c0, nch, a, b);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * KW;
@@ -182,15 +191,7 @@ __global__ void __launch_bounds__(32 * KW) f8mma_q(const uint8_t *w, const float
             for (int i = 0; i < 4; i++) acc[i] = fmaf(tmp[i], sc, acc[i]);
         }
     }
-    __shared__ float part[KW][32][2];
-    part[warp][lane][0] = acc[0] + acc[1], part[warp][lane][1] = acc[2] + acc[3];
-    __syncthreads();
-    if (warp != 0 || t != 0) return;
-    float s0 = 0.f, s1 = 0.f;
-    for (int k = 0; k < KW; k++) s0 += part[k][lane][0], s1 += part[k][lane][1];
-    const int r0 = tile * 16 + g, r1 = r0 + 8;
-    if (r0 < n_out) y[r0] = s0 * wscale[r0];
-    if (r1 < n_out) y[r1] = s1 * wscale[r1];
+    store_tile<KW>(acc, tile, n_out, 1.0f, wscale, y);
 }
 
 // Row-major E4M3 [n_out, cols] -> the tile layout above (n_out a multiple of 16).
