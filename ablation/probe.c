@@ -315,6 +315,14 @@ static void probe_gpu(tsr_probe_result *r) {
 #endif
 }
 
+/* The read buffer's default size for the machine m: 8 x its last-level
+ * cache, at least 256 MiB (no cache holds a pass's reads twice over). */
+static size_t default_buffer_bytes(const tsr_probe_result *m) {
+    size_t bytes = (size_t)256 << 20;
+    if (m->llc_bytes && m->llc_bytes * 8 > bytes) bytes = (size_t)m->llc_bytes * 8;
+    return bytes;
+}
+
 /* A buffer of bytes (a multiple of 64) held as the engine holds prepared
  * weights (engine.c, h_alloc): on a 2 MiB boundary, its whole 2 MiB pages
  * advised into transparent huge pages before the first touch. In 4 KiB
@@ -363,11 +371,7 @@ int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) 
     r->repeats = o && o->repeats > 0 ? o->repeats : 5;
     if (r->repeats > 100) r->repeats = 100;
     r->gemm_n = o && o->gemm_n > 0 ? o->gemm_n : 1024;
-    size_t bytes = o && o->buffer_bytes ? o->buffer_bytes : 0;
-    if (!bytes) {
-        bytes = (size_t)256 << 20;
-        if (r->llc_bytes && r->llc_bytes * 8 > bytes) bytes = (size_t)r->llc_bytes * 8;
-    }
+    size_t bytes = o && o->buffer_bytes ? o->buffer_bytes : default_buffer_bytes(r);
     bytes &= ~(size_t)63;
     if (bytes < 4096) return tsr_error_set(err, TSR_ERR_INVALID, "probe: buffer of %zu bytes", bytes);
     r->buffer_bytes = bytes;
@@ -453,12 +457,11 @@ int tsr_probe_reader_new(int n_threads, size_t window_bytes, size_t buffer_bytes
         return tsr_error_set(err, TSR_ERR_INVALID, "probe reader: a window of %zu bytes", window_bytes);
     /* windows in turn through a buffer no cache holds twice over */
     size_t bytes = buffer_bytes;
-    if (!bytes) { /* as tsr_probe_run's */
+    if (!bytes) {
         tsr_probe_result m;
         memset(&m, 0, sizeof m);
         read_machine(&m);
-        bytes = (size_t)256 << 20;
-        if (m.llc_bytes && m.llc_bytes * 8 > bytes) bytes = (size_t)m.llc_bytes * 8;
+        bytes = default_buffer_bytes(&m);
     }
     if (bytes < window_bytes * 4) bytes = window_bytes * 4;
     bytes = bytes / window_bytes * window_bytes;

@@ -57,7 +57,7 @@ static int floor_pairs(tsr_model *m, tsr_seq *s, const int32_t *id, int context,
                        tsr_error *err) {
     uint64_t kv_used = 0, kv_cap = 0;
     tsr_model_kv_usage(m, &kv_used, &kv_cap);
-    const double bytes = (double)tsr_model_weight_bytes_per_token(m) + (double)kv_used;
+    const double wbytes = (double)tsr_model_weight_bytes_per_token(m), bytes = wbytes + (double)kv_used;
     if (n_threads <= 0) n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     tsr_probe_reader *rd = NULL;
     if (tsr_probe_reader_new(n_threads, (size_t)bytes, 0, &rd, err)) return -1;
@@ -78,9 +78,8 @@ static int floor_pairs(tsr_model *m, tsr_seq *s, const int32_t *id, int context,
     if (!rc) {
         printf("# %s, context %d, %ld one-row passes, each after a read of its %.3f GB (weights %.3f, KV %.3f) by "
                "the probe's loop (%s) on %d threads\n",
-               tsr_engine_name(tsr_model_get_engine(m)), context, reps, bytes / 1e9,
-               (double)tsr_model_weight_bytes_per_token(m) / 1e9, (double)kv_used / 1e9, tsr_probe_reader_loop(rd),
-               n_threads);
+               tsr_engine_name(tsr_model_get_engine(m)), context, reps, bytes / 1e9, wbytes / 1e9,
+               (double)kv_used / 1e9, tsr_probe_reader_loop(rd), n_threads);
         const tsr_stat3 sp = tsr_stat3_of(pass, (int)reps), sg = tsr_stat3_of(gbs, (int)reps),
                         sv = tsr_stat3_of(v, (int)reps);
         printf("pass %.3f ms (min %.3f); read %.1f GB/s (min %.1f, max %.1f): floor %.3f ms\n", sp.med * 1e3,
@@ -157,10 +156,11 @@ int tsr_cmd_passes(int argc, char **argv) {
         fprintf(stderr, "tessera passes: %s\n", err.msg);
         return 1;
     }
-    if (floor && tsr_engine_device(tsr_model_get_engine(m)) != TSR_DEVICE_CPU) {
+    const int device = tsr_engine_device(tsr_model_get_engine(m));
+    if (floor && device != TSR_DEVICE_CPU) {
         fprintf(stderr, "tessera passes: --floor reads with the CPU's loops; this assembly runs on %s "
                         "(tools/device_cuda.sh measures the GPU)\n",
-                tsr_device_name(tsr_engine_device(tsr_model_get_engine(m))));
+                tsr_device_name(device));
         tsr_model_free(m);
         return 2;
     }
