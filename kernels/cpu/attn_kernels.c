@@ -1,6 +1,7 @@
 /*
  * attn_kernels.c - portable paths of the attention kernels and the run-time
- * choice of the AVX2 path (attn_kernels_avx2.c).
+ * choice of the AVX-512 and AVX2 paths (attn_kernels_avx512.c,
+ * attn_kernels_avx2.c).
  */
 #include <math.h>
 #include <string.h>
@@ -9,19 +10,30 @@
 #include "cpu_features.h"
 #include "kernels/dtype.h"
 
-static int force_portable;
+static int isa_cap; /* TSR_ATTN_ISA_BEST: none */
 
-void tsr_attn_force_portable(int on) { force_portable = on; }
+void tsr_attn_cap_isa(int level) { isa_cap = level; }
 
-static int use_avx2(void) {
+/* The best path under cap (TSR_ATTN_ISA_BEST: none) and the global cap. */
+static int level_under(int cap) {
+    if (isa_cap != TSR_ATTN_ISA_BEST && (cap == TSR_ATTN_ISA_BEST || isa_cap < cap)) cap = isa_cap;
 #ifdef TSR_ATTN_HAVE_AVX2_BUILD
-    return tsr_cpu_has_avx2_fma_f16c() && !force_portable;
-#else
-    return 0;
+    if ((cap == TSR_ATTN_ISA_BEST || cap >= TSR_ATTN_ISA_AVX512) && tsr_cpu_has_avx512f())
+        return TSR_ATTN_ISA_AVX512;
+    if ((cap == TSR_ATTN_ISA_BEST || cap >= TSR_ATTN_ISA_AVX2) && tsr_cpu_has_avx2_fma_f16c())
+        return TSR_ATTN_ISA_AVX2;
 #endif
+    return TSR_ATTN_ISA_PORTABLE;
 }
 
-const char *tsr_attn_isa(void) { return use_avx2() ? "avx2" : "portable"; }
+int tsr_attn_isa_level(void) { return level_under(TSR_ATTN_ISA_BEST); }
+
+const char *tsr_attn_isa(void) {
+    const int l = tsr_attn_isa_level();
+    return l == TSR_ATTN_ISA_AVX512 ? "avx512" : l == TSR_ATTN_ISA_AVX2 ? "avx2" : "portable";
+}
+
+static int use_avx2(void) { return level_under(TSR_ATTN_ISA_BEST) >= TSR_ATTN_ISA_AVX2; }
 
 void tsr_attn_tile_reset(tsr_attn_tile *t, int head_dim) {
     for (int i = 0; i < t->nq; i++) {
@@ -77,7 +89,9 @@ void tsr_attn_tile_run(tsr_attn_tile *t, const tsr_attn_kv *kv, int head_dim, fl
                        int t1) {
     if (t1 <= t0) return;
 #ifdef TSR_ATTN_HAVE_AVX2_BUILD
-    if (head_dim % 8 == 0 && !t->portable && use_avx2()) {
+    const int level = level_under(t->isa);
+    if (level >= TSR_ATTN_ISA_AVX512 && tsr_attn_tile_run_avx512(t, kv, head_dim, scale, t0, t1)) return;
+    if (level >= TSR_ATTN_ISA_AVX2 && head_dim % 8 == 0) {
         tsr_attn_tile_run_avx2(t, kv, head_dim, scale, t0, t1);
         return;
     }

@@ -14,8 +14,10 @@
  * score anywhere in a query's range, a +Inf score, or a range whose scores
  * are all -Inf gives NaN outputs; a -Inf score alone gets weight 0.
  *
- * Dispatch: an AVX2+FMA+F16C path chosen at run time with
- * __builtin_cpu_supports (head_dim a multiple of 8), else portable C.
+ * Dispatch, at run time (cpu_features.h): an AVX-512F path (head_dim a
+ * multiple of 16, at most 256), else an AVX2+FMA+F16C path (head_dim a
+ * multiple of 8), else portable C. Storing keys and values takes the AVX2
+ * path where it runs.
  */
 #ifndef TSR_KERNELS_CPU_ATTN_KERNELS_H
 #define TSR_KERNELS_CPU_ATTN_KERNELS_H
@@ -23,6 +25,14 @@
 #include <stdint.h>
 
 #define TSR_ATTN_TILE 8 /* most queries per tile */
+
+/* Kernel paths: a cap on those a tile (or, in tests, every call) may take. */
+enum {
+    TSR_ATTN_ISA_BEST = 0, /* no cap: the best the CPU runs */
+    TSR_ATTN_ISA_PORTABLE,
+    TSR_ATTN_ISA_AVX2,
+    TSR_ATTN_ISA_AVX512
+};
 
 /* One KV head of one layer, read in place. */
 typedef struct tsr_attn_kv {
@@ -41,7 +51,7 @@ typedef struct tsr_attn_tile {
     float *acc[TSR_ATTN_TILE];       /* [head_dim] each: sum of p * v, unnormalised */
     float m[TSR_ATTN_TILE];          /* running max score (-Inf: none seen) */
     float l[TSR_ATTN_TILE];          /* running sum of exp(score - m) */
-    int portable;                    /* 1: always the portable path (0: best available) */
+    int isa;                         /* TSR_ATTN_ISA_*: the most this tile may take */
 } tsr_attn_tile;
 
 /* Zero acc, m = -Inf, l = 0 for the tile's nq queries. */
@@ -71,9 +81,11 @@ void tsr_attn_store_f16(uint16_t *dst, const float *src, int64_t n);
  * scale NaN (the reader then gets NaN, like the reference would). */
 void tsr_attn_quant_i8(int8_t *dst, float *scale, const float *src, int64_t n);
 
-/* "avx2" or "portable": the path tile_run takes for a head_dim multiple of 8. */
+/* The best path this CPU runs under the cap: TSR_ATTN_ISA_AVX512, _AVX2 or
+ * _PORTABLE, and its name ("avx512", "avx2", "portable"). */
+int tsr_attn_isa_level(void);
 const char *tsr_attn_isa(void);
-/* Tests: 1 forces the portable path, 0 restores detection. */
-void tsr_attn_force_portable(int on);
+/* Tests: take no path above level in any call (TSR_ATTN_ISA_BEST: no cap). */
+void tsr_attn_cap_isa(int level);
 
 #endif /* TSR_KERNELS_CPU_ATTN_KERNELS_H */

@@ -21,9 +21,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "exp_avx2.h"
+#include "attn_avx_common.h"
 #include "ops.h"
-#include "slots/tsr_plugin.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -56,6 +55,11 @@ ALWAYS_INLINE void score_pass(const tsr_attn_tile *t, const tsr_attn_kv *kv, int
     __m256 a[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+    {
+        const int64_t eb = tsr_attn_elem_bytes(DT), ahead = (int64_t)TSR_ATTN_PF_TOKENS * kv->token_stride * eb;
+        tsr_attn_prefetch_row((const char *)kv->k + b0 * eb + ahead, hd * eb);
+        if (TWO) tsr_attn_prefetch_row((const char *)kv->k + b1 * eb + ahead, hd * eb);
+    }
     for (int d = 0; d < hd; d += 8) {
         __m256 k0 = ld8(DT, kv->k, b0 + d), k1 = TWO ? ld8(DT, kv->k, b1 + d) : k0;
 #pragma GCC unroll 8
@@ -92,7 +96,7 @@ ALWAYS_INLINE void scores_all(const tsr_attn_tile *t, const tsr_attn_kv *kv, int
 /* acc[qp..qp+QB) = acc * alpha + sum_j P[j] v_j over the block, DB (1 or 2)
  * 8-wide slices of head_dim at a time from d (DB = 2 only for QB <= 4):
  * each broadcast weight serves DB slices, each value vector QB queries. */
-ALWAYS_INLINE void v_pass(tsr_attn_tile *t, const tsr_attn_kv *kv, int tb, int n, const float *P,
+ALWAYS_INLINE void v_pass(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, int tb, int n, const float *P,
                           const float *al, int d, const int QB, const int qp, const int DB,
                           const uint32_t DT) {
     __m256 o[2][8];
@@ -105,6 +109,10 @@ ALWAYS_INLINE void v_pass(tsr_attn_tile *t, const tsr_attn_kv *kv, int tb, int n
     const int64_t ts = kv->token_stride;
     for (int j = 0; j < n; j++) {
         const int64_t b = (int64_t)(tb + j) * ts + d;
+        if (d == 0) {
+            const int64_t eb = tsr_attn_elem_bytes(DT);
+            tsr_attn_prefetch_row((const char *)kv->v + (b + (int64_t)TSR_ATTN_PF_TOKENS * ts) * eb, (int64_t)hd * eb);
+        }
         __m256 v0 = ld8(DT, kv->v, b), v1 = DB == 2 ? ld8(DT, kv->v, b + 8) : v0;
 #pragma GCC unroll 8
         for (int i = 0; i < QB; i++) {
@@ -124,8 +132,8 @@ ALWAYS_INLINE void v_all(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, int tb
                          const float *al, const int QB, const int qp, const uint32_t DT) {
     int d = 0;
     if (QB <= 4)
-        for (; d + 16 <= hd; d += 16) v_pass(t, kv, tb, n, P, al, d, QB, qp, 2, DT);
-    for (; d < hd; d += 8) v_pass(t, kv, tb, n, P, al, d, QB, qp, 1, DT);
+        for (; d + 16 <= hd; d += 16) v_pass(t, kv, hd, tb, n, P, al, d, QB, qp, 2, DT);
+    for (; d < hd; d += 8) v_pass(t, kv, hd, tb, n, P, al, d, QB, qp, 1, DT);
 }
 
 /* One block of n <= TSR_ATTN_BLOCK tokens from tb, for NQ queries and KV type
@@ -143,30 +151,8 @@ ALWAYS_INLINE void run_block(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, fl
     scores_all(t, kv, hd, scale, tb, n, S, NQ, 0, DT);
 
     /* (2) online softmax over the block, one lane per query */
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 mo = _mm256_loadu_ps(t->m), mb = ninf, nanm = _mm256_setzero_ps();
-    for (int j = 0; j < n; j++) {
-        __m256 s = _mm256_load_ps(S + 8 * j);
-        nanm = _mm256_or_ps(nanm, _mm256_cmp_ps(s, s, _CMP_UNORD_Q));
-        mb = _mm256_max_ps(s, mb); /* NaN scores skipped here, caught by nanm */
-    }
-    __m256 mn = _mm256_max_ps(mb, mo);
-    /* lanes with nothing but -Inf so far: subtract 0 so -Inf scores give 0 */
-    __m256 mu = _mm256_blendv_ps(mn, _mm256_setzero_ps(), _mm256_cmp_ps(mn, ninf, _CMP_EQ_OQ));
-    __m256 alpha = tsr_exp256(_mm256_sub_ps(mo, mu));
-    __m256 lsum = _mm256_setzero_ps();
-    for (int j = 0; j < n; j++) {
-        __m256 p = tsr_exp256(_mm256_sub_ps(_mm256_load_ps(S + 8 * j), mu));
-        lsum = _mm256_add_ps(lsum, p);
-        if (DT == TSR_DTYPE_I8)
-            p = _mm256_mul_ps(p, _mm256_set1_ps(kv->v_scale[(int64_t)(tb + j) * kv->scale_stride]));
-        _mm256_store_ps(S + 8 * j, p);
-    }
-    __m256 l = _mm256_fmadd_ps(_mm256_loadu_ps(t->l), alpha, lsum);
-    _mm256_storeu_ps(t->l, _mm256_or_ps(l, nanm));
-    _mm256_storeu_ps(t->m, mn);
     float al[8] __attribute__((aligned(32)));
-    _mm256_store_ps(al, alpha);
+    tsr_attn_softmax_block(t, kv, tb, n, S, al, DT);
 
     /* (3) acc = acc * alpha + sum_j p_j v_j */
     v_all(t, kv, hd, tb, n, S, al, NQ, 0, DT);

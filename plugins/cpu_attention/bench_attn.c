@@ -1,7 +1,8 @@
 /*
  * bench_attn - decode attention time per token (all layers) at several
- * context lengths, for cpu_attention over cpu_kv_cache (f16, int8) and
- * f32 KV, and ref_attention over ref_kv_cache, next to the memory floor:
+ * context lengths, for cpu_attention over cpu_kv_cache (f16, int8; f16 also
+ * with the AVX2 kernels where the CPU has AVX-512) and f32 KV, and
+ * ref_attention over ref_kv_cache, next to the memory floor:
  * KV bytes read per token over the read bandwidth measured here with the
  * same threads.
  *
@@ -12,6 +13,7 @@
 #include <math.h>
 #include <time.h>
 
+#include "kernels/cpu/attn_kernels.h"
 #include "plugins/cpu_attention/attn_test_host.h"
 #include "slots/tsr_attention.h"
 #include "slots/tsr_kv_cache.h"
@@ -78,12 +80,13 @@ int main(int argc, char **argv) {
     printf("%-28s %6s %12s %12s %10s %9s\n", "engine", "ctx", "us/token", "KV MB/token", "floor us", "of floor");
     static const int ctxs[] = {128, 512, 2048};
     static const struct {
-        const char *attn, *kv, *dtype, *label;
+        const char *attn, *kv, *dtype, *isa, *label;
     } cfg[] = {
-        {"cpu_attention", "cpu_kv_cache", "f16", "cpu_attention + f16 KV"},
-        {"cpu_attention", "cpu_kv_cache", "int8", "cpu_attention + int8 KV"},
-        {"cpu_attention", "ref_kv_cache", NULL, "cpu_attention + f32 KV"},
-        {"ref_attention", "ref_kv_cache", NULL, "ref_attention + f32 KV"},
+        {"cpu_attention", "cpu_kv_cache", "f16", NULL, "cpu_attention + f16 KV"},
+        {"cpu_attention", "cpu_kv_cache", "f16", "avx2", "cpu_attention[avx2] + f16 KV"},
+        {"cpu_attention", "cpu_kv_cache", "int8", NULL, "cpu_attention + int8 KV"},
+        {"cpu_attention", "ref_kv_cache", NULL, NULL, "cpu_attention + f32 KV"},
+        {"ref_attention", "ref_kv_cache", NULL, NULL, "ref_attention + f32 KV"},
     };
     float *q = malloc(sizeof(float) * H * hd), *out = malloc(sizeof(float) * H * hd);
     float *k = malloc(sizeof(float) * 2048 * KVH * hd), *v = malloc(sizeof(float) * 2048 * KVH * hd);
@@ -92,11 +95,13 @@ int main(int argc, char **argv) {
     tsr_exec ex = {.device = TSR_DEVICE_CPU, .n_threads = threads};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++)
         for (size_t ci = 0; ci < 3; ci++) {
+            if (cfg[c].isa && !strcmp(tsr_attn_isa(), cfg[c].isa)) break; /* the auto rows are these */
             int ctx = ctxs[ci];
             th_inst kvi, at;
             tsr_param p[3] = {{.name = "capacity_tokens", .type = TSR_PARAM_INT, .v.i = 0}};
             if (cfg[c].dtype) p[1] = (tsr_param){.name = "dtype", .type = TSR_PARAM_STRING, .v.s = cfg[c].dtype};
-            if (th_open(&kvi, cfg[c].kv, &m, p, pool) || th_open(&at, cfg[c].attn, &m, NULL, pool)) {
+            tsr_param ap[2] = {{.name = "isa", .type = TSR_PARAM_STRING, .v.s = cfg[c].isa}};
+            if (th_open(&kvi, cfg[c].kv, &m, p, pool) || th_open(&at, cfg[c].attn, &m, cfg[c].isa ? ap : NULL, pool)) {
                 fprintf(stderr, "cannot open %s / %s: %s %s\n", cfg[c].kv, cfg[c].attn, kvi.err, at.err);
                 return 1;
             }

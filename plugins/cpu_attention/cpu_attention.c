@@ -28,7 +28,7 @@
 
 typedef struct cpu_attn {
     const tsr_plugin_ctx *ctx;
-    int portable; /* param isa = portable */
+    int isa; /* param isa: TSR_ATTN_ISA_* cap for every tile */
 } cpu_attn;
 
 static int attn_init(void *inst, const tsr_plugin_ctx *ctx) {
@@ -37,14 +37,16 @@ static int attn_init(void *inst, const tsr_plugin_ctx *ctx) {
     const tsr_param *isa = ctx->host->param(ctx, "isa");
     const char *s = isa && isa->type == TSR_PARAM_STRING && isa->v.s ? isa->v.s : "auto";
     if (!strcmp(s, "portable")) {
-        c->portable = 1;
-    } else if (!strcmp(s, "avx2")) {
-        if (strcmp(tsr_attn_isa(), "avx2")) {
-            ctx->host->set_error(ctx, "param isa = avx2, but this CPU lacks AVX2, FMA or F16C");
+        c->isa = TSR_ATTN_ISA_PORTABLE;
+    } else if (!strcmp(s, "avx2") || !strcmp(s, "avx512")) {
+        c->isa = s[3] == '2' ? TSR_ATTN_ISA_AVX2 : TSR_ATTN_ISA_AVX512;
+        if (tsr_attn_isa_level() < c->isa) {
+            ctx->host->set_error(ctx, "param isa = %s, but this CPU lacks %s", s,
+                                 c->isa == TSR_ATTN_ISA_AVX2 ? "AVX2, FMA or F16C" : "AVX-512F");
             return TSR_ERR_UNSUPPORTED;
         }
     } else if (strcmp(s, "auto")) {
-        ctx->host->set_error(ctx, "param isa = '%s': expected auto, avx2 or portable", s);
+        ctx->host->set_error(ctx, "param isa = '%s': expected auto, avx512, avx2 or portable", s);
         return TSR_ERR_INVALID;
     }
     return TSR_OK;
@@ -61,7 +63,7 @@ typedef struct attn_plan {
     int tiles;            /* per KV head */
     int splits;           /* parts of the KV range (decode only) */
     int64_t items;
-    int portable;         /* kernels' portable path only */
+    int isa;              /* TSR_ATTN_ISA_* cap of the kernels' paths */
     float *part;          /* splits > 1: [items][8][head_dim] */
     float *part_ml;       /* splits > 1: [items][2][8] */
 } attn_plan;
@@ -92,7 +94,7 @@ static void run_subset(tsr_attn_tile *t, int i0, int i1, const tsr_attn_kv *kv, 
     }
     tsr_attn_tile sub;
     sub.nq = i1 - i0;
-    sub.portable = t->portable;
+    sub.isa = t->isa;
     for (int i = 0; i < sub.nq; i++) {
         sub.q[i] = t->q[i0 + i];
         sub.acc[i] = t->acc[i0 + i];
@@ -119,7 +121,7 @@ static void item_decode(const attn_plan *p, int64_t item, int *kvh, int *tile, i
 static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     const attn_plan *p = arg;
-    const int portable = p->portable;
+    const int isa = p->isa;
     const tsr_attn_args *a = p->a;
     const int hd = a->head_dim;
     for (int64_t item = i0; item < i1; item++) {
@@ -134,7 +136,7 @@ static void attn_items(void *arg, int64_t i0, int64_t i1, int tid) {
 
         tsr_attn_tile t;
         t.nq = (r1 - r0) * per_row;
-        t.portable = portable;
+        t.isa = isa;
         for (int r = r0; r < r1; r++)
             for (int g = gh0; g < gh1; g++) {
                 int i = (r - r0) * per_row + (g - gh0), h = kvh * p->group + g;
@@ -236,7 +238,7 @@ static int attn_run(void *inst, const tsr_attn_args *a, const tsr_exec *ex) {
     }
     if (a->rows == 0) return TSR_OK;
 
-    attn_plan p = {.a = a, .group = a->n_heads / a->n_kv_heads, .splits = 1, .portable = c->portable};
+    attn_plan p = {.a = a, .group = a->n_heads / a->n_kv_heads, .splits = 1, .isa = c->isa};
     if (p.group >= TSR_ATTN_TILE) {
         p.rows_per_tile = 1;
         p.heads_per_tile = TSR_ATTN_TILE;

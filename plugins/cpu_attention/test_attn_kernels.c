@@ -1,9 +1,10 @@
 /*
  * test_attn_kernels - kernels/cpu/attn_kernels against independent scalar
- * references, on both paths (AVX2 where the CPU has it, and the forced
- * portable one): f16 storage bit-identical to tsr_f32_to_f16, int8
- * quantisation identical across paths and within scale/2, tiles of 1..8
- * queries against a double-precision softmax, and split ranges merged.
+ * references, on every path this CPU runs (AVX-512, AVX2, and the portable
+ * one, each taken by capping the others): f16 storage bit-identical to
+ * tsr_f32_to_f16, int8 quantisation identical across paths and within
+ * scale/2, tiles of 1..8 queries against a double-precision softmax, and
+ * split ranges merged.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -29,9 +30,13 @@ static uint32_t urand(void) {
 }
 static float frand(void) { return (float)(urand() >> 8) / (float)(1 << 23) - 1.0f; }
 
-static int have_avx2(void) {
-    tsr_attn_force_portable(0);
-    return !strcmp(tsr_attn_isa(), "avx2");
+/* The paths this CPU runs, best first: the caps that select each. */
+static int paths(int cap[3]) {
+    tsr_attn_cap_isa(TSR_ATTN_ISA_BEST);
+    const int best = tsr_attn_isa_level();
+    int n = 0;
+    for (int l = best; l >= TSR_ATTN_ISA_PORTABLE; l--) cap[n++] = l;
+    return n;
 }
 
 static void test_store_f16(void **state) {
@@ -50,8 +55,10 @@ static void test_store_f16(void **state) {
         x[i] = f;
     }
     x[0] = 65519.0f, x[1] = 65520.0f, x[2] = -0.0f, x[3] = 5.9604645e-08f, x[4] = 2.9802322e-08f;
-    for (int path = 0; path < 2; path++) {
-        tsr_attn_force_portable(path);
+    int cap[3];
+    const int np = paths(cap);
+    for (int path = 0; path < np; path++) {
+        tsr_attn_cap_isa(cap[path]);
         for (int n = N; n >= N - 9; n -= 3) { /* tails of every length mod 8 */
             memset(h, 0xAB, N * sizeof(uint16_t));
             tsr_attn_store_f16(h, x, n);
@@ -65,15 +72,17 @@ static void test_store_f16(void **state) {
             if (n < N) assert_int_equal(h[n], 0xABAB);
         }
     }
-    tsr_attn_force_portable(0);
+    tsr_attn_cap_isa(TSR_ATTN_ISA_BEST);
     free(x), free(h);
 }
 
 static void test_quant_i8(void **state) {
     (void)state;
     enum { N = 203 };
-    float x[N], s[2];
-    int8_t q[2][N + 1];
+    float x[N], s[3];
+    int8_t q[3][N + 1];
+    int cap[3];
+    const int np = paths(cap);
     for (int trial = 0; trial < 400; trial++) {
         int n = 1 + (int)(urand() % N);
         float mag = ldexpf(1.0f, (int)(urand() % 30) - 15);
@@ -81,15 +90,17 @@ static void test_quant_i8(void **state) {
         if (trial % 50 == 1) memset(x, 0, sizeof x);
         if (trial % 50 == 2) x[urand() % n] = NAN;
         if (trial % 50 == 3) x[urand() % n] = -INFINITY;
-        for (int path = 0; path < 2; path++) {
-            tsr_attn_force_portable(path);
+        for (int path = 0; path < np; path++) {
+            tsr_attn_cap_isa(cap[path]);
             q[path][n] = 99;
             tsr_attn_quant_i8(q[path], &s[path], x, n);
             assert_int_equal(q[path][n], 99);
         }
-        tsr_attn_force_portable(0);
-        assert_memory_equal(q[0], q[1], n);
-        assert_true(memcmp(&s[0], &s[1], 4) == 0);
+        tsr_attn_cap_isa(TSR_ATTN_ISA_BEST);
+        for (int path = 1; path < np; path++) {
+            assert_memory_equal(q[0], q[path], n);
+            assert_true(memcmp(&s[0], &s[path], 4) == 0);
+        }
         float amax = 0;
         int bad = 0;
         for (int i = 0; i < n; i++) {
@@ -132,7 +143,7 @@ static void naive(const float *q, const float *K, const float *V, int64_t ts, in
 
 static void test_tiles(void **state) {
     (void)state;
-    enum { T = 300, MAXHD = 64 };
+    enum { T = 300, MAXHD = 128 };
     const int ts = 2 * MAXHD; /* tokens interleaved with another head's */
     float *K = malloc(sizeof(float) * T * ts), *V = malloc(sizeof(float) * T * ts);
     float *Kd = malloc(sizeof(float) * T * ts), *Vd = malloc(sizeof(float) * T * ts);
@@ -141,8 +152,9 @@ static void test_tiles(void **state) {
     float ks[T], vs[T];
     float q[8][MAXHD], acc[8][MAXHD], acc2[8][MAXHD];
     double ref[MAXHD];
-    int paths = have_avx2() ? 2 : 1;
-    if (paths == 1) printf("no AVX2 here: portable path only\n");
+    int cap[3];
+    const int np = paths(cap);
+    if (np < 3) printf("%d of the 3 paths run here (best: %s)\n", np, tsr_attn_isa());
     for (int i = 0; i < T * ts; i++) K[i] = 2 * frand(), V[i] = frand();
     for (int dt = 0; dt < 3; dt++) {
         uint32_t dtype = dt == 0 ? TSR_DTYPE_F32 : dt == 1 ? TSR_DTYPE_F16 : TSR_DTYPE_I8;
@@ -160,11 +172,14 @@ static void test_tiles(void **state) {
         tsr_attn_kv kv = {.dtype = dtype, .token_stride = ts, .k_scale = ks, .v_scale = vs, .scale_stride = 1};
         kv.k = dt == 0 ? (const void *)K : dt == 1 ? (const void *)K16 : (const void *)K8;
         kv.v = dt == 0 ? (const void *)V : dt == 1 ? (const void *)V16 : (const void *)V8;
-        for (int path = 0; path < paths; path++) {
-            tsr_attn_force_portable(path);
+        for (int path = 0; path < np; path++) {
+            tsr_attn_cap_isa(cap[path]);
             for (int nq = 1; nq <= 8; nq++)
-                for (int hdi = 0; hdi < 3; hdi++) {
-                    int hd = hdi == 0 ? 8 : hdi == 1 ? 64 : 20;
+                for (int hdi = 0; hdi < 6; hdi++) {
+                    /* 8: AVX2 at most; 20: portable; 16, 48, 64, 128: every path
+                     * (48: a 16-dim value pass after the 32-dim ones) */
+                    static const int hds[6] = {8, 64, 20, 16, 48, 128};
+                    int hd = hds[hdi];
                     int t0 = (int)(urand() % 50), t1 = t0 + 1 + (int)(urand() % (T - t0 - 1));
                     tsr_attn_tile tile = {.nq = nq}, half = {.nq = nq};
                     for (int i = 0; i < nq; i++) {
@@ -188,12 +203,12 @@ static void test_tiles(void **state) {
                         naive(q[i], Kd, Vd, ts, hd, scale, t0, t1, ref);
                         for (int d = 0; d < hd; d++)
                             if (fabs(acc[i][d] - ref[d]) > 3e-6)
-                                fail_msg("path %d dtype %u nq %d hd %d [%d,%d) q %d d %d: %g vs %g", path,
+                                fail_msg("cap %d dtype %u nq %d hd %d [%d,%d) q %d d %d: %g vs %g", cap[path],
                                          dtype, nq, hd, t0, t1, i, d, acc[i][d], ref[d]);
                     }
                 }
         }
-        tsr_attn_force_portable(0);
+        tsr_attn_cap_isa(TSR_ATTN_ISA_BEST);
     }
     free(K), free(V), free(Kd), free(Vd), free(K16), free(V16), free(K8), free(V8);
 }

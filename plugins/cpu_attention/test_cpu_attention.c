@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "kernels/cpu/attn_kernels.h"
 #include "kernels/dtype.h"
 #include "plugins/cpu_attention/attn_test_host.h"
 #include "slots/tsr_attention.h"
@@ -268,10 +269,14 @@ static void test_isa_param(void **state) {
     assert_int_equal(th_open(&t, "cpu_attention", &m, bad, NULL), TSR_ERR_INVALID);
     assert_non_null(strstr(t.err, "sse9"));
     th_close(&t);
-    tsr_param avx[2] = {{.name = "isa", .type = TSR_PARAM_STRING, .v.s = "avx2"}};
-    int rc = th_open(&t, "cpu_attention", &m, avx, NULL);
-    assert_true(rc == TSR_OK || rc == TSR_ERR_UNSUPPORTED); /* depends on this CPU */
-    th_close(&t);
+    static const char *const want[2] = {"avx2", "avx512"};
+    for (int i = 0; i < 2; i++) { /* refused where this CPU lacks the path, saying so */
+        tsr_param avx[2] = {{.name = "isa", .type = TSR_PARAM_STRING, .v.s = want[i]}};
+        int rc = th_open(&t, "cpu_attention", &m, avx, NULL);
+        assert_int_equal(rc, tsr_attn_isa_level() >= TSR_ATTN_ISA_AVX2 + i ? TSR_OK : TSR_ERR_UNSUPPORTED);
+        if (rc != TSR_OK) assert_non_null(strstr(t.err, "lacks"));
+        th_close(&t);
+    }
 }
 
 /* Long single rows: the KV split path (1 KV head or 3 heads on 2 threads). */

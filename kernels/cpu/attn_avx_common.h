@@ -1,0 +1,67 @@
+/*
+ * attn_avx_common.h - what the AVX2 and AVX-512 attention tile paths share
+ * (include only from files built with -mavx2 -mfma): the keys' and values'
+ * software prefetch, and step (2) of a block, the online softmax over its
+ * scores, one lane per query.
+ */
+#ifndef TSR_KERNELS_CPU_ATTN_AVX_COMMON_H
+#define TSR_KERNELS_CPU_ATTN_AVX_COMMON_H
+
+#include <immintrin.h>
+#include <math.h>
+
+#include "attn_kernels.h"
+#include "exp_avx2.h"
+#include "slots/tsr_plugin.h"
+
+/* Keys and values are asked into L2 this many tokens ahead of the one being
+ * read: in a decode pass the KV comes from memory (the weights' stream has
+ * evicted it) and the hardware prefetchers alone left the kernels waiting
+ * (BENCHMARKS.md, thirtieth session). */
+#define TSR_ATTN_PF_TOKENS 32
+
+/* Ask L2 for the bytes of one token's row at p. Prefetches never fault, so
+ * rows past the end of the cache cost nothing but the request. */
+static inline __attribute__((always_inline)) void tsr_attn_prefetch_row(const void *p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T1);
+}
+
+/* Bytes of one stored element of dtype dt (F16, I8 or F32). */
+static inline __attribute__((always_inline)) int64_t tsr_attn_elem_bytes(uint32_t dt) {
+    return dt == TSR_DTYPE_F16 ? 2 : dt == TSR_DTYPE_I8 ? 1 : 4;
+}
+
+/* S holds n rows of 8 scores (lane i: query i; lanes past the tile's
+ * queries finite). Updates the tile's running max m and sum l, overwrites S
+ * with the weights exp(s - max) (times the token's value scale for I8) and
+ * writes each query's factor for its old accumulator to al. A NaN score
+ * leaves l NaN. */
+static inline __attribute__((always_inline)) void tsr_attn_softmax_block(tsr_attn_tile *t, const tsr_attn_kv *kv,
+                                                                        int tb, int n, float *S, float *al,
+                                                                        const uint32_t DT) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 mo = _mm256_loadu_ps(t->m), mb = ninf, nanm = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m256 s = _mm256_load_ps(S + 8 * j);
+        nanm = _mm256_or_ps(nanm, _mm256_cmp_ps(s, s, _CMP_UNORD_Q));
+        mb = _mm256_max_ps(s, mb); /* NaN scores skipped here, caught by nanm */
+    }
+    __m256 mn = _mm256_max_ps(mb, mo);
+    /* lanes with nothing but -Inf so far: subtract 0 so -Inf scores give 0 */
+    __m256 mu = _mm256_blendv_ps(mn, _mm256_setzero_ps(), _mm256_cmp_ps(mn, ninf, _CMP_EQ_OQ));
+    __m256 alpha = tsr_exp256(_mm256_sub_ps(mo, mu));
+    __m256 lsum = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m256 p = tsr_exp256(_mm256_sub_ps(_mm256_load_ps(S + 8 * j), mu));
+        lsum = _mm256_add_ps(lsum, p);
+        if (DT == TSR_DTYPE_I8)
+            p = _mm256_mul_ps(p, _mm256_set1_ps(kv->v_scale[(int64_t)(tb + j) * kv->scale_stride]));
+        _mm256_store_ps(S + 8 * j, p);
+    }
+    __m256 l = _mm256_fmadd_ps(_mm256_loadu_ps(t->l), alpha, lsum);
+    _mm256_storeu_ps(t->l, _mm256_or_ps(l, nanm));
+    _mm256_storeu_ps(t->m, mn);
+    _mm256_storeu_ps(al, alpha);
+}
+
+#endif /* TSR_KERNELS_CPU_ATTN_AVX_COMMON_H */
