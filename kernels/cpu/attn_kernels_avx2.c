@@ -55,11 +55,8 @@ ALWAYS_INLINE void score_pass(const tsr_attn_tile *t, const tsr_attn_kv *kv, int
     __m256 a[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
-    {
-        const int64_t eb = tsr_attn_elem_bytes(DT), ahead = (int64_t)TSR_ATTN_PF_TOKENS * kv->token_stride * eb;
-        tsr_attn_prefetch_row((const char *)kv->k + b0 * eb + ahead, hd * eb);
-        if (TWO) tsr_attn_prefetch_row((const char *)kv->k + b1 * eb + ahead, hd * eb);
-    }
+    tsr_attn_prefetch_ahead(kv->k, b0, kv, hd, DT);
+    if (TWO) tsr_attn_prefetch_ahead(kv->k, b1, kv, hd, DT);
     for (int d = 0; d < hd; d += 8) {
         __m256 k0 = ld8(DT, kv->k, b0 + d), k1 = TWO ? ld8(DT, kv->k, b1 + d) : k0;
 #pragma GCC unroll 8
@@ -109,10 +106,7 @@ ALWAYS_INLINE void v_pass(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, int t
     const int64_t ts = kv->token_stride;
     for (int j = 0; j < n; j++) {
         const int64_t b = (int64_t)(tb + j) * ts + d;
-        if (d == 0) {
-            const int64_t eb = tsr_attn_elem_bytes(DT);
-            tsr_attn_prefetch_row((const char *)kv->v + (b + (int64_t)TSR_ATTN_PF_TOKENS * ts) * eb, (int64_t)hd * eb);
-        }
+        if (d == 0) tsr_attn_prefetch_ahead(kv->v, b, kv, hd, DT);
         __m256 v0 = ld8(DT, kv->v, b), v1 = DB == 2 ? ld8(DT, kv->v, b + 8) : v0;
 #pragma GCC unroll 8
         for (int i = 0; i < QB; i++) {
@@ -166,41 +160,11 @@ ALWAYS_INLINE void run_range(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, fl
     }
 }
 
-#define RANGE_FN(NQ)                                                                              \
-    static void run_range_##NQ(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale,    \
-                               int t0, int t1) {                                                  \
-        switch (kv->dtype) {                                                                      \
-        case TSR_DTYPE_F16: run_range(t, kv, hd, scale, t0, t1, NQ, TSR_DTYPE_F16); break;       \
-        case TSR_DTYPE_I8: run_range(t, kv, hd, scale, t0, t1, NQ, TSR_DTYPE_I8); break;         \
-        default: run_range(t, kv, hd, scale, t0, t1, NQ, TSR_DTYPE_F32); break;                  \
-        }                                                                                         \
-    }
-RANGE_FN(1)
-RANGE_FN(2)
-RANGE_FN(3)
-RANGE_FN(4)
-RANGE_FN(5)
-RANGE_FN(6)
-RANGE_FN(7)
-RANGE_FN(8)
+TSR_ATTN_RANGE_TABLE
 
 void tsr_attn_tile_run_avx2(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale, int t0,
                             int t1) {
-    /* lanes beyond nq hold harmless state: the arrays are 8 wide */
-    for (int i = t->nq; i < TSR_ATTN_TILE; i++) {
-        t->m[i] = -INFINITY;
-        t->l[i] = 0.0f;
-    }
-    switch (t->nq) {
-    case 1: run_range_1(t, kv, hd, scale, t0, t1); break;
-    case 2: run_range_2(t, kv, hd, scale, t0, t1); break;
-    case 3: run_range_3(t, kv, hd, scale, t0, t1); break;
-    case 4: run_range_4(t, kv, hd, scale, t0, t1); break;
-    case 5: run_range_5(t, kv, hd, scale, t0, t1); break;
-    case 6: run_range_6(t, kv, hd, scale, t0, t1); break;
-    case 7: run_range_7(t, kv, hd, scale, t0, t1); break;
-    default: run_range_8(t, kv, hd, scale, t0, t1); break;
-    }
+    tsr_attn_run_tile(run_ranges, t, kv, hd, scale, t0, t1);
 }
 
 void tsr_attn_store_f16_avx2(uint16_t *dst, const float *src, int64_t n) {
