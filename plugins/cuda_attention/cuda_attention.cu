@@ -540,29 +540,34 @@ __global__ void __launch_bounds__(kCWarps * 32)
         else load_raw<DPL>(V + vo + kvh * hs + d0, d0, HD, true, vr[j]);
         if constexpr (FP8) vsc[j] = cg ? __ldcg(&pg.vs[vs * n_kv + kvh]) : pg.vs[vs * n_kv + kvh];
     };
-    auto load_tile = [&](int tb) {
-        load_key(tb, false);
+    // after_wait: the pass's own keys (pos0 on) through L2, never L1, where
+    // a block of another row of this KV head on the same multiprocessor may
+    // have read their lines before the wait, before the append wrote them.
+    auto load_tile = [&](int tb, bool after_wait) {
+        load_key(tb, after_wait && min(tb + kl, t1) >= pos0);
 #pragma unroll
-        for (int j = 0; j < kCTile; j++) load_value(tb, j, false);
+        for (int j = 0; j < kCTile; j++) load_value(tb, j, after_wait && min(tb + j, t1) >= pos0);
     };
-    // pre (with l2_kv): the warp's first tile loaded into registers before
-    // the wait as well. Its keys were written by earlier passes but for the
-    // newest, `last`, which the kv append just before this kernel writes:
-    // wherever the tile reads that key it is loaded again after the wait,
-    // from L2 (L1 may hold the line read before). The same sums (token ids of
-    // 64 greedy steps after 700 identical either way); one-row passes of the
-    // Llama-3-8B shape on the H200 E4M3 2.594-2.615 -> 2.577-2.578 ms, bf16
-    // 4.082-4.091 -> 4.073-4.097 (BENCHMARKS.md, sixteenth session).
+    // pre (contiguous caches): the warp's first tile loaded into registers
+    // before the wait. Its keys were written by earlier passes but for the
+    // pass's own, pos0..last, which the kv append just before this kernel
+    // writes: wherever the tile reads one of those it is loaded again after
+    // the wait, from L2 (L1 may hold the line read before). The same sums
+    // (token ids of 64 greedy steps after 700 identical either way); one-row
+    // passes of the Llama-3-8B shape on the H200 E4M3 2.594-2.615 ->
+    // 2.577-2.578 ms, bf16 4.082-4.091 -> 4.073-4.097 (BENCHMARKS.md,
+    // sixteenth session; at every row count since the thirtieth).
     const int tb0 = t0 + warp * kCTile;
-    const bool pre = !PAGED && l2_kv && tb0 <= t1;
-    if (pre) load_tile(tb0);
+    const bool pre = !PAGED && tb0 <= t1;
+    if (pre) load_tile(tb0, false);
     tsr_pdl::enter(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh
-    if (pre && tb0 + kCTile - 1 >= last) {
-        if (min(tb0 + kl, t1) == last) load_key(tb0, true);
+    if (pre && tb0 + kCTile - 1 >= pos0) {
+        if (min(tb0 + kl, t1) >= pos0) load_key(tb0, true);
 #pragma unroll
         for (int j = 0; j < kCTile; j++)
-            if (min(tb0 + j, t1) == last) load_value(tb0, j, true);
+            if (min(tb0 + j, t1) >= pos0) load_value(tb0, j, true);
     }
+    if (!pre && tb0 <= t1) load_tile(tb0, true);
     __shared__ __align__(16) float q_s[GC][HD];
     __shared__ float w_m[kCWarps][GC], w_l[kCWarps][GC], w_acc[kCWarps][GC][HD];
     // slots of the blocks' results for the heads this block merges: n_splits *
@@ -579,15 +584,32 @@ __global__ void __launch_bounds__(kCWarps * 32)
 #pragma unroll
         for (int i = 0; i < DPL; i++) acc[g][i] = 0.0f;
     }
-    for (int tb = t0 + warp * kCTile; tb <= t1; tb += kCWarps * kCTile) {
-        if (!pre || tb != tb0) load_tile(tb);
+    // Software-pipelined: a tile's registers are taken over (kq, vq) and the
+    // warp's next tile's loads issued before its arithmetic, so a warp that
+    // walks several tiles (verification: 2 splits at 8 rows, 4 tiles a warp
+    // after 512 keys) waits for memory once, not once a tile. Passes of 8
+    // rows after 512 keys, Llama-3-8B shape, H200: bf16 4.617-4.624 ->
+    // 4.574-4.583 ms, E4M3 3.175-3.178 -> 3.132-3.143, one row unchanged
+    // (BENCHMARKS.md, thirtieth session).
+    for (int tb = tb0; tb <= t1; tb += kCWarps * kCTile) {
+        uint4 kq[CPL];
+        Raw<T, DPL> vq[kCTile];
+        float vsq[kCTile], ksq = ksc;
+#pragma unroll
+        for (int c = 0; c < CPL; c++) kq[c] = kc[c];
+#pragma unroll
+        for (int j = 0; j < kCTile; j++) {
+            vq[j] = vr[j];
+            if constexpr (FP8) vsq[j] = vsc[j];
+        }
+        if (tb + kCWarps * kCTile <= t1) load_tile(tb + kCWarps * kCTile, true); // the next tile's loads in flight
         float s[GC];
 #pragma unroll
         for (int g = 0; g < GC; g++) s[g] = 0.0f;
 #pragma unroll
         for (int c = 0; c < CPL; c++) {
             float kf[CD];
-            widen_piece<FP8>(kc[c], kf);
+            widen_piece<FP8>(kq[c], kf);
             const int db = (part + kCLanes * c) * CD;
 #pragma unroll
             for (int g = 0; g < GC; g++)
@@ -601,13 +623,13 @@ __global__ void __launch_bounds__(kCWarps * 32)
 #pragma unroll
         for (int j = 0; j < kCTile; j++)
 #pragma unroll
-            for (int i = 0; i < DPL; i++) vf[j][i] = widen(vr[j], i, d0, HD) * (FP8 ? vsc[j] : 1.0f);
+            for (int i = 0; i < DPL; i++) vf[j][i] = widen(vq[j], i, d0, HD) * (FP8 ? vsq[j] : 1.0f);
         const bool valid = tb + kl <= t1;
 #pragma unroll
         for (int g = 0; g < GC; g++) {
 #pragma unroll
             for (int o = 1; o < kCLanes; o <<= 1) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
-            const float sg = valid ? s[g] * ksc : -INFINITY;
+            const float sg = valid ? s[g] * ksq : -INFINITY;
             float tm = sg; // the tile's largest score (key tb is always valid)
 #pragma unroll
             for (int o = kCLanes; o < 32; o <<= 1) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
