@@ -478,8 +478,10 @@ template <bool FP8> __device__ __forceinline__ void widen_piece(const uint4 &w, 
     }
 }
 
-template <int HD, int GC, bool PAGED, bool FP8> // GC: query heads per KV head, rounded up to 1, 2, 4, 8
-__global__ void __launch_bounds__(kCWarps * 32)
+// GC: query heads per KV head, rounded up to 1, 2, 4, 8. MINB: blocks a
+// multiprocessor must hold (register cap), launch_cluster's choice.
+template <int HD, int GC, bool PAGED, bool FP8, int MINB>
+__global__ void __launch_bounds__(kCWarps * 32, MINB)
     cluster_kernel(const float *q, const typename Elem<FP8>::T *K, const typename Elem<FP8>::T *V, int n_heads,
                    int n_kv, int group, int64_t ts, int64_t hs, int pos0, const int32_t *dev_pos0, int window,
                    float scale, int n_splits, Paging pg, float *out, int l2_kv) {
@@ -720,14 +722,24 @@ cudaError_t launch_cluster(int n_splits, cudaStream_t st, bool pdl, const tsr_at
     const Paging pg = {kv->block_table, kv->block_size, kv->block_stride, kv->k_scale, kv->v_scale};
     const dim3 grid((unsigned)(x->rows * x->n_kv_heads), (unsigned)n_splits), cluster(1, (unsigned)n_splits, 1);
     const int gc = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
-    switch (x->head_dim * 10 + gc) {
-#define CASE(HD, GC)                                                                                      \
-    case HD * 10 + GC:                                                                                    \
-        return tsr_pdl::launch_ex(cluster_kernel<HD, GC, PAGED, FP8>, grid, kCWarps * 32, &cluster, 0, st, pdl, \
-                                  x->q, K, V, x->n_heads, x->n_kv_heads, group, kv->token_stride,          \
+    // Two blocks a multiprocessor (at most 128 registers) for passes of up to
+    // 4 rows, whose 4-8 splits a (row, KV head) make clusters of 4-8 blocks
+    // that one block a multiprocessor could not all place at once; one (the
+    // pipelined loop's registers, no spills) for more rows. Passes after 512
+    // keys at the Llama-3-8B shape, H200, 2 / 4 / 8 rows: one block
+    // 4.740 / 4.907 / 4.654 ms, two 4.616 / 4.730 / 4.750 (BENCHMARKS.md,
+    // thirtieth session). Group 8 needs more registers than two blocks allow.
+    const int minb = gc <= 4 && x->rows <= 4 ? 2 : 1;
+    switch (x->head_dim * 100 + gc * 10 + minb) {
+#define CASE(HD, GC, MB)                                                                                  \
+    case HD * 100 + GC * 10 + MB:                                                                         \
+        return tsr_pdl::launch_ex(cluster_kernel<HD, GC, PAGED, FP8, MB>, grid, kCWarps * 32, &cluster, 0, st, \
+                                  pdl, x->q, K, V, x->n_heads, x->n_kv_heads, group, kv->token_stride,     \
                                   kv->head_stride, x->pos0, dev_pos0, x->window, x->scale, n_splits, pg, x->out, \
                                   x->rows == 1);
-        CASE(64, 1) CASE(64, 2) CASE(64, 4) CASE(64, 8) CASE(128, 1) CASE(128, 2) CASE(128, 4) CASE(128, 8)
+#define CASE2(HD, GC) CASE(HD, GC, 1) CASE(HD, GC, 2)
+        CASE2(64, 1) CASE2(64, 2) CASE2(64, 4) CASE(64, 8, 1) CASE2(128, 1) CASE2(128, 2) CASE2(128, 4) CASE(128, 8, 1)
+#undef CASE2
 #undef CASE
     }
     return cudaErrorInvalidValue;
