@@ -33,6 +33,21 @@ static inline __attribute__((always_inline)) void tsr_attn_prefetch_ahead(const 
     for (int64_t o = 0; o < hd * eb; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
 }
 
+/* The rows of tokens [t0, t0 + TSR_ATTN_PF_TOKENS) of K and V (those the
+ * loops' prefetch ahead does not ask for), asked into L2 at a range's start:
+ * at 160 keys a decode pass's attention ~5% shorter (~0.8 us a layer of the
+ * Qwen2.5-0.5B shape, BENCHMARKS.md, thirtieth session). */
+static inline __attribute__((always_inline)) void tsr_attn_prefetch_first(const tsr_attn_kv *kv, int hd, int t0,
+                                                                         int t1, const uint32_t DT) {
+    const int64_t eb = DT == TSR_DTYPE_F16 ? 2 : DT == TSR_DTYPE_I8 ? 1 : 4;
+    const int end = t1 < t0 + TSR_ATTN_PF_TOKENS ? t1 : t0 + TSR_ATTN_PF_TOKENS;
+    for (int j = t0; j < end; j++)
+        for (int64_t o = 0; o < hd * eb; o += 64) {
+            _mm_prefetch((const char *)kv->k + j * kv->token_stride * eb + o, _MM_HINT_T1);
+            _mm_prefetch((const char *)kv->v + j * kv->token_stride * eb + o, _MM_HINT_T1);
+        }
+}
+
 /* S holds n rows of 8 scores (lane i: query i; lanes past the tile's
  * queries finite). Updates the tile's running max m and sum l, overwrites S
  * with the weights exp(s - max) (times the token's value scale for I8) and

@@ -154,6 +154,7 @@ ALWAYS_INLINE void run_block(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, fl
 
 ALWAYS_INLINE void run_range(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale, int t0,
                              int t1, const int NQ, const uint32_t DT) {
+    tsr_attn_prefetch_first(kv, hd, t0, t1, DT);
     for (int tb = t0; tb < t1; tb += TSR_ATTN_BLOCK) {
         int n = t1 - tb < TSR_ATTN_BLOCK ? t1 - tb : TSR_ATTN_BLOCK;
         run_block(t, kv, hd, scale, tb, n, NQ, DT);

@@ -158,6 +158,7 @@ ALWAYS_INLINE void run_block(tsr_attn_tile *t, const float *qq, const tsr_attn_k
 
 ALWAYS_INLINE void run_range(tsr_attn_tile *t, const tsr_attn_kv *kv, int hd, float scale, int t0, int t1,
                              const int NQ, const uint32_t DT) {
+    tsr_attn_prefetch_first(kv, hd, t0, t1, DT);
     /* each query's 8-dim slices twice over, for the two-token key vectors */
     float qq[8 * MAX_HD * 2] __attribute__((aligned(64)));
     for (int i = 0; i < NQ; i++)
