@@ -21,6 +21,11 @@
  * (BENCHMARKS.md, thirtieth session). */
 #define TSR_ATTN_PF_TOKENS 32
 
+/* Bytes of one stored element of KV dtype DT (F16, I8 or F32). */
+static inline __attribute__((always_inline)) int64_t tsr_attn_elem_bytes(const uint32_t DT) {
+    return DT == TSR_DTYPE_F16 ? 2 : DT == TSR_DTYPE_I8 ? 1 : 4;
+}
+
 /* Ask L2 for the row (hd elements of dtype DT: F16, I8 or F32) that lies
  * TSR_ATTN_PF_TOKENS tokens after the one at element offset off of base.
  * Prefetches never fault, so rows past the end of the cache cost nothing
@@ -28,7 +33,7 @@
 static inline __attribute__((always_inline)) void tsr_attn_prefetch_ahead(const void *base, int64_t off,
                                                                          const tsr_attn_kv *kv, int hd,
                                                                          const uint32_t DT) {
-    const int64_t eb = DT == TSR_DTYPE_F16 ? 2 : DT == TSR_DTYPE_I8 ? 1 : 4;
+    const int64_t eb = tsr_attn_elem_bytes(DT);
     const char *p = (const char *)base + (off + (int64_t)TSR_ATTN_PF_TOKENS * kv->token_stride) * eb;
     for (int64_t o = 0; o < hd * eb; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
 }
@@ -39,7 +44,7 @@ static inline __attribute__((always_inline)) void tsr_attn_prefetch_ahead(const 
  * Qwen2.5-0.5B shape, BENCHMARKS.md, thirtieth session). */
 static inline __attribute__((always_inline)) void tsr_attn_prefetch_first(const tsr_attn_kv *kv, int hd, int t0,
                                                                          int t1, const uint32_t DT) {
-    const int64_t eb = DT == TSR_DTYPE_F16 ? 2 : DT == TSR_DTYPE_I8 ? 1 : 4;
+    const int64_t eb = tsr_attn_elem_bytes(DT);
     const int end = t1 < t0 + TSR_ATTN_PF_TOKENS ? t1 : t0 + TSR_ATTN_PF_TOKENS;
     for (int j = t0; j < end; j++)
         for (int64_t o = 0; o < hd * eb; o += 64) {

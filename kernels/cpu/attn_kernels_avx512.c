@@ -23,7 +23,6 @@
 
 #include <immintrin.h>
 #include <math.h>
-#include <string.h>
 
 #include "attn_avx_common.h"
 
