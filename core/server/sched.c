@@ -59,11 +59,12 @@ static void update_load_locked(tsr_srv_sched *s) {
     tsr_srv_metrics_load(s->m, s->n_wait, s->n_run);
 }
 
-/* Under the lock: the job ended; the engine's reference is dropped by the
- * caller. */
+/* Under the lock: the job ended (done, woken); a finish the caller left
+ * unset is why's, but for TSR_SRV_FIN_ERROR (an error has none). The
+ * engine's reference is dropped by the caller. */
 static void finish_locked(tsr_srv_sched *s, tsr_srv_job *j, tsr_srv_finish_reason why) {
     j->state = TSR_SRV_JOB_DONE;
-    if (!j->finish) j->finish = why == TSR_SRV_FIN_LENGTH ? TSR_FINISH_LENGTH
+    if (!j->finish && why != TSR_SRV_FIN_ERROR) j->finish = why == TSR_SRV_FIN_LENGTH ? TSR_FINISH_LENGTH
                                 : why == TSR_SRV_FIN_STOP ? TSR_FINISH_STOP
                                                           : TSR_FINISH_CANCELLED;
     pthread_cond_broadcast(&j->cond);
@@ -174,15 +175,13 @@ static void end_generation(tsr_srv_sched *s, tsr_srv_job *j, tsr_srv_finish_reas
 }
 
 /* Engine thread, with the lock: running job j (run slot i) ends, why for the
- * metrics: its generation freed without the lock, the job marked done
- * (j->finish as the caller left it) and woken, the slot emptied, the
- * engine's reference dropped. */
+ * metrics: its generation freed without the lock, the job finished
+ * (finish_locked), the slot emptied, the engine's reference dropped. */
 static void retire_locked(tsr_srv_sched *s, int i, tsr_srv_job *j, tsr_srv_finish_reason why) {
     pthread_mutex_unlock(&s->mu);
     end_generation(s, j, why);
     pthread_mutex_lock(&s->mu);
-    j->state = TSR_SRV_JOB_DONE;
-    pthread_cond_broadcast(&j->cond);
+    finish_locked(s, j, why);
     s->run[i] = NULL;
     if (unref_locked(j)) job_free(j);
 }
@@ -266,7 +265,6 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < s->n_run; i++) {
             tsr_srv_job *j = s->run[i];
             if (j->cancelled || s->quit) {
-                if (!j->finish) j->finish = TSR_FINISH_CANCELLED;
                 retire_locked(s, i, j, TSR_SRV_FIN_CANCELLED);
                 changed = 1;
                 continue;
