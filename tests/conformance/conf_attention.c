@@ -94,12 +94,7 @@ static void run_case(conf_env *env, const tsr_manifest *km, const char *kvar, co
     const char *params[1];
     int np = conf_params(env, NULL, 0, params);
     int rc = conf_inst_new(env->lib.desc, env->m, &md, params, np, env->pool, &ci);
-    if (rc == TSR_ERR_UNSUPPORTED && env->variant) {
-        /* a variant this machine cannot run (isa=avx512 on a CPU without
-         * it): declined, said so */
-        conf_report(env, CONF_UNSUPPORTED, what, "init: %s", ci ? ci->err : "declined");
-        goto out;
-    }
+    if (conf_variant_declined(env, rc, what, ci ? ci->err : NULL)) goto out;
     if (rc != TSR_OK) {
         conf_report(env, CONF_FAIL, what, "init: %s", ci ? ci->err : "?");
         goto out;

@@ -35,6 +35,12 @@ typedef struct conf_env {
 void conf_report(conf_env *env, conf_outcome o, const char *what, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* rc of the plugin's init under a variant this machine cannot run
+ * (TSR_ERR_UNSUPPORTED with a variant set: isa=avx512 on a CPU without it,
+ * or under valgrind, which hides AVX-512): reported as unsupported with
+ * why, 1; anything else 0, nothing reported. */
+int conf_variant_declined(conf_env *env, int rc, const char *what, const char *why);
+
 /* Params of a case ("name=value") that the plugin under test declares (the
  * others are dropped: cases name params their slot's plugins commonly take),
  * then the run's variant. Returns how many were written to out (room for

@@ -342,10 +342,8 @@ void conf_run_gemv(conf_env *env) {
     int np = conf_params(env, NULL, 0, params);
     int rc = conf_inst_new(env->lib.desc, env->m, &md, params, np, env->pool, &p.ci);
     int rrc = conf_inst_new(env->ref_lib.desc, env->ref_m, &md, NULL, 0, env->pool, &p.ref);
-    if (rc == TSR_ERR_UNSUPPORTED && rrc == TSR_OK && env->variant) {
-        /* a variant this machine cannot run (isa=avx512 on a CPU without it,
-         * or under valgrind, which hides AVX-512): declined, said so */
-        conf_report(env, CONF_UNSUPPORTED, "gemv init", "%s", p.ci ? p.ci->err : "declined");
+    if (rrc == TSR_OK && conf_variant_declined(env, rc, "gemv init", p.ci ? p.ci->err : NULL)) {
+        /* reported */
     } else if (rc != TSR_OK || rrc != TSR_OK) {
         conf_report(env, CONF_FAIL, "gemv init", "%s", rc != TSR_OK ? (p.ci ? p.ci->err : "no memory")
                                                                    : (p.ref ? p.ref->err : "no memory"));

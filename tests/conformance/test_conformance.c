@@ -51,6 +51,12 @@ void conf_report(conf_env *env, conf_outcome o, const char *what, const char *fm
     else env->tally.fail++;
 }
 
+int conf_variant_declined(conf_env *env, int rc, const char *what, const char *why) {
+    if (rc != TSR_ERR_UNSUPPORTED || !env->variant) return 0;
+    conf_report(env, CONF_UNSUPPORTED, what, "init: %s", why ? why : "declined");
+    return 1;
+}
+
 int conf_params(const conf_env *env, const char *const *want, int n_want, const char **out) {
     int n = 0;
     for (int i = 0; i < n_want; i++) {
