@@ -39,7 +39,7 @@ static int attn_init(void *inst, const tsr_plugin_ctx *ctx) {
     if (!strcmp(s, "portable")) {
         c->isa = TSR_ATTN_ISA_PORTABLE;
     } else if (!strcmp(s, "avx2") || !strcmp(s, "avx512")) {
-        c->isa = s[3] == '2' ? TSR_ATTN_ISA_AVX2 : TSR_ATTN_ISA_AVX512;
+        c->isa = !strcmp(s, "avx2") ? TSR_ATTN_ISA_AVX2 : TSR_ATTN_ISA_AVX512;
         if (tsr_attn_isa_level() < c->isa) {
             ctx->host->set_error(ctx, "param isa = %s, but this CPU lacks %s", s,
                                  c->isa == TSR_ATTN_ISA_AVX2 ? "AVX2, FMA or F16C" : "AVX-512F");
