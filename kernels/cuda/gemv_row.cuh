@@ -56,6 +56,29 @@
 // activations to f16, and the stream times a norm's weights before the
 // factor may lie outside f16's range.
 //
+// Staged activations (XS; E4M3 plain rows and gate/up pairs without block
+// ratios or experts, x of at most 12,288 columns: stages_x): after the wait
+// each warp asks for its first steps' weights, then the block's threads
+// multiply x by 2^-4, round it to f16 and back once into shared memory (cols
+// floats, natural column order), and the loop reads each piece's
+// activations there (four conflict-free 16-byte loads a lane, load_xs).
+// Without it every warp rounded every activation for its own rows, 8 times
+// a block, on the unit that also runs the E4M3 codes' conversion. The same
+// values in the same sums: bit for bit the kernel without it.
+// tools/cuda_lab/xrow_lab.cu on the H200 (TB/s, weights out of L2): q/k/v
+// 2.32 -> 2.43, gate/up as plain rows 3.63-3.70 -> 3.81-3.82, LM head 4.33
+// -> 4.37; one token's E4M3 GEMVs as a graph 2.204 -> 2.123 ms (floor 1.749;
+// activations already rounded by their producer, the idea's bound: 2.108).
+// With NORM the staging stores x times the norm's weights in f32 (not
+// rounded, as NORM's loop did) and sums the squares of x: each thread its
+// columns, each warp's across its lanes, the 8 warps' in warp order, the same
+// sum in every block; so the norm costs a block one pass over x and the
+// weights, where each warp loaded both for every piece, and a gate/up pair
+// (GLU) can take it too: its factor multiplies each gate and up sum before
+// the scales and the SiLU (the plugin's run_fused of the post-attention norm
+// into gate/up; the norm's sum in another order than the one-warp loop's
+// and than the norm kernel's, so within f32 rounding of either).
+//
 // Preconditions (row_reads): cols a multiple of 8 (bf16) or 16 (E4M3); w, ldw
 // and x 16-byte aligned.
 #ifndef TSR_GEMV_ROW_CUH
@@ -112,14 +135,38 @@ __device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, floa
 // The most sums of squares a fold leaves (4 floats a thread of a block).
 constexpr int kFoldLoads = 4, kFoldMax = 256 * kFoldLoads;
 
+// The 16 staged activations (XS: rounded, natural column order in xs) of the
+// 16 stored E4M3 bytes at k, as load_x_e4m3 takes them from x.
+__device__ __forceinline__ void load_xs(const float *xs, int k, int cols, float *v) {
+    if (k >= cols / 512 * 512) {
+#pragma unroll
+        for (int i = 0; i < 16; i += 4) {
+            const float4 f = *reinterpret_cast<const float4 *>(xs + k + i);
+            v[i] = f.x, v[i + 1] = f.y, v[i + 2] = f.z, v[i + 3] = f.w;
+        }
+        return;
+    }
+    const int b = (int)tsr_mma::e4m3_step_rot(k, false); // bytes k + 4 q hold columns b + 128 q
+    constexpr int kQ = (int)tsr_mma::e4m3_step_rot(4, false);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float4 f = *reinterpret_cast<const float4 *>(xs + b + kQ * q);
+        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+}
+
+// An E4M3 activation as both kernels take it: times 2^-4, rounded to f16.
+__device__ __forceinline__ float round_x(float v) { return __half2float(__float2half_rn(v * 0.0625f)); }
+
 template <int WK, int RPW, int U, int KS = 1, bool GLU = false, bool BS = false, bool SEL = false, bool NORM = false,
-          int FOLD = 0>
+          int FOLD = 0, bool XS = false>
 __global__ void __launch_bounds__(256, FOLD == 2 ? (RPW == 1 ? 8 : 6) : 1) gemv_row(const Args p) {
     constexpr int K = Piece<WK>::k, ES = WK == kBf16 ? 2 : 1, STEP = 32 * K;
     constexpr int G = 8 / KS, HG = G / 2; // row groups per block; GLU: the gate half
     static_assert(8 % KS == 0, "a block of 8 warps holds whole groups of KS");
     static_assert(!GLU || G % 2 == 0, "GLU pairs the block's row groups");
-    static_assert(!NORM || (WK == kFp8 && !BS && !SEL && !GLU), "the norm: E4M3 plain rows (fused_takes)");
+    static_assert(!NORM || (WK == kFp8 && !BS && !SEL && (!GLU || XS)), "the norm: fused_takes");
+    static_assert(!XS || (WK == kFp8 && !BS && !SEL), "staged activations: stages_x");
     static_assert(FOLD == 0 || (WK == kBf16 && !BS && !SEL && !NORM && (KS > 1 || (FOLD == 2 && GLU)) &&
                                 (FOLD != 1 || !GLU)),
                   "the fold: bf16 rows of several warps a group, or (after it) a gate/up pair (fold_blocks)");
@@ -128,7 +175,7 @@ __global__ void __launch_bounds__(256, FOLD == 2 ? (RPW == 1 ? 8 : 6) : 1) gemv_
     const int o0 = !GLU           ? (blockIdx.x * G + grp) * RPW
                    : grp < HG     ? (blockIdx.x * HG + grp) * RPW
                                   : f + (blockIdx.x * HG + grp - HG) * RPW;
-    if (!GLU && KS == 1 && o0 >= p.n_out) return; // else every warp reaches the barrier
+    if (!GLU && KS == 1 && !XS && o0 >= p.n_out) return; // else every warp reaches the barrier
     const uint8_t *row[RPW]; // rows past n_out read the last row (not stored)
 #pragma unroll
     for (int r = 0; r < RPW; r++) row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
@@ -172,29 +219,58 @@ __global__ void __launch_bounds__(256, FOLD == 2 ? (RPW == 1 ? 8 : 6) : 1) gemv_
                      : "memory");
         asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
-    for (int k0 = lane * K + seg * STEP * U; k0 < p.cols; k0 += STEP * U * KS) {
-        uint4 w[U][RPW];
+    uint4 w[U][RPW];
+    const auto load_step = [&](int k0) {
 #pragma unroll
         for (int u = 0; u < U; u++)
             if (k0 + u * STEP < p.cols)
 #pragma unroll
                 for (int r = 0; r < RPW; r++) w[u][r] = tsr_mma::load_w(row[r] + (int64_t)(k0 + u * STEP) * ES);
+    };
+    extern __shared__ __align__(16) float xs[]; // XS: cols floats
+    __shared__ float xs_ss[XS && NORM ? 8 : 1];  // XS with NORM: each warp's squares
+    if constexpr (XS) { // the first weights on their way, then x rounded into xs
+        load_step(lane * K + seg * STEP * U);
+        for (int c = threadIdx.x * 4; c < p.cols; c += 256 * 4) {
+            const float4 f = __ldg(reinterpret_cast<const float4 *>(x + c));
+            if constexpr (NORM) { // x times its norm weight, in f32; the squares of x summed
+                const float4 g = __ldg(reinterpret_cast<const float4 *>(p.nw + c));
+                ss = fmaf(f.x, f.x, ss), ss = fmaf(f.y, f.y, ss), ss = fmaf(f.z, f.z, ss), ss = fmaf(f.w, f.w, ss);
+                *reinterpret_cast<float4 *>(xs + c) = make_float4(f.x * g.x, f.y * g.y, f.z * g.z, f.w * g.w);
+            } else {
+                *reinterpret_cast<float4 *>(xs + c) = make_float4(round_x(f.x), round_x(f.y), round_x(f.z), round_x(f.w));
+            }
+        }
+        if constexpr (NORM) { // the block's sum: each warp's, then the 8 in warp order (in every thread)
+            for (int s2 = 16; s2 > 0; s2 >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s2);
+            if (lane == 0) xs_ss[warp] = ss;
+        }
+        __syncthreads();
+        if constexpr (NORM) {
+            ss = 0.0f;
+            for (int w2 = 0; w2 < 8; w2++) ss += xs_ss[w2];
+        }
+        if (!GLU && KS == 1 && o0 >= p.n_out) return;
+    }
+    for (int k0 = lane * K + seg * STEP * U, first = 1; k0 < p.cols; k0 += STEP * U * KS, first = 0) {
+        if (!XS || !first) load_step(k0);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int k = k0 + u * STEP;
             if (k >= p.cols) break;
             float xv[K];
-            if (WK == kFp8) tsr_mma::load_x_e4m3<BS>(x, k, p.cols, xv, cmr, p.cm_shift);
+            if (XS) load_xs(xs, k, p.cols, xv);
+            else if (WK == kFp8) tsr_mma::load_x_e4m3<BS>(x, k, p.cols, xv, cmr, p.cm_shift);
             else tsr_mma::load_x<K>(x, k, p.cols, xv);
-            if constexpr (NORM) {
+            if constexpr (NORM && !XS) {
                 float gv[K];
                 tsr_mma::load_x_e4m3(p.nw, k, p.cols, gv);
 #pragma unroll
                 for (int i = 0; i < K; i++) ss = fmaf(xv[i], xv[i], ss), xv[i] *= gv[i];
             }
-            if (WK == kFp8 && !NORM) // NORM: in f32 (the stream, not yet normalised, may lie outside f16's range)
+            if (WK == kFp8 && !NORM && !XS) // NORM: in f32 (the stream, not yet normalised, may lie outside f16's range)
 #pragma unroll
-                for (int i = 0; i < K; i++) xv[i] = __half2float(__float2half_rn(xv[i] * 0.0625f));
+                for (int i = 0; i < K; i++) xv[i] = round_x(xv[i]);
 #pragma unroll
             for (int r = 0; r < RPW; r++) acc[r] = dot_piece<WK>(w[u][r], xv, acc[r]);
         }
@@ -216,14 +292,14 @@ __global__ void __launch_bounds__(256, FOLD == 2 ? (RPW == 1 ? 8 : 6) : 1) gemv_
         for (int w = 0; w < 8; w++) t += fold_w[w];
         return rsqrtf(t / (float)p.cols + p.eps);
     };
-    if (NORM) {
+    if (NORM && !XS) {
         for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
         if (KS > 1 && lane == 0) part_ss[warp] = ss;
     }
     // NORM: the factor of the row group of warps g * KS .. (their squares in warp order)
     const auto inv_rms = [&](int g) {
         float t = ss;
-        if (KS > 1) {
+        if (KS > 1 && !XS) {
             t = 0.0f;
             for (int s = 0; s < KS; s++) t += part_ss[g * KS + s];
         }
@@ -251,6 +327,10 @@ __global__ void __launch_bounds__(256, FOLD == 2 ? (RPW == 1 ? 8 : 6) : 1) gemv_
             for (int s = 0; s < KS; s++) g += part[gi * KS + s][r], u += part[(gi + HG) * KS + s][r];
         if (FOLD == 2) {
             const float fac = fold_factor();
+            g *= fac, u *= fac;
+        }
+        if (NORM) {
+            const float fac = inv_rms(0);
             g *= fac, u *= fac;
         }
         g = g * (scale ? scale[i] : 1.0f) * mul;
@@ -297,6 +377,13 @@ inline bool row_reads(int WK, const Args &p) {
            ((reinterpret_cast<uintptr_t>(p.w) | reinterpret_cast<uintptr_t>(p.x)) & 15) == 0;
 }
 
+// Whether gemv_row stages p's activations (XS, the header): E4M3 plain rows
+// or a gate/up pair, without block ratios or experts, x short enough for
+// the shared memory a block has without asking (48 KiB).
+inline bool stages_x(int WK, const Args &p) {
+    return WK == kFp8 && !p.cm && !p.sel && p.cols <= 12288;
+}
+
 // ny: grid rows (p.sel: one a chosen expert, the SEL kernel; else 1)
 template <int WK, int RPW, int U, int KS = 1, bool GLU = false>
 inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny = 1) {
@@ -309,7 +396,10 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny =
         return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, true>, grid, 256, 0, st, pdl, p);
     }
     if constexpr (WK == kFp8 && !GLU) // the norm: fused_takes
-        if (p.nw) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, false, true>, grid, 256, 0, st, pdl, p);
+        if (p.nw && !stages_x(WK, p))
+            return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, false, true>, grid, 256, 0, st, pdl, p);
+    if constexpr (GLU) // a pair takes the norm only staged (the kernel's static_assert)
+        if (p.nw && !stages_x(WK, p)) return cudaErrorInvalidValue;
     if constexpr (WK == kBf16 && KS > 1) { // the fold: fold_blocks, folded_takes
         if constexpr (!GLU)
             if (p.fold_out)
@@ -317,8 +407,17 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny =
         if (p.fold_ss && !p.fold_out)
             return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, false, false, 2>, grid, 256, 0, st, pdl, p);
     }
-    if constexpr (WK == kFp8)
+    if constexpr (WK == kFp8) {
         if (p.cm) return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, true>, grid, 256, 0, st, pdl, p);
+        if (stages_x(WK, p)) {
+            const size_t smem = (size_t)p.cols * sizeof(float);
+            if (p.nw)
+                return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, false, true, 0, true>, grid, 256, smem,
+                                       st, pdl, p);
+            return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, false, false, 0, true>, grid, 256, smem, st,
+                                   pdl, p);
+        }
+    }
     return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU>, grid, 256, 0, st, pdl, p);
 }
 
@@ -462,7 +561,12 @@ template <int WK> inline cudaError_t launch_glu(const Args &p, RowRole role, cud
 // 4.069, 4.022, 4.089-4.100, 4.883-4.888, 4.143-4.152 ms; E4M3 2.584-2.597,
 // 2.578-2.579, 2.550-2.555, 2.665-2.671, 2.570-2.576. Multiplying each
 // activation by its norm weight doubles the activations' loads, which
-// bound the one-row kernel where a warp holds one or two bf16 rows.
+// bound the one-row kernel where a warp holds one or two bf16 rows. With
+// the activations staged (E4M3, XS: the norm once a block) a gate/up pair
+// takes the norm through launch_glu (cuda_gemv_fp8's run_fused), the LM head
+// still not (2026-12-02, two rounds, cuda-fast-fp8: 2.530 / 2.541 ms staged
+// without either, 2.510 / 2.508 with the pair's, 2.540 / 2.556 with the
+// head's).
 template <int WK> inline bool fused_takes(const Args &p) {
     if (!p.nw) return true;
     return WK == kFp8 && !p.cm && row_reads(WK, p) && row_kernel_for(WK, p.n_out) && p.n_out < 16384;

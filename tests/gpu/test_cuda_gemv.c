@@ -744,7 +744,9 @@ static void plugin_cases(const char *plugin) {
         glu_case(&v, 8195, 1552, rows, fp8);
     }
     /* run_fused: the add through either kernel; the norm through gemv_row
-     * in E4M3 below 16,384 rows (gemv_row.cuh fused_takes); no gate/up pair */
+     * in E4M3 below 16,384 rows (gemv_row.cuh fused_takes), and into an
+     * E4M3 gate/up pair at one row where gemv_row stages its activations
+     * (stages_x; not at gemv_mma's heights, not with an add) */
     fused_case(&v, 1000, 1040, 0, 1, 0, 1);
     fused_case(&v, 5003, 1040, 0, 1, 0, 1);
     fused_case(&v, 5003, 1040, 1, 0, 0, fp8);
@@ -752,7 +754,10 @@ static void plugin_cases(const char *plugin) {
     fused_case(&v, 6150, 80, 1, 0, 0, fp8);
     fused_case(&v, 16390, 1024, 1, 0, 0, 0);
     fused_case(&v, 1000, 1040, 1, 0, 0, 0);
-    fused_case(&v, 2501, 1040, 1, 0, 1, 0);
+    fused_case(&v, 2501, 1040, 1, 0, 1, fp8);
+    fused_case(&v, 8195, 80, 1, 0, 1, fp8);
+    fused_case(&v, 999, 1040, 1, 0, 1, 0);
+    fused_case(&v, 2501, 1040, 1, 1, 1, 0);
     fused_case(&v, 2501, 1040, 0, 1, 1, 0);
     /* the fold (gemv_row.cuh fold_blocks, folded_takes): bf16 only; the
      * product into the stream in row groups of 4 warps (1,024 sums: the
