@@ -54,8 +54,7 @@ __global__ void __launch_bounds__(256) gemv_async(const Args p) {
     if (o0 >= p.n_out) return;
     uint4 *mine = ring + warp * S * RPW * 32 + lane;
     const uint8_t *row[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
+    lab_rows<RPW>(p, o0, row);
     const int steps = (p.cols + STEP - 1) / STEP;
     auto issue = [&](int j) { // step j into stage j % S; always one group
         const int k = j * STEP + lane * K;

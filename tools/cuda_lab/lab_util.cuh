@@ -232,6 +232,18 @@ template <int WK, int K> __device__ __forceinline__ void lab_piece_x(const float
         for (int i = 0; i < K; i++) xv[i] = __half2float(__float2half_rn(xv[i] * 0.0625f));
 }
 
+// The start of the labs' gemv_row variants: the RPW rows a warp walks from
+// o0 (rows past n_out read the last; their sums are not stored), each from
+// byte off of its row, and (acc set) their sums zeroed.
+template <int RPW, typename A>
+__device__ __forceinline__ void lab_rows(const A &p, int o0, const uint8_t **row, float *acc = nullptr, int64_t off = 0) {
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw + off;
+        if (acc) acc[r] = 0.0f;
+    }
+}
+
 // The end of the labs' gemv_row variants (kernels/cuda/gemv_row.cuh, plain
 // rows): each lane's sums acc[RPW] added across the warp; with KS warps a
 // row group (seg the warp's place in it), their sums through shared memory

@@ -47,8 +47,7 @@ __global__ void __launch_bounds__(256) gemv_row_mma(const Args p) {
     const int o0 = (blockIdx.x * (8 / KS) + grp) * RPW;
     if (KS == 1 && o0 >= p.n_out) return;
     const uint8_t *row[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
+    lab_rows<RPW>(p, o0, row);
     float c[RPW][4];
 #pragma unroll
     for (int r = 0; r < RPW; r++) c[r][0] = c[r][1] = c[r][2] = c[r][3] = 0.0f;

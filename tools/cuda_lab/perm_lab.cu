@@ -46,11 +46,8 @@ __global__ void __launch_bounds__(256) gemv_perm(const Args p) {
     const int o0 = (blockIdx.x * (8 / KS) + grp) * RPW;
     if (KS == 1 && o0 >= p.n_out) return;
     const uint8_t *row[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw + 16 * lane;
     float acc[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
+    lab_rows<RPW>(p, o0, row, acc, 16 * lane);
     tsr_pdl::enter();
     for (int s0 = seg * STEP * U; s0 < p.cols; s0 += STEP * U * KS) {
         uint4 w[U][RPW];

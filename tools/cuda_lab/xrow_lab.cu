@@ -35,11 +35,8 @@ template <int RPW, int U, int MODE> __global__ void __launch_bounds__(256, 1) xr
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int o0 = (blockIdx.x * 8 + warp) * RPW;
     const uint8_t *row[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) row[r] = p.w + (int64_t)min(o0 + r, p.n_out - 1) * p.ldw;
     float acc[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
+    lab_rows<RPW>(p, o0, row, acc);
     tsr_pdl::enter();
     uint4 w[U][RPW];
     int k0 = lane * K;
