@@ -13,6 +13,15 @@
  *             L2, none)
  *   kernel COLS  the production kernel (tsr_gemv_i8_rows_avx512_vnni, one
  *             input row) over the buffer as rows of COLS int8 columns
+ *   q8_0 COLS  the production Q8_0 x int16 kernel
+ *             (tsr_gemv_q8_0_i16_rows_avx512_vnni, one input row) over the
+ *             buffer as rows of COLS columns in 34-byte blocks
+ *   q8 stored / split COLS  one lab loop over the same bytes two ways: the
+ *             stored 34-byte blocks, or split (each row's codes in 64-byte
+ *             lines, the f16 scales of all rows after the codes); each row
+ *             summed across on its own, the same steps otherwise: is the
+ *             stored layout (half the 32-byte code loads across two lines,
+ *             two prefetches a 68-byte pair) what costs Q8_0 against int8?
  * Prints the median GB/s of REPEATS interleaved passes of each (min, max).
  *   gcc -O2 -mavx2 -mfma -I. -o /tmp/stream_lab tools/cpu_lab/stream_lab.c \
  *       build/kernels/libtsr_kernels.a build/core/util/libtsr_util.a -lpthread -lm
@@ -24,6 +33,7 @@
 #include "kernels/cpu/gemv_cpu.h"
 
 void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
+void tsr_gemv_q8_0_i16_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 
 #define SZ ((size_t)512 << 20)
 static uint8_t *buf;
@@ -34,7 +44,7 @@ static volatile float sink;
 enum { NONE, T0, T1 };
 typedef struct {
     const char *name;
-    int kind; /* 0 probe32, 1 probe64, 2 i8 loop, 3 kernel */
+    int kind; /* 0 probe32, 1 probe64, 2 i8 loop, 3 kernel, 4 Q8_0 kernel, 5 lab Q8_0 stored, 6 split */
     int hint;
     long dist; /* i8 loop: prefetch distance; kernel: columns */
 } variant;
@@ -42,6 +52,10 @@ static const variant vs[] = {
     {"probe32 (t0 3 KiB)", 0, T0, 3072}, {"probe64 (t0 3 KiB)", 1, T0, 3072}, {"i8 loop, no prefetch", 2, NONE, 0},
     {"i8 loop, t0 3 KiB", 2, T0, 3072},  {"i8 loop, t1 3 KiB", 2, T1, 3072},  {"i8 loop, t1 6 KiB", 2, T1, 6144},
     {"i8 loop, t1 8 KiB", 2, T1, 8192},  {"kernel, 896 cols", 3, 0, 896},     {"kernel, 4864 cols", 3, 0, 4864},
+    {"q8_0, 896 cols", 4, 0, 896},       {"q8_0, 4864 cols", 4, 0, 4864},
+    {"q8 stored, 896 cols", 5, 0, 896},  {"q8 split, 896 cols", 6, 0, 896},
+    {"q8 split, f32 d, 896", 7, 0, 896}, {"q8 lines, 896 cols", 8, 0, 896},
+    {"q8 stored, 1 pf/pair", 9, 0, 896},
 };
 enum { NV = sizeof vs / sizeof *vs };
 
@@ -71,6 +85,106 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) static float i8
     return (float)_mm512_reduce_add_epi32(_mm512_add_epi32(a0, a1));
 }
 
+#define Q8_STEP(codes, d, b, h)                                                                    \
+    do {                                                                                           \
+        const __m512i q_ = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(codes))); \
+        const __m512i t_ = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q_, _mm512_loadu_si512(xq + (b) * 32)); \
+        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(d)), _mm512_cvtepi32_ps(t_), acc[h]);     \
+    } while (0)
+
+static uint16_t rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* rows of nb stored blocks (d, 32 codes) from w (one: a prefetch a pair, not two) */
+__attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma"), noinline)) static void q8_stored(const uint8_t *w,
+                                                                                              int64_t nb, int64_t rows,
+                                                                                              float *y, int one) {
+    for (int64_t r = 0; r < rows; r++, w += nb * 34) {
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t b = 0; b + 2 <= nb; b += 2) {
+            const uint8_t *blk = w + b * 34;
+            _mm_prefetch((const char *)blk + 6144, _MM_HINT_T1);
+            if (!one) _mm_prefetch((const char *)blk + 6144 + 64, _MM_HINT_T1);
+            Q8_STEP(blk + 2, rd16(blk), b, 0);
+            Q8_STEP(blk + 36, rd16(blk + 34), b + 1, 1);
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+    }
+}
+
+/* split, each row's scales widened to f32 first (16 a conversion), then
+ * broadcast from there block by block */
+__attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma"), noinline)) static void q8_split32(const uint8_t *w,
+                                                                                               int64_t nb, int64_t rows,
+                                                                                               float *y) {
+    const uint8_t *sc = w + rows * nb * 32;
+    float d[64 + 16];
+    for (int64_t r = 0; r < rows; r++, w += nb * 32, sc += nb * 2) {
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        _mm_prefetch((const char *)sc + 384, _MM_HINT_T1);
+        for (int64_t b = 0; b < nb; b += 16)
+            _mm512_storeu_ps(d + b, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * b))));
+        for (int64_t b = 0; b + 2 <= nb; b += 2) {
+            _mm_prefetch((const char *)w + b * 32 + 6144, _MM_HINT_T1);
+            const __m512i q0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(w + b * 32)));
+            const __m512i q1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(w + b * 32 + 32)));
+            const __m512i t0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q0, _mm512_loadu_si512(xq + b * 32));
+            const __m512i t1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q1, _mm512_loadu_si512(xq + b * 32 + 32));
+            acc[0] = _mm512_fmadd_ps(_mm512_set1_ps(d[b]), _mm512_cvtepi32_ps(t0), acc[0]);
+            acc[1] = _mm512_fmadd_ps(_mm512_set1_ps(d[b + 1]), _mm512_cvtepi32_ps(t1), acc[1]);
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+    }
+}
+
+/* stored blocks, each pair's 64 codes taken from the two aligned lines that
+ * hold them (vpermi2b) instead of two 32-byte loads of which about half
+ * cross a line */
+__attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni,f16c,fma"), noinline)) static void
+q8_lines(const uint8_t *w, int64_t nb, int64_t rows, float *y) {
+    uint8_t ib[64];
+    for (int i = 0; i < 64; i++) ib[i] = (uint8_t)(i < 32 ? 2 + i : 4 + i);
+    const __m512i base = _mm512_loadu_si512(ib);
+    for (int64_t r = 0; r < rows; r++, w += nb * 34) {
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t b = 0; b + 2 <= nb; b += 2) {
+            const uint8_t *blk = w + b * 34;
+            _mm_prefetch((const char *)blk + 6144, _MM_HINT_T1);
+            _mm_prefetch((const char *)blk + 6144 + 64, _MM_HINT_T1);
+            const uint8_t *a = (const uint8_t *)((uintptr_t)blk & ~(uintptr_t)63);
+            const __m512i idx = _mm512_add_epi8(base, _mm512_set1_epi8((char)(blk - a)));
+            const __m512i c = _mm512_permutex2var_epi8(_mm512_load_si512(a), idx, _mm512_load_si512(a + 64));
+            const __m512i q0 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(c));
+            const __m512i q1 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(c, 1));
+            const __m512i t0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q0, _mm512_loadu_si512(xq + b * 32));
+            const __m512i t1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q1, _mm512_loadu_si512(xq + b * 32 + 32));
+            acc[0] = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(rd16(blk))), _mm512_cvtepi32_ps(t0), acc[0]);
+            acc[1] = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(rd16(blk + 34))), _mm512_cvtepi32_ps(t1), acc[1]);
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+    }
+}
+
+/* the same rows split: codes [rows, 32 nb], then the scales [rows, nb] */
+__attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma"), noinline)) static void q8_split(const uint8_t *w,
+                                                                                             int64_t nb, int64_t rows,
+                                                                                             float *y) {
+    const uint8_t *sc = w + rows * nb * 32;
+    for (int64_t r = 0; r < rows; r++, w += nb * 32, sc += nb * 2) {
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        _mm_prefetch((const char *)sc + 384, _MM_HINT_T1);
+        for (int64_t b = 0; b + 2 <= nb; b += 2) {
+            _mm_prefetch((const char *)w + b * 32 + 6144, _MM_HINT_T1);
+            Q8_STEP(w + b * 32, rd16(sc + 2 * b), b, 0);
+            Q8_STEP(w + b * 32 + 32, rd16(sc + 2 * b + 2), b + 1, 1);
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+    }
+}
+
 typedef struct {
     const variant *v;
     int t;
@@ -86,6 +200,25 @@ static void *run(void *p) {
     case 0: sink += readloop(w, (long)h); break;
     case 1: sink += probe64(w, (long)h); break;
     case 2: sink += i8loop(w, (long)h, j->v->hint, j->v->dist); break;
+    case 5:
+    case 6:
+    case 7:
+    case 8:
+    case 9: {
+        const int64_t nb = j->v->dist / 32, rows = (int64_t)h / (nb * 34);
+        float *y = yv + (size_t)j->t * (SZ / 896 / 2 + 16);
+        if (j->v->kind == 5 || j->v->kind == 9) q8_stored(w, nb, rows, y, j->v->kind == 9);
+        else if (j->v->kind == 6) q8_split(w, nb, rows, y);
+        else if (j->v->kind == 8) q8_lines(w, nb, rows, y);
+        else q8_split32(w, nb, rows, y);
+        break;
+    }
+    case 4: { /* Q8_0 rows: cols / 32 blocks of 34 bytes (d, then 32 codes) */
+        const int64_t cols = j->v->dist, rows = (int64_t)h / (cols / 32 * 34);
+        tsr_gemv_i8_args a = {(const int8_t *)w, ws, cols, xq, xs, 1, yv + (size_t)j->t * (SZ / 896 / 2 + 16), 0};
+        tsr_gemv_q8_0_i16_rows_avx512_vnni(&a, 0, rows);
+        break;
+    }
     default: {
         const int64_t cols = j->v->dist, rows = (int64_t)h / cols;
         tsr_gemv_i8_args a = {(const int8_t *)w, ws, cols, xq, xs, 1, yv + (size_t)j->t * (SZ / 896 / 2 + 16), 0};
@@ -107,6 +240,12 @@ int main(int argc, char **argv) {
     if (!buf || !yv) return 1;
     madvise(buf, SZ, MADV_HUGEPAGE);
     for (size_t i = 0; i < SZ; i++) buf[i] = (uint8_t)(i * 2654435761u >> 13);
+    for (size_t t = 0; t < 2; t++) /* Q8_0 blocks from each half's start: d = 1.0 (f16), not a NaN */
+        for (size_t o = t * (SZ / 2); o + 34 <= (t + 1) * (SZ / 2); o += 34) buf[o] = 0x00, buf[o + 1] = 0x3c;
+    for (size_t t = 0; t < 2; t++) { /* and the split rows' scales (896 columns) */
+        const size_t rows = SZ / 2 / (28 * 34), o0 = t * (SZ / 2) + rows * 28 * 32;
+        for (size_t o = o0; o < o0 + rows * 28 * 2; o += 2) buf[o] = 0x00, buf[o + 1] = 0x3c;
+    }
     for (int i = 0; i < 8192; i++) xq[i] = (int16_t)(i * 37 % 2001 - 1000);
     for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) ws[i] = 1.0f;
     xs[0] = 1.0f;
