@@ -22,6 +22,10 @@
  *             summed across on its own, the same steps otherwise: is the
  *             stored layout (half the 32-byte code loads across two lines,
  *             two prefetches a 68-byte pair) what costs Q8_0 against int8?
+ *             Also: split with each row's scales widened to f32 first;
+ *             stored with each pair's codes permuted out of their two
+ *             aligned lines, with one prefetch a pair, and with each row's
+ *             scales gathered and widened first.
  * Prints the median GB/s of REPEATS interleaved passes of each (min, max).
  *   gcc -O2 -mavx2 -mfma -I. -o /tmp/stream_lab tools/cpu_lab/stream_lab.c \
  *       build/kernels/libtsr_kernels.a build/core/util/libtsr_util.a -lpthread -lm
@@ -55,7 +59,7 @@ static const variant vs[] = {
     {"q8_0, 896 cols", 4, 0, 896},       {"q8_0, 4864 cols", 4, 0, 4864},
     {"q8 stored, 896 cols", 5, 0, 896},  {"q8 split, 896 cols", 6, 0, 896},
     {"q8 split, f32 d, 896", 7, 0, 896}, {"q8 lines, 896 cols", 8, 0, 896},
-    {"q8 stored, 1 pf/pair", 9, 0, 896},
+    {"q8 stored, 1 pf/pair", 9, 0, 896}, {"q8 stored, f32 d", 10, 0, 896},
 };
 enum { NV = sizeof vs / sizeof *vs };
 
@@ -140,6 +144,30 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma"), noinline)) static
     }
 }
 
+/* stored blocks, each row's scales first gathered and widened to f32 on
+ * the stack, then broadcast from there block by block */
+__attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma"), noinline)) static void q8_stored32(const uint8_t *w,
+                                                                                                int64_t nb,
+                                                                                                int64_t rows, float *y) {
+    float d[256];
+    for (int64_t r = 0; r < rows; r++, w += nb * 34) {
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t b = 0; b < nb; b++) d[b] = _cvtsh_ss(rd16(w + b * 34));
+        for (int64_t b = 0; b + 2 <= nb; b += 2) {
+            const uint8_t *blk = w + b * 34;
+            _mm_prefetch((const char *)blk + 6144, _MM_HINT_T1);
+            _mm_prefetch((const char *)blk + 6144 + 64, _MM_HINT_T1);
+            const __m512i q0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2)));
+            const __m512i q1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 36)));
+            const __m512i t0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q0, _mm512_loadu_si512(xq + b * 32));
+            const __m512i t1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q1, _mm512_loadu_si512(xq + b * 32 + 32));
+            acc[0] = _mm512_fmadd_ps(_mm512_set1_ps(d[b]), _mm512_cvtepi32_ps(t0), acc[0]);
+            acc[1] = _mm512_fmadd_ps(_mm512_set1_ps(d[b + 1]), _mm512_cvtepi32_ps(t1), acc[1]);
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+    }
+}
+
 /* stored blocks, each pair's 64 codes taken from the two aligned lines that
  * hold them (vpermi2b) instead of two 32-byte loads of which about half
  * cross a line */
@@ -204,12 +232,14 @@ static void *run(void *p) {
     case 6:
     case 7:
     case 8:
-    case 9: {
+    case 9:
+    case 10: {
         const int64_t nb = j->v->dist / 32, rows = (int64_t)h / (nb * 34);
         float *y = yv + (size_t)j->t * (SZ / 896 / 2 + 16);
         if (j->v->kind == 5 || j->v->kind == 9) q8_stored(w, nb, rows, y, j->v->kind == 9);
         else if (j->v->kind == 6) q8_split(w, nb, rows, y);
         else if (j->v->kind == 8) q8_lines(w, nb, rows, y);
+        else if (j->v->kind == 10) q8_stored32(w, nb, rows, y);
         else q8_split32(w, nb, rows, y);
         break;
     }
