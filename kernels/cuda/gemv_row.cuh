@@ -57,7 +57,7 @@
 // factor may lie outside f16's range.
 //
 // Staged activations (XS; E4M3 plain rows and gate/up pairs without block
-// ratios or experts, x of at most 12,288 columns: stages_x): after the wait
+// ratios or experts, x of at most 12,032 columns: stages_x): after the wait
 // each warp asks for its first steps' weights, then the block's threads
 // multiply x by 2^-4, round it to f16 and back once into shared memory (cols
 // floats, natural column order), and the loop reads each piece's
@@ -378,11 +378,11 @@ inline bool row_reads(int WK, const Args &p) {
 }
 
 // Whether gemv_row stages p's activations (XS, the header): E4M3 plain rows
-// or a gate/up pair, without block ratios or experts, x short enough for
-// the shared memory a block has without asking (48 KiB).
-inline bool stages_x(int WK, const Args &p) {
-    return WK == kFp8 && !p.cm && !p.sel && p.cols <= 12288;
-}
+// or a gate/up pair, without block ratios or experts, x short enough that it
+// and the kernel's other shared memory (under 1 KiB) fit the 48 KiB a block
+// has without asking: at most 47 KiB, 12,032 columns.
+constexpr int kStageMaxCols = 47 * 1024 / 4;
+inline bool stages_x(int WK, const Args &p) { return WK == kFp8 && !p.cm && !p.sel && p.cols <= kStageMaxCols; }
 
 // ny: grid rows (p.sel: one a chosen expert, the SEL kernel; else 1)
 template <int WK, int RPW, int U, int KS = 1, bool GLU = false>
