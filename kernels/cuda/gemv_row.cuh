@@ -35,11 +35,13 @@
 // the core's silu_mul_cat, bit for bit, with one launch and no [2f] vector
 // in between.
 //
-// Fused (Args.accum, Args.nw; tsr_gemv_i.run_fused, plain rows only): the
+// Fused (Args.accum, Args.nw; tsr_gemv_i.run_fused, plain rows, and gate/up
+// pairs with the norm where the activations are staged: XS below): the
 // outputs added into y (the residual add), and with NORM (E4M3 only:
 // fused_takes) the input's RMSNorm: each activation multiplied by its norm
-// weight as it is loaded, the squares of x summed on the way (each row
-// group's warps cover every column once: the same sum in every group), and
+// weight as it is loaded (staged: once a block, XS), the squares of x summed
+// on the way (each row group's warps cover every column once: the same sum
+// in every group), and
 // each output's sum multiplied by 1 / sqrt(mean + eps) before its scale, so
 // that the product no longer waits for a one-block norm kernel. The
 // activations then stay in f32 (not rounded to f16 after 2^-4: the stream
