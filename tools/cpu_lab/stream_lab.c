@@ -48,7 +48,7 @@ static volatile float sink;
 enum { NONE, T0, T1 };
 typedef struct {
     const char *name;
-    int kind; /* 0 probe32, 1 probe64, 2 i8 loop, 3 kernel, 4 Q8_0 kernel, 5 lab Q8_0 stored, 6 split */
+    int kind; /* 0 probe32, 1 probe64, 2 i8 loop, 3 kernel, 4 Q8_0 kernel, 5-10 lab Q8_0 loops, 11 u8 x s8 loop */
     int hint;
     long dist; /* i8 loop: prefetch distance; kernel: columns */
 } variant;
@@ -60,6 +60,7 @@ static const variant vs[] = {
     {"q8 stored, 896 cols", 5, 0, 896},  {"q8 split, 896 cols", 6, 0, 896},
     {"q8 split, f32 d, 896", 7, 0, 896}, {"q8 lines, 896 cols", 8, 0, 896},
     {"q8 stored, 1 pf/pair", 9, 0, 896}, {"q8 stored, f32 d", 10, 0, 896},
+    {"u8 x s8 loop, t1 6 KiB", 11, T1, 6144},
 };
 enum { NV = sizeof vs / sizeof *vs };
 
@@ -213,6 +214,21 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma"), noinline)) static
     }
 }
 
+/* the int8 weights against 8-bit activations: one vpdpbusd a 64-byte line
+ * (u8 activations times s8 weights, four products a lane), no widening */
+__attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) static float u8loop(const uint8_t *w, long n,
+                                                                                  long dist) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+    for (long i = 0; i < n; i += 128) {
+        _mm_prefetch((const char *)w + i + dist, _MM_HINT_T1);
+        _mm_prefetch((const char *)w + i + dist + 64, _MM_HINT_T1);
+        const long c = i & 4095; /* activations: 4 KiB, in L1 */
+        a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512((const uint8_t *)xq + c), _mm512_loadu_si512(w + i));
+        a1 = _mm512_dpbusd_epi32(a1, _mm512_loadu_si512((const uint8_t *)xq + c + 64), _mm512_loadu_si512(w + i + 64));
+    }
+    return (float)_mm512_reduce_add_epi32(_mm512_add_epi32(a0, a1));
+}
+
 typedef struct {
     const variant *v;
     int t;
@@ -228,6 +244,7 @@ static void *run(void *p) {
     case 0: sink += readloop(w, (long)h); break;
     case 1: sink += probe64(w, (long)h); break;
     case 2: sink += i8loop(w, (long)h, j->v->hint, j->v->dist); break;
+    case 11: sink += u8loop(w, (long)h, j->v->dist); break;
     case 5:
     case 6:
     case 7:
