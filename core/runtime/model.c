@@ -678,12 +678,15 @@ int tsr_model_load(const tsr_model_opts *o, tsr_model **out, tsr_error *err) {
         rc = tsr_error_set(err, TSR_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    int show = o->progress && tsr_model_file_bytes(m->file) > (64u << 20);
+    /* a counter rewritten in place on a terminal; one line when done elsewhere
+     * (a log or a pipe, where the rewrites would run together) */
+    const int show = o->progress && tsr_model_file_bytes(m->file) > (64u << 20), tty = show && isatty(STDERR_FILENO);
     for (int l = 0; l < c->n_layers; l++) {
         if ((rc = load_layer(m, l, err))) goto fail;
-        if (show) fprintf(stderr, "\rtessera: loading layer %d/%d", l + 1, c->n_layers);
+        if (tty) fprintf(stderr, "\rtessera: loading layer %d/%d", l + 1, c->n_layers);
     }
-    if (show) fprintf(stderr, "\n");
+    if (tty) fprintf(stderr, "\n");
+    else if (show) fprintf(stderr, "tessera: loaded %d layers\n", c->n_layers);
     if (c->n_experts > 0) {
         m->esrc = (tsr_expert_source){c->n_layers, c->n_experts, m, expert_load, expert_unload};
         rc = tsr_expert_attach(m->experts, &m->esrc);
