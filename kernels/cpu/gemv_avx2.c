@@ -1314,6 +1314,100 @@ AVX512VNNI static void i8_rows_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64
 #undef I8_RUN_VNNI
 void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { i8_rows_vnni(a, r0, r1); }
 
+/* --- int8 x u8 (gemv_cpu.h, tsr_gemv_u8_args) --------------------------------- */
+
+/* hsum16x16 in integers: lane k the sum of v[k]'s lanes (exact, so the
+ * pairing does not matter). */
+INL512 __m512i hsum16x16_epi32(const __m512i *v) {
+    __m512i a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_i32x4(v[i], v[i + 8], 0xee));
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(a[i], a[i + 4], 0x88), _mm512_shuffle_i32x4(a[i], a[i + 4], 0xdd));
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(b[i], b[i + 2]), _mm512_unpackhi_epi32(b[i], b[i + 2]));
+    const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi32(c[0], c[1]), _mm512_unpackhi_epi32(c[0], c[1]));
+    return _mm512_shuffle_i32x4(t, t, 0xd8);
+}
+
+/* The lanes of sum_c w[c] * xu[i, c] for nx input rows (ldx apart): one
+ * vpdpbusd a 64-byte line and input row, the last line masked (zero bytes
+ * add nothing); one input row in two chains (even and odd lines). */
+INLVNNI void i8u8_sums(const int8_t *w, const uint8_t *xu, int64_t ldx, int64_t n, int nx, __m512i *acc) {
+    for (int i = 0; i < nx; i++) acc[i] = _mm512_setzero_si512();
+    int64_t c = 0;
+    if (nx == 1) {
+        __m512i odd = _mm512_setzero_si512();
+        for (; c + 128 <= n; c += 128) {
+            _mm_prefetch((const char *)(w + c) + PF_FAR, _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + c) + PF_FAR + 64, _MM_HINT_T1);
+            acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_loadu_si512(xu + c), _mm512_loadu_si512(w + c));
+            odd = _mm512_dpbusd_epi32(odd, _mm512_loadu_si512(xu + c + 64), _mm512_loadu_si512(w + c + 64));
+        }
+        acc[0] = _mm512_add_epi32(acc[0], odd);
+    }
+    for (; c + 64 <= n; c += 64) {
+        if (nx == 1) _mm_prefetch((const char *)(w + c) + PF_FAR, _MM_HINT_T1);
+        else _mm_prefetch((const char *)(w + c) + PF_DIST, _MM_HINT_T0);
+        const __m512i wv = _mm512_loadu_si512(w + c);
+        for (int i = 0; i < nx; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_loadu_si512(xu + i * ldx + c), wv);
+    }
+    if (c < n) {
+        const __mmask64 m = ((__mmask64)1 << (n - c)) - 1; /* n - c < 64 */
+        const __m512i wv = _mm512_maskz_loadu_epi8(m, w + c);
+        for (int i = 0; i < nx; i++)
+            acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_maskz_loadu_epi8(m, xu + i * ldx + c), wv);
+    }
+}
+
+/* Rows [c0, c1): one input row in blocks of 16 weight rows (their lanes
+ * summed across by hsum16x16_epi32, the 16 outputs one vector), the rest a
+ * row at a time for up to 8 input rows a pass over it. */
+#define I8U8_RUN(c0, c1)                                                                       \
+    do {                                                                                       \
+        int64_t r = c0;                                                                        \
+        if (a->nx == 1)                                                                        \
+            for (; r + 16 <= (c1); r += 16) {                                                  \
+                __m512i v[16];                                                                 \
+                for (int k = 0; k < 16; k++)                                                   \
+                    i8u8_sums(a->w + (uint64_t)(r + k) * (uint64_t)a->cols, a->xu, a->cols, a->cols, 1, &v[k]); \
+                const __m512i s_ = _mm512_sub_epi32(hsum16x16_epi32(v), _mm512_slli_epi32(_mm512_loadu_si512(a->wsum + r), 7)); \
+                const __m512 f_ = _mm512_mul_ps(_mm512_cvtepi32_ps(s_), _mm512_loadu_ps(a->wscale + r)); \
+                _mm512_storeu_ps(a->y + r, _mm512_mul_ps(f_, _mm512_set1_ps(a->xscale[0])));   \
+            }                                                                                  \
+        for (; r < (c1); r++) {                                                                \
+            const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;                          \
+            for (int i0 = 0; i0 < a->nx; i0 += 8) {                                            \
+                const int g = a->nx - i0 < 8 ? a->nx - i0 : 8;                                 \
+                __m512i acc[8];                                                                \
+                i8u8_sums(w, a->xu + (int64_t)i0 * a->cols, a->cols, a->cols, g, acc);         \
+                for (int i = 0; i < g; i++) {                                                  \
+                    const int32_t s = _mm512_reduce_add_epi32(acc[i]) - 128 * a->wsum[r];      \
+                    a->y[(int64_t)(i0 + i) * a->ldy + r] = (float)s * a->wscale[r] * a->xscale[i0 + i]; \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+AVX512VNNI void tsr_gemv_i8u8_rows_avx512_vnni(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1) {
+    if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols, (uint64_t)(r1 - r0) * (uint64_t)a->cols);
+    EACH_Y_RUN(a, r0, r1, I8U8_RUN)
+}
+#undef I8U8_RUN
+
+/* tsr_gemv_quant_x_u8's values, 16 a step: nearbyint(x * inv) + 128 (the
+ * conversion rounds to nearest even, as nearbyintf does; |x * inv| <= 127
+ * needs no clamp). Returns how many it did (a multiple of 16). */
+AVX512BW int64_t tsr_gemv_quant_u8_avx512(const float *src, int64_t n, float inv, uint8_t *q) {
+    const __m512 vi = _mm512_set1_ps(inv);
+    const __m512i off = _mm512_set1_epi32(128);
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) {
+        const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + c), vi)), off);
+        _mm_storeu_si128((__m128i *)(void *)(q + c), _mm512_cvtepi32_epi8(v));
+    }
+    return c;
+}
+
 /* Q8_0 as stored x int16 with AVX512-VNNI, one input row (decode): a block's
  * 32 codes widened to int16 in one vector, one vpdpwssd against its 32
  * activations (16 int32 lanes of two products each: exact in f32), times
@@ -1520,6 +1614,13 @@ void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t
 }
 void tsr_gemv_q8_0_i16_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_q8_0_i16_rows_portable(a, r0, r1);
+}
+void tsr_gemv_i8u8_rows_avx512_vnni(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1) {
+    tsr_gemv_i8u8_rows_portable(a, r0, r1);
+}
+int64_t tsr_gemv_quant_u8_avx512(const float *src, int64_t n, float inv, uint8_t *q) {
+    (void)src, (void)n, (void)inv, (void)q;
+    return 0;
 }
 int tsr_gemv_bf16_512_rows(const tsr_gemv_args *a) {
     (void)a;

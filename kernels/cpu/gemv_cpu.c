@@ -224,6 +224,49 @@ void tsr_gemv_i8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1
     }
 }
 
+/* --- int8 x u8 ------------------------------------------------------------------ */
+
+tsr_gemv_u8_kernel_fn tsr_gemv_u8_kernel(tsr_gemv_isa isa) {
+#if defined(__x86_64__)
+    if (avx512_kernels(isa) && tsr_cpu_has_avx512vnni()) return tsr_gemv_i8u8_rows_avx512_vnni;
+#endif
+    (void)isa;
+    return NULL;
+}
+
+float tsr_gemv_quant_x_u8(const float *x, int64_t n, uint8_t *q) {
+    int nan;
+    float amax = tsr_absmax(x, n, &nan);
+    if (nan) return NAN;
+    if (amax == 0.0f || !isfinite(amax)) {
+        if (n > 0) memset(q, 128, (size_t)n);
+        return amax;
+    }
+    float inv = 127.0f / amax;
+    int64_t c = 0;
+#if defined(__x86_64__)
+    if (tsr_cpu_has_avx512bw()) c = tsr_gemv_quant_u8_avx512(x, n, inv, q); /* the rest below */
+#endif
+    for (; c < n; c++) {
+        float v = nearbyintf(x[c] * inv);
+        q[c] = (uint8_t)(int)((v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v) + 128.0f);
+    }
+    return amax / 127.0f;
+}
+
+void tsr_gemv_i8u8_rows_portable(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+        const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;
+        for (int i = 0; i < a->nx; i++) {
+            const uint8_t *x = a->xu + (int64_t)i * a->cols;
+            int64_t s = 0;
+            for (int64_t c = 0; c < a->cols; c++) s += (int32_t)w[c] * (int32_t)x[c];
+            s -= 128 * (int64_t)a->wsum[r];
+            a->y[(int64_t)i * a->ldy + r] = (float)s * a->wscale[r] * a->xscale[i];
+        }
+    }
+}
+
 /* --- Q8_0 (as stored) x int16 ------------------------------------------------- */
 
 tsr_gemv_i8_kernel_fn tsr_gemv_q8_0_i16_kernel(tsr_gemv_isa isa) {

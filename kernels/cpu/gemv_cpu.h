@@ -159,6 +159,46 @@ tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa);
  * each block's sum exact in integers, the rest accumulated in f32. */
 tsr_gemv_i8_kernel_fn tsr_gemv_q8_0_i16_kernel(tsr_gemv_isa isa);
 
+/* --- int8 weights x 8-bit activations (lossy, opt-in: cpu_gemv_int8's x_int8) ---
+ *
+ * Activations are quantised per input row to u8 = nearbyintf(x * (127 /
+ * max|x|)) + 128 (scale max|x| / 127) and multiplied with the int8 rows by
+ * AVX512-VNNI's vpdpbusd (four u8 x s8 products a lane: 64 weights an
+ * instruction, none widened); 128 times each row's sum of codes (wsum,
+ * computed once at load) is taken off in integers, so that
+ *
+ *     y[i * ldy + r] = (float)(sum_c w[r, c] * (xu[i, c] - 128)) * wscale[r] * xscale[i]
+ *
+ * with the sum exact (cols at most TSR_GEMV_U8_MAX_COLS keeps it in int32):
+ * the same for every input row count, ISA and row blocking. Coarser than
+ * int16 activations (1/254 of max|x| a step instead of 1/65534). */
+#define TSR_GEMV_U8_MAX_COLS 65536
+typedef struct tsr_gemv_u8_args {
+    const int8_t *w;      /* [rows, cols] */
+    const float *wscale;  /* [rows] */
+    const int32_t *wsum;  /* [rows]: sum_c w[r, c] */
+    int64_t cols;         /* <= TSR_GEMV_U8_MAX_COLS */
+    const uint8_t *xu;    /* [nx, cols] */
+    const float *xscale;  /* [nx] */
+    int nx;
+    float *y;             /* [nx, ldy] */
+    int64_t ldy;
+} tsr_gemv_u8_args;
+
+typedef void (*tsr_gemv_u8_kernel_fn)(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1);
+
+/* Quantise n activations to u8 as above; returns the scale (0 for an
+ * all-zero row, every code 128; NaN or Inf when x holds one). */
+float tsr_gemv_quant_x_u8(const float *x, int64_t n, uint8_t *q);
+
+/* The int8 x u8 kernel of isa: AVX512-VNNI's where isa allows AVX-512 and
+ * the CPU has it, else NULL (the portable one is the tests' second
+ * implementation, not a fallback: too slow to be worth the lost precision). */
+tsr_gemv_u8_kernel_fn tsr_gemv_u8_kernel(tsr_gemv_isa isa);
+void tsr_gemv_i8u8_rows_portable(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1);
+void tsr_gemv_i8u8_rows_avx512_vnni(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1);
+int64_t tsr_gemv_quant_u8_avx512(const float *src, int64_t n, float inv, uint8_t *q); /* values done */
+
 /* Internal: per-ISA entry points (one file each). */
 void tsr_gemv_i8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 void tsr_gemv_i8_rows_avx2(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);

@@ -53,6 +53,7 @@ int gemv_engine_init(gemv_engine_cfg *cfg, const tsr_plugin_ctx *ctx) {
     cfg->kernel = tsr_gemv_kernel(want);
     cfg->i8_kernel = tsr_gemv_i8_kernel(want);
     cfg->q8_0_i16_kernel = tsr_gemv_q8_0_i16_kernel(want);
+    cfg->u8_kernel = tsr_gemv_u8_kernel(want);
     cfg->isa = want;
     if (either(ctx, "prefill", "gemm", "gemm", "blas", &cfg->use_blas) != TSR_OK) return TSR_ERR_INVALID;
     p = ctx->host->param(ctx, "glu");
@@ -281,6 +282,8 @@ typedef struct run_job {
     float *xs;                /* the GEMM's packed activations (tsr_gemm_pack_x) */
     tsr_gemv_i8_kernel_fn i8; /* int16 activations: their kernel and arguments (else cfg->kernel, args) */
     tsr_gemv_i8_args i8args;
+    tsr_gemv_u8_kernel_fn u8; /* u8 activations (m->wsum): their kernel and arguments, before i8 */
+    tsr_gemv_u8_args u8args;
     int64_t glu;              /* run_glu: the gate rows f (then f up rows); 0: run */
     int shares;               /* decode rows: a share per worker (rows_in_shares); 0: take_items */
     _Atomic uint64_t share[MAX_SHARES]; /* share t's rows not yet taken: [low 32 bits, high 32 bits) */
@@ -394,7 +397,13 @@ static int take_share(run_job *j, int tid, int64_t items, int64_t *p0, int64_t *
  * [0, b - a). */
 static void rows_into(const run_job *j, int64_t a, int64_t b, float *y, int64_t ldy) {
     const uint64_t off = (uint64_t)a * j->m->row_bytes;
-    if (j->i8) {
+    if (j->u8) {
+        tsr_gemv_u8_args ua = j->u8args;
+        ua.w = (const int8_t *)((const uint8_t *)ua.w + off);
+        ua.wscale += a, ua.wsum += a;
+        ua.y = y, ua.ldy = ldy;
+        j->u8(&ua, 0, b - a);
+    } else if (j->i8) {
         tsr_gemv_i8_args ia = j->i8args;
         ia.w = (const int8_t *)((const uint8_t *)ia.w + off);
         ia.wscale = ia.wscale ? ia.wscale + a : NULL;
@@ -441,7 +450,8 @@ static void run_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     }
     int64_t a, b;
     while (take_share(j, tid, j->m->rows, &a, &b))
-        if (j->i8) j->i8(&j->i8args, a, b);
+        if (j->u8) j->u8(&j->u8args, a, b);
+        else if (j->i8) j->i8(&j->i8args, a, b);
         else j->cfg->kernel(j->m->dtype, &j->args, a, b);
 }
 
@@ -454,10 +464,38 @@ static int run_takes(run_job *j) {
     return TSR_ERR_NOMEM;
 }
 
+/* With u8 activations (m->wsum): as run_x_i16. */
+static int run_x_u8(run_job *rj, int rows, const float *x, float *y, int *rc) {
+    const tsr_plugin_ctx *ctx = rj->ctx;
+    const gemv_matrix *m = rj->m;
+    size_t n = (size_t)rows * (size_t)m->cols;
+    uint8_t *xu = ctx->host->alloc(ctx, (n + 63) / 64 * 64 + (size_t)rows * sizeof(float), 64);
+    if (!xu) {
+        ctx->host->set_error(ctx, "out of memory for %d x %lld u8 activations", rows, (long long)m->cols);
+        *rc = TSR_ERR_NOMEM;
+        return 1;
+    }
+    float *xs = (float *)(void *)(xu + (n + 63) / 64 * 64);
+    for (int i = 0; i < rows; i++) {
+        xs[i] = tsr_gemv_quant_x_u8(x + (size_t)i * (size_t)m->cols, m->cols, xu + (size_t)i * (size_t)m->cols);
+        if (!isfinite(xs[i])) {
+            ctx->host->free(ctx, xu);
+            return 0;
+        }
+    }
+    rj->u8 = rj->cfg->u8_kernel;
+    rj->u8args = (tsr_gemv_u8_args){(const int8_t *)m->data, m->scale, m->wsum, m->cols, xu, xs, rows, y, rj->args.ldy};
+    *rc = run_takes(rj);
+    ctx->host->free(ctx, xu);
+    return 1;
+}
+
 /* 1: done (or failed: *rc set); 0: x holds NaN/Inf, take the f32 path. */
 static int run_x_i16(run_job *rj, int rows, const float *x, float *y, int *rc) {
     const tsr_plugin_ctx *ctx = rj->ctx;
     const gemv_matrix *m = rj->m;
+    if (m->wsum && m->dtype == TSR_DTYPE_I8 && rj->cfg->u8_kernel && m->cols <= TSR_GEMV_U8_MAX_COLS)
+        return run_x_u8(rj, rows, x, y, rc);
     size_t n = (size_t)rows * (size_t)m->cols;
     int16_t *xq = ctx->host->alloc(ctx, n * sizeof *xq + (size_t)rows * sizeof(float) + 64, 64);
     if (!xq) {

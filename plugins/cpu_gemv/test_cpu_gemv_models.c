@@ -10,7 +10,9 @@
  *    held-out prompts, stories260K's cases), within the bounds its manifest
  *    declares;
  *    and on pystd's target written as a Q8_0 GGUF (tools/mk_gguf; Q8_0 is
- *    kept as stored, so there only the int16 activations differ);
+ *    kept as stored, so there only the int16 activations differ); the same
+ *    with its 8-bit activations (param x_int8, tests/data/assemblies/
+ *    cpu-fast-gemv-int8-x8.yaml; skipped without AVX512-VNNI);
  *  - cpu-fast-gemv-int8 gives the model file's pages back once quantised:
  *    after load, little of the file's mapping is resident.
  */
@@ -30,6 +32,7 @@
 
 #include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops.h"
 #include "tests/runtime/seq_logits.h"
 
@@ -38,9 +41,10 @@ static const char *src_dir(void) {
     return s ? s : ".";
 }
 
+/* assembly: a name in assemblies/, or a path below the source tree */
 static tsr_model *load(const char *model, const char *assembly, const char *tokenizer, int no_tok) {
     char asm_path[4096];
-    snprintf(asm_path, sizeof asm_path, "%s/assemblies/%s.yaml", src_dir(), assembly);
+    snprintf(asm_path, sizeof asm_path, strchr(assembly, '/') ? "%s/%s" : "%s/assemblies/%s.yaml", src_dir(), assembly);
     tsr_model_opts o = {.model_path = model, .assembly_path = asm_path, .tokenizer_path = tokenizer,
                         .catalog_dir = getenv("TESSERA_CATALOG"), .n_threads = 2, .no_tokenizer = no_tok};
     tsr_error err;
@@ -246,7 +250,18 @@ static void report(const char *what, const kl_acc *a, double max_kl, double max_
 /* The fixed text: pystd's 16 held-out prompts of 64 tokens, through the
  * trained target model (real weight distributions) at model (the target's
  * folder, or a conversion of it). */
-static void quality_pystd(const char *model, const char *what) {
+/* The int8 assemblies measured: int16 activations, and 8-bit ones (x_int8). */
+static const char *const kInt8Asm[2] = {"cpu-fast-gemv-int8", "tests/data/assemblies/cpu-fast-gemv-int8-x8.yaml"};
+static const char *const kInt8Acts[2] = {"int16 activations", "u8 activations, x_int8"};
+
+static void require_x8(int x8) {
+    if (x8 && !tsr_cpu_has_avx512vnni()) {
+        printf("# no AVX512-VNNI here: cpu_gemv_int8 refuses x_int8, skipped\n");
+        skip();
+    }
+}
+
+static void quality_pystd(const char *model, const char *what, int x8) {
     double max_kl, max_ppl;
     declared_quality(&max_kl, &max_ppl);
     char dir[4096], eval[4200], label[512];
@@ -257,7 +272,7 @@ static void quality_pystd(const char *model, const char *what) {
     if (!root) fail_msg("%s: %s", eval, jerr.text);
     json_t *prompts = json_object_get(root, "prompts");
     assert_true(json_is_array(prompts) && json_array_size(prompts) > 0);
-    tsr_model *ref = load(model, "cpu-reference", NULL, 1), *q = load(model, "cpu-fast-gemv-int8", NULL, 1);
+    tsr_model *ref = load(model, "cpu-reference", NULL, 1), *q = load(model, kInt8Asm[x8], NULL, 1);
     kl_acc a = {0}, as = {0};
     for (size_t p = 0; p < json_array_size(prompts); p++) {
         json_t *arr = json_array_get(prompts, p);
@@ -269,7 +284,7 @@ static void quality_pystd(const char *model, const char *what) {
     }
     snprintf(label, sizeof label, "%s, 16 held-out prompts, prefill (sgemm)", what);
     report(label, &a, max_kl, max_ppl);
-    snprintf(label, sizeof label, "%s, 16 held-out prompts, decode rows (int16 activations)", what);
+    snprintf(label, sizeof label, "%s, 16 held-out prompts, decode rows (%s)", what, kInt8Acts[x8]);
     report(label, &as, max_kl, max_ppl);
     tsr_model_free(ref);
     tsr_model_free(q);
@@ -280,7 +295,15 @@ static void test_int8_quality_pystd(void **state) {
     (void)state;
     char dir[4096];
     if (!pystd_dir("target", dir, sizeof dir)) skip();
-    quality_pystd(dir, "pystd target");
+    quality_pystd(dir, "pystd target", 0);
+}
+
+static void test_int8_x8_quality_pystd(void **state) {
+    (void)state;
+    require_x8(1);
+    char dir[4096];
+    if (!pystd_dir("target", dir, sizeof dir)) skip();
+    quality_pystd(dir, "pystd target", 1);
 }
 
 /* The same target written as a Q8_0 GGUF (tools/mk_gguf): cpu_gemv_int8
@@ -293,13 +316,13 @@ static void test_int8_quality_pystd_q8_0(void **state) {
     snprintf(gguf, sizeof gguf, "/tmp/tsr_pystd_q8_%d.gguf", (int)getpid());
     snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' --type q8_0", MK_GGUF, dir, gguf);
     if (system(cmd) != 0) fail_msg("%s failed", cmd);
-    quality_pystd(gguf, "pystd target as a Q8_0 GGUF");
+    quality_pystd(gguf, "pystd target as a Q8_0 GGUF", 0);
     unlink(gguf);
 }
 
 /* Always available: stories260K's reference cases (prompt + greedy text). */
-static void test_int8_quality_stories(void **state) {
-    (void)state;
+static void quality_stories(int x8) {
+    require_x8(x8);
     double max_kl, max_ppl;
     declared_quality(&max_kl, &max_ppl);
     char model[4096], tok[4096], ref_path[4096], name[64];
@@ -310,7 +333,7 @@ static void test_int8_quality_stories(void **state) {
     tsr_error err;
     tsr_error_clear(&err);
     assert_int_equal(tsr_safetensors_open(ref_path, &st, &err), TSR_OK);
-    tsr_model *ref = load(model, "cpu-reference", tok, 0), *q = load(model, "cpu-fast-gemv-int8", tok, 0);
+    tsr_model *ref = load(model, "cpu-reference", tok, 0), *q = load(model, kInt8Asm[x8], tok, 0);
     kl_acc a = {0}, as = {0};
     for (int c = 0;; c++) {
         snprintf(name, sizeof name, "input_ids_%d", c);
@@ -325,11 +348,21 @@ static void test_int8_quality_stories(void **state) {
         accumulate(ref, q, text, n + n_out, &a, &as);
         free(ids), free(g), free(text);
     }
+    char label[256];
     report("stories260K, reference cases, prefill", &a, max_kl, max_ppl);
-    report("stories260K, reference cases, decode rows", &as, max_kl, max_ppl);
+    snprintf(label, sizeof label, "stories260K, reference cases, decode rows (%s)", kInt8Acts[x8]);
+    report(label, &as, max_kl, max_ppl);
     tsr_model_free(ref);
     tsr_model_free(q);
     tsr_safetensors_free(st);
+}
+static void test_int8_quality_stories(void **state) {
+    (void)state;
+    quality_stories(0);
+}
+static void test_int8_x8_quality_stories(void **state) {
+    (void)state;
+    quality_stories(1);
 }
 
 /* Resident kB over every mapping of the file at path (/proc/self/smaps). */
@@ -380,6 +413,8 @@ int main(void) {
         cmocka_unit_test(test_int8_quality_pystd),
         cmocka_unit_test(test_int8_quality_pystd_q8_0),
         cmocka_unit_test(test_int8_quality_stories),
+        cmocka_unit_test(test_int8_x8_quality_pystd),
+        cmocka_unit_test(test_int8_x8_quality_stories),
         cmocka_unit_test(test_int8_gives_back_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -33,6 +33,7 @@ typedef struct cpu_gemv_int8 {
     gemv_engine_cfg cfg;
     gemv_arena arena; /* weights kept for the model's life (prepare_group) */
     int x_i16;        /* param x_int16 */
+    int x_i8;         /* param x_int8: int8 matrices keep their rows' sums of codes for u8 activations */
 } cpu_gemv_int8;
 
 static int gi_init(void *inst, const tsr_plugin_ctx *ctx) {
@@ -40,7 +41,19 @@ static int gi_init(void *inst, const tsr_plugin_ctx *ctx) {
     g->ctx = ctx;
     const tsr_param *p = ctx->host->param(ctx, "x_int16");
     g->x_i16 = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
-    return gemv_engine_init(&g->cfg, ctx);
+    p = ctx->host->param(ctx, "x_int8");
+    g->x_i8 = p && p->type == TSR_PARAM_BOOL ? p->v.b : 0;
+    const int rc = gemv_engine_init(&g->cfg, ctx);
+    if (rc != TSR_OK || !g->x_i8) return rc;
+    if (!g->x_i16) {
+        ctx->host->set_error(ctx, "param x_int8 needs x_int16: true (the 8-bit activations replace the int16 ones)");
+        return TSR_ERR_INVALID;
+    }
+    if (!g->cfg.u8_kernel) {
+        ctx->host->set_error(ctx, "param x_int8 needs AVX512-VNNI, which this CPU lacks or param isa leaves out");
+        return TSR_ERR_UNSUPPORTED;
+    }
+    return TSR_OK;
 }
 
 static void gi_fini(void *inst) {
@@ -59,6 +72,7 @@ typedef struct quant_job {
     int give_back;            /* the host has weight_done */
     int8_t *q;
     float *scale;
+    int32_t *wsum;            /* x_int8: each row's sum of codes, else NULL */
     volatile int nomem;
     volatile int64_t bad_row; /* first row with NaN/Inf seen, or -1 */
     const tsr_weight_scale *wscale; /* the stored weight's scales (FP8 checkpoints), or NULL */
@@ -88,6 +102,12 @@ static void quant_rows(void *arg, int64_t b0, int64_t b1, int tid) {
                 break;
             }
             j->scale[r] = s;
+            if (j->wsum) {
+                const int8_t *qr = j->q + (uint64_t)r * (uint64_t)cols;
+                int32_t t = 0;
+                for (int64_t c = 0; c < cols; c++) t += qr[c];
+                j->wsum[r] = t;
+            }
         }
         if (j->give_back && j->bad_row < 0)
             j->ctx->host->weight_done(j->ctx, src + (uint64_t)r0 * j->src_row_bytes,
@@ -126,9 +146,10 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
         *out = m;
         return TSR_OK;
     }
-    /* int8 matrix, then the scales at a 64-byte boundary */
+    /* int8 matrix, then the scales at a 64-byte boundary (x_int8: then the rows' sums of codes) */
+    const int with_sums = g->x_i8 && cols <= TSR_GEMV_U8_MAX_COLS;
     if (tsr_mul_u64((uint64_t)rows, (uint64_t)cols, &qbytes) || tsr_add_u64(qbytes, 63, &qbytes) ||
-        tsr_mul_u64((uint64_t)rows, sizeof(float), &sbytes) ||
+        tsr_mul_u64((uint64_t)rows, with_sums ? sizeof(float) + sizeof(int32_t) : sizeof(float), &sbytes) ||
         tsr_add_u64(qbytes & ~(uint64_t)63, sbytes, &total) || total > SIZE_MAX / 2) {
         ctx->host->free(ctx, m);
         ctx->host->set_error(ctx, "%s: %lld x %lld int8 copy does not fit in memory", name, (long long)rows,
@@ -146,13 +167,14 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
         return TSR_ERR_NOMEM;
     }
     float *scale = (float *)(void *)(buf + qbytes);
+    int32_t *wsum = with_sums ? (int32_t *)(void *)(scale + rows) : NULL;
     const int64_t block_rows = QUANT_BLOCK_BYTES / src_rb > 0 ? (int64_t)(QUANT_BLOCK_BYTES / src_rb) : 1;
     const int give_back = gemv_engine_can_give_back(ctx->host);
     int64_t r0 = 0;
     for (int i = 0; i < n; i++) {
         const tsr_weight *w = &ws[i];
         quant_job j = {ctx, w, src_rb, block_rows, give_back, (int8_t *)buf + (uint64_t)r0 * (uint64_t)cols,
-                       scale + r0, 0, -1, tsr_weight_scale_of(ctx, w)};
+                       scale + r0, wsum ? wsum + r0 : NULL, 0, -1, tsr_weight_scale_of(ctx, w)};
         ctx->host->parallel_for(ctx, (w->rows + block_rows - 1) / block_rows, quant_rows, &j);
         if (j.nomem || j.bad_row >= 0) {
             if (j.nomem)
@@ -173,7 +195,7 @@ static int prepare_n(void *inst, const tsr_weight *ws, int n, int resident, void
     *m = (gemv_matrix){.dtype = TSR_DTYPE_I8, .rows = rows, .cols = cols, .row_bytes = (uint64_t)cols,
                        .data = buf, .scale = scale, .bytes = (uint64_t)rows * (uint64_t)cols + sbytes,
                        .owned = block ? NULL : buf, .block = block, .x_i16 = g->x_i16,
-                       .glu_rows = gemv_engine_glu_rows(ws, n)};
+                       .glu_rows = gemv_engine_glu_rows(ws, n), .wsum = wsum};
     *out = m;
     return TSR_OK;
 }

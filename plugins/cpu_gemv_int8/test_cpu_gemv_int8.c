@@ -72,9 +72,14 @@ static uint8_t *make(uint32_t dtype, int64_t rows, int64_t cols, float *widened)
     return w;
 }
 
+/* Input rows from which check's plugin takes the prefill path (f32 activations). */
+static int blas_or_max(int blas) { return blas > 0 ? blas : INT32_MAX; }
+
+/* x16 1: int16 activations; 2: u8 (param x_int8) */
 static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char *isa, int blas, int x16) {
     th_n_params = 0;
-    th_params[th_n_params++] = (tsr_param){.name = "x_int16", .type = TSR_PARAM_BOOL, .v.b = x16};
+    th_params[th_n_params++] = (tsr_param){.name = "x_int16", .type = TSR_PARAM_BOOL, .v.b = x16 != 0};
+    th_params[th_n_params++] = (tsr_param){.name = "x_int8", .type = TSR_PARAM_BOOL, .v.b = x16 == 2};
     th_set_str("isa", isa);
     th_set_int("blas_min_rows", blas);
     th_set_int("blas_tile_rows", 8);
@@ -91,7 +96,7 @@ static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char
     tsr_weight tw = {"int8.weight", dtype, rows, cols, w, (uint64_t)(rows * cols) * esz, NULL, TSR_WEIGHT_DENSE};
     void *prep;
     assert_int_equal(g->prepare(inst, &tw, &prep), TSR_OK);
-    assert_int_equal(g->bytes(inst, prep), (uint64_t)(rows * cols) + 4 * (uint64_t)rows);
+    assert_int_equal(g->bytes(inst, prep), (uint64_t)(rows * cols) + (x16 == 2 ? 8 : 4) * (uint64_t)rows);
     assert_int_equal(g->run(inst, prep, nx, x, y, NULL), TSR_OK);
     for (int64_t r = 0; r < rows; r++) {
         /* independent quantisation of the row, as gemv_cpu.h documents it */
@@ -112,8 +117,9 @@ static void check(uint32_t dtype, int64_t rows, int64_t cols, int nx, const char
                 xmax = fmax(xmax, fabs(xv));
             }
             double got = y[i * rows + r];
-            /* rounding, plus int16 activations: each within half a step of max|x| / 32767 */
-            double tol = 4 * sqrt((double)cols) * FLT_EPSILON * a + 1e-6 * s * ax + (x16 ? aw * xmax / 32767 * 0.5 : 0);
+            /* rounding, plus int16 (u8) activations: each within half a step of max|x| / 32767 (127) */
+            double tol = 4 * sqrt((double)cols) * FLT_EPSILON * a + 1e-6 * s * ax +
+                         (x16 ? aw * xmax / (x16 == 2 && nx < blas_or_max(blas) ? 127 : 32767) * 0.5 : 0);
             if (!(fabs(got - yq) <= tol))
                 fail_msg("%s %s nx=%d blas=%d x_int16=%d row %lld: %.9g, int8 reference %.9g (tol %.3g)",
                          tsr_dtype_name(dtype), isa, nx, blas, x16, (long long)r, got, yq, tol);
@@ -226,6 +232,103 @@ static void test_q8_0_vnni_blocks(void **state) {
 #endif
 }
 
+/* int8 x u8 (gemv_cpu.h, tsr_gemv_u8_args): the AVX512-VNNI kernel against
+ * the portable one, which sums in int64, and against y computed here from
+ * the formula, bit for bit, at 1..11 input rows (groups of 8 and a rest),
+ * columns with a masked last line, 37 weight rows (blocks of 16 and a
+ * rest), codes at +-127 and activations at 1 and 255; and a row at a time
+ * against whole ranges. tsr_gemv_quant_x_u8 against nearbyintf here. */
+static void test_u8_kernel(void **state) {
+    (void)state;
+    rng = SEED + 55;
+    const int64_t rows = 37, shapes[] = {64, 100, 1088, 2100, 4864 + 33};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int64_t cols = shapes[si];
+        int8_t *w = malloc((size_t)(rows * cols));
+        uint8_t *xu = malloc((size_t)(11 * cols));
+        int32_t *wsum = malloc((size_t)rows * sizeof *wsum);
+        float *ws = malloc((size_t)rows * sizeof *ws), xs[11], *y0 = malloc((size_t)(11 * rows) * sizeof *y0),
+              *y1 = malloc((size_t)(11 * rows) * sizeof *y1), *yr = malloc((size_t)(11 * rows) * sizeof *yr);
+        assert_true(w && xu && wsum && ws && y0 && y1 && yr);
+        for (int64_t i = 0; i < rows * cols; i++) w[i] = (int8_t)(i % 97 == 0 ? -127 : i % 89 == 0 ? 127 : lrintf(rndf(-127, 127)));
+        for (int64_t i = 0; i < 11 * cols; i++) xu[i] = (uint8_t)(i % 83 == 0 ? 1 : i % 79 == 0 ? 255 : lrintf(rndf(1, 255)));
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t t = 0;
+            for (int64_t c = 0; c < cols; c++) t += w[r * cols + c];
+            wsum[r] = (int32_t)t, ws[r] = rndf(1e-4f, 1e-2f);
+        }
+        for (int i = 0; i < 11; i++) xs[i] = rndf(1e-5f, 1e-3f);
+        for (int nx = 1; nx <= 11; nx++) {
+            for (int i = 0; i < nx; i++)
+                for (int64_t r = 0; r < rows; r++) {
+                    int64_t t = 0;
+                    for (int64_t c = 0; c < cols; c++) t += (int64_t)w[r * cols + c] * ((int64_t)xu[i * cols + c] - 128);
+                    yr[i * rows + r] = (float)t * ws[r] * xs[i];
+                }
+            tsr_gemv_u8_args a = {w, ws, wsum, cols, xu, xs, nx, y0, rows};
+            tsr_gemv_i8u8_rows_portable(&a, 0, rows);
+            if (memcmp(y0, yr, (size_t)(nx * rows) * sizeof *y0) != 0)
+                fail_msg("%lld columns, %d rows: the portable int8 x u8 kernel differs from the formula", (long long)cols, nx);
+#if defined(__x86_64__)
+            if (!tsr_cpu_has_avx512vnni()) continue;
+            a.y = y1;
+            tsr_gemv_i8u8_rows_avx512_vnni(&a, 0, rows);
+            if (memcmp(y1, yr, (size_t)(nx * rows) * sizeof *y1) != 0)
+                fail_msg("%lld columns, %d rows: the VNNI int8 x u8 kernel differs from the formula", (long long)cols, nx);
+            if (nx == 1) { /* a row at a time (no blocks of 16) against the whole range */
+                for (int64_t r = 0; r < rows; r++) tsr_gemv_i8u8_rows_avx512_vnni(&a, r, r + 1);
+                if (memcmp(y1, yr, (size_t)rows * sizeof *y1) != 0)
+                    fail_msg("%lld columns: the VNNI int8 x u8 kernel a row at a time differs", (long long)cols);
+            }
+#endif
+        }
+        float *x = malloc((size_t)cols * sizeof *x);
+        assert_non_null(x);
+        for (int64_t c = 0; c < cols; c++) x[c] = rndf(-3, 3);
+        x[cols / 2] = -4.0f;
+        const float s = tsr_gemv_quant_x_u8(x, cols, xu);
+        assert_true(s == 4.0f / 127.0f);
+        for (int64_t c = 0; c < cols; c++)
+            if (xu[c] != (uint8_t)(int)(nearbyintf(x[c] * (127.0f / 4.0f)) + 128.0f))
+                fail_msg("tsr_gemv_quant_x_u8: column %lld of %lld", (long long)c, (long long)cols);
+        assert_int_equal(xu[cols / 2], 1);
+        free(x), free(w), free(xu), free(wsum), free(ws), free(y0), free(y1), free(yr);
+    }
+    float z[20] = {0};
+    uint8_t q[20];
+    assert_true(tsr_gemv_quant_x_u8(z, 20, q) == 0.0f && q[0] == 128 && q[19] == 128);
+    z[3] = NAN;
+    assert_true(isnan(tsr_gemv_quant_x_u8(z, 20, q)));
+    printf("# int8 x u8: the portable and VNNI kernels equal the formula bit for bit (1..11 rows)\n");
+}
+
+/* Param x_int8 is refused, naming what it needs, without x_int16 and
+ * where no AVX512-VNNI kernel runs (isa avx2; the CPU's own lack). */
+static void test_x_int8_refused(void **state) {
+    (void)state;
+    const char *isas[] = {"auto", "avx2"};
+    for (int k = 0; k < 3; k++) {
+        th_n_params = 0;
+        th_set_bool("x_int8", 1);
+        th_set_bool("x_int16", k != 0);
+        th_set_str("isa", isas[k == 2]);
+        th_err[0] = 0;
+        int rc;
+        void *inst = open_inst(&rc);
+        const int refused = k == 0 || k == 2 || !tsr_gemv_u8_kernel(TSR_GEMV_ISA_AVX512);
+        if (refused) {
+            assert_int_not_equal(rc, TSR_OK);
+            assert_non_null(strstr(th_err, k == 0 ? "x_int16" : "AVX512-VNNI"));
+        } else {
+            assert_int_equal(rc, TSR_OK);
+        }
+        const tsr_plugin_desc *d = tsr_plugin_entry();
+        if (rc == TSR_OK) d->fini(inst);
+        free(inst);
+    }
+    th_n_params = 0;
+}
+
 static void test_table(void **state) {
     (void)state;
     rng = SEED;
@@ -241,7 +344,8 @@ static void test_table(void **state) {
         for (int d = 0; d < 3; d++)
             for (int nx = 1; nx <= 9; nx += 4)
                 for (int blas = 0; blas < 2; blas++)
-                    for (int x16 = 0; x16 < 2; x16++) {
+                    for (int x16 = 0; x16 < 3; x16++) {
+                        if (x16 == 2 && !tsr_gemv_u8_kernel((tsr_gemv_isa)s)) continue; /* x_int8 refused */
                         check(dts[d], 29, 67, nx, isa, blas ? 2 : 0, x16);
                         check(dts[d], 7, 512, nx, isa, blas ? 2 : 0, x16);
                         check(dts[d], 5, 160, nx, isa, blas ? 2 : 0, x16); /* 64-column steps and a tail of 32 */
@@ -648,6 +752,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vnni_bits),
         cmocka_unit_test(test_q8_0_vnni_blocks),
+        cmocka_unit_test(test_u8_kernel),
+        cmocka_unit_test(test_x_int8_refused),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_q8_0_as_stored),
         cmocka_unit_test(test_errors),

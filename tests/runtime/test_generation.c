@@ -39,7 +39,8 @@ static tsr_model *load_with(const char *model, const char *assembly, int pipelin
     tsr_error err;
     tsr_error_clear(&err);
     tsr_model *m = NULL;
-    if (tsr_model_load(&o, &m, &err) != TSR_OK) fail_msg("loading %s with %s: %s", model, assembly, err.msg);
+    if (tsr_model_load(&o, &m, &err) != TSR_OK)
+        fail_msg("loading %s with %s: %s", model, assembly ? assembly : "the default assembly", err.msg);
     return m;
 }
 
@@ -288,6 +289,62 @@ static void test_pystd_draft_model(void **state) {
     unlink(a);
 }
 
+/* cpu_gemv_int8 with 8-bit activations (param x_int8): one decode row and
+ * a verification pass of k + 1 rows give each row the same sums (exact
+ * integers, one epilogue), so greedy generation with n-gram drafting is
+ * token for token that without drafting, drafts accepted. Skipped where the
+ * plugin refuses x_int8 (no AVX512-VNNI). */
+static void test_int8_x8_drafting_exact(void **state) {
+    (void)state;
+    char a[2][512];
+    const char *drafters[2] = {"drafter_none", "drafter_ngram"};
+    tsr_model *m[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        snprintf(a[k], sizeof a[k], "/tmp/tessera-test-%d-x8-%d.yaml", (int)getpid(), k);
+        FILE *f = fopen(a[k], "w");
+        assert_non_null(f);
+        fprintf(f, "name: x8-%d\ndevice: cpu\nslots:\n  drafter: %s\n  gemv: {plugin: cpu_gemv_int8, params: {x_int8: true}}\n",
+                k, drafters[k]);
+        fclose(f);
+        tsr_model_opts o = {.model_path = stories, .assembly_path = a[k], .n_threads = 2};
+        tsr_error err;
+        tsr_error_clear(&err);
+        const int rc = tsr_model_load(&o, &m[k], &err);
+        if (rc == TSR_ERR_UNSUPPORTED && strstr(err.msg, "AVX512-VNNI")) {
+            printf("# %s: skipped\n", err.msg);
+            if (k) tsr_model_free(m[0]);
+            unlink(a[0]), unlink(a[1]);
+            skip();
+        }
+        if (rc != TSR_OK) fail_msg("loading %s with %s: %s", stories, a[k], err.msg);
+    }
+    tsr_safetensors *ref;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_safetensors_open(stories_ref, &ref, &err), TSR_OK);
+    int64_t accepted = 0;
+    for (int c = 0; c < 3; c++) {
+        char in[32];
+        snprintf(in, sizeof in, "input_ids_%d", c);
+        int n_in;
+        int32_t *ids = ref_ids(ref, in, &n_in);
+        tsr_gen_params p = {.sampling = tsr_sampling_greedy(), .max_tokens = 96, .ignore_eos = 1};
+        gen_out o[2];
+        for (int k = 0; k < 2; k++) generate(m[k], ids, n_in, &p, &o[k]);
+        assert_int_equal(o[0].n, o[1].n);
+        for (int i = 0; i < o[0].n; i++)
+            if (o[0].ids[i] != o[1].ids[i])
+                fail_msg("x_int8 case %d: token %d is %d with n-gram drafting, %d without", c, i, o[1].ids[i], o[0].ids[i]);
+        accepted += o[1].stats.draft_accepted;
+        free(ids);
+    }
+    printf("# x_int8: greedy with n-gram drafting equals greedy without (%lld drafts accepted)\n", (long long)accepted);
+    assert_true(accepted > 0);
+    tsr_model_free(m[0]), tsr_model_free(m[1]);
+    tsr_safetensors_free(ref);
+    unlink(a[0]), unlink(a[1]);
+}
+
 static void test_seed_reproduces_sampling(void **state) {
     (void)state;
     char a[512];
@@ -386,6 +443,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_choices_match_logits),
         cmocka_unit_test(test_pipelined_greedy),
         cmocka_unit_test(test_pystd_draft_model),
+        cmocka_unit_test(test_int8_x8_drafting_exact),
         cmocka_unit_test(test_seed_reproduces_sampling),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_bad_requests_refused),
