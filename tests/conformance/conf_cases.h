@@ -50,7 +50,7 @@ int conf_params(const conf_env *env, const char *const *want, int n_want, const 
 /* The variants a plugin runs its cases under, from its manifest alone: ""
  * (every default), then each other value of each string param that lists
  * its values, then each bool param flipped. Returns how many (<= max). */
-#define CONF_MAX_VARIANTS 8
+#define CONF_MAX_VARIANTS 12
 int conf_variants(const tsr_manifest *m, char out[][96], int max);
 
 /* Value i of provides key c of manifest m under variant (may be NULL):
