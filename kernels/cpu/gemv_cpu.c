@@ -187,14 +187,27 @@ tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa) {
     }
 }
 
-float tsr_gemv_quant_x_i16(const float *x, int64_t n, int16_t *q) {
+/* The activation quantisers' start: max|x| (NaN when x holds one, q
+ * untouched); *go 0 where that is the answer (0 or Inf: q's n codes of
+ * code_bytes each set to bytes of fill), 1 where the codes are still to be
+ * made. */
+static float quant_start(const float *x, int64_t n, void *q, size_t code_bytes, int fill, int *go) {
     int nan;
-    float amax = tsr_absmax(x, n, &nan);
+    const float amax = tsr_absmax(x, n, &nan);
+    *go = 0;
     if (nan) return NAN;
     if (amax == 0.0f || !isfinite(amax)) {
-        if (n > 0) memset(q, 0, (size_t)n * sizeof *q);
+        if (n > 0) memset(q, fill, (size_t)n * code_bytes);
         return amax;
     }
+    *go = 1;
+    return amax;
+}
+
+float tsr_gemv_quant_x_i16(const float *x, int64_t n, int16_t *q) {
+    int go;
+    const float amax = quant_start(x, n, q, sizeof *q, 0, &go);
+    if (!go) return amax;
     float inv = 32767.0f / amax;
     int64_t c = 0;
 #if defined(__x86_64__)
@@ -235,13 +248,9 @@ tsr_gemv_u8_kernel_fn tsr_gemv_u8_kernel(tsr_gemv_isa isa) {
 }
 
 float tsr_gemv_quant_x_u8(const float *x, int64_t n, uint8_t *q) {
-    int nan;
-    float amax = tsr_absmax(x, n, &nan);
-    if (nan) return NAN;
-    if (amax == 0.0f || !isfinite(amax)) {
-        if (n > 0) memset(q, 128, (size_t)n);
-        return amax;
-    }
+    int go;
+    const float amax = quant_start(x, n, q, 1, 128, &go);
+    if (!go) return amax;
     float inv = 127.0f / amax;
     int64_t c = 0;
 #if defined(__x86_64__)
