@@ -32,7 +32,7 @@
 
 #include "core/format/safetensors.h"
 #include "core/runtime/runtime.h"
-#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/gemv_cpu.h"
 #include "kernels/cpu/ops.h"
 #include "tests/runtime/seq_logits.h"
 
@@ -254,8 +254,9 @@ static void report(const char *what, const kl_acc *a, double max_kl, double max_
 static const char *const kInt8Asm[2] = {"cpu-fast-gemv-int8", "tests/data/assemblies/cpu-fast-gemv-int8-x8.yaml"};
 static const char *const kInt8Acts[2] = {"int16 activations", "u8 activations, x_int8"};
 
+/* Whether cpu_gemv_int8 (isa auto) takes x_int8 here: as its init decides. */
 static void require_x8(int x8) {
-    if (x8 && !tsr_cpu_has_avx512vnni()) {
+    if (x8 && !tsr_gemv_u8_kernel(tsr_gemv_isa_best())) {
         printf("# no AVX512-VNNI here: cpu_gemv_int8 refuses x_int8, skipped\n");
         skip();
     }

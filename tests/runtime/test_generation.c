@@ -310,7 +310,7 @@ static void test_int8_x8_drafting_exact(void **state) {
         tsr_error err;
         tsr_error_clear(&err);
         const int rc = tsr_model_load(&o, &m[k], &err);
-        if (rc == TSR_ERR_UNSUPPORTED && strstr(err.msg, "AVX512-VNNI")) {
+        if (rc != TSR_OK && strstr(err.msg, "x_int8 needs AVX512-VNNI")) { /* the host wraps the plugin's refusal */
             printf("# %s: skipped\n", err.msg);
             if (k) tsr_model_free(m[0]);
             unlink(a[0]), unlink(a[1]);
