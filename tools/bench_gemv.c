@@ -134,7 +134,8 @@ static void run_kernel(void *arg, int64_t r0, int64_t r1, int tid) {
         return;
     }
     if (j->dtype == DT_I8X16 || j->dtype == DT_Q8X16) {
-        tsr_gemv_i8_args ia = {(const int8_t *)j->a.w, j->a.scale, j->a.cols, j->xq, j->xs, j->a.nx, j->a.y, j->a.ldy};
+        tsr_gemv_i8_args ia = {.w = (const int8_t *)j->a.w, .wscale = j->a.scale, .cols = j->a.cols, .xq = j->xq,
+                               .xscale = j->xs, .nx = j->a.nx, .y = j->a.y, .ldy = j->a.ldy};
         (j->dtype == DT_I8X16 ? j->k8 : j->kq8)(&ia, r0, r1);
     } else {
         j->k(j->dtype, &j->a, r0, r1);

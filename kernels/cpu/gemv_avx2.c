@@ -1314,7 +1314,7 @@ AVX512VNNI static void i8_rows_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64
 #undef I8_RUN_VNNI
 void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) { i8_rows_vnni(a, r0, r1); }
 
-/* --- int8 x u8 (gemv_cpu.h, tsr_gemv_u8_args) --------------------------------- */
+/* --- int8 x u8 (gemv_cpu.h: tsr_gemv_i8_args with xu, wsum) ------------------- */
 
 /* hsum16x16 in integers: lane k the sum of v[k]'s lanes (exact, so the
  * pairing does not matter). */
@@ -1388,7 +1388,7 @@ INLVNNI void i8u8_sums(const int8_t *w, const uint8_t *xu, int64_t ldx, int64_t 
             }                                                                                  \
         }                                                                                      \
     } while (0)
-AVX512VNNI void tsr_gemv_i8u8_rows_avx512_vnni(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1) {
+AVX512VNNI void tsr_gemv_i8u8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     if (r1 > r0) prefetch_start((const uint8_t *)a->w + (uint64_t)r0 * (uint64_t)a->cols, (uint64_t)(r1 - r0) * (uint64_t)a->cols);
     EACH_Y_RUN(a, r0, r1, I8U8_RUN)
 }
@@ -1615,7 +1615,7 @@ void tsr_gemv_i8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t
 void tsr_gemv_q8_0_i16_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_q8_0_i16_rows_portable(a, r0, r1);
 }
-void tsr_gemv_i8u8_rows_avx512_vnni(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1) {
+void tsr_gemv_i8u8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     tsr_gemv_i8u8_rows_portable(a, r0, r1);
 }
 int64_t tsr_gemv_quant_u8_avx512(const float *src, int64_t n, float inv, uint8_t *q) {

@@ -239,7 +239,7 @@ void tsr_gemv_i8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1
 
 /* --- int8 x u8 ------------------------------------------------------------------ */
 
-tsr_gemv_u8_kernel_fn tsr_gemv_u8_kernel(tsr_gemv_isa isa) {
+tsr_gemv_i8_kernel_fn tsr_gemv_u8_kernel(tsr_gemv_isa isa) {
 #if defined(__x86_64__)
     if (avx512_kernels(isa) && tsr_cpu_has_avx512vnni()) return tsr_gemv_i8u8_rows_avx512_vnni;
 #endif
@@ -263,7 +263,7 @@ float tsr_gemv_quant_x_u8(const float *x, int64_t n, uint8_t *q) {
     return amax / 127.0f;
 }
 
-void tsr_gemv_i8u8_rows_portable(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1) {
+void tsr_gemv_i8u8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
         const int8_t *w = a->w + (uint64_t)r * (uint64_t)a->cols;
         for (int i = 0; i < a->nx; i++) {

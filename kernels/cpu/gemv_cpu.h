@@ -134,11 +134,13 @@ typedef struct tsr_gemv_i8_args {
     const int8_t *w;       /* [rows, cols] (Q8_0 blocks for tsr_gemv_q8_0_i16_kernel) */
     const float *wscale;   /* [rows] */
     int64_t cols;
-    const int16_t *xq;     /* [nx, cols] */
+    const int16_t *xq;     /* [nx, cols] (the u8 kernels: unused) */
     const float *xscale;   /* [nx] */
     int nx;
     float *y;              /* [nx, ldy] */
     int64_t ldy;
+    const uint8_t *xu;     /* the u8 kernels' activations [nx, cols] (below), else unused */
+    const int32_t *wsum;   /* the u8 kernels' [rows]: sum_c w[r, c], else unused */
 } tsr_gemv_i8_args;
 
 typedef void (*tsr_gemv_i8_kernel_fn)(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
@@ -171,21 +173,10 @@ tsr_gemv_i8_kernel_fn tsr_gemv_q8_0_i16_kernel(tsr_gemv_isa isa);
  *
  * with the sum exact (cols at most TSR_GEMV_U8_MAX_COLS keeps it in int32):
  * the same for every input row count, ISA and row blocking. Coarser than
- * int16 activations (1/254 of max|x| a step instead of 1/65534). */
+ * int16 activations (1/254 of max|x| a step instead of 1/65534). The
+ * kernels take tsr_gemv_i8_args with xu and wsum set (xq unused) and cols
+ * at most TSR_GEMV_U8_MAX_COLS. */
 #define TSR_GEMV_U8_MAX_COLS 65536
-typedef struct tsr_gemv_u8_args {
-    const int8_t *w;      /* [rows, cols] */
-    const float *wscale;  /* [rows] */
-    const int32_t *wsum;  /* [rows]: sum_c w[r, c] */
-    int64_t cols;         /* <= TSR_GEMV_U8_MAX_COLS */
-    const uint8_t *xu;    /* [nx, cols] */
-    const float *xscale;  /* [nx] */
-    int nx;
-    float *y;             /* [nx, ldy] */
-    int64_t ldy;
-} tsr_gemv_u8_args;
-
-typedef void (*tsr_gemv_u8_kernel_fn)(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1);
 
 /* Quantise n activations to u8 as above; returns the scale (0 for an
  * all-zero row, every code 128; NaN or Inf when x holds one). */
@@ -194,9 +185,9 @@ float tsr_gemv_quant_x_u8(const float *x, int64_t n, uint8_t *q);
 /* The int8 x u8 kernel of isa: AVX512-VNNI's where isa allows AVX-512 and
  * the CPU has it, else NULL (the portable one is the tests' second
  * implementation, not a fallback: too slow to be worth the lost precision). */
-tsr_gemv_u8_kernel_fn tsr_gemv_u8_kernel(tsr_gemv_isa isa);
-void tsr_gemv_i8u8_rows_portable(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1);
-void tsr_gemv_i8u8_rows_avx512_vnni(const tsr_gemv_u8_args *a, int64_t r0, int64_t r1);
+tsr_gemv_i8_kernel_fn tsr_gemv_u8_kernel(tsr_gemv_isa isa);
+void tsr_gemv_i8u8_rows_portable(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
+void tsr_gemv_i8u8_rows_avx512_vnni(const tsr_gemv_i8_args *a, int64_t r0, int64_t r1);
 int64_t tsr_gemv_quant_u8_avx512(const float *src, int64_t n, float inv, uint8_t *q); /* values done */
 
 /* Internal: per-ISA entry points (one file each). */

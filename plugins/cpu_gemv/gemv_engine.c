@@ -280,10 +280,8 @@ typedef struct run_job {
     int64_t align;            /* every take but the last a multiple of this (>= 1) */
     int threads;              /* workers sharing the items */
     float *xs;                /* the GEMM's packed activations (tsr_gemm_pack_x) */
-    tsr_gemv_i8_kernel_fn i8; /* int16 activations: their kernel and arguments (else cfg->kernel, args) */
+    tsr_gemv_i8_kernel_fn i8; /* int16 or u8 activations: their kernel and arguments (else cfg->kernel, args) */
     tsr_gemv_i8_args i8args;
-    tsr_gemv_u8_kernel_fn u8; /* u8 activations (m->wsum): their kernel and arguments, before i8 */
-    tsr_gemv_u8_args u8args;
     int64_t glu;              /* run_glu: the gate rows f (then f up rows); 0: run */
     int shares;               /* decode rows: a share per worker (rows_in_shares); 0: take_items */
     _Atomic uint64_t share[MAX_SHARES]; /* share t's rows not yet taken: [low 32 bits, high 32 bits) */
@@ -397,16 +395,11 @@ static int take_share(run_job *j, int tid, int64_t items, int64_t *p0, int64_t *
  * [0, b - a). */
 static void rows_into(const run_job *j, int64_t a, int64_t b, float *y, int64_t ldy) {
     const uint64_t off = (uint64_t)a * j->m->row_bytes;
-    if (j->u8) {
-        tsr_gemv_u8_args ua = j->u8args;
-        ua.w = (const int8_t *)((const uint8_t *)ua.w + off);
-        ua.wscale += a, ua.wsum += a;
-        ua.y = y, ua.ldy = ldy;
-        j->u8(&ua, 0, b - a);
-    } else if (j->i8) {
+    if (j->i8) {
         tsr_gemv_i8_args ia = j->i8args;
         ia.w = (const int8_t *)((const uint8_t *)ia.w + off);
         ia.wscale = ia.wscale ? ia.wscale + a : NULL;
+        ia.wsum = ia.wsum ? ia.wsum + a : NULL;
         ia.y = y, ia.ldy = ldy;
         j->i8(&ia, 0, b - a);
     } else {
@@ -450,8 +443,7 @@ static void run_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     }
     int64_t a, b;
     while (take_share(j, tid, j->m->rows, &a, &b))
-        if (j->u8) j->u8(&j->u8args, a, b);
-        else if (j->i8) j->i8(&j->i8args, a, b);
+        if (j->i8) j->i8(&j->i8args, a, b);
         else j->cfg->kernel(j->m->dtype, &j->args, a, b);
 }
 
@@ -464,55 +456,41 @@ static int run_takes(run_job *j) {
     return TSR_ERR_NOMEM;
 }
 
-/* With u8 activations (m->wsum): as run_x_i16. */
-static int run_x_u8(run_job *rj, int rows, const float *x, float *y, int *rc) {
-    const tsr_plugin_ctx *ctx = rj->ctx;
-    const gemv_matrix *m = rj->m;
-    size_t n = (size_t)rows * (size_t)m->cols;
-    uint8_t *xu = ctx->host->alloc(ctx, (n + 63) / 64 * 64 + (size_t)rows * sizeof(float), 64);
-    if (!xu) {
-        ctx->host->set_error(ctx, "out of memory for %d x %lld u8 activations", rows, (long long)m->cols);
-        *rc = TSR_ERR_NOMEM;
-        return 1;
-    }
-    float *xs = (float *)(void *)(xu + (n + 63) / 64 * 64);
-    for (int i = 0; i < rows; i++) {
-        xs[i] = tsr_gemv_quant_x_u8(x + (size_t)i * (size_t)m->cols, m->cols, xu + (size_t)i * (size_t)m->cols);
-        if (!isfinite(xs[i])) {
-            ctx->host->free(ctx, xu);
-            return 0;
-        }
-    }
-    rj->u8 = rj->cfg->u8_kernel;
-    rj->u8args = (tsr_gemv_u8_args){(const int8_t *)m->data, m->scale, m->wsum, m->cols, xu, xs, rows, y, rj->args.ldy};
-    *rc = run_takes(rj);
-    ctx->host->free(ctx, xu);
-    return 1;
+/* Whether decode takes u8 activations (cpu_gemv_int8's x_int8): an int8
+ * matrix that kept its rows' sums of codes, a kernel for them, few enough
+ * columns for their exact int32 sums. */
+static int takes_u8(const gemv_engine_cfg *cfg, const gemv_matrix *m) {
+    return m->wsum && m->dtype == TSR_DTYPE_I8 && cfg->u8_kernel && m->cols <= TSR_GEMV_U8_MAX_COLS;
 }
 
-/* 1: done (or failed: *rc set); 0: x holds NaN/Inf, take the f32 path. */
-static int run_x_i16(run_job *rj, int rows, const float *x, float *y, int *rc) {
+/* The kernels with integer activations, each input row quantised to int16
+ * or (u8: takes_u8) to u8 with its scale. 1: done (or failed: *rc set); 0:
+ * x holds NaN/Inf, take the f32 path. */
+static int run_x_int(run_job *rj, int rows, const float *x, float *y, int u8, int *rc) {
     const tsr_plugin_ctx *ctx = rj->ctx;
     const gemv_matrix *m = rj->m;
-    if (m->wsum && m->dtype == TSR_DTYPE_I8 && rj->cfg->u8_kernel && m->cols <= TSR_GEMV_U8_MAX_COLS)
-        return run_x_u8(rj, rows, x, y, rc);
-    size_t n = (size_t)rows * (size_t)m->cols;
-    int16_t *xq = ctx->host->alloc(ctx, n * sizeof *xq + (size_t)rows * sizeof(float) + 64, 64);
+    const size_t cols = (size_t)m->cols, codes = ((size_t)rows * cols * (u8 ? 1 : 2) + 63) / 64 * 64;
+    uint8_t *xq = ctx->host->alloc(ctx, codes + (size_t)rows * sizeof(float), 64);
     if (!xq) {
-        ctx->host->set_error(ctx, "out of memory for %d x %lld int16 activations", rows, (long long)m->cols);
+        ctx->host->set_error(ctx, "out of memory for %d x %lld %s activations", rows, (long long)m->cols,
+                             u8 ? "u8" : "int16");
         *rc = TSR_ERR_NOMEM;
         return 1;
     }
-    float *xs = (float *)(void *)((uint8_t *)xq + (n * sizeof *xq + 63) / 64 * 64);
+    float *xs = (float *)(void *)(xq + codes);
     for (int i = 0; i < rows; i++) {
-        xs[i] = tsr_gemv_quant_x_i16(x + (size_t)i * (size_t)m->cols, m->cols, xq + (size_t)i * (size_t)m->cols);
+        const float *xi = x + (size_t)i * cols;
+        xs[i] = u8 ? tsr_gemv_quant_x_u8(xi, m->cols, xq + (size_t)i * cols)
+                   : tsr_gemv_quant_x_i16(xi, m->cols, (int16_t *)(void *)xq + (size_t)i * cols);
         if (!isfinite(xs[i])) {
             ctx->host->free(ctx, xq);
             return 0;
         }
     }
-    rj->i8 = m->dtype == TSR_DTYPE_Q8_0 ? rj->cfg->q8_0_i16_kernel : rj->cfg->i8_kernel;
-    rj->i8args = (tsr_gemv_i8_args){(const int8_t *)m->data, m->scale, m->cols, xq, xs, rows, y, rj->args.ldy};
+    rj->i8 = u8 ? rj->cfg->u8_kernel : m->dtype == TSR_DTYPE_Q8_0 ? rj->cfg->q8_0_i16_kernel : rj->cfg->i8_kernel;
+    rj->i8args = (tsr_gemv_i8_args){.w = (const int8_t *)m->data, .wscale = m->scale, .cols = m->cols,
+                                    .xq = u8 ? NULL : (const int16_t *)(const void *)xq, .xscale = xs, .nx = rows,
+                                    .y = y, .ldy = rj->args.ldy, .xu = u8 ? xq : NULL, .wsum = u8 ? m->wsum : NULL};
     *rc = run_takes(rj);
     ctx->host->free(ctx, xq);
     return 1;
@@ -609,7 +587,7 @@ static int run_kernels(run_job *j, int rows, const float *x, float *y) {
     int rc;
     const int x_i16 = m->x_i16 && ((m->dtype == TSR_DTYPE_I8 && m->scale && cfg->i8_kernel) ||
                                    (m->dtype == TSR_DTYPE_Q8_0 && cfg->q8_0_i16_kernel));
-    if (x_i16 && run_x_i16(j, rows, x, y, &rc))
+    if (x_i16 && run_x_int(j, rows, x, y, takes_u8(cfg, m), &rc))
         return rc;
     /* the kernels' permuted activations, made once for all takes (else each take makes its own) */
     const int64_t np = tsr_gemv_permuted_x_floats(cfg->isa, m->dtype, &j->args);

@@ -17,7 +17,7 @@ typedef struct gemv_engine_cfg {
     tsr_gemv_kernel_fn kernel; /* the ISA picked at init */
     tsr_gemv_i8_kernel_fn i8_kernel;       /* I8 x int16 */
     tsr_gemv_i8_kernel_fn q8_0_i16_kernel; /* Q8_0 as stored x int16 */
-    tsr_gemv_u8_kernel_fn u8_kernel;       /* I8 x u8 (AVX512-VNNI only, else NULL) */
+    tsr_gemv_i8_kernel_fn u8_kernel;       /* I8 x u8 (AVX512-VNNI only, else NULL) */
     tsr_gemv_isa isa;
     int use_blas;              /* prefill through OpenBLAS sgemm (1) or the blocked GEMM (0) */
     int64_t blas_min_rows;     /* run() with >= this many rows takes the prefill path; 0: never */
@@ -62,7 +62,7 @@ typedef struct gemv_matrix {
     gemv_block *block;  /* the arena block behind data and scale, or NULL */
     int x_i16;          /* I8 (with scale) or Q8_0: decode with int16 activations (lossy) */
     const int32_t *wsum; /* I8 with x_i16: each row's sum of codes, for decode with u8 activations
-                            (tsr_gemv_u8_args; cpu_gemv_int8's x_int8), or NULL */
+                            (tsr_gemv_u8_kernel; cpu_gemv_int8's x_int8), or NULL */
     int64_t glu_rows;   /* f when stacked from two matrices of f rows ([gate; up]: run_glu), else 0 */
     const float *cscale; /* F8_E4M3 with scales along rows (tsr_gemv_args.cscale), or NULL */
     int64_t cscale_cols;

@@ -181,7 +181,7 @@ static void test_vnni_bits(void **state) {
         for (int64_t r = 0; r < rows; r++) ws[r] = rndf(1e-4f, 1e-2f);
         for (int i = 0; i < 9; i++) xs[i] = rndf(1e-5f, 1e-3f);
         for (int nx = 1; nx <= 9; nx++) {
-            tsr_gemv_i8_args a = {w, ws, cols, xq, xs, nx, y0, rows};
+            tsr_gemv_i8_args a = {.w = w, .wscale = ws, .cols = cols, .xq = xq, .xscale = xs, .nx = nx, .y = y0, .ldy = rows};
             tsr_gemv_i8_rows_avx512(&a, 0, rows);
             a.y = y1;
             tsr_gemv_i8_rows_avx512_vnni(&a, 0, rows);
@@ -190,7 +190,8 @@ static void test_vnni_bits(void **state) {
         }
         for (int k = 0; k < 2; k++) /* one input row: whole ranges against a row at a time */
             if (!blocks_equal_rows(k ? tsr_gemv_i8_rows_avx512_vnni : tsr_gemv_i8_rows_avx512,
-                                   (tsr_gemv_i8_args){w, ws, cols, xq, xs, 1, NULL, rows}, rows, y0, y1))
+                                   (tsr_gemv_i8_args){.w = w, .wscale = ws, .cols = cols, .xq = xq, .xscale = xs, .nx = 1, .ldy = rows},
+                                   rows, y0, y1))
                 fail_msg("%lld columns, one row: the %s kernel's blocks of 16 rows differ from its rows one at a time",
                          (long long)cols, k ? "VNNI" : "AVX-512");
         free(w), free(xq), free(ws), free(y0), free(y1);
@@ -223,7 +224,8 @@ static void test_q8_0_vnni_blocks(void **state) {
     }
     for (int64_t i = 0; i < cols; i++) xq[i] = (int16_t)lrintf(rndf(-32767, 32767));
     if (!blocks_equal_rows(tsr_gemv_q8_0_i16_rows_avx512_vnni,
-                           (tsr_gemv_i8_args){(const int8_t *)w, NULL, cols, xq, xs, 1, NULL, rows}, rows, y0, y1))
+                           (tsr_gemv_i8_args){.w = (const int8_t *)w, .cols = cols, .xq = xq, .xscale = xs, .nx = 1, .ldy = rows},
+                           rows, y0, y1))
         fail_msg("Q8_0 x int16 VNNI: blocks of 16 weight rows differ from rows one at a time");
     printf("# Q8_0 x int16 VNNI: blocks of 16 weight rows equal rows one at a time\n");
     free(w), free(xq), free(y0), free(y1);
@@ -232,7 +234,7 @@ static void test_q8_0_vnni_blocks(void **state) {
 #endif
 }
 
-/* int8 x u8 (gemv_cpu.h, tsr_gemv_u8_args): the AVX512-VNNI kernel against
+/* int8 x u8 (gemv_cpu.h: tsr_gemv_i8_args with xu, wsum): the AVX512-VNNI kernel against
  * the portable one, which sums in int64, and against y computed here from
  * the formula, bit for bit, at 1..11 input rows (groups of 8 and a rest),
  * columns with a masked last line, 37 weight rows (blocks of 16 and a
@@ -265,7 +267,8 @@ static void test_u8_kernel(void **state) {
                     for (int64_t c = 0; c < cols; c++) t += (int64_t)w[r * cols + c] * ((int64_t)xu[i * cols + c] - 128);
                     yr[i * rows + r] = (float)t * ws[r] * xs[i];
                 }
-            tsr_gemv_u8_args a = {w, ws, wsum, cols, xu, xs, nx, y0, rows};
+            tsr_gemv_i8_args a = {.w = w, .wscale = ws, .cols = cols, .xscale = xs, .nx = nx, .y = y0, .ldy = rows,
+                                  .xu = xu, .wsum = wsum};
             tsr_gemv_i8u8_rows_portable(&a, 0, rows);
             if (memcmp(y0, yr, (size_t)(nx * rows) * sizeof *y0) != 0)
                 fail_msg("%lld columns, %d rows: the portable int8 x u8 kernel differs from the formula", (long long)cols, nx);

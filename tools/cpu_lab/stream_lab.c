@@ -262,13 +262,15 @@ static void *run(void *p) {
     }
     case 4: { /* Q8_0 rows: cols / 32 blocks of 34 bytes (d, then 32 codes) */
         const int64_t cols = j->v->dist, rows = (int64_t)h / (cols / 32 * 34);
-        tsr_gemv_i8_args a = {(const int8_t *)w, ws, cols, xq, xs, 1, yv + (size_t)j->t * (SZ / 896 / 2 + 16), 0};
+        tsr_gemv_i8_args a = {.w = (const int8_t *)w, .wscale = ws, .cols = cols, .xq = xq, .xscale = xs, .nx = 1,
+                               .y = yv + (size_t)j->t * (SZ / 896 / 2 + 16)};
         tsr_gemv_q8_0_i16_rows_avx512_vnni(&a, 0, rows);
         break;
     }
     default: {
         const int64_t cols = j->v->dist, rows = (int64_t)h / cols;
-        tsr_gemv_i8_args a = {(const int8_t *)w, ws, cols, xq, xs, 1, yv + (size_t)j->t * (SZ / 896 / 2 + 16), 0};
+        tsr_gemv_i8_args a = {.w = (const int8_t *)w, .wscale = ws, .cols = cols, .xq = xq, .xscale = xs, .nx = 1,
+                               .y = yv + (size_t)j->t * (SZ / 896 / 2 + 16)};
         tsr_gemv_i8_rows_avx512_vnni(&a, 0, rows);
     }
     }
