@@ -400,7 +400,7 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny =
     if constexpr (WK == kFp8 && !GLU) // the norm: fused_takes
         if (p.nw && !stages_x(WK, p))
             return tsr_pdl::launch(gemv_row<WK, RPW, U, KS, GLU, false, false, true>, grid, 256, 0, st, pdl, p);
-    if constexpr (GLU) // a pair takes the norm only staged (the kernel's static_assert)
+    if constexpr (GLU) // a pair takes the norm only staged (glu_fused_takes, the kernel's static_assert)
         if (p.nw && !stages_x(WK, p)) return cudaErrorInvalidValue;
     if constexpr (WK == kBf16 && KS > 1) { // the fold: fold_blocks, folded_takes
         if constexpr (!GLU)
@@ -572,6 +572,12 @@ template <int WK> inline cudaError_t launch_glu(const Args &p, RowRole role, cud
 template <int WK> inline bool fused_takes(const Args &p) {
     if (!p.nw) return true;
     return WK == kFp8 && !p.cm && row_reads(WK, p) && row_kernel_for(WK, p.n_out) && p.n_out < 16384;
+}
+
+// Whether launch_glu takes one row of a gate/up pair (p.n_out = 2f rows)
+// with its input norm (Args.nw; no add): E4M3 whose activations it stages.
+template <int WK> inline bool glu_fused_takes(const Args &p) {
+    return WK == kFp8 && p.nw && !p.accum && stages_x(WK, p) && glu_reads<WK>(p);
 }
 
 

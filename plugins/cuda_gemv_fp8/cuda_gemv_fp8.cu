@@ -1056,8 +1056,8 @@ int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float 
 // One row of a dense layer's matrix with the host's residual add or input
 // norm (tsr_gemv_i.run_fused) through gemv_row.cuh's launch_decode (the norm
 // where fused_takes: q/k/v-like heights), or of a gate/up pair with its
-// input norm and SiLU (fu->glu) through launch_row with GLU where it stages
-// the activations (stages_x: the norm once a block), x read as it is;
+// input norm and SiLU (fu->glu) through launch_glu where glu_fused_takes
+// (the activations staged: the norm once a block), x read as it is;
 // TSR_ERR_UNSUPPORTED, nothing launched, for a pair with an add or without
 // the norm (run_glu's), routers (bf16), experts, a fold
 // (tsr_gemv_fuse.fold_norm, folded: not built for E4M3), and where run()
@@ -1072,10 +1072,9 @@ int g_run_fused(void *inst, const void *prepared, int rows, const float *x, floa
     tsr_mma::Args a = decode_args(w, x, (int)w->cols, (int)w->cols, y);
     a.nw = fu->norm, a.eps = fu->eps, a.accum = fu->accumulate != 0;
     if (fu->glu) {
-        if (!g->glu || a.accum || !a.nw || !row_glu_takes(w, a) || !tsr_row::stages_x(tsr_mma::kFp8, a))
-            return TSR_ERR_UNSUPPORTED;
-        return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, true>(a, row_role(w), static_cast<cudaStream_t>(ex->stream),
-                                                                    ex->pdl != 0),
+        if (!g->glu || !w->pair || !tsr_row::glu_fused_takes<tsr_mma::kFp8>(a)) return TSR_ERR_UNSUPPORTED;
+        return cuda_err(g, tsr_row::launch_glu<tsr_mma::kFp8>(a, row_role(w), static_cast<cudaStream_t>(ex->stream),
+                                                             ex->pdl != 0),
                         "fp8 fused gate/up gemv launch");
     }
     if (!tsr_row::fused_takes<tsr_mma::kFp8>(a)) return TSR_ERR_UNSUPPORTED;
