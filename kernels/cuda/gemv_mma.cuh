@@ -134,6 +134,10 @@ struct Args {
     // no blocks (the launchers pick the kernels without them).
     const float *cm;
     int cm_rows, cm_shift, cm_ld;
+    // E4M3 weights in 16-row tiles (tiled_offset; gemv_mma only, plain rows
+    // without block ratios, one tile a warp): the same bytes to the same
+    // lanes as rows, so the same sums, in fewer and longer runs of memory.
+    int tl;
     // Experts chosen on the device (gemv_row only; tsr_gemv_i.run_experts):
     // grid row j computes with weights etab[sel[j]] (ldw apart, n_out x
     // cols as above), its row scales stab[sel[j]] (stab null: scale, which
@@ -170,6 +174,23 @@ struct Args {
     float *fold_ss;
     int n_ss;
 };
+
+// The tile layout (Args.tl): the rows ldw bytes each (ldw a multiple of
+// 64, n_out padded to a multiple of 16) in 16-row tiles, tile T's 64-byte
+// chunk c at (T * ldw / 64 + c) * 1024 holding its rows 0..7 then 8..15 (64
+// bytes each): the 1 KiB a warp of gemv_mma loads for a chunk (lane 4 g + t
+// takes bytes 16 t.. of rows g and g + 8) in two 512-byte runs, where rows
+// put those bytes in 16 runs of 64, each half of a line another warp
+// reads. tools/cuda_lab/tile_lab.cu on the H200, TB/s at 1 / 8 rows (rows ->
+// tiles): o 4,096 x 4,096 2.02 -> 2.23 / 1.72 -> 1.97, down 4,096 x 14,336
+// 3.05 -> 3.39 / 2.53 -> 3.03; one token's E4M3 GEMVs as a graph 2.151 ->
+// 2.076 ms at one row, 2.594 -> 2.463 at 8 (BENCHMARKS.md, thirty-second
+// session). Byte k of row r's stored row lies at tiled_offset(r, k, ldw).
+__host__ __device__ inline int64_t tiled_offset(int64_t r, int64_t k, int64_t ldw) {
+    const int64_t g = r % 16;
+    return (r / 16) * 16 * ldw + (k / 64) * 1024 + (g < 8 ? 64 * g : 512 + 64 * (g - 8)) + k % 64;
+}
+
 
 // y = v, or y + v with accum (never contracted into a multiply-add, so that
 // it is the host's add of run()'s result).
@@ -316,10 +337,12 @@ template <int WK> __host__ __device__ constexpr float kind_mul() { return WK == 
 // in bf16 it made that pass slower (4.73 -> 4.84 ms: a tile's gate and up
 // rows lie 117 MB apart; two tiles a warp: no faster than not fusing), so
 // cuda_gemv does not (BENCHMARKS.md).
-template <int WK, int NR, int KW, int MT, int U, bool BS = false, int TPW = 1, int MINB = 0, bool GLU = false>
+template <int WK, int NR, int KW, int MT, int U, bool BS = false, int TPW = 1, int MINB = 0, bool GLU = false,
+          bool TL = false>
 __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
     static_assert(!BS || TPW == 1, "block ratios are a row block's: one tile a warp");
     static_assert(!BS || !GLU, "a pair's gate and up rows lie in two row blocks");
+    static_assert(!TL || (TPW == 1 && !GLU && !BS), "the tile layout: plain rows, one tile a warp");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int mt = warp / KW, kw = warp % KW;
     const int g = lane >> 2, t = lane & 3;
@@ -333,7 +356,9 @@ __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
         const int ra = GLU ? o : min(row0 + 16 * j + g, p.n_out - 1);
         const int rb = GLU ? f + o : min(row0 + 16 * j + g + 8, p.n_out - 1);
         pa[j] = p.w + (int64_t)ra * p.ldw + 16 * t, pb[j] = p.w + (int64_t)rb * p.ldw + 16 * t;
+        if (TL) pa[j] = p.w + tiled_offset(row0, 16 * t, p.ldw) + 64 * g, pb[j] = pa[j] + 512; // rows g, 8 + g
     }
+    constexpr int64_t CS = TL ? 1024 : 64; // bytes from one chunk of a lane's row to its next
     const bool has_x = g < NR;
     const float *xr = p.x + (int64_t)(has_x ? g : 0) * p.ldx;
     const int nch = (int)(p.ldw / 64);
@@ -350,8 +375,8 @@ __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
             if (c < nch)
 #pragma unroll
                 for (int j = 0; j < TPW; j++) {
-                    a[u][j] = load_w(pa[j] + (int64_t)c * 64);
-                    b[u][j] = load_w(pb[j] + (int64_t)c * 64);
+                    a[u][j] = load_w(pa[j] + (int64_t)c * CS);
+                    b[u][j] = load_w(pb[j] + (int64_t)c * CS);
                 }
         }
         if (!waited) { // the first weights are on their way before anything waits on x
@@ -456,6 +481,17 @@ inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
     const int per_tile = GLU ? 8 : 16, outs = GLU ? p.n_out / 2 : p.n_out;
     const unsigned grid = (unsigned)((outs + per_tile * tpw - 1) / (per_tile * tpw));
     if constexpr (WK == kFp8) {
+        if (p.tl) { // tiles: one a warp, 16 warps, as warps_for and tiles_for give these heights
+            if (GLU || p.cm || tpw != 1) return cudaErrorInvalidValue;
+            switch (rows) {
+#define TSR_MMA_TL(R)                                                                                       \
+    case R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, false, 1, 0, false, true>, grid, 32 * 16, 0, st, pdl, p);
+                TSR_MMA_TL(1) TSR_MMA_TL(2) TSR_MMA_TL(3) TSR_MMA_TL(4)
+                TSR_MMA_TL(5) TSR_MMA_TL(6) TSR_MMA_TL(7) TSR_MMA_TL(8)
+#undef TSR_MMA_TL
+            default: return cudaErrorInvalidValue;
+            }
+        }
         if (p.cm) { // 16 warps a tile, as warps_for gives E4M3
             if constexpr (GLU) return cudaErrorInvalidValue;
             switch (rows) {

@@ -373,9 +373,9 @@ __global__ void __launch_bounds__(256, FOLD == 2 ? (RPW == 1 ? 8 : 6) : 1) gemv_
     }
 }
 
-// Whether gemv_row can read these weights and activations.
+// Whether gemv_row can read these weights (rows, not Args.tl's tiles) and activations.
 inline bool row_reads(int WK, const Args &p) {
-    return p.cols % (WK == kBf16 ? 8 : 16) == 0 && p.ldw % 16 == 0 &&
+    return !p.tl && p.cols % (WK == kBf16 ? 8 : 16) == 0 && p.ldw % 16 == 0 &&
            ((reinterpret_cast<uintptr_t>(p.w) | reinterpret_cast<uintptr_t>(p.x)) & 15) == 0;
 }
 

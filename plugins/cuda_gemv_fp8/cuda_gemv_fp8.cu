@@ -108,6 +108,7 @@ struct Gemv {
     int fuse; // param fuse: run_fused takes one row's residual add and (q/k/v) input norm
     int out_bf16;         // cuBLASLt writes bf16 (prefill_out: bf16), else f32
     int fp8_prefill;      // prefill: fp8 (cuBLASLt FP8), else bf16 tiles
+    int tile;             // param tile: gemv_mma's matrices stored in 16-row tiles (tiles_ok)
     Algo plans[kPlans];
     Algo bplans[kPlans];  // bf16 tile GEMMs by shape
     GroupedTiles tiles;   // run_grouped's tile lists
@@ -135,6 +136,10 @@ struct Weight {
     // 1), not quantised: an error in a router's probabilities switches
     // experts, and FP8 checkpoints keep their routers unquantised too.
     int wide;
+    // Stored in gemv_mma.cuh's 16-row tiles (tsr_mma::tiled_offset; tiles_ok):
+    // the decode kernel reads them with Args.tl, the prefill tiles are
+    // widened back into rows (widen_tl_kernel).
+    int tiled;
 };
 
 int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
@@ -233,6 +238,26 @@ __global__ void widen_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__r
     }
 }
 
+// widen_kernel for a Weight.tiled matrix: the n bytes at src (whole 16-row
+// tiles, ld bytes a row) into rows of bf16 at dst, each 16-byte piece of a
+// tile (tsr_mma::tiled_offset) to its row's place.
+__global__ void widen_tl_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ src, int64_t ld,
+                                int64_t n) {
+    for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 16; i < n;
+         i += (int64_t)gridDim.x * blockDim.x * 16) {
+        const int64_t tile = i / (16 * ld), in = i % (16 * ld), q = in % 1024, h = q / 512;
+        const int64_t r = tile * 16 + 8 * h + (q % 512) / 64, k = (in / 1024) * 64 + q % 64;
+        const uint4 v = *reinterpret_cast<const uint4 *>(src + i);
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+        uint32_t out[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) tsr_mma::e4m3x4_bf16(words[j], 1.0f, out + 2 * j);
+        uint4 *d = reinterpret_cast<uint4 *>(dst + r * ld + k);
+        d[0] = make_uint4(out[0], out[1], out[2], out[3]);
+        d[1] = make_uint4(out[4], out[5], out[6], out[7]);
+    }
+}
+
 // The same for weights with block scales: the 16 stored bytes at 16 t of
 // tile row blockIdx.y (row r0 + blockIdx.y), four groups of four columns
 // in one block each (e4m3_stored_col), each value times its block's ratio
@@ -314,6 +339,7 @@ tsr_mma::Args decode_args(const Weight *w, const float *x, int ldx, int cols, fl
     a.w = w->w, a.scale = w->scale, a.x = x, a.y = y;
     a.n_out = (int)w->rows, a.cols = cols, a.ldw = w->wide ? 2 * w->ld : w->ld, a.ldx = ldx;
     a.cm = w->cm, a.cm_rows = w->cm_rows, a.cm_shift = w->cm_shift, a.cm_ld = w->cm_ld;
+    a.tl = w->tiled;
     return a;
 }
 
@@ -455,6 +481,9 @@ int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scra
                 widen_bs_kernel<<<dim3((unsigned)((w->ld + 4095) / 4096), (unsigned)t), 256, 0, st>>>(
                     sc->tile, w->w + r0 * w->ld, w->ld, w->cols, r0, w->cm, w->cm_rows, w->cm_shift, w->cm_ld,
                     w->rows);
+            else if (w->tiled) // r0 and t whole tiles (tile_rows: multiples of 16)
+                widen_tl_kernel<<<grid_for(t * w->ld / 16, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, w->ld,
+                                                                                t * w->ld);
             else
                 widen_kernel<<<grid_for(t * w->ld / 16, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld);
             if ((rc = cuda_err(g, cudaGetLastError(), "weights to bf16"))) break;
@@ -564,6 +593,8 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
     g->out_bf16 = p && p->type == TSR_PARAM_STRING && p->v.s && !strcmp(p->v.s, "bf16");
     p = h->param(ctx, "prefill");
     g->fp8_prefill = p && p->type == TSR_PARAM_STRING && p->v.s && !strcmp(p->v.s, "fp8");
+    p = h->param(ctx, "tile");
+    g->tile = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
     int rc;
     if ((rc = lt_err(g, cublasLtCreate(&g->lt), "cublasLtCreate"))) return rc;
     if ((rc = h->dev_alloc(ctx, kWorkspace, &g->workspace))) return rc;
@@ -778,6 +809,34 @@ float *block_tables(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, cons
 // Stored f8_e4m3 rows are kept, with their scales (blocks_of above).
 int make_wide(Gemv *g, const tsr_weight *tw, void **out);
 
+// Rows [16 i0, 16 i1) of rows (ld bytes each) into tiles (tsr_mma::tiled_offset).
+struct Retile {
+    const uint8_t *rows;
+    uint8_t *tiles;
+    int64_t ld;
+};
+void retile(void *arg, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    const Retile *j = static_cast<const Retile *>(arg);
+    for (int64_t r = 16 * i0; r < 16 * i1; r++)
+        for (int64_t k = 0; k < j->ld; k += 64)
+            memcpy(j->tiles + tsr_mma::tiled_offset(r, k, j->ld), j->rows + r * j->ld + k, 64);
+}
+
+// Whether w (quantised, not yet uploaded) is stored in 16-row tiles: every
+// pass of 1..decode_rows rows reads it through gemv_mma with one tile a
+// warp (at most 4,096 rows: gemv_row takes taller ones at one row, and
+// tiles_for gives taller ones several tiles a warp), plain rows (not a
+// gate/up pair, whose rows gemv_mma's GLU kernel pairs), no block ratios,
+// not an expert (gemv_row and the grouped kernel read those at every
+// height), and prefill through the bf16 tiles (cuBLASLt's FP8 GEMM reads
+// rows). Param tile: false keeps rows.
+bool tiles_ok(const Gemv *g, const Weight *w) {
+    return g->tile && !g->fp8_prefill && !w->pair && !w->cm && !w->expert && !w->wide &&
+           !tsr_row::row_kernel_for(tsr_mma::kFp8, (int)w->rows) &&
+           tsr_mma::tiles_for<tsr_mma::kFp8>((int)w->rows, kMaxDecodeRows) == 1;
+}
+
 int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
     const tsr_host_api *h = g->ctx->host;
     if (n == 1 && ws[0].dtype != TSR_DTYPE_F8_E4M3 && tsr_weight_role_of(g->ctx, &ws[0]) == TSR_WEIGHT_ROUTER &&
@@ -854,6 +913,18 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
             h->set_error(g->ctx, "%s: row %lld holds %g at column %lld: no fp8 scale for it", ws[job.bad_mat].name,
                          (long long)job.bad_row, (double)job.bad_val, (long long)job.bad_col);
             rc = TSR_ERR_INVALID;
+        }
+    }
+    if (rc == TSR_OK && tiles_ok(g, w)) { // rows -> 16-row tiles, over the host's thread pool
+        uint8_t *t = static_cast<uint8_t *>(malloc((size_t)bytes));
+        if (!t) {
+            rc = TSR_ERR_NOMEM;
+        } else {
+            Retile job = {q, t, ld};
+            h->parallel_for(g->ctx, rows_pad / 16, retile, &job);
+            free(q);
+            q = t;
+            w->tiled = 1;
         }
     }
     if (rc == TSR_OK) rc = cuda_err(g, cudaMemcpy(w->w, q, (size_t)bytes, cudaMemcpyHostToDevice), "upload weights");

@@ -392,6 +392,105 @@ static void test_kernel_params(void **state) {
 #endif
 }
 
+#ifdef TESSERA_CUDA
+/* y [rows, n_out] of one product of the n matrices (stacked when n > 1) of
+ * ws through k: run, or run_fused with the residual add (y starting as y0)
+ * when fused; returns run_fused's refusal (TSR_ERR_UNSUPPORTED: x rows it
+ * does not read as they are), else TSR_OK. */
+static int product_through(kenv *k, const tsr_weight *ws, int n, int64_t n_out, int64_t cols, const float *x,
+                            int rows, int fused, const float *y0, float *y) {
+    void *h = NULL;
+    int rc = n == 1 ? tsr_gemv_prepare(k->gemv, &ws[0], &h) : tsr_gemv_prepare_group(k->gemv, ws, n, &h);
+    if (rc != TSR_OK) fail_msg("prepare: %d %s", rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
+    tsr_error err;
+    tsr_error_clear(&err);
+    const size_t xn = (size_t)rows * (size_t)cols, yn = (size_t)rows * (size_t)n_out;
+    float *dx = tsr_cuda_malloc(sizeof(float) * xn, &err), *dy = tsr_cuda_malloc(sizeof(float) * yn, &err);
+    assert_true(dx && dy);
+    assert_int_equal(tsr_cuda_upload(dx, x, sizeof(float) * xn, &err), TSR_OK);
+    if (fused) {
+        assert_int_equal(tsr_cuda_upload(dy, y0, sizeof(float) * yn, &err), TSR_OK);
+        const tsr_gemv_fuse fu = {.accumulate = 1};
+        rc = tsr_gemv_run_fused(k->gemv, h, rows, dx, dy, &fu, &k->ex);
+        if (rc == TSR_ERR_UNSUPPORTED) {
+            tsr_gemv_release(k->gemv, h);
+            tsr_cuda_free(dx), tsr_cuda_free(dy);
+            return rc;
+        }
+    } else {
+        rc = tsr_gemv_run(k->gemv, h, rows, dx, dy, &k->ex);
+    }
+    if (rc != TSR_OK) fail_msg("run of %d rows: %d %s", rows, rc, tsr_engine_plugin_error(k->e, TSR_SLOT_GEMV));
+    assert_int_equal(tsr_cuda_download(y, dy, sizeof(float) * yn, &err), TSR_OK);
+    tsr_gemv_release(k->gemv, h);
+    tsr_cuda_free(dx), tsr_cuda_free(dy);
+    return TSR_OK;
+}
+#endif
+
+/* Param tile: matrices of at most 4,096 rows (not a gate/up pair) are
+ * stored in 16-row tiles, which the decode kernel reads with the same bytes
+ * in the same lanes and the prefill tiles widen back into rows: every
+ * product bit for bit the one through rows (tile: false), at 1..8 rows (the
+ * tensor-core kernel), one row with the residual add (run_fused, where x's
+ * width lets it take the add: refused alike otherwise), and 20 and 40 rows
+ * (the bf16 tiles for cuBLASLt, widened back into rows). (The kernel checks
+ * above already run tiles against the reference: they are the default.) */
+static void test_tile_layout(void **state) {
+    (void)state;
+    GPU_REQUIRE("fp8 kernel checks");
+#ifdef TESSERA_CUDA
+    kenv kt = {.decode_rows = 8}, kr = {.decode_rows = 8};
+    kenv_open(&kt, "{tile: true}");
+    kenv_open(&kr, "{tile: false}");
+    const struct { int64_t rows[3]; int n; int64_t cols; uint32_t dtype; } cases[] = {
+        {{37}, 1, 301, TSR_DTYPE_F32},          /* a part tile, rows padded to 64 bytes */
+        {{130}, 1, 1552, TSR_DTYPE_BF16},       /* three whole 512-column steps and a tail */
+        {{1000}, 1, 1000, TSR_DTYPE_F32},       /* many tiles */
+        {{5, 23, 11}, 3, 77, TSR_DTYPE_F16},    /* stacked */
+    };
+    const int row_counts[] = {1, 2, 3, 5, 8, 20, 40};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        tsr_weight ws[3];
+        void *data[3];
+        int64_t n_out = 0;
+        for (int i = 0; i < cases[c].n; i++) n_out += cases[c].rows[i];
+        const int64_t cols = cases[c].cols;
+        float *wf = malloc(sizeof(float) * (size_t)(n_out * cols));
+        assert_non_null(wf);
+        for (int i = 0, at = 0; i < cases[c].n; at += (int)cases[c].rows[i], i++) {
+            uint64_t nb;
+            data[i] = make_matrix(cases[c].dtype, cases[c].rows[i], cols, wf + (int64_t)at * cols, &nb);
+            ws[i] = (tsr_weight){"tile.weight", cases[c].dtype, cases[c].rows[i], cols, data[i], nb, NULL,
+                                 TSR_WEIGHT_DENSE};
+        }
+        for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts + 1; ri++) {
+            const int fused = ri == sizeof row_counts / sizeof *row_counts, rows = fused ? 1 : row_counts[ri];
+            const size_t xn = (size_t)rows * (size_t)cols, yn = (size_t)rows * (size_t)n_out;
+            float *x = malloc(sizeof(float) * xn), *y0 = malloc(sizeof(float) * yn);
+            float *yt = malloc(sizeof(float) * yn), *yr = malloc(sizeof(float) * yn);
+            assert_true(x && y0 && yt && yr);
+            random_x(x, (int64_t)xn);
+            random_x(y0, (int64_t)yn);
+            const int rt = product_through(&kt, ws, cases[c].n, n_out, cols, x, rows, fused, y0, yt);
+            const int rr = product_through(&kr, ws, cases[c].n, n_out, cols, x, rows, fused, y0, yr);
+            assert_int_equal(rt, rr);
+            for (size_t i = 0; rt == TSR_OK && i < yn; i++)
+                if (memcmp(&yt[i], &yr[i], sizeof(float)) != 0)
+                    fail_msg("[%lld x %lld]%s, %d rows: y[%zu] %.9g in tiles, %.9g in rows", (long long)n_out,
+                             (long long)cols, fused ? " with the add" : "", rows, i, yt[i], yr[i]);
+            free(x), free(y0), free(yt), free(yr);
+        }
+        printf("# tiles as rows, bit for bit: [%lld x %lld] at 1, 2, 3, 5, 8, 20, 40 rows%s\n", (long long)n_out,
+               (long long)cols, cols % 4 ? "" : " and with the add");
+        for (int i = 0; i < cases[c].n; i++) free(data[i]);
+        free(wf);
+    }
+    kenv_close(&kt);
+    kenv_close(&kr);
+#endif
+}
+
 #ifdef TESSERA_CUDA /* block-scale helpers */
 /* ---- FP8 checkpoints' block scales (DeepSeek-V3 style) ----
  * Stored E4M3 codes with a scale per block of br x bc (blocks along the
@@ -721,6 +820,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels),
         cmocka_unit_test(test_kernel_params),
+        cmocka_unit_test(test_tile_layout),
         cmocka_unit_test(test_block_scales),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_moe),

@@ -25,7 +25,9 @@
 // configuration; (2) TB/s of each shape at one row, weights out of L2;
 // (3) one token's GEMVs as a graph with programmatic dependent launch,
 // production everywhere against this kernel on o and down (the 4,096-row
-// matrices production runs on gemv_mma), then on q/k/v too.
+// matrices production runs on gemv_mma), then on q/k/v too. The "pre"
+// configurations take x already quantised in global memory (quant_stored,
+// not timed in (2) and (3)): the bound of a producer that writes it so.
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/gemv_mma.cuh"
@@ -61,8 +63,8 @@ __device__ __forceinline__ uint32_t split4(float4 f, float inv, uint32_t *lo) {
 // One 16-row tile a block of KW warps (chunk c to warp c % KW, U chunks'
 // loads in flight a warp), x staged as above in dynamic shared memory (2 ldw
 // bytes: hi, then lo). cols a multiple of 4; bytes past cols zero.
-template <int KW, int U> __global__ void __launch_bounds__(32 * KW) f8s(const Args p) {
-    extern __shared__ __align__(16) uint8_t xs[];
+template <int KW, int U, bool PRE = false> __global__ void __launch_bounds__(32 * KW) f8s(const Args p) {
+    extern __shared__ __align__(16) uint8_t xsh[];
     __shared__ float red[KW];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 16;
@@ -76,6 +78,11 @@ template <int KW, int U> __global__ void __launch_bounds__(32 * KW) f8s(const Ar
         if (c < nch) a[u] = tsr_mma::load_w(pa + (int64_t)c * 64), b[u] = tsr_mma::load_w(pb + (int64_t)c * 64);
     }
     tsr_pdl::wait();
+    // PRE: hi and lo already in global memory (p.x as bytes: hi [ldw], lo
+    // [ldw], then sx as a float): the bound of a producer that writes them
+    const uint8_t *xs = PRE ? reinterpret_cast<const uint8_t *>(p.x) : xsh;
+    float sx = PRE ? *reinterpret_cast<const float *>(xs + 2 * p.ldw) : 1.0f;
+    if (!PRE) {
     float m = 0.0f;
     for (int k = threadIdx.x * 4; k < p.cols; k += 32 * KW * 4) {
         const float4 f = __ldg(reinterpret_cast<const float4 *>(p.x + k));
@@ -88,16 +95,18 @@ template <int KW, int U> __global__ void __launch_bounds__(32 * KW) f8s(const Ar
     m = red[0];
 #pragma unroll
     for (int w = 1; w < KW; w++) m = fmaxf(m, red[w]);
-    const float sx = m > 0.0f ? m / 448.0f : 1.0f, inv = 1.0f / sx;
+    sx = m > 0.0f ? m / 448.0f : 1.0f;
+    const float inv = 1.0f / sx;
     for (int k = threadIdx.x * 4; k < p.cols; k += 32 * KW * 4) {
         const float4 f = __ldg(reinterpret_cast<const float4 *>(p.x + k));
         const int64_t sb = tsr_mma::e4m3_stored_col(k, p.cols); // four columns, four bytes
         uint32_t lo;
-        *reinterpret_cast<uint32_t *>(xs + sb) = split4(f, inv, &lo);
-        *reinterpret_cast<uint32_t *>(xs + p.ldw + sb) = lo;
+        *reinterpret_cast<uint32_t *>(xsh + sb) = split4(f, inv, &lo);
+        *reinterpret_cast<uint32_t *>(xsh + p.ldw + sb) = lo;
     }
-    for (int k = p.cols + threadIdx.x; k < p.ldw; k += 32 * KW) xs[k] = 0, xs[p.ldw + k] = 0;
+    for (int k = p.cols + threadIdx.x; k < p.ldw; k += 32 * KW) xsh[k] = 0, xsh[p.ldw + k] = 0;
     __syncthreads();
+    }
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const uint8_t *xb = xs + (g == 1 ? p.ldw : 0) + 16 * t;
     for (int c0 = warp; c0 < nch; c0 += KW * U) {
@@ -111,7 +120,10 @@ template <int KW, int U> __global__ void __launch_bounds__(32 * KW) f8s(const Ar
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * KW;
             if (c >= nch) continue;
-            const uint4 xv = g < 2 ? *reinterpret_cast<const uint4 *>(xb + 64 * c) : make_uint4(0, 0, 0, 0);
+            uint4 xv = make_uint4(0, 0, 0, 0);
+            if (g < 2)
+                xv = PRE ? __ldg(reinterpret_cast<const uint4 *>(xb + 64 * c))
+                         : *reinterpret_cast<const uint4 *>(xb + 64 * c);
             mma_e4m3(acc, a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
             mma_e4m3(acc, a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
         }
@@ -138,12 +150,43 @@ struct Cfg {
 static const Cfg kCfgs[] = {
     {"kw 16 u 1", f8s<16, 1>, 512}, {"kw 16 u 2", f8s<16, 2>, 512}, {"kw 8 u 1", f8s<8, 1>, 256},
     {"kw 8 u 2", f8s<8, 2>, 256},   {"kw 8 u 4", f8s<8, 4>, 256},   {"kw 4 u 4", f8s<4, 4>, 128},
+    {"pre 16 1", f8s<16, 1, true>, 512}, {"pre 16 2", f8s<16, 2, true>, 512}, {"pre 8 2", f8s<8, 2, true>, 256},
+    {"pre 8 4", f8s<8, 4, true>, 256},
 };
+static const int kFirstPre = 6;
+
+// PRE's input: x as hi and lo bytes in the stored order and sx after them
+// (one block, as the staging does it), at xq (2 ldw + 4 bytes).
+__global__ void quant_stored(const float *x, int cols, int64_t ldw, uint8_t *xq) {
+    __shared__ float red[32];
+    float m = 0.0f;
+    for (int k = threadIdx.x; k < cols; k += blockDim.x) m = fmaxf(m, fabsf(x[k]));
+    for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) m = fmaxf(m, red[w]);
+    const float sx = m > 0.0f ? m / 448.0f : 1.0f, inv = 1.0f / sx;
+    for (int k = threadIdx.x * 4; k < cols; k += blockDim.x * 4) {
+        uint32_t lo;
+        const int64_t sb = tsr_mma::e4m3_stored_col(k, cols);
+        *reinterpret_cast<uint32_t *>(xq + sb) = split4(*reinterpret_cast<const float4 *>(x + k), inv, &lo);
+        *reinterpret_cast<uint32_t *>(xq + ldw + sb) = lo;
+    }
+    for (int64_t k = cols + threadIdx.x; k < ldw; k += blockDim.x) xq[k] = 0, xq[ldw + k] = 0;
+    if (threadIdx.x == 0) *reinterpret_cast<float *>(xq + 2 * ldw) = sx;
+}
+static uint8_t *g_xq; // PRE configurations' input (made from the call's x first)
 static const int kNumCfg = sizeof kCfgs / sizeof *kCfgs;
 
-static cudaError_t launch_cfg(int ci, const Args &a, cudaStream_t st, bool pdl) {
+static cudaError_t launch_cfg(int ci, const Args &a, cudaStream_t st, bool pdl, bool quant = true) {
+    Args b = a;
+    if (ci >= kFirstPre) {
+        if (quant) quant_stored<<<1, 1024, 0, st>>>(a.x, a.cols, a.ldw, g_xq);
+        b.x = reinterpret_cast<const float *>(g_xq);
+    }
     return tsr_pdl::launch(kCfgs[ci].k, dim3((unsigned)((a.n_out + 15) / 16)), dim3(kCfgs[ci].threads),
-                           (size_t)(2 * a.ldw), st, pdl, a);
+                           ci >= kFirstPre ? 0 : (size_t)(2 * a.ldw), st, pdl, b);
 }
 
 static Args args_for(const uint8_t *w, const float *s, const float *x, float *y, int n_out, int cols) {
@@ -180,7 +223,8 @@ static void check(cudaStream_t st) {
                 const int64_t ldw = tsr_mma::row_bytes(kFp8, cols);
                 LabCase c = lab_case_new(1, n, cols, ldw, 1, amp);
                 const Args a = args_for(c.dw, c.ds, c.dx, c.dy, n, cols);
-                CK(ci < 0 ? tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, false) : launch_cfg(ci, a, st, false));
+                CK(ci < 0 ? tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, false)
+                          : launch_cfg(ci, a, st, false));
                 CK(cudaStreamSynchronize(st));
                 CK(cudaMemcpy(c.hy, c.dy, sizeof(float) * n, cudaMemcpyDeviceToHost));
                 const double e = worst_exact(c, n, cols);
@@ -192,8 +236,10 @@ static void check(cudaStream_t st) {
 }
 
 int main(void) {
+    CK(cudaMalloc(&g_xq, 2 * 14336 + 64));
     LabBufs b;
     cudaStream_t st = lab_start(check, (size_t)8 << 30, &b);
+    CK(cudaMemset(g_xq, 0, 2 * 14336 + 64)); // PRE's timed input: zeros (sx 0)
     float *xb;
     CK(cudaMalloc(&xb, 128256 * 4));
     CK(cudaMemset(xb, 0, 128256 * 4));
@@ -207,7 +253,7 @@ int main(void) {
                 const float ms = lab_calls_ms(st, 40, [&](int k) {
                     const Args a = args_for(b.pool + (size_t)(k % copies) * bytes, b.s, b.x, b.y, S.out, S.in);
                     CK(ci < 0 ? tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, false)
-                              : launch_cfg(ci, a, st, false));
+                              : launch_cfg(ci, a, st, false, false));
                 });
                 printf(" | %s%4.2f", ci < 0 ? "" : "", bytes / ms / 1e9);
             }
@@ -221,7 +267,8 @@ int main(void) {
             for (int with_qkv = 0; with_qkv < (ci < 0 ? 1 : 2); with_qkv++) {
                 const float t = lab_token_args_ms<Args>(st, b.pool, 1, b.s, b.x, xb, [&](Args &a, int sh) {
                     const bool mine = ci >= 0 && (sh == 1 || sh == 3 || (with_qkv && sh == 0));
-                    CK(mine ? launch_cfg(ci, a, st, true) : tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, true));
+                    CK(mine ? launch_cfg(ci, a, st, true, false)
+                            : tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, true));
                 });
                 printf("%s%.3f", ci < 0 ? "" : " | ", t);
             }

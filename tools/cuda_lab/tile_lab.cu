@@ -1,0 +1,121 @@
+// tile_lab - cuda_gemv_fp8's tensor-core GEMV (gemv_mma) reading its E4M3
+// weights in a tile layout instead of rows. Not part of the engine; on the
+// device:
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o tile_lab tools/cuda_lab/tile_lab.cu && ./tile_lab
+//
+// The question behind it (issue #7): f8row_lab (thirty-second session) ran
+// the FP8 tensor cores over the stored rows with the activations already
+// quantised and gained 1-4% a GEMV (o 2.14 against 2.06 TB/s), where
+// f8mma_lab, the same products over weights in 16-row tiles whose 64-column
+// chunks are 1 KiB contiguous in the lanes' order, had gained 20% (2.47):
+// so the layout, not the tensor cores' input type, carried that gain. In
+// rows, a warp's load of one chunk is 16 pieces of 64 bytes, each half of
+// a 128-byte line whose other half another warp loads; in tiles it is two
+// 512-byte runs. gemv_mma's TL instances (kernels/cuda/gemv_mma.cuh) read
+// the tiles with the same lanes getting the same bytes, so their sums are
+// production's bit for bit (section 1; the commit after 719e7f4 made them
+// production: cuda_gemv_fp8 stores such matrices in tiles). Section (2): TB/s of o and down at
+// 1, 2 and 8 rows, weights out of L2; (3): one token's GEMVs as a graph with
+// programmatic dependent launch at 1 and 8 rows, production everywhere
+// against the tile layout on o and down (the matrices gemv_mma takes at
+// one row).
+#include "kernels/cuda/gemv_mma.cuh"
+#include "kernels/cuda/gemv_row.cuh"
+#include "tools/cuda_lab/lab_util.cuh"
+
+#include <vector>
+
+using tsr_mma::Args;
+using tsr_mma::kFp8;
+
+// Row-major rows (ldw bytes apart, n_out a multiple of 16) -> tiles.
+static void to_tiles(const uint8_t *src, int n_out, int64_t ldw, uint8_t *dst) {
+    for (int64_t r = 0; r < n_out; r++)
+        for (int64_t k = 0; k < ldw; k += 64) memcpy(dst + tsr_mma::tiled_offset(r, k, ldw), src + r * ldw + k, 64);
+}
+
+// The production launcher with Args.tl set (gemv_mma's TL instances).
+static cudaError_t launch_tl(Args a, int rows, cudaStream_t st, bool pdl) {
+    a.tl = 1;
+    return tsr_mma::launch<kFp8>(a, rows, st, pdl);
+}
+
+static void check(cudaStream_t st) {
+    const int shapes[][2] = {{64, 4096}, {48, 14336}, {32, 1024}, {16, 1040}};
+    int bad = 0, cases = 0;
+    for (auto &s : shapes)
+        for (int rows : {1, 2, 3, 8}) {
+            const int n = s[0], cols = s[1];
+            const int64_t ldw = tsr_mma::row_bytes(kFp8, cols);
+            LabCase c = lab_case_new(1, n, cols, ldw, rows, 1.0f);
+            std::vector<uint8_t> tiles((size_t)n * ldw);
+            to_tiles(c.hw, n, ldw, tiles.data());
+            uint8_t *dt;
+            float *dy2;
+            CK(cudaMalloc(&dt, tiles.size()));
+            CK(cudaMalloc(&dy2, sizeof(float) * rows * n));
+            CK(cudaMemcpy(dt, tiles.data(), tiles.size(), cudaMemcpyHostToDevice));
+            Args a = {};
+            a.w = c.dw, a.scale = c.ds, a.x = c.dx, a.y = c.dy, a.n_out = n, a.cols = cols, a.ldw = ldw, a.ldx = cols;
+            CK(tsr_mma::launch<kFp8>(a, rows, st, false));
+            a.w = dt, a.y = dy2;
+            CK(launch_tl(a, rows, st, false));
+            CK(cudaStreamSynchronize(st));
+            std::vector<float> y1((size_t)rows * n), y2(y1.size());
+            CK(cudaMemcpy(y1.data(), c.dy, y1.size() * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(y2.data(), dy2, y2.size() * 4, cudaMemcpyDeviceToHost));
+            cases++;
+            if (memcmp(y1.data(), y2.data(), y1.size() * 4) != 0) {
+                bad++;
+                printf("  DIFFERS: %d x %d, %d rows\n", n, cols, rows);
+            }
+            cudaFree(dt), cudaFree(dy2);
+            lab_case_free(&c);
+        }
+    printf("  tile layout against rows, bit for bit: %d of %d cases equal\n", cases - bad, cases);
+}
+
+int main(void) {
+    LabBufs b;
+    cudaStream_t st = lab_start(check, (size_t)8 << 30, &b);
+    float *xa, *xb;
+    CK(cudaMalloc(&xa, 8 * 128256 * 4));
+    CK(cudaMalloc(&xb, 8 * 128256 * 4));
+    CK(cudaMemset(xa, 0, 8 * 128256 * 4));
+    CK(cudaMemset(xb, 0, 8 * 128256 * 4));
+    printf("\n(2) TB/s, weights out of L2 (two rounds): rows | production | tiles\n");
+    for (int round = 0; round < 2; round++)
+        for (int si : {1, 3})
+            for (int rows : {1, 2, 8}) {
+                const Shape &S = kShapes[si];
+                const size_t bytes = (size_t)S.out * S.in;
+                const size_t copies = b.pool_bytes / bytes < 64 ? b.pool_bytes / bytes : 64;
+                printf("%-20s %d", S.name, rows);
+                for (int tl = 0; tl < 2; tl++) {
+                    const float ms = lab_calls_ms(st, 40, [&](int k) {
+                        Args a = {};
+                        a.w = b.pool + (size_t)(k % copies) * bytes, a.scale = b.s, a.x = xa, a.y = xb;
+                        a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
+                        CK(tl ? launch_tl(a, rows, st, false) : tsr_mma::launch<kFp8>(a, rows, st, false));
+                    });
+                    printf(" | %4.2f", bytes / ms / 1e9);
+                }
+                printf("\n");
+            }
+    printf("\n(3) one token's GEMVs as a graph with PDL, ms (floor at 4.29 TB/s %.3f): rows | production | tiles "
+           "on o and down\n",
+           lab_token_bytes(1) / 4.29e9);
+    for (int round = 0; round < 3; round++)
+        for (int rows : {1, 8}) {
+            printf("%d", rows);
+            for (int tl = 0; tl < 2; tl++) {
+                const float t = lab_token_args_ms<Args>(st, b.pool, 1, b.s, xa, xb, [&](Args &a, int sh) {
+                    if (tl && (sh == 1 || sh == 3)) CK(launch_tl(a, rows, st, true));
+                    else CK(tsr_row::launch_decode<kFp8>(a, rows, tsr_row::kRowDense, st, true));
+                });
+                printf(" | %.3f", t);
+            }
+            printf("\n");
+        }
+    return 0;
+}
