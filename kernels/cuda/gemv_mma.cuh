@@ -135,8 +135,9 @@ struct Args {
     const float *cm;
     int cm_rows, cm_shift, cm_ld;
     // E4M3 weights in 16-row tiles (tiled_offset; gemv_mma only, plain rows
-    // without block ratios, one tile a warp): the same bytes to the same
-    // lanes as rows, so the same sums, in fewer and longer runs of memory.
+    // without block ratios; the launcher takes one tile a warp): the same
+    // bytes to the same lanes as rows, so the same sums, in fewer and longer
+    // runs of memory.
     int tl;
     // Experts chosen on the device (gemv_row only; tsr_gemv_i.run_experts):
     // grid row j computes with weights etab[sel[j]] (ldw apart, n_out x
@@ -342,7 +343,7 @@ template <int WK, int NR, int KW, int MT, int U, bool BS = false, int TPW = 1, i
 __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
     static_assert(!BS || TPW == 1, "block ratios are a row block's: one tile a warp");
     static_assert(!BS || !GLU, "a pair's gate and up rows lie in two row blocks");
-    static_assert(!TL || (TPW == 1 && !GLU && !BS), "the tile layout: plain rows, one tile a warp");
+    static_assert(!TL || (!GLU && !BS), "the tile layout: plain rows");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int mt = warp / KW, kw = warp % KW;
     const int g = lane >> 2, t = lane & 3;
@@ -356,7 +357,7 @@ __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
         const int ra = GLU ? o : min(row0 + 16 * j + g, p.n_out - 1);
         const int rb = GLU ? f + o : min(row0 + 16 * j + g + 8, p.n_out - 1);
         pa[j] = p.w + (int64_t)ra * p.ldw + 16 * t, pb[j] = p.w + (int64_t)rb * p.ldw + 16 * t;
-        if (TL) pa[j] = p.w + tiled_offset(row0, 16 * t, p.ldw) + 64 * g, pb[j] = pa[j] + 512; // rows g, 8 + g
+        if (TL) pa[j] = p.w + tiled_offset(row0 + 16 * j, 16 * t, p.ldw) + 64 * g, pb[j] = pa[j] + 512; // g, 8 + g
     }
     constexpr int64_t CS = TL ? 1024 : 64; // bytes from one chunk of a lane's row to its next
     const bool has_x = g < NR;

@@ -40,6 +40,24 @@ static cudaError_t launch_tl(Args a, int rows, cudaStream_t st, bool pdl) {
     return tsr_mma::launch<kFp8>(a, rows, st, pdl);
 }
 
+// Any height in tiles at 2 or 8 rows with the tiles a warp and warps a tile
+// production's launcher gives rows (tiles_for, 16 / TPW warps), which its
+// TL path does not take above one tile a warp: the lab's own dispatch.
+static cudaError_t launch_tl_tall(Args a, int rows, cudaStream_t st, bool pdl) {
+    a.tl = 1;
+    const int tpw = tsr_mma::tiles_for<kFp8>(a.n_out, rows);
+    const dim3 grid((unsigned)((a.n_out + 16 * tpw - 1) / (16 * tpw)));
+    switch (rows * 10 + tpw) {
+#define C(R, T)                                                                                                 \
+    case R * 10 + T:                                                                                            \
+        return tsr_pdl::launch(tsr_mma::gemv_mma<kFp8, R, 16 / T, 1, 1, false, T, 0, false, true>, grid, 32 * 16 / T, \
+                               0, st, pdl, a);
+        C(2, 1) C(2, 2) C(2, 4) C(8, 1) C(8, 2) C(8, 4)
+#undef C
+    }
+    return cudaErrorInvalidValue;
+}
+
 static void check(cudaStream_t st) {
     const int shapes[][2] = {{64, 4096}, {48, 14336}, {32, 1024}, {16, 1040}};
     int bad = 0, cases = 0;
@@ -73,6 +91,34 @@ static void check(cudaStream_t st) {
             lab_case_free(&c);
         }
     printf("  tile layout against rows, bit for bit: %d of %d cases equal\n", cases - bad, cases);
+    // several tiles a warp (tall matrices at 2 and 8 rows: launch_tl_tall)
+    bad = 0, cases = 0;
+    for (int n : {6144, 16384})
+        for (int rows : {2, 8}) {
+            const int cols = 1024;
+            LabCase c = lab_case_new(1, n, cols, cols, rows, 1.0f);
+            std::vector<uint8_t> tiles((size_t)n * cols);
+            to_tiles(c.hw, n, cols, tiles.data());
+            uint8_t *dt;
+            float *dy2;
+            CK(cudaMalloc(&dt, tiles.size()));
+            CK(cudaMalloc(&dy2, sizeof(float) * rows * n));
+            CK(cudaMemcpy(dt, tiles.data(), tiles.size(), cudaMemcpyHostToDevice));
+            Args a = {};
+            a.w = c.dw, a.scale = c.ds, a.x = c.dx, a.y = c.dy, a.n_out = n, a.cols = cols, a.ldw = cols, a.ldx = cols;
+            CK(tsr_mma::launch<kFp8>(a, rows, st, false));
+            a.w = dt, a.y = dy2;
+            CK(launch_tl_tall(a, rows, st, false));
+            CK(cudaStreamSynchronize(st));
+            std::vector<float> y1((size_t)rows * n), y2(y1.size());
+            CK(cudaMemcpy(y1.data(), c.dy, y1.size() * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(y2.data(), dy2, y2.size() * 4, cudaMemcpyDeviceToHost));
+            cases++;
+            if (memcmp(y1.data(), y2.data(), y1.size() * 4) != 0) bad++, printf("  DIFFERS: %d rows x %d, %d\n", n, cols, rows);
+            cudaFree(dt), cudaFree(dy2);
+            lab_case_free(&c);
+        }
+    printf("  several tiles a warp, bit for bit: %d of %d cases equal\n", cases - bad, cases);
 }
 
 int main(void) {
@@ -117,5 +163,37 @@ int main(void) {
             }
             printf("\n");
         }
+    printf("\n(4) the other matrices at 2 and 8 rows (several tiles a warp), TB/s, weights out of L2: rows | "
+           "production | tiles\n");
+    for (int round = 0; round < 2; round++)
+        for (int si : {0, 2, 4})
+            for (int rows : {2, 8}) {
+                const Shape &S = kShapes[si];
+                const size_t bytes = (size_t)S.out * S.in;
+                const size_t copies = b.pool_bytes / bytes < 64 ? b.pool_bytes / bytes : 64;
+                printf("%-20s %d", S.name, rows);
+                for (int tl = 0; tl < 2; tl++) {
+                    const float ms = lab_calls_ms(st, 20, [&](int k) {
+                        Args a = {};
+                        a.w = b.pool + (size_t)(k % copies) * bytes, a.scale = b.s, a.x = xa, a.y = xb;
+                        a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
+                        CK(tl ? launch_tl_tall(a, rows, st, false) : tsr_mma::launch<kFp8>(a, rows, st, false));
+                    });
+                    printf(" | %4.2f", bytes / ms / 1e9);
+                }
+                printf("\n");
+            }
+    printf("\n(5) one token's GEMVs at 8 rows as a graph with PDL, ms: production | tiles on o and down | tiles "
+           "everywhere (a verification pass's bound with tiles)\n");
+    for (int round = 0; round < 3; round++) {
+        for (int mode = 0; mode < 3; mode++) {
+            const float t = lab_token_args_ms<Args>(st, b.pool, 1, b.s, xa, xb, [&](Args &a, int sh) {
+                if (mode == 2 || (mode == 1 && (sh == 1 || sh == 3))) CK(launch_tl_tall(a, 8, st, true));
+                else CK(tsr_row::launch_decode<kFp8>(a, 8, tsr_row::kRowDense, st, true));
+            });
+            printf("%s%.3f", mode ? " | " : "", t);
+        }
+        printf("\n");
+    }
     return 0;
 }
