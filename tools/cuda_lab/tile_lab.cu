@@ -195,5 +195,45 @@ int main(void) {
         }
         printf("\n");
     }
+    printf("\n(6) o and down at one row in tiles, warps a tile / chunks in flight a warp: TB/s | one token's "
+           "GEMVs (graph, PDL) with that on o and down, ms\n");
+    struct V {
+        const char *name;
+        void (*k)(const Args);
+        int threads;
+    };
+    const V vs[] = {
+        {"16 / 1", tsr_mma::gemv_mma<kFp8, 1, 16, 1, 1, false, 1, 0, false, true>, 512},
+        {"16 / 2", tsr_mma::gemv_mma<kFp8, 1, 16, 1, 2, false, 1, 0, false, true>, 512},
+        {"8 / 2", tsr_mma::gemv_mma<kFp8, 1, 8, 1, 2, false, 1, 0, false, true>, 256},
+        {"8 / 4", tsr_mma::gemv_mma<kFp8, 1, 8, 1, 4, false, 1, 0, false, true>, 256},
+        {"32 / 1", tsr_mma::gemv_mma<kFp8, 1, 32, 1, 1, false, 1, 0, false, true>, 1024},
+        {"4 / 4", tsr_mma::gemv_mma<kFp8, 1, 4, 1, 4, false, 1, 0, false, true>, 128},
+    };
+    for (int round = 0; round < 2; round++)
+        for (const V &v : vs) {
+            printf("%-8s", v.name);
+            for (int si : {1, 3}) {
+                const Shape &S = kShapes[si];
+                const size_t bytes = (size_t)S.out * S.in;
+                const size_t copies = b.pool_bytes / bytes < 64 ? b.pool_bytes / bytes : 64;
+                const float ms = lab_calls_ms(st, 40, [&](int k) {
+                    Args a = {};
+                    a.w = b.pool + (size_t)(k % copies) * bytes, a.scale = b.s, a.x = xa, a.y = xb, a.tl = 1;
+                    a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
+                    CK(tsr_pdl::launch(v.k, dim3((unsigned)(S.out / 16)), dim3(v.threads), 0, st, false, a));
+                });
+                printf(" | %s %4.2f", S.name, bytes / ms / 1e9);
+            }
+            const float t = lab_token_args_ms<Args>(st, b.pool, 1, b.s, xa, xb, [&](Args &a, int sh) {
+                if (sh == 1 || sh == 3) {
+                    a.tl = 1;
+                    CK(tsr_pdl::launch(v.k, dim3((unsigned)(a.n_out / 16)), dim3(v.threads), 0, st, true, a));
+                } else {
+                    CK(tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, true));
+                }
+            });
+            printf(" | token %.3f\n", t);
+        }
     return 0;
 }
