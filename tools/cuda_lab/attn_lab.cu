@@ -124,6 +124,30 @@ static float layers_us(cudaStream_t st, const __nv_bfloat16 *kv, int keys, int r
     return graph_us(st, g) / kLayers;
 }
 
+// Layer 0's attention of rows rows after keys keys (q random) through
+// first(x, v) then second(x, v): prints the largest |difference| of their
+// outputs (and the largest output), then clears q again.
+template <typename A, typename B>
+static void print_diff(cudaStream_t st, const __nv_bfloat16 *kv, int keys, int rows, float *q, float *out,
+                       int32_t *pos, A first, B second) {
+    tsr_kv_view v;
+    tsr_attn_args x;
+    fill_q<<<64, 256, 0, st>>>(q, rows * kHeads * kHd, 7);
+    layer_args(kv, 0, keys, rows, q, out, &v, &x);
+    const int p0 = keys - rows;
+    CK(cudaMemcpy(pos, &p0, 4, cudaMemcpyHostToDevice));
+    std::vector<float> a((size_t)rows * kHeads * kHd), b(a.size());
+    first(&x, &v);
+    CK(cudaMemcpyAsync(a.data(), out, a.size() * 4, cudaMemcpyDeviceToHost, st));
+    second(&x, &v);
+    CK(cudaMemcpyAsync(b.data(), out, b.size() * 4, cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    double worst = 0, big = 0;
+    for (size_t i = 0; i < a.size(); i++) worst = fmax(worst, fabs(a[i] - b[i])), big = fmax(big, fabs(a[i]));
+    printf(" | %.2g (of %.2g)\n", worst, big);
+    CK(cudaMemset(q, 0, 16 * kHeads * kHd * 4));
+}
+
 int main(void) {
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -181,23 +205,15 @@ int main(void) {
                        }));
             }
             // correctness: layer 0 through both kernels, q random
-            tsr_kv_view v;
-            tsr_attn_args x;
-            fill_q<<<64, 256, 0, st>>>(q, rows * kHeads * kHd, 7);
-            layer_args(kv, 0, keys, rows, q, out, &v, &x);
-            const int p0 = keys - rows;
-            CK(cudaMemcpy(pos, &p0, 4, cudaMemcpyHostToDevice));
-            CK((launch_split<false, false>(dim3(rows * kKv, 16), 32 * (kHeads / kKv), st, false, &x, &v, part, count,
-                                          kHeads / kKv, true, pos, true, 0, 16)));
-            std::vector<float> a((size_t)rows * kHeads * kHd), b(a.size());
-            CK(cudaMemcpyAsync(a.data(), out, a.size() * 4, cudaMemcpyDeviceToHost, st));
-            CK((launch_cluster<false, false>(8, st, false, &x, &v, kHeads / kKv, pos)));
-            CK(cudaMemcpyAsync(b.data(), out, b.size() * 4, cudaMemcpyDeviceToHost, st));
-            CK(cudaStreamSynchronize(st));
-            double worst = 0, big = 0;
-            for (size_t i = 0; i < a.size(); i++) worst = fmax(worst, fabs(a[i] - b[i])), big = fmax(big, fabs(a[i]));
-            printf(" | %.2g (of %.2g)\n", worst, big);
-            CK(cudaMemset(q, 0, 16 * kHeads * kHd * 4));
+            print_diff(
+                st, kv, keys, rows, q, out, pos,
+                [&](tsr_attn_args *x, tsr_kv_view *v) {
+                    CK((launch_split<false, false>(dim3(rows * kKv, 16), 32 * (kHeads / kKv), st, false, x, v, part,
+                                                  count, kHeads / kKv, true, pos, true, 0, 16)));
+                },
+                [&](tsr_attn_args *x, tsr_kv_view *v) {
+                    CK((launch_cluster<false, false>(8, st, false, x, v, kHeads / kKv, pos)));
+                });
         }
     printf("tensor-core kernel (prefill.cu, captured with the position on the device): rows keys | us per layer "
            "with 1, 2, 4, 8, 16 key splits\n");

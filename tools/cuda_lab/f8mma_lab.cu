@@ -38,31 +38,11 @@
 using tsr_mma::Args;
 using tsr_mma::kFp8;
 
-__device__ __forceinline__ void mma_e4m3(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // x [cols] -> xq: per 64-column chunk c, 64 bytes of hi then 64 of lo; *sx
 // the factor (largest |x| / 448). One block.
 __global__ void quant_x(const float *x, int cols, uint8_t *xq, float *sx) {
-    __shared__ float red[32];
-    float m = 0.0f;
-    for (int k = threadIdx.x; k < cols; k += blockDim.x) m = fmaxf(m, fabsf(x[k]));
-    for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        m = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-        for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
-        if (threadIdx.x == 0) red[0] = m > 0.0f ? m / 448.0f : 1.0f;
-    }
-    __syncthreads();
-    const float inv = 1.0f / red[0];
-    if (threadIdx.x == 0) *sx = red[0];
+    const float m = lab_block_absmax(x, cols), s = m > 0.0f ? m / 448.0f : 1.0f, inv = 1.0f / s;
+    if (threadIdx.x == 0) *sx = s;
     for (int k = threadIdx.x; k < cols; k += blockDim.x) {
         const float v = x[k] * inv;
         const __nv_fp8_e4m3 h(v);

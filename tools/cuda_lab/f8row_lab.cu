@@ -37,14 +37,6 @@
 using tsr_mma::Args;
 using tsr_mma::kFp8;
 
-__device__ __forceinline__ void mma_e4m3(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Four activations times inv as E4M3 hi (returned) and lo (*lo), a byte each.
 __device__ __forceinline__ uint32_t split4(float4 f, float inv, uint32_t *lo) {
     const float2 p0 = make_float2(f.x * inv, f.y * inv), p1 = make_float2(f.z * inv, f.w * inv);
@@ -158,14 +150,7 @@ static const int kFirstPre = 6;
 // PRE's input: x as hi and lo bytes in the stored order and sx after them
 // (one block, as the staging does it), at xq (2 ldw + 4 bytes).
 __global__ void quant_stored(const float *x, int cols, int64_t ldw, uint8_t *xq) {
-    __shared__ float red[32];
-    float m = 0.0f;
-    for (int k = threadIdx.x; k < cols; k += blockDim.x) m = fmaxf(m, fabsf(x[k]));
-    for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = 0.0f;
-    for (int w = 0; w < (int)blockDim.x / 32; w++) m = fmaxf(m, red[w]);
+    const float m = lab_block_absmax(x, cols);
     const float sx = m > 0.0f ? m / 448.0f : 1.0f, inv = 1.0f / sx;
     for (int k = threadIdx.x * 4; k < cols; k += blockDim.x * 4) {
         uint32_t lo;

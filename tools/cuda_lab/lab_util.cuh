@@ -129,6 +129,31 @@ __global__ void lab_fill(uint8_t *p, size_t n, uint32_t seed) {
     }
 }
 
+// The largest |x[k]| of x[0..n) over the whole block (blockDim.x a
+// multiple of 32, at most 1,024), in every thread.
+__device__ __forceinline__ float lab_block_absmax(const float *x, int n) {
+    __shared__ float red[32];
+    float m = 0.0f;
+    for (int k = threadIdx.x; k < n; k += blockDim.x) m = fmaxf(m, fabsf(x[k]));
+    for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) m = fmaxf(m, red[w]);
+    return m;
+}
+
+// c += A B on the FP8 tensor cores (mma.m16n8k32, E4M3 x E4M3, f32 sums):
+// a0..a3 the lane's A fragment (rows g, g + 8 at k 4t.. and 16 + 4t..), b0,
+// b1 its B fragment (column g at the same k). sm_89 and later.
+__device__ __forceinline__ void mma_e4m3(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // The bandwidth labs' device buffers: a pool of weights filled by lab_fill,
 // two activation rows (zeros), an output row and a row of scales (zeros),
 // each for up to the LM head's 128,256 outputs.

@@ -58,67 +58,77 @@ static cudaError_t launch_tl_tall(Args a, int rows, cudaStream_t st, bool pdl) {
     return cudaErrorInvalidValue;
 }
 
+// One case: n x cols random E4M3 rows at rows input rows through
+// production's launcher on rows and through tiled(a, rows) on the same
+// bytes in tiles; 1 if every output is bit for bit the same.
+template <typename F> static int same_in_tiles(cudaStream_t st, int n, int cols, int rows, F tiled) {
+    const int64_t ldw = tsr_mma::row_bytes(kFp8, cols);
+    LabCase c = lab_case_new(1, n, cols, ldw, rows, 1.0f);
+    std::vector<uint8_t> tiles((size_t)n * ldw);
+    to_tiles(c.hw, n, ldw, tiles.data());
+    uint8_t *dt;
+    float *dy2;
+    CK(cudaMalloc(&dt, tiles.size()));
+    CK(cudaMalloc(&dy2, sizeof(float) * rows * n));
+    CK(cudaMemcpy(dt, tiles.data(), tiles.size(), cudaMemcpyHostToDevice));
+    Args a = {};
+    a.w = c.dw, a.scale = c.ds, a.x = c.dx, a.y = c.dy, a.n_out = n, a.cols = cols, a.ldw = ldw, a.ldx = cols;
+    CK(tsr_mma::launch<kFp8>(a, rows, st, false));
+    a.w = dt, a.y = dy2;
+    CK(tiled(a, rows));
+    CK(cudaStreamSynchronize(st));
+    std::vector<float> y1((size_t)rows * n), y2(y1.size());
+    CK(cudaMemcpy(y1.data(), c.dy, y1.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(y2.data(), dy2, y2.size() * 4, cudaMemcpyDeviceToHost));
+    const int same = memcmp(y1.data(), y2.data(), y1.size() * 4) == 0;
+    if (!same) printf("  DIFFERS: %d x %d, %d rows\n", n, cols, rows);
+    cudaFree(dt), cudaFree(dy2);
+    lab_case_free(&c);
+    return same;
+}
+
 static void check(cudaStream_t st) {
     const int shapes[][2] = {{64, 4096}, {48, 14336}, {32, 1024}, {16, 1040}};
-    int bad = 0, cases = 0;
+    int same = 0, cases = 0;
     for (auto &s : shapes)
         for (int rows : {1, 2, 3, 8}) {
-            const int n = s[0], cols = s[1];
-            const int64_t ldw = tsr_mma::row_bytes(kFp8, cols);
-            LabCase c = lab_case_new(1, n, cols, ldw, rows, 1.0f);
-            std::vector<uint8_t> tiles((size_t)n * ldw);
-            to_tiles(c.hw, n, ldw, tiles.data());
-            uint8_t *dt;
-            float *dy2;
-            CK(cudaMalloc(&dt, tiles.size()));
-            CK(cudaMalloc(&dy2, sizeof(float) * rows * n));
-            CK(cudaMemcpy(dt, tiles.data(), tiles.size(), cudaMemcpyHostToDevice));
-            Args a = {};
-            a.w = c.dw, a.scale = c.ds, a.x = c.dx, a.y = c.dy, a.n_out = n, a.cols = cols, a.ldw = ldw, a.ldx = cols;
-            CK(tsr_mma::launch<kFp8>(a, rows, st, false));
-            a.w = dt, a.y = dy2;
-            CK(launch_tl(a, rows, st, false));
-            CK(cudaStreamSynchronize(st));
-            std::vector<float> y1((size_t)rows * n), y2(y1.size());
-            CK(cudaMemcpy(y1.data(), c.dy, y1.size() * 4, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(y2.data(), dy2, y2.size() * 4, cudaMemcpyDeviceToHost));
             cases++;
-            if (memcmp(y1.data(), y2.data(), y1.size() * 4) != 0) {
-                bad++;
-                printf("  DIFFERS: %d x %d, %d rows\n", n, cols, rows);
-            }
-            cudaFree(dt), cudaFree(dy2);
-            lab_case_free(&c);
+            same += same_in_tiles(st, s[0], s[1], rows, [&](const Args &a, int r) { return launch_tl(a, r, st, false); });
         }
-    printf("  tile layout against rows, bit for bit: %d of %d cases equal\n", cases - bad, cases);
-    // several tiles a warp (tall matrices at 2 and 8 rows: launch_tl_tall)
-    bad = 0, cases = 0;
+    printf("  tile layout against rows, bit for bit: %d of %d cases equal\n", same, cases);
+    same = 0, cases = 0; // several tiles a warp (tall matrices at 2 and 8 rows: launch_tl_tall)
     for (int n : {6144, 16384})
         for (int rows : {2, 8}) {
-            const int cols = 1024;
-            LabCase c = lab_case_new(1, n, cols, cols, rows, 1.0f);
-            std::vector<uint8_t> tiles((size_t)n * cols);
-            to_tiles(c.hw, n, cols, tiles.data());
-            uint8_t *dt;
-            float *dy2;
-            CK(cudaMalloc(&dt, tiles.size()));
-            CK(cudaMalloc(&dy2, sizeof(float) * rows * n));
-            CK(cudaMemcpy(dt, tiles.data(), tiles.size(), cudaMemcpyHostToDevice));
-            Args a = {};
-            a.w = c.dw, a.scale = c.ds, a.x = c.dx, a.y = c.dy, a.n_out = n, a.cols = cols, a.ldw = cols, a.ldx = cols;
-            CK(tsr_mma::launch<kFp8>(a, rows, st, false));
-            a.w = dt, a.y = dy2;
-            CK(launch_tl_tall(a, rows, st, false));
-            CK(cudaStreamSynchronize(st));
-            std::vector<float> y1((size_t)rows * n), y2(y1.size());
-            CK(cudaMemcpy(y1.data(), c.dy, y1.size() * 4, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(y2.data(), dy2, y2.size() * 4, cudaMemcpyDeviceToHost));
             cases++;
-            if (memcmp(y1.data(), y2.data(), y1.size() * 4) != 0) bad++, printf("  DIFFERS: %d rows x %d, %d\n", n, cols, rows);
-            cudaFree(dt), cudaFree(dy2);
-            lab_case_free(&c);
+            same += same_in_tiles(st, n, 1024, rows,
+                                  [&](const Args &a, int r) { return launch_tl_tall(a, r, st, false); });
         }
-    printf("  several tiles a warp, bit for bit: %d of %d cases equal\n", cases - bad, cases);
+    printf("  several tiles a warp, bit for bit: %d of %d cases equal\n", same, cases);
+}
+
+// Two rounds of TB/s (weights out of L2) of kShapes[shapes] at each row
+// count: production's launcher on rows, then tiled on the same bytes.
+template <typename F>
+static void print_tbps(cudaStream_t st, const LabBufs &b, float *xa, float *xb, std::initializer_list<int> shapes,
+                       std::initializer_list<int> row_counts, int reps, F tiled) {
+    for (int round = 0; round < 2; round++)
+        for (int si : shapes)
+            for (int rows : row_counts) {
+                const Shape &S = kShapes[si];
+                const size_t bytes = (size_t)S.out * S.in;
+                const size_t copies = b.pool_bytes / bytes < 64 ? b.pool_bytes / bytes : 64;
+                printf("%-20s %d", S.name, rows);
+                for (int tl = 0; tl < 2; tl++) {
+                    const float ms = lab_calls_ms(st, reps, [&](int k) {
+                        Args a = {};
+                        a.w = b.pool + (size_t)(k % copies) * bytes, a.scale = b.s, a.x = xa, a.y = xb;
+                        a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
+                        CK(tl ? tiled(a, rows, st, false) : tsr_mma::launch<kFp8>(a, rows, st, false));
+                    });
+                    printf(" | %4.2f", bytes / ms / 1e9);
+                }
+                printf("\n");
+            }
 }
 
 int main(void) {
@@ -130,24 +140,7 @@ int main(void) {
     CK(cudaMemset(xa, 0, 8 * 128256 * 4));
     CK(cudaMemset(xb, 0, 8 * 128256 * 4));
     printf("\n(2) TB/s, weights out of L2 (two rounds): rows | production | tiles\n");
-    for (int round = 0; round < 2; round++)
-        for (int si : {1, 3})
-            for (int rows : {1, 2, 8}) {
-                const Shape &S = kShapes[si];
-                const size_t bytes = (size_t)S.out * S.in;
-                const size_t copies = b.pool_bytes / bytes < 64 ? b.pool_bytes / bytes : 64;
-                printf("%-20s %d", S.name, rows);
-                for (int tl = 0; tl < 2; tl++) {
-                    const float ms = lab_calls_ms(st, 40, [&](int k) {
-                        Args a = {};
-                        a.w = b.pool + (size_t)(k % copies) * bytes, a.scale = b.s, a.x = xa, a.y = xb;
-                        a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
-                        CK(tl ? launch_tl(a, rows, st, false) : tsr_mma::launch<kFp8>(a, rows, st, false));
-                    });
-                    printf(" | %4.2f", bytes / ms / 1e9);
-                }
-                printf("\n");
-            }
+    print_tbps(st, b, xa, xb, {1, 3}, {1, 2, 8}, 40, launch_tl);
     printf("\n(3) one token's GEMVs as a graph with PDL, ms (floor at 4.29 TB/s %.3f): rows | production | tiles "
            "on o and down\n",
            lab_token_bytes(1) / 4.29e9);
@@ -165,24 +158,7 @@ int main(void) {
         }
     printf("\n(4) the other matrices at 2 and 8 rows (several tiles a warp), TB/s, weights out of L2: rows | "
            "production | tiles\n");
-    for (int round = 0; round < 2; round++)
-        for (int si : {0, 2, 4})
-            for (int rows : {2, 8}) {
-                const Shape &S = kShapes[si];
-                const size_t bytes = (size_t)S.out * S.in;
-                const size_t copies = b.pool_bytes / bytes < 64 ? b.pool_bytes / bytes : 64;
-                printf("%-20s %d", S.name, rows);
-                for (int tl = 0; tl < 2; tl++) {
-                    const float ms = lab_calls_ms(st, 20, [&](int k) {
-                        Args a = {};
-                        a.w = b.pool + (size_t)(k % copies) * bytes, a.scale = b.s, a.x = xa, a.y = xb;
-                        a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
-                        CK(tl ? launch_tl_tall(a, rows, st, false) : tsr_mma::launch<kFp8>(a, rows, st, false));
-                    });
-                    printf(" | %4.2f", bytes / ms / 1e9);
-                }
-                printf("\n");
-            }
+    print_tbps(st, b, xa, xb, {0, 2, 4}, {2, 8}, 20, launch_tl_tall);
     printf("\n(5) one token's GEMVs at 8 rows as a graph with PDL, ms: production | tiles on o and down | tiles "
            "everywhere (a verification pass's bound with tiles)\n");
     for (int round = 0; round < 3; round++) {
