@@ -192,7 +192,6 @@ __host__ __device__ inline int64_t tiled_offset(int64_t r, int64_t k, int64_t ld
     return (r / 16) * 16 * ldw + (k / 64) * 1024 + (g < 8 ? 64 * g : 512 + 64 * (g - 8)) + k % 64;
 }
 
-
 // y = v, or y + v with accum (never contracted into a multiply-add, so that
 // it is the host's add of run()'s result).
 __device__ __forceinline__ void store_y(const Args &p, float *y, float v) { *y = p.accum ? __fadd_rn(*y, v) : v; }

@@ -138,7 +138,7 @@ struct Weight {
     int wide;
     // Stored in gemv_mma.cuh's 16-row tiles (tsr_mma::tiled_offset; tiles_ok):
     // the decode kernel reads them with Args.tl, the prefill tiles are
-    // widened back into rows (widen_tl_kernel).
+    // widened back into rows (widen_kernel's tl_ld).
     int tiled;
 };
 
@@ -223,36 +223,24 @@ __global__ void rescale_kernel(float *__restrict__ y, const DT *__restrict__ d, 
 // rows of e4m3 weights widened to bf16 (exact), n = rows * ld values (a
 // multiple of 16): 16 codes a thread a step (one 16-byte load, two 16-byte
 // stores), where 2 a step made a thread's loads 2 bytes wide (BENCHMARKS.md,
-// twentieth session)
-__global__ void widen_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ src, int64_t n) {
+// twentieth session). tl_ld > 0: src holds whole 16-row tiles of rows tl_ld
+// bytes each (Weight.tiled), each 16-byte piece widened to its row's place
+// (the inverse of tsr_mma::tiled_offset).
+__global__ void widen_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ src, int64_t n,
+                             int64_t tl_ld) {
     for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 16; i < n;
          i += (int64_t)gridDim.x * blockDim.x * 16) {
+        int64_t o = i;
+        if (tl_ld > 0) { // tile, then within it chunk (1 KiB), half (rows 0-7, 8-15), row, byte
+            const int64_t in = i % (16 * tl_ld), q = in % 1024;
+            o = (i / (16 * tl_ld) * 16 + 8 * (q / 512) + q % 512 / 64) * tl_ld + in / 1024 * 64 + q % 64;
+        }
         const uint4 v = *reinterpret_cast<const uint4 *>(src + i);
         const uint32_t words[4] = {v.x, v.y, v.z, v.w};
         uint32_t out[8];
 #pragma unroll
         for (int q = 0; q < 4; q++) tsr_mma::e4m3x4_bf16(words[q], 1.0f, out + 2 * q);
-        uint4 *d = reinterpret_cast<uint4 *>(dst + i);
-        d[0] = make_uint4(out[0], out[1], out[2], out[3]);
-        d[1] = make_uint4(out[4], out[5], out[6], out[7]);
-    }
-}
-
-// widen_kernel for a Weight.tiled matrix: the n bytes at src (whole 16-row
-// tiles, ld bytes a row) into rows of bf16 at dst, each 16-byte piece of a
-// tile (tsr_mma::tiled_offset) to its row's place.
-__global__ void widen_tl_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ src, int64_t ld,
-                                int64_t n) {
-    for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 16; i < n;
-         i += (int64_t)gridDim.x * blockDim.x * 16) {
-        const int64_t tile = i / (16 * ld), in = i % (16 * ld), q = in % 1024, h = q / 512;
-        const int64_t r = tile * 16 + 8 * h + (q % 512) / 64, k = (in / 1024) * 64 + q % 64;
-        const uint4 v = *reinterpret_cast<const uint4 *>(src + i);
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-        uint32_t out[8];
-#pragma unroll
-        for (int j = 0; j < 4; j++) tsr_mma::e4m3x4_bf16(words[j], 1.0f, out + 2 * j);
-        uint4 *d = reinterpret_cast<uint4 *>(dst + r * ld + k);
+        uint4 *d = reinterpret_cast<uint4 *>(dst + o);
         d[0] = make_uint4(out[0], out[1], out[2], out[3]);
         d[1] = make_uint4(out[4], out[5], out[6], out[7]);
     }
@@ -481,11 +469,9 @@ int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scra
                 widen_bs_kernel<<<dim3((unsigned)((w->ld + 4095) / 4096), (unsigned)t), 256, 0, st>>>(
                     sc->tile, w->w + r0 * w->ld, w->ld, w->cols, r0, w->cm, w->cm_rows, w->cm_shift, w->cm_ld,
                     w->rows);
-            else if (w->tiled) // r0 and t whole tiles (tile_rows: multiples of 16)
-                widen_tl_kernel<<<grid_for(t * w->ld / 16, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, w->ld,
-                                                                                t * w->ld);
-            else
-                widen_kernel<<<grid_for(t * w->ld / 16, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld);
+            else // a tiled weight: r0 and t whole tiles (tile_rows: multiples of 16)
+                widen_kernel<<<grid_for(t * w->ld / 16, 256), 256, 0, st>>>(sc->tile, w->w + r0 * w->ld, t * w->ld,
+                                                                            w->tiled ? w->ld : 0);
             if ((rc = cuda_err(g, cudaGetLastError(), "weights to bf16"))) break;
         }
         Algo tmp = {}, *a = nullptr;
