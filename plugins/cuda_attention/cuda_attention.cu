@@ -27,6 +27,7 @@
 #include <cooperative_groups.h>
 
 #include "plugins/cuda_attention/merge.cuh"
+#include "plugins/cuda_attention/packed.cuh"
 #include "plugins/cuda_attention/prefill.h"
 #endif
 
@@ -62,6 +63,8 @@ struct Attn {
     int cluster;          // split-K decode through cluster_kernel (1) or split_kernel (0)
     int cluster_splits;   // cluster_kernel: most blocks (key splits) per (row, KV head), <= kCMaxSplits
     int cluster_rows;     // passes of up to this many rows through cluster_kernel even where prefill.cu reads
+    int packed_rows;      // passes of packed_rows..cluster_rows rows through packed_kernel where it reads (0: never)
+    int packed_splits;    // packed_kernel: key splits (blocks of a cluster) per KV head, <= kPMaxSplits
     int graph_heads;      // query heads the captured-pass scratch was sized for
     int sms;              // multiprocessors of the device
     float *graph_scratch; // partial results of a captured pass (TSR_GRAPH_MAX_ROWS rows)
@@ -834,6 +837,11 @@ int a_init(void *inst, const tsr_plugin_ctx *ctx) {
     a->cluster = p ? (int)p->v.i : 1;
     p = ctx->host->param(ctx, "cluster_rows");
     a->cluster_rows = p ? (int)p->v.i : 8;
+    p = ctx->host->param(ctx, "packed_rows");
+    a->packed_rows = p ? (int)p->v.i : 2;
+    p = ctx->host->param(ctx, "packed_splits");
+    a->packed_splits = p ? (int)p->v.i : cuda_attn::kPMaxSplits;
+    if (a->packed_splits < 1 || a->packed_splits > cuda_attn::kPMaxSplits) a->packed_splits = cuda_attn::kPMaxSplits;
     p = ctx->host->param(ctx, "cluster_splits");
     a->cluster_splits = p ? (int)p->v.i : kCMaxSplits;
     if (a->cluster_splits < 1 || a->cluster_splits > kCMaxSplits) a->cluster_splits = kCMaxSplits;
@@ -900,6 +908,15 @@ int a_run(void *inst, const tsr_attn_args *x, const tsr_exec *ex) {
 #ifdef CUDA_ATTN_SPLIT
     const int32_t *dev_pos0 = ex->step ? &ex->step->pos0 : nullptr;
     const bool tiles = x->rows >= a->tile_rows && cuda_attn_prefill_supported(x);
+    if (a->packed_rows > 0 && x->rows >= a->packed_rows && x->rows <= a->cluster_rows && cuda_attn::packed_reads(x, kv)) {
+        /* verification of drafts over bf16 KV: rows x group on the tensor cores */
+        const cudaError_t e = cuda_attn::launch_packed(a->packed_splits, st, ex->pdl != 0, x, kv, dev_pos0);
+        if (e != cudaSuccess) {
+            a->ctx->host->set_error(a->ctx, "packed attention: %s", cudaGetErrorString(e));
+            return TSR_ERR_DEVICE;
+        }
+        return TSR_OK;
+    }
     if (a->cluster && group <= kMaxGroup && cluster_reads(x, kv) && (x->rows <= a->cluster_rows || !tiles))
         return run_cluster(a, x, ex, group, keys); /* decode, verification; prefill prefill.cu cannot take */
     if (tiles) { // prefill.cu, captured or not

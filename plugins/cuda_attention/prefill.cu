@@ -17,14 +17,9 @@
 // cores against the stored bf16 K and V (products of two bf16 are exact in
 // f32), so each term keeps 16 significant bits and the sums are f32.
 //
-// Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16): g = lane / 4,
-// t = lane % 4. A (16x16, row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..),
-// a2 = (g, 2t+8..), a3 = (g+8, 2t+8..). B (16x8, k x n): b0 = (k 2t..2t+1,
-// n g), b1 = (k 2t+8.., n g). C (16x8 f32): c0,c1 = (g, 2t..2t+1),
-// c2,c3 = (g+8, 2t..). The low 16 bits of a register hold the element of
-// lower index. ldmatrix x4: lanes 8m..8m+7 give the row addresses of 8x8
-// matrix m, and register m of lane L receives row L/4, columns 2(L%4)..+1
-// of it (.trans: column L/4, rows 2(L%4)..+1).
+// Fragment layouts: mma.cuh. ldmatrix x4: lanes 8m..8m+7 give the row
+// addresses of 8x8 matrix m, and register m of lane L receives row L/4,
+// columns 2(L%4)..+1 of it (.trans: column L/4, rows 2(L%4)..+1).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <limits.h>
@@ -32,6 +27,7 @@
 #include <stdint.h>
 
 #include "plugins/cuda_attention/merge.cuh"
+#include "plugins/cuda_attention/mma.cuh"
 #include "plugins/cuda_attention/prefill.h"
 
 namespace {
@@ -82,32 +78,9 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const __nv_bfloat16
                  : "r"(smem_u32(p)));
 }
 
-// c += a * b (16x16 by 16x8).
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(__nv_bfloat16 lo_index, __nv_bfloat16 hi_index) {
-    return (uint32_t)__bfloat16_as_ushort(lo_index) | ((uint32_t)__bfloat16_as_ushort(hi_index) << 16);
-}
-
-// The pair (x, y) as hi and lo bf16 halves, each packed x in the low 16 bits.
-__device__ __forceinline__ void split_pair(float x, float y, uint32_t *hi, uint32_t *lo) {
-    const __nv_bfloat16 hx = __float2bfloat16_rn(x), hy = __float2bfloat16_rn(y);
-    *hi = pack_bf16(hx, hy);
-    *lo = pack_bf16(__float2bfloat16_rn(x - __bfloat162float(hx)), __float2bfloat16_rn(y - __bfloat162float(hy)));
-}
-
-// A paged view's block table (PAGED instances only): key t's row starts at
-// table[t / bs] * bstride + (t % bs) * ts elements.
-struct Pages {
-    const int32_t *table;
-    int bs;
-    int64_t bstride;
-};
+using cuda_attn::mma_bf16;
+using cuda_attn::Pages;
+using cuda_attn::split_pair;
 
 // Keys [t0, t0 + kBN) of KV head kvh into one buffer: cp.async for keys
 // <= last, zeros past it (never read from global memory).
@@ -121,11 +94,7 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16 *ks, __nv_bfloat16 *vs, 
         const int r = idx / kPieces, c = (idx % kPieces) * 8, t = t0 + r;
         __nv_bfloat16 *kd = ks + r * S + c, *vd = vs + r * S + c;
         if (t <= last) {
-            int64_t off;
-            if constexpr (PAGED)
-                off = (int64_t)pg.table[t / pg.bs] * pg.bstride + (int64_t)(t % pg.bs) * ts + (int64_t)kvh * hs + c;
-            else
-                off = (int64_t)t * ts + (int64_t)kvh * hs + c;
+            const int64_t off = cuda_attn::key_row<PAGED>(t, ts, pg) + (int64_t)kvh * hs + c;
             cp_async16(kd, K + off);
             cp_async16(vd, V + off);
         } else {

@@ -15,9 +15,11 @@
  *    and the same saturating round-to-nearest-even as the kernel), and, as
  *    the lossy bound the manifest rests on, |scale * q - x| <= 2^-4 |x| +
  *    2^-10 scale (E4M3: 3 mantissa bits; subnormal steps of 2^-9).
- * 2. Attention of passes of 1, 2, 3, 8 (cluster_kernel where head_dim is 64
- *    or 128, else split-K) and 40 rows (the tensor-core prefill kernel for
- *    bf16, cluster_kernel or split-K for fp8) at the end of the sequence,
+ * 2. Attention of passes of 1, 2, 3, 5, 7, 8 (cluster_kernel where head_dim is 64
+ *    or 128, else split-K; 2-8 rows over bf16 packed_kernel, and again
+ *    through cluster_kernel with packed_rows 0) and 40 rows (the
+ *    tensor-core prefill kernel for bf16, cluster_kernel or split-K for
+ *    fp8) at the end of the sequence,
  *    through the paged view and through a contiguous copy of it, with every
  *    key and with a sliding window of 97, against a plain f64 reference
  *    over the stored values read back in 1: |out - ref| <= 1e-3 * max|ref|
@@ -142,6 +144,8 @@ static void run_case(const kcase *c, uint64_t *rng) {
                        {"capacity_tokens", TSR_PARAM_INT, {.i = capacity}}};
     gpu_instance *kv = gpu_instance_new("cuda_kv_paged", TSR_SLOT_KV_CACHE, &md, kp, 3);
     gpu_instance *at = gpu_instance_new("cuda_attention", TSR_SLOT_ATTENTION, &md, NULL, 0);
+    const tsr_param no_packed = {"packed_rows", TSR_PARAM_INT, {.i = 0}}; /* cluster_kernel at 2-8 rows */
+    gpu_instance *atc = gpu_instance_new("cuda_attention", TSR_SLOT_ATTENTION, &md, &no_packed, 1);
     const tsr_kv_cache_i *it = kv->desc->iface;
 
     /* two sequences, random K/V with a per-head spread of magnitudes */
@@ -290,7 +294,7 @@ static void run_case(const kcase *c, uint64_t *rng) {
      * through the paged view and the contiguous copy */
     static const struct {
         int rows, window; /* window 0: every key */
-    } passes[] = {{1, 0}, {2, 0}, {3, 0}, {8, 0}, {40, 0}, {1, 97}, {8, 97}, {40, 97}};
+    } passes[] = {{1, 0}, {2, 0}, {3, 0}, {5, 0}, {8, 0}, {40, 0}, {1, 97}, {7, 97}, {8, 97}, {40, 97}};
     const float scale = 1.0f / sqrtf((float)hd);
     for (size_t ri = 0; ri < sizeof passes / sizeof *passes; ri++) {
         const int rows = passes[ri].rows, window = passes[ri].window, pos0 = T - rows;
@@ -324,12 +328,16 @@ static void run_case(const kcase *c, uint64_t *rng) {
         float *q_d = dev((size_t)qn * sizeof *q), *out_d = dev((size_t)qn * sizeof *q);
         gpu_upload(q_d, q, (size_t)qn * sizeof *q);
         assert_int_equal(it->view(kv->inst, s[0].id, layer, &view), TSR_OK);
-        for (int contiguous = 0; contiguous < 2; contiguous++) {
+        for (int run = 0; run < 4; run++) {
+            /* runs 0, 1: paged, contiguous; 2, 3: the same through cluster_kernel where packed_kernel took them */
+            const int contiguous = run & 1, plain = run >> 1;
+            if (plain && !(rows >= 2 && rows <= 8 && !fp8 && (hd == 64 || hd == 128))) continue;
             tsr_attn_args a = {rows, pos0, c->n_heads, n_kv, hd, scale, window, q_d, contiguous ? &cview : &view,
                                out_d};
-            const tsr_attention_i *ai = at->desc->iface;
+            const gpu_instance *ain = plain ? atc : at;
+            const tsr_attention_i *ai = ain->desc->iface;
             plugin_err[0] = 0;
-            const int rc = ai->run(at->inst, &a, exec_eager());
+            const int rc = ai->run(ain->inst, &a, exec_eager());
             if (rc != TSR_OK) fail_msg("cuda_attention: status %d: %s", rc, plugin_err);
             gpu_download(got, out_d, (size_t)qn * sizeof *got);
             double max_ref = 0, max_diff = 0, num = 0, den = 0;
@@ -349,12 +357,14 @@ static void run_case(const kcase *c, uint64_t *rng) {
             const double nmse = num / den;
             if (!(nmse <= TOL_NMSE)) fail_msg("nmse %.3g > %.0e", nmse, TOL_NMSE);
             if (contiguous)
-                printf("# %-7s heads %2d/%d d %3d, contiguous, %2d rows at %3d, window %2d: max |diff| %.3g (bound "
-                       "%.3g), nmse %.3g\n", c->dtype, c->n_heads, n_kv, hd, rows, pos0, window, max_diff, bound, nmse);
+                printf("# %-7s heads %2d/%d d %3d, contiguous, %2d rows at %3d, window %2d%s: max |diff| %.3g (bound "
+                       "%.3g), nmse %.3g\n", c->dtype, c->n_heads, n_kv, hd, rows, pos0, window,
+                       plain ? ", packed_rows 0" : "", max_diff, bound, nmse);
             else
                 printf("# %-7s heads %2d/%d d %3d, blocks of %2d (%d of %d not after their predecessor), %2d rows at "
-                       "%3d, window %2d: max |diff| %.3g (bound %.3g), nmse %.3g\n", c->dtype, c->n_heads, n_kv, hd,
-                       c->block_size, scattered, nb, rows, pos0, window, max_diff, bound, nmse);
+                       "%3d, window %2d%s: max |diff| %.3g (bound %.3g), nmse %.3g\n", c->dtype, c->n_heads, n_kv, hd,
+                       c->block_size, scattered, nb, rows, pos0, window, plain ? ", packed_rows 0" : "", max_diff,
+                       bound, nmse);
         }
         tsr_cuda_free(q_d);
         tsr_cuda_free(out_d);
@@ -376,6 +386,7 @@ static void run_case(const kcase *c, uint64_t *rng) {
     tsr_cuda_free(stage_v);
     free(kb), free(vb), free(ks), free(vs), free(table), free(kd), free(vd);
     gpu_instance_free(at);
+    gpu_instance_free(atc);
     gpu_instance_free(kv);
 }
 

@@ -7,7 +7,8 @@
 // Prints the latency of a dependent load (L2, HBM), then microseconds per
 // layer of the split-K decode kernel by rows, keys, splits and merge (in the
 // last block, or a second kernel), and of the tensor-core kernel by rows,
-// keys and key splits, against a graph of 32 empty kernels.
+// keys and key splits, against a graph of 32 empty kernels. ATTN_LAB_PACKED=1:
+// the packed verification kernel (packed.cuh) against the cluster kernel only.
 #include "plugins/cuda_attention/cuda_attention.cu"
 
 #include <math.h>
@@ -175,6 +176,46 @@ int main(void) {
     }
     chase(st, 4 << 20, 1024 + 32, "4 MB (L2)");
     chase(st, (size_t)1 << 30, (1u << 20) + 1040, "1 GB, ~4 MB strides, lines not touched before (HBM)");
+    if (getenv("ATTN_LAB_NCU")) { // a few eager launches for ncu: packed and cluster at 1 and 8 rows, 160 / 512 keys
+        tsr_kv_view v;
+        tsr_attn_args x;
+        for (int rows : {1, 8})
+            for (int keys : {160, 512}) {
+                layer_args(kv, 0, keys, rows, q, out, &v, &x);
+                for (int i = 0; i < 3; i++) CK(cuda_attn::launch_packed(8, st, false, &x, &v, nullptr));
+                for (int i = 0; i < 3; i++)
+                    CK((launch_cluster<false, false>(16 / rows > 8 ? 8 : 16 / rows, st, false, &x, &v, kHeads / kKv,
+                                                     nullptr)));
+            }
+        CK(cudaStreamSynchronize(st));
+        return 0;
+    }
+    if (getenv("ATTN_LAB_PACKED")) { // the packed kernel only
+        printf("packed kernel (packed.cuh: rows x group on the tensor cores): rows keys | us per layer with 2, 4, 8 "
+               "splits | 8 splits as programmatic dependents | cluster kernel (16 / rows splits, PDL) | max |diff| "
+               "against the cluster kernel\n");
+        for (int rows : {1, 2, 4, 8})
+            for (int keys : {160, 512, 768, 2048}) {
+                printf("%d %4d", rows, keys);
+                for (int mode = 0; mode < 5; mode++) {
+                    const int splits = mode == 0 ? 2 : mode == 1 ? 4 : 8;
+                    printf(" | %6.2f", layers_us(st, kv, keys, rows, q, out, pos, [&](tsr_attn_args *x, tsr_kv_view *v) {
+                               if (mode == 4)
+                                   CK((launch_cluster<false, false>(16 / rows > 8 ? 8 : 16 / rows, st, true, x, v,
+                                                                    kHeads / kKv, pos)));
+                               else
+                                   CK(cuda_attn::launch_packed(splits, st, mode == 3, x, v, pos));
+                           }));
+                }
+                print_diff(
+                    st, kv, keys, rows, q, out, pos,
+                    [&](tsr_attn_args *x, tsr_kv_view *v) {
+                        CK((launch_cluster<false, false>(8, st, false, x, v, kHeads / kKv, pos)));
+                    },
+                    [&](tsr_attn_args *x, tsr_kv_view *v) { CK(cuda_attn::launch_packed(8, st, false, x, v, pos)); });
+            }
+        return 0;
+    }
     printf("us per layer (32 layers in one graph): rows keys splits | merge in last block | merge kernel | "
            "partials only (no merge) | merge in last block, as programmatic dependents\n");
     for (int rows : {1, 2, 4, 8})
