@@ -352,11 +352,14 @@ __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
     const uint8_t *pa[TPW], *pb[TPW];
 #pragma unroll
     for (int j = 0; j < TPW; j++) {
-        const int o = min((tile0 + j) * 8 + g, f - 1);
-        const int ra = GLU ? o : min(row0 + 16 * j + g, p.n_out - 1);
-        const int rb = GLU ? f + o : min(row0 + 16 * j + g + 8, p.n_out - 1);
-        pa[j] = p.w + (int64_t)ra * p.ldw + 16 * t, pb[j] = p.w + (int64_t)rb * p.ldw + 16 * t;
-        if (TL) pa[j] = p.w + tiled_offset(row0 + 16 * j, 16 * t, p.ldw) + 64 * g, pb[j] = pa[j] + 512; // g, 8 + g
+        if constexpr (TL) { // rows g and 8 + g of the tile's chunk (padding rows hold zeros)
+            pa[j] = p.w + tiled_offset(row0 + 16 * j, 16 * t, p.ldw) + 64 * g, pb[j] = pa[j] + 512;
+        } else {
+            const int o = min((tile0 + j) * 8 + g, f - 1);
+            const int ra = GLU ? o : min(row0 + 16 * j + g, p.n_out - 1);
+            const int rb = GLU ? f + o : min(row0 + 16 * j + g + 8, p.n_out - 1);
+            pa[j] = p.w + (int64_t)ra * p.ldw + 16 * t, pb[j] = p.w + (int64_t)rb * p.ldw + 16 * t;
+        }
     }
     constexpr int64_t CS = TL ? 1024 : 64; // bytes from one chunk of a lane's row to its next
     const bool has_x = g < NR;
@@ -481,25 +484,16 @@ inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
     const int per_tile = GLU ? 8 : 16, outs = GLU ? p.n_out / 2 : p.n_out;
     const unsigned grid = (unsigned)((outs + per_tile * tpw - 1) / (per_tile * tpw));
     if constexpr (WK == kFp8) {
-        if (p.tl) { // tiles: one a warp, 16 warps, as warps_for and tiles_for give these heights
-            if (GLU || p.cm || tpw != 1) return cudaErrorInvalidValue;
-            switch (rows) {
-#define TSR_MMA_TL(R)                                                                                       \
-    case R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, false, 1, 0, false, true>, grid, 32 * 16, 0, st, pdl, p);
-                TSR_MMA_TL(1) TSR_MMA_TL(2) TSR_MMA_TL(3) TSR_MMA_TL(4)
-                TSR_MMA_TL(5) TSR_MMA_TL(6) TSR_MMA_TL(7) TSR_MMA_TL(8)
-#undef TSR_MMA_TL
-            default: return cudaErrorInvalidValue;
-            }
-        }
-        if (p.cm) { // 16 warps a tile, as warps_for gives E4M3
-            if constexpr (GLU) return cudaErrorInvalidValue;
-            switch (rows) {
-#define TSR_MMA_BS(R)                                                                                       \
-    case R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, true>, grid, 32 * 16, 0, st, pdl, p);
-                TSR_MMA_BS(1) TSR_MMA_BS(2) TSR_MMA_BS(3) TSR_MMA_BS(4)
-                TSR_MMA_BS(5) TSR_MMA_BS(6) TSR_MMA_BS(7) TSR_MMA_BS(8)
-#undef TSR_MMA_BS
+        if (p.tl || p.cm) { // one tile a warp, 16 warps (as warps_for gives E4M3): the tile layout, or block ratios
+            if (GLU || tpw != 1 || (p.tl && p.cm)) return cudaErrorInvalidValue;
+            switch (rows * 2 + (p.tl ? 1 : 0)) {
+#define TSR_MMA_ONE(R)                                                                                      \
+    case 2 * R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, true>, grid, 32 * 16, 0, st, pdl, p);          \
+    case 2 * R + 1:                                                                                         \
+        return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, false, 1, 0, false, true>, grid, 32 * 16, 0, st, pdl, p);
+                TSR_MMA_ONE(1) TSR_MMA_ONE(2) TSR_MMA_ONE(3) TSR_MMA_ONE(4)
+                TSR_MMA_ONE(5) TSR_MMA_ONE(6) TSR_MMA_ONE(7) TSR_MMA_ONE(8)
+#undef TSR_MMA_ONE
             default: return cudaErrorInvalidValue;
             }
         }

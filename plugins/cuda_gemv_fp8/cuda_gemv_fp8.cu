@@ -647,7 +647,8 @@ struct Quant {
     const tsr_weight *ws;
     int n;
     int64_t cols, ld;
-    uint8_t *q;            // [rows_pad, ld]
+    uint8_t *q;            // [rows_pad, ld]: rows, or 16-row tiles (tiled)
+    int tiled;             // tsr_mma::tiled_offset's layout (tiles_ok)
     float *scale;          // [rows_pad]
     int nomem;             // a worker could not allocate its row
     int bad;               // a non-finite weight was seen (the first claim is reported)
@@ -659,14 +660,21 @@ struct Quant {
     int64_t br;                // and the blocks' rows
 };
 
+// Where stacked row i's bytes are written: its row of q, or (tiles) buf,
+// which put_row then copies into the tiles 64 bytes at a time.
+uint8_t *row_dst(const Quant *j, int64_t i, uint8_t *buf) { return j->tiled ? buf : j->q + (size_t)i * (size_t)j->ld; }
+void put_row(const Quant *j, int64_t i, const uint8_t *buf) {
+    if (!j->tiled) return;
+    for (int64_t k = 0; k < j->ld; k += 64) memcpy(j->q + tsr_mma::tiled_offset(i, k, j->ld), buf + k, 64);
+}
+
 // A stored F8_E4M3 row (an FP8 checkpoint) is kept as it is: its bytes (in
-// the kernels' column order, tsr_mma::e4m3_stored_col), and its scale (1
-// without one): the row's, or with blocks along the row its row block's
-// largest (the blocks' ratios to it in Weight.cm).
-void copy_fp8_row(const Quant *j, const tsr_weight *tw, int64_t r, int64_t i) {
+// the kernels' column order, tsr_mma::e4m3_stored_col) into dst, and its
+// scale (1 without one): the row's, or with blocks along the row its row
+// block's largest (the blocks' ratios to it in Weight.cm).
+void copy_fp8_row(const Quant *j, const tsr_weight *tw, int64_t r, int64_t i, uint8_t *dst) {
     const tsr_weight_scale *sc = tsr_weight_scale_of(j->ctx, tw);
     const uint8_t *src = static_cast<const uint8_t *>(tw->data) + (size_t)r * (size_t)j->cols;
-    uint8_t *dst = j->q + (size_t)i * (size_t)j->ld;
     for (int64_t c = 0; c < j->cols; c++) dst[tsr_mma::e4m3_stored_col(c, j->cols)] = src[c];
     j->scale[i] = !sc                         ? 1.0f
                   : sc->block_cols < j->cols ? j->rb_max[i / j->br] // blocks along the row
@@ -677,8 +685,11 @@ void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     Quant *j = static_cast<Quant *>(arg);
     float *row = static_cast<float *>(malloc((size_t)j->cols * sizeof(float)));
-    if (!row) {
+    uint8_t *buf = j->tiled ? static_cast<uint8_t *>(calloc((size_t)j->ld, 1)) : nullptr; // padding columns: 0
+    if (!row || (j->tiled && !buf)) {
         __atomic_store_n(&j->nomem, 1, __ATOMIC_RELAXED);
+        free(row);
+        free(buf);
         return;
     }
     for (int64_t i = i0; i < i1; i++) {
@@ -687,7 +698,8 @@ void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
         while (r >= j->ws[m].rows) r -= j->ws[m++].rows;
         const tsr_weight *tw = &j->ws[m];
         if (tw->dtype == TSR_DTYPE_F8_E4M3) {
-            copy_fp8_row(j, tw, r, i);
+            copy_fp8_row(j, tw, r, i, row_dst(j, i, buf));
+            put_row(j, i, buf);
             continue;
         }
         uint64_t rb;
@@ -711,11 +723,13 @@ void quant_rows(void *arg, int64_t i0, int64_t i1, int tid) {
         // row is divided by 0 or a subnormal
         float s = amax / kE4M3Max;
         if (s < FLT_MIN) s = FLT_MIN;
-        uint8_t *dst = j->q + (size_t)i * (size_t)j->ld;
+        uint8_t *dst = row_dst(j, i, buf);
         for (int64_t c = 0; c < j->cols; c++) dst[tsr_mma::e4m3_stored_col(c, j->cols)] = tsr_f32_to_f8e4m3(row[c] / s);
+        put_row(j, i, buf);
         j->scale[i] = s;
     }
     free(row);
+    free(buf);
 }
 
 // Scales in blocks along the rows (block_cols < cols: DeepSeek-V3 and
@@ -795,21 +809,7 @@ float *block_tables(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, cons
 // Stored f8_e4m3 rows are kept, with their scales (blocks_of above).
 int make_wide(Gemv *g, const tsr_weight *tw, void **out);
 
-// Rows [16 i0, 16 i1) of rows (ld bytes each) into tiles (tsr_mma::tiled_offset).
-struct Retile {
-    const uint8_t *rows;
-    uint8_t *tiles;
-    int64_t ld;
-};
-void retile(void *arg, int64_t i0, int64_t i1, int tid) {
-    (void)tid;
-    const Retile *j = static_cast<const Retile *>(arg);
-    for (int64_t r = 16 * i0; r < 16 * i1; r++)
-        for (int64_t k = 0; k < j->ld; k += 64)
-            memcpy(j->tiles + tsr_mma::tiled_offset(r, k, j->ld), j->rows + r * j->ld + k, 64);
-}
-
-// Whether w (quantised, not yet uploaded) is stored in 16-row tiles: every
+// Whether w (its fields set, not yet quantised) is stored in 16-row tiles: every
 // pass of 1..decode_rows rows reads it through gemv_mma with one tile a
 // warp (at most 4,096 rows: gemv_row takes taller ones at one row, and
 // tiles_for gives taller ones several tiles a warp), plain rows (not a
@@ -889,8 +889,9 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
                           "upload block scales");
         w->cm_rows = (int)blk.br, w->cm_ld = (int)ncb, w->cm_shift = __builtin_ctzll((unsigned long long)blk.bc);
     }
-    if (rc == TSR_OK) { // rows over the host's thread pool
-        Quant job = {ws, n, cols, ld, q, scale, 0, 0, 0, -1, -1, 0.0f, g->ctx,
+    w->tiled = tiles_ok(g, w) ? 1 : 0;
+    if (rc == TSR_OK) { // rows over the host's thread pool, into rows or straight into tiles
+        Quant job = {ws, n, cols, ld, q, w->tiled, scale, 0, 0, 0, -1, -1, 0.0f, g->ctx,
                      tab ? tab + n_rb * ncb : nullptr, blk.br};
         h->parallel_for(g->ctx, rows, quant_rows, &job);
         if (job.nomem) {
@@ -899,18 +900,6 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
             h->set_error(g->ctx, "%s: row %lld holds %g at column %lld: no fp8 scale for it", ws[job.bad_mat].name,
                          (long long)job.bad_row, (double)job.bad_val, (long long)job.bad_col);
             rc = TSR_ERR_INVALID;
-        }
-    }
-    if (rc == TSR_OK && tiles_ok(g, w)) { // rows -> 16-row tiles, over the host's thread pool
-        uint8_t *t = static_cast<uint8_t *>(malloc((size_t)bytes));
-        if (!t) {
-            rc = TSR_ERR_NOMEM;
-        } else {
-            Retile job = {q, t, ld};
-            h->parallel_for(g->ctx, rows_pad / 16, retile, &job);
-            free(q);
-            q = t;
-            w->tiled = 1;
         }
     }
     if (rc == TSR_OK) rc = cuda_err(g, cudaMemcpy(w->w, q, (size_t)bytes, cudaMemcpyHostToDevice), "upload weights");
