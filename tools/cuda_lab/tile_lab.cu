@@ -18,7 +18,8 @@
 // 1, 2 and 8 rows, weights out of L2; (3): one token's GEMVs as a graph with
 // programmatic dependent launch at 1 and 8 rows, production everywhere
 // against the tile layout on o and down (the matrices gemv_mma takes at
-// one row).
+// one row). TILE_LAB_ROW=1: section (7) only, a one-row kernel over tiles
+// without the tensor cores against gemv_row over rows.
 #include "kernels/cuda/gemv_mma.cuh"
 #include "kernels/cuda/gemv_row.cuh"
 #include "tools/cuda_lab/lab_util.cuh"
@@ -131,6 +132,159 @@ static void print_tbps(cudaStream_t st, const LabBufs &b, float *xa, float *xb, 
             }
 }
 
+// (7) One row over the tiles without the tensor cores: gemv_row's
+// arithmetic (dot_piece over 16 E4M3 bytes against 16 staged activations,
+// XS) with a lane's bytes where gemv_mma's tile instances read them: a
+// block of 8 warps holds 8 / KS tiles, the KS warps of a tile take turns at
+// U of its 1 KiB chunks (chunk c: lane L loads bytes 16 L of rows 0-7 and
+// 512 + 16 L of rows 8-15, i.e. 16 bytes of rows L / 4 and 8 + L / 4 at
+// stored column 64 c + 16 (L % 4)), the 4 lanes of a row add their sums by
+// two shuffles, the KS warps through shared memory. The question: can one
+// row read tiles as fast as gemv_row reads rows (then q/k/v, gate/up and
+// the LM head could be stored in tiles too, and the 8-row pass read them
+// 9-15% faster: section 4)?
+template <int KS, int U>
+__global__ void __launch_bounds__(256, 1) tile_row(const Args p) {
+    constexpr int TB = 8 / KS; // tiles a block
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int tl = warp / KS, seg = warp % KS, tile = blockIdx.x * TB + tl;
+    const int nch = (int)(p.ldw / 64);
+    const uint8_t *base = p.w + tsr_mma::tiled_offset(16 * tile, 0, p.ldw) + 16 * lane; // chunk c at + 1024 c
+    extern __shared__ __align__(16) float xs[];
+    tsr_pdl::enter();
+    uint4 w[U][2];
+    const auto load = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * KS;
+            if (c < nch) w[u][0] = tsr_mma::load_w(base + (int64_t)c * 1024), w[u][1] = tsr_mma::load_w(base + (int64_t)c * 1024 + 512);
+        }
+    };
+    load(seg);
+    for (int c = threadIdx.x * 4; c < p.cols; c += 256 * 4) {
+        const float4 f = __ldg(reinterpret_cast<const float4 *>(p.x + c));
+        *reinterpret_cast<float4 *>(xs + c) =
+            make_float4(tsr_row::round_x(f.x), tsr_row::round_x(f.y), tsr_row::round_x(f.z), tsr_row::round_x(f.w));
+    }
+    __syncthreads();
+    float acc[2] = {0.0f, 0.0f};
+    for (int c0 = seg, first = 1; c0 < nch; c0 += KS * U, first = 0) {
+        if (!first) load(c0);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * KS;
+            if (c >= nch) break;
+            if (64 * c + 16 * t >= p.cols) continue; // padding: zero weights, no activations staged there
+            float xv[16];
+            tsr_row::load_xs(xs, 64 * c + 16 * t, p.cols, xv);
+            acc[0] = tsr_row::dot_piece<kFp8>(w[u][0], xv, acc[0]);
+            acc[1] = tsr_row::dot_piece<kFp8>(w[u][1], xv, acc[1]);
+        }
+    }
+    __shared__ float part[8][16];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float v = acc[h];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (t == 0) part[warp][g + 8 * h] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < TB * 16) {
+        const int tt = threadIdx.x / 16, r = threadIdx.x % 16, o = 16 * (blockIdx.x * TB + tt) + r;
+        float v = 0.0f;
+        for (int s2 = 0; s2 < KS; s2++) v += part[tt * KS + s2][r];
+        if (o < p.n_out) p.y[o] = v * (p.scale ? p.scale[o] : 1.0f) * tsr_mma::kind_mul<kFp8>();
+    }
+}
+
+struct TileRowCfg {
+    const char *name;
+    void (*k)(const Args);
+    int ks;
+};
+static const TileRowCfg kTileRow[] = {
+    {"tile_row 8 / 1", tile_row<8, 1>, 8}, {"tile_row 8 / 2", tile_row<8, 2>, 8}, {"tile_row 4 / 2", tile_row<4, 2>, 4},
+    {"tile_row 4 / 4", tile_row<4, 4>, 4}, {"tile_row 2 / 4", tile_row<2, 4>, 2}, {"tile_row 2 / 8", tile_row<2, 8>, 2},
+    {"tile_row 1 / 8", tile_row<1, 8>, 1},
+};
+static cudaError_t launch_tile_row(const TileRowCfg &c, const Args &a, cudaStream_t st, bool pdl) {
+    const size_t smem = (size_t)a.cols * 4;
+    static bool sized[16];
+    const int i = (int)(&c - kTileRow);
+    if (!sized[i]) {
+        CK(cudaFuncSetAttribute(c.k, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10));
+        sized[i] = true;
+    }
+    const int tb = 8 / c.ks;
+    return tsr_pdl::launch(c.k, dim3((unsigned)((a.n_out / 16 + tb - 1) / tb)), dim3(256), smem, st, pdl, a);
+}
+
+static void tile_row_section(cudaStream_t st, const LabBufs &b, float *xa, float *xb) {
+    const int nc = (int)(sizeof kTileRow / sizeof *kTileRow);
+    // correctness: production on rows and tile_row on the same bytes in
+    // tiles against f64 (lab_case_worst: worst |y - f64| / sum |w x|)
+    {
+        const int n = 1024, cols = 4096 + 1040; // a last part of the row past the whole 512-column steps
+        const int64_t ldw = tsr_mma::row_bytes(kFp8, cols);
+        LabCase c = lab_case_new(1, n, cols, ldw, 1, 1.0f);
+        lab_case_x_as_stored(c, 1, cols);
+        std::vector<uint8_t> tiles((size_t)n * ldw);
+        to_tiles(c.hw, n, ldw, tiles.data());
+        uint8_t *dt;
+        CK(cudaMalloc(&dt, tiles.size()));
+        CK(cudaMemcpy(dt, tiles.data(), tiles.size(), cudaMemcpyHostToDevice));
+        Args a = {};
+        a.w = c.dw, a.scale = c.ds, a.x = c.dx, a.y = c.dy, a.n_out = n, a.cols = cols, a.ldw = ldw, a.ldx = cols;
+        for (int ci = -1; ci < nc; ci++) {
+            CK(cudaMemset(c.dy, 0xff, n * 4)); // NaN: a row left unwritten shows
+            if (ci < 0) {
+                a.w = c.dw;
+                CK((tsr_row::launch_row<kFp8, false>(a, tsr_row::kRowDense, st, false))); // gemv_row at any height
+            } else {
+                a.w = dt;
+                CK(launch_tile_row(kTileRow[ci], a, st, false));
+            }
+            CK(cudaStreamSynchronize(st)); // st does not wait for the legacy stream's copies, nor they for it
+            CK(cudaMemcpy(c.hy, c.dy, n * 4, cudaMemcpyDeviceToHost));
+            printf("  %-20s %d x %d: worst |y - f64| / sum |w x| %.3g\n", ci < 0 ? "gemv_row (rows)" : kTileRow[ci].name,
+                   n, cols, lab_case_worst(c, 1, n, cols));
+        }
+        cudaFree(dt);
+        lab_case_free(&c);
+    }
+    int best[kNumShapes];
+    lab_sweep(nc + 1, 2, 1.0,
+              [&](int ci) { printf("%-20s", ci ? kTileRow[ci - 1].name : "production"); },
+              [&](int ci, const Shape &S) {
+                  const size_t bytes = (size_t)S.out * S.in;
+                  const size_t copies = b.pool_bytes / bytes < 64 ? b.pool_bytes / bytes : 64;
+                  return lab_calls_ms(st, 30, [&](int k) {
+                      Args a = {};
+                      a.w = b.pool + (size_t)(k % copies) * bytes, a.scale = b.s, a.x = xa, a.y = xb;
+                      a.n_out = S.out, a.cols = S.in, a.ldw = S.in, a.ldx = S.in;
+                      // production: gemv_row on rows, o and down gemv_mma on tiles (as the engine stores them)
+                      if (!ci) CK(S.out <= 4096 ? launch_tl(a, 1, st, false)
+                                                : tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, false));
+                      else CK(launch_tile_row(kTileRow[ci - 1], a, st, false));
+                  });
+              },
+              best);
+    printf("best per shape (0 production):");
+    for (int i = 0; i < kNumShapes; i++) printf(" %d", best[i]);
+    printf("\n(7b) one token's GEMVs at one row as a graph with PDL, ms: production | the best tile_row on q/k/v, "
+           "gate/up (plain rows) and the LM head\n");
+    for (int round = 0; round < 3; round++)
+        for (int mode = 0; mode < 2; mode++) {
+            const float t = lab_token_args_ms<Args>(st, b.pool, 1, b.s, xa, xb, [&](Args &a, int sh) {
+                if (sh == 1 || sh == 3) CK(launch_tl(a, 1, st, true));
+                else if (mode && best[sh]) CK(launch_tile_row(kTileRow[best[sh] - 1], a, st, true));
+                else CK(tsr_row::launch_decode<kFp8>(a, 1, tsr_row::kRowDense, st, true));
+            });
+            printf("%s%.3f%s", mode ? " | " : "", t, mode ? "\n" : "");
+        }
+}
+
 int main(void) {
     LabBufs b;
     cudaStream_t st = lab_start(check, (size_t)8 << 30, &b);
@@ -139,6 +293,11 @@ int main(void) {
     CK(cudaMalloc(&xb, 8 * 128256 * 4));
     CK(cudaMemset(xa, 0, 8 * 128256 * 4));
     CK(cudaMemset(xb, 0, 8 * 128256 * 4));
+    if (getenv("TILE_LAB_ROW")) { // section (7) only
+        printf("\n(7) one row over tiles without the tensor cores (tile_row KS / U), TB/s (us), weights out of L2\n");
+        tile_row_section(st, b, xa, xb);
+        return 0;
+    }
     printf("\n(2) TB/s, weights out of L2 (two rounds): rows | production | tiles\n");
     print_tbps(st, b, xa, xb, {1, 3}, {1, 2, 8}, 40, launch_tl);
     printf("\n(3) one token's GEMVs as a graph with PDL, ms (floor at 4.29 TB/s %.3f): rows | production | tiles "
