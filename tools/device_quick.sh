@@ -6,7 +6,10 @@
 # Env: TESTS (test binaries; default all nine), PASSES and RUNS (assembly
 # names; default cuda-fast cuda-fast-fp8), MOE_PASSES (assembly names whose
 # one- and 8-row passes are also measured on a qwen3moe-7b-a1b-shaped random
-# checkpoint; default none: it takes ~25 s to write). tools/device_cuda.sh is the full
+# checkpoint; default none: it takes ~25 s to write). With .device/build/oldcat
+# (tools/device_pack.sh's OLD_BUILD) every pass and run is measured twice
+# more, interleaved: the catalog as built, then with those plugins as the
+# old build made them ("old" lines). tools/device_cuda.sh is the full
 # call (greedy text of every CUDA assembly, sampled decode, more runs).
 cd "$(dirname "$0")/.."
 [ -f .device/build.tar.xz ] && tar xJf .device/build.tar.xz -C .device # tools/device_pack.sh
@@ -23,18 +26,28 @@ for t in ${TESTS:-test_cuda test_cuda_prefill test_cuda_fp8 test_cuda_gemv test_
   grep -E "FAILED|fail|Error|error" /tmp/$t.log | grep -v "^\[  PASSED" | head -5
 done
 wait
+CATS="$PWD/$B/catalog" # the catalogs measured: as built, then (A/B) with the old plugins
+if [ -d $B/oldcat ]; then
+  rm -rf /tmp/oldcat && cp -r $B/catalog /tmp/oldcat && cp $B/oldcat/* /tmp/oldcat/
+  chmod 755 /tmp/oldcat/*.so; chmod 644 /tmp/oldcat/*.yaml
+  CATS="$CATS /tmp/oldcat $CATS /tmp/oldcat"
+fi
+name() { [ "$1" = /tmp/oldcat ] && echo " (old)"; }
 for a in ${PASSES:-cuda-fast cuda-fast-fp8}; do
-  echo "== passes $a"
-  $B/bin/tessera passes assemblies/$a.yaml --model $CK --context 512 --rows 1,2,4,8 --reps 20 2>&1 | grep -E "rows|error"
+  for c in $CATS; do
+    echo "== passes $a$(name $c)"
+    TESSERA_CATALOG=$c $B/bin/tessera passes assemblies/$a.yaml --model $CK --context 512 --rows 1,2,4,8 --reps 20 2>&1 | grep -E "rows|error"
+  done
 done
 for a in ${MOE_PASSES:-}; do
   echo "== passes $a (qwen3moe-7b-a1b)"
   $B/bin/tessera passes assemblies/$a.yaml --model $MOE --context 512 --rows 1,8 --reps 20 2>&1 | grep -E "rows|error"
 done
 for a in ${RUNS:-cuda-fast cuda-fast-fp8}; do
-  for r in 1 2; do
-    echo -n "$a: "
-    $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 256 2>&1 | grep -E "tok/s|error" | tr '\n' ' '
+  for c in $CATS; do
+    echo -n "$a$(name $c): "
+    TESSERA_CATALOG=$c $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 256 2>&1 | grep -E "tok/s|error" | tr '\n' ' '
     echo
   done
+  [ -d $B/oldcat ] || { echo -n "$a: "; $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 256 2>&1 | grep -E "tok/s|error" | tr '\n' ' '; echo; }
 done
