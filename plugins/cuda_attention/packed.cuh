@@ -55,7 +55,7 @@ constexpr int kPWarps = 8, kPKeys = 16, kPMaxSplits = 8, kPMaxVirt = 64;
 // kPMaxVirt + kPMaxSplits - 1 slots) and the merging block's weights, sized
 // at launch (slots_bytes).
 template <int HD, int MT> struct PackedSmem {
-    static constexpr int kQStride = HD + 32; // bf16: rows 16 * (1 + 4k) bytes apart, conflict-free 16-byte loads
+    static constexpr int kQStride = HD + 32; // bf16: rows 16 (8k + 4) bytes apart: 8 lanes' 16-byte loads conflict-free
     static constexpr int kKW = kPWarps / MT, kVirt = 16 * MT;
     static constexpr size_t kQ = (size_t)2 * kVirt * kQStride * 2;
     static constexpr size_t kW = (size_t)kKW * kVirt * (HD + 3) * 4;
