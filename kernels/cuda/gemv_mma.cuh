@@ -191,6 +191,12 @@ __host__ __device__ inline int64_t tiled_offset(int64_t r, int64_t k, int64_t ld
     const int64_t g = r % 16;
     return (r / 16) * 16 * ldw + (k / 64) * 1024 + (g < 8 ? 64 * g : 512 + 64 * (g - 8)) + k % 64;
 }
+// The inverse: byte i of the tiles is byte untiled_offset(i, ldw) of the rows
+// (tile, then within it chunk (1 KiB), half (rows 0-7, 8-15), row, byte).
+__host__ __device__ inline int64_t untiled_offset(int64_t i, int64_t ldw) {
+    const int64_t in = i % (16 * ldw), q = in % 1024;
+    return (i / (16 * ldw) * 16 + 8 * (q / 512) + q % 512 / 64) * ldw + in / 1024 * 64 + q % 64;
+}
 
 // y = v, or y + v with accum (never contracted into a multiply-add, so that
 // it is the host's add of run()'s result).

@@ -225,16 +225,12 @@ __global__ void rescale_kernel(float *__restrict__ y, const DT *__restrict__ d, 
 // stores), where 2 a step made a thread's loads 2 bytes wide (BENCHMARKS.md,
 // twentieth session). tl_ld > 0: src holds whole 16-row tiles of rows tl_ld
 // bytes each (Weight.tiled), each 16-byte piece widened to its row's place
-// (the inverse of tsr_mma::tiled_offset).
+// (tsr_mma::untiled_offset).
 __global__ void widen_kernel(__nv_bfloat16 *__restrict__ dst, const uint8_t *__restrict__ src, int64_t n,
                              int64_t tl_ld) {
     for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 16; i < n;
          i += (int64_t)gridDim.x * blockDim.x * 16) {
-        int64_t o = i;
-        if (tl_ld > 0) { // tile, then within it chunk (1 KiB), half (rows 0-7, 8-15), row, byte
-            const int64_t in = i % (16 * tl_ld), q = in % 1024;
-            o = (i / (16 * tl_ld) * 16 + 8 * (q / 512) + q % 512 / 64) * tl_ld + in / 1024 * 64 + q % 64;
-        }
+        const int64_t o = tl_ld > 0 ? tsr_mma::untiled_offset(i, tl_ld) : i;
         const uint4 v = *reinterpret_cast<const uint4 *>(src + i);
         const uint32_t words[4] = {v.x, v.y, v.z, v.w};
         uint32_t out[8];
