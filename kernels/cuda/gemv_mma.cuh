@@ -134,10 +134,13 @@ struct Args {
     // no blocks (the launchers pick the kernels without them).
     const float *cm;
     int cm_rows, cm_shift, cm_ld;
-    // E4M3 weights in 16-row tiles (tiled_offset; gemv_mma only, plain rows
-    // without block ratios; the launcher takes one tile a warp): the same
-    // bytes to the same lanes as rows, so the same sums, in fewer and longer
-    // runs of memory.
+    // E4M3 weights in 16-row tiles (tiled_offset; no block ratios, no
+    // experts): the same bytes to the same lanes as rows in gemv_mma, so the
+    // same sums, in fewer and longer runs of memory; one row of a matrix of
+    // more than 4,096 rows, and of any pair, through gemv_tile.cuh. 1: the
+    // rows in their order; 2 (pair tiles): a gate/up pair (n_out = 2f) with
+    // each tile's rows 0-7 gate rows and 8-15 the same outputs' up rows
+    // (pair_tile_row), so that a lane's two rows are one output's gate and up.
     int tl;
     // Experts chosen on the device (gemv_row only; tsr_gemv_i.run_experts):
     // grid row j computes with weights etab[sel[j]] (ldw apart, n_out x
@@ -196,6 +199,22 @@ __host__ __device__ inline int64_t tiled_offset(int64_t r, int64_t k, int64_t ld
 __host__ __device__ inline int64_t untiled_offset(int64_t i, int64_t ldw) {
     const int64_t in = i % (16 * ldw), q = in % 1024;
     return (i / (16 * ldw) * 16 + 8 * (q / 512) + q % 512 / 64) * ldw + in / 1024 * 64 + q % 64;
+}
+
+// Pair tiles (Args.tl 2): stacked row i of a gate/up pair of f outputs (gate
+// i < f, up i - f) is row pair_tile_row(i, f) of the tile layout: output o's
+// gate row 8 of tile o / 8's 16 rows at o % 8, its up row at 8 + o % 8.
+__host__ __device__ inline int64_t pair_tile_row(int64_t i, int64_t f) {
+    const int64_t o = i < f ? i : i - f;
+    return o / 8 * 16 + (i < f ? 0 : 8) + o % 8;
+}
+
+// The stored (stacked) row that row v of p's tiles holds, -1 for padding:
+// v itself with plain tiles, pair_tile_row's inverse with pair tiles.
+__host__ __device__ inline int tile_out_row(const Args &p, int v) {
+    if (p.tl != 2) return v < p.n_out ? v : -1;
+    const int f = p.n_out / 2, o = v / 16 * 8 + v % 8;
+    return o >= f ? -1 : v % 16 < 8 ? o : f + o;
 }
 
 // y = v, or y + v with accum (never contracted into a multiply-add, so that
@@ -348,7 +367,7 @@ template <int WK, int NR, int KW, int MT, int U, bool BS = false, int TPW = 1, i
 __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
     static_assert(!BS || TPW == 1, "block ratios are a row block's: one tile a warp");
     static_assert(!BS || !GLU, "a pair's gate and up rows lie in two row blocks");
-    static_assert(!TL || (!GLU && !BS), "the tile layout: plain rows");
+    static_assert(!TL || !BS, "the tile layout: no block ratios (GLU: pair tiles, Args.tl 2)");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int mt = warp / KW, kw = warp % KW;
     const int g = lane >> 2, t = lane & 3;
@@ -358,8 +377,9 @@ __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
     const uint8_t *pa[TPW], *pb[TPW];
 #pragma unroll
     for (int j = 0; j < TPW; j++) {
-        if constexpr (TL) { // rows g and 8 + g of the tile's chunk (padding rows hold zeros)
-            pa[j] = p.w + tiled_offset(row0 + 16 * j, 16 * t, p.ldw) + 64 * g, pb[j] = pa[j] + 512;
+        if constexpr (TL) { // rows g and 8 + g of the tile's chunk (padding rows hold zeros; GLU: gate and up)
+            const int tt = min(tile0 + j, (p.n_out + 15) / 16 - 1); // tiles past the last read the last
+            pa[j] = p.w + tiled_offset(16 * tt, 16 * t, p.ldw) + 64 * g, pb[j] = pa[j] + 512;
         } else {
             const int o = min((tile0 + j) * 8 + g, f - 1);
             const int ra = GLU ? o : min(row0 + 16 * j + g, p.n_out - 1);
@@ -435,8 +455,8 @@ __global__ void __launch_bounds__(32 * KW * MT, MINB) gemv_mma(const Args p) {
         for (int j = 0; j < TPW; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int o = row0 + 16 * j + g + 8 * h;
-                if (o >= p.n_out) continue;
+                const int o = TL ? tile_out_row(p, row0 + 16 * j + g + 8 * h) : row0 + 16 * j + g + 8 * h;
+                if (o < 0 || o >= p.n_out) continue;
                 const float s = (p.scale ? p.scale[o] : 1.0f) * mul;
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
@@ -490,16 +510,28 @@ inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
     const int per_tile = GLU ? 8 : 16, outs = GLU ? p.n_out / 2 : p.n_out;
     const unsigned grid = (unsigned)((outs + per_tile * tpw - 1) / (per_tile * tpw));
     if constexpr (WK == kFp8) {
-        if (p.tl || p.cm) { // one tile a warp, 16 warps (as warps_for gives E4M3): the tile layout, or block ratios
-            if (GLU || tpw != 1 || (p.tl && p.cm)) return cudaErrorInvalidValue;
-            switch (rows * 2 + (p.tl ? 1 : 0)) {
-#define TSR_MMA_ONE(R)                                                                                      \
-    case 2 * R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, true>, grid, 32 * 16, 0, st, pdl, p);          \
-    case 2 * R + 1:                                                                                         \
-        return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, false, 1, 0, false, true>, grid, 32 * 16, 0, st, pdl, p);
-                TSR_MMA_ONE(1) TSR_MMA_ONE(2) TSR_MMA_ONE(3) TSR_MMA_ONE(4)
-                TSR_MMA_ONE(5) TSR_MMA_ONE(6) TSR_MMA_ONE(7) TSR_MMA_ONE(8)
-#undef TSR_MMA_ONE
+        if (p.cm) { // block ratios: one tile a warp, 16 warps (as warps_for gives E4M3)
+            if (GLU || p.tl || tpw != 1) return cudaErrorInvalidValue;
+            switch (rows) {
+#define TSR_MMA_BS(R) \
+    case R: return tsr_pdl::launch(gemv_mma<WK, R, 16, 1, 1, true>, grid, 32 * 16, 0, st, pdl, p);
+                TSR_MMA_BS(1) TSR_MMA_BS(2) TSR_MMA_BS(3) TSR_MMA_BS(4)
+                TSR_MMA_BS(5) TSR_MMA_BS(6) TSR_MMA_BS(7) TSR_MMA_BS(8)
+#undef TSR_MMA_BS
+            default: return cudaErrorInvalidValue;
+            }
+        }
+        if (p.tl) { // tiles: as rows, tiles_for's tiles a warp (16 / tpw warps); GLU over pair tiles
+            if (GLU && p.tl != 2) return cudaErrorInvalidValue;
+            switch (rows * 10 + tpw) {
+#define TSR_MMA_TL(R, T)                                                                                    \
+    case R * 10 + T:                                                                                        \
+        return tsr_pdl::launch(gemv_mma<WK, R, 16 / T, 1, 1, false, T, 0, GLU, true>, grid, 32 * 16 / T, 0, st, pdl, p);
+#define TSR_MMA_TL_ROWS(R) TSR_MMA_TL(R, 1) TSR_MMA_TL(R, 2) TSR_MMA_TL(R, 4)
+                TSR_MMA_TL(1, 1) TSR_MMA_TL_ROWS(2) TSR_MMA_TL_ROWS(3) TSR_MMA_TL_ROWS(4)
+                TSR_MMA_TL_ROWS(5) TSR_MMA_TL_ROWS(6) TSR_MMA_TL_ROWS(7) TSR_MMA_TL_ROWS(8)
+#undef TSR_MMA_TL_ROWS
+#undef TSR_MMA_TL
             default: return cudaErrorInvalidValue;
             }
         }
@@ -531,8 +563,11 @@ inline cudaError_t launch(const Args &p, int rows, cudaStream_t st, bool pdl) {
     return cudaGetLastError();
 }
 
-// Whether launch<WK, true> takes a pair: an even n_out, no block ratios.
-inline bool glu_takes(const Args &p) { return p.n_out >= 2 && p.n_out % 2 == 0 && !p.cm && !p.accum; }
+// Whether launch<WK, true> takes a pair: an even n_out, no block ratios, rows
+// or pair tiles.
+inline bool glu_takes(const Args &p) {
+    return p.n_out >= 2 && p.n_out % 2 == 0 && !p.cm && !p.accum && (p.tl == 0 || p.tl == 2);
+}
 
 // Whether x can be read by the kernels as it is.
 inline bool reads_x(const float *x, int cols, int ldx) {

@@ -87,6 +87,8 @@
 #define TSR_GEMV_ROW_CUH
 
 #include "gemv_mma.cuh"
+#include "gemv_tile.cuh"
+#include "row_dot.cuh"
 #include "silu.cuh"
 
 namespace tsr_row {
@@ -94,36 +96,6 @@ namespace tsr_row {
 using tsr_mma::Args;
 using tsr_mma::kBf16;
 using tsr_mma::kFp8;
-
-// Lane-load of 16 bytes against its activations: 8 bf16 or 16 E4M3 weights.
-template <int WK> struct Piece {
-    static constexpr int k = WK == kBf16 ? 8 : 16;
-};
-
-template <int WK>
-__device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, float acc) {
-    const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
-    if (WK == kBf16) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&wv[j]));
-            acc = fmaf(f.x, xv[2 * j], acc);
-            acc = fmaf(f.y, xv[2 * j + 1], acc);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const uint32_t lo = tsr_mma::e4m3_pair(wv[j], false), hi = tsr_mma::e4m3_pair(wv[j], true);
-            const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
-            const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
-            acc = fmaf(a.x, xv[4 * j], acc);
-            acc = fmaf(a.y, xv[4 * j + 1], acc);
-            acc = fmaf(b.x, xv[4 * j + 2], acc);
-            acc = fmaf(b.y, xv[4 * j + 3], acc);
-        }
-    }
-    return acc;
-}
 
 // KS: warps per row group (the header); their sums added in warp order.
 // GLU: gate rows and their up rows in one block (the header).
@@ -136,29 +108,6 @@ __device__ __forceinline__ float dot_piece(const uint4 &w, const float *xv, floa
 // NORM: x RMS-normalised by p.nw first (the header; E4M3 plain rows only).
 // The most sums of squares a fold leaves (4 floats a thread of a block).
 constexpr int kFoldLoads = 4, kFoldMax = 256 * kFoldLoads;
-
-// The 16 staged activations (XS: rounded, natural column order in xs) of the
-// 16 stored E4M3 bytes at k, as load_x_e4m3 takes them from x.
-__device__ __forceinline__ void load_xs(const float *xs, int k, int cols, float *v) {
-    if (k >= cols / 512 * 512) {
-#pragma unroll
-        for (int i = 0; i < 16; i += 4) {
-            const float4 f = *reinterpret_cast<const float4 *>(xs + k + i);
-            v[i] = f.x, v[i + 1] = f.y, v[i + 2] = f.z, v[i + 3] = f.w;
-        }
-        return;
-    }
-    const int b = (int)tsr_mma::e4m3_step_rot(k, false); // bytes k + 4 q hold columns b + 128 q
-    constexpr int kQ = (int)tsr_mma::e4m3_step_rot(4, false);
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const float4 f = *reinterpret_cast<const float4 *>(xs + b + kQ * q);
-        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-    }
-}
-
-// An E4M3 activation as both kernels take it: times 2^-4, rounded to f16.
-__device__ __forceinline__ float round_x(float v) { return __half2float(__float2half_rn(v * 0.0625f)); }
 
 template <int WK, int RPW, int U, int KS = 1, bool GLU = false, bool BS = false, bool SEL = false, bool NORM = false,
           int FOLD = 0, bool XS = false>
@@ -233,25 +182,7 @@ __global__ void __launch_bounds__(256, FOLD == 2 ? (RPW == 1 ? 8 : 6) : 1) gemv_
     __shared__ float xs_ss[XS && NORM ? 8 : 1];  // XS with NORM: each warp's squares
     if constexpr (XS) { // the first weights on their way, then x rounded into xs
         load_step(lane * K + seg * STEP * U);
-        for (int c = threadIdx.x * 4; c < p.cols; c += 256 * 4) {
-            const float4 f = __ldg(reinterpret_cast<const float4 *>(x + c));
-            if constexpr (NORM) { // x times its norm weight, in f32; the squares of x summed
-                const float4 g = __ldg(reinterpret_cast<const float4 *>(p.nw + c));
-                ss = fmaf(f.x, f.x, ss), ss = fmaf(f.y, f.y, ss), ss = fmaf(f.z, f.z, ss), ss = fmaf(f.w, f.w, ss);
-                *reinterpret_cast<float4 *>(xs + c) = make_float4(f.x * g.x, f.y * g.y, f.z * g.z, f.w * g.w);
-            } else {
-                *reinterpret_cast<float4 *>(xs + c) = make_float4(round_x(f.x), round_x(f.y), round_x(f.z), round_x(f.w));
-            }
-        }
-        if constexpr (NORM) { // the block's sum: each warp's, then the 8 in warp order (in every thread)
-            for (int s2 = 16; s2 > 0; s2 >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s2);
-            if (lane == 0) xs_ss[warp] = ss;
-        }
-        __syncthreads();
-        if constexpr (NORM) {
-            ss = 0.0f;
-            for (int w2 = 0; w2 < 8; w2++) ss += xs_ss[w2];
-        }
+        ss = stage_x<NORM>(p, x, xs, xs_ss); // NORM: x times its norm weight, the squares of x summed
         if (!GLU && KS == 1 && o0 >= p.n_out) return;
     }
     for (int k0 = lane * K + seg * STEP * U, first = 1; k0 < p.cols; k0 += STEP * U * KS, first = 0) {
@@ -380,10 +311,8 @@ inline bool row_reads(int WK, const Args &p) {
 }
 
 // Whether gemv_row stages p's activations (XS, the header): E4M3 plain rows
-// or a gate/up pair, without block ratios or experts, x short enough that it
-// and the kernel's other shared memory (under 1 KiB) fit the 48 KiB a block
-// has without asking: at most 47 KiB, 12,032 columns.
-constexpr int kStageMaxCols = 47 * 1024 / 4;
+// or a gate/up pair, without block ratios or experts, x of at most
+// kStageMaxCols columns.
 inline bool stages_x(int WK, const Args &p) { return WK == kFp8 && !p.cm && !p.sel && p.cols <= kStageMaxCols; }
 
 // ny: grid rows (p.sel: one a chosen expert, the SEL kernel; else 1)
@@ -447,7 +376,8 @@ inline cudaError_t launch_cfg(const Args &p, cudaStream_t st, bool pdl, int ny =
 // pdl: launched as a programmatic dependent of the kernel before it.
 
 // Whether one row of a matrix of n_out rows goes to gemv_row (E4M3 matrices
-// of at most 4,096 rows go to gemv_mma).
+// of at most 4,096 rows go to gemv_mma), where it is stored in rows (one row
+// of tiles goes to gemv_mma or gemv_tile.cuh: tile_kernel_for).
 inline bool row_kernel_for(int WK, int n_out) { return WK == kBf16 || n_out > 4096; }
 
 // What a matrix is to the model, for launch_row's choice: the values of
@@ -535,21 +465,26 @@ inline cudaError_t launch_experts(const Args &p, RowRole role, int k, cudaStream
     return launch_row<WK, GLU>(p, role, st, pdl, k);
 }
 
+// One row of E4M3 tiles (Args.tl) goes to gemv_tile.cuh where tile_kernel_for.
 template <int WK> inline cudaError_t launch_decode(const Args &p, int rows, RowRole role, cudaStream_t st, bool pdl) {
+    if (rows == 1 && WK == kFp8 && tsr_tile::tile_kernel_for(p)) return tsr_tile::launch<false>(p, st, pdl);
     if (rows == 1 && row_reads(WK, p) && row_kernel_for(WK, p.n_out)) return launch_row<WK, false>(p, role, st, pdl);
     return tsr_mma::launch<WK>(p, rows, st, pdl);
 }
 
 // Whether launch_glu takes a one-row pass over this gate/up pair (p.n_out
 // = 2f rows): where launch_decode's one row goes to gemv_row (gemv_mma's
-// sums differ in rounding).
+// sums differ in rounding), or in pair tiles to gemv_tile.
 template <int WK> inline bool glu_reads(const Args &p) {
-    return p.n_out >= 2 && p.n_out % 2 == 0 && row_reads(WK, p) && row_kernel_for(WK, p.n_out);
+    if (p.n_out < 2 || p.n_out % 2) return false;
+    if (p.tl) return WK == kFp8 && p.tl == 2 && tsr_tile::tile_reads(p);
+    return row_reads(WK, p) && row_kernel_for(WK, p.n_out);
 }
 
 // One row of a gate/up pair: y[f] = silu(gate) * up, through launch_decode's
-// configuration for the 2f rows. Requires glu_reads.
+// kernel and configuration for the 2f rows. Requires glu_reads.
 template <int WK> inline cudaError_t launch_glu(const Args &p, RowRole role, cudaStream_t st, bool pdl) {
+    if (p.tl) return tsr_tile::launch<true>(p, st, pdl);
     return launch_row<WK, true>(p, role, st, pdl);
 }
 
@@ -569,9 +504,13 @@ template <int WK> inline cudaError_t launch_glu(const Args &p, RowRole role, cud
 // still not (2026-12-02, two rounds, cuda-fast-fp8: 2.530 / 2.541 ms staged
 // without either, 2.510 / 2.508 with the pair's, 2.540 / 2.556 with the
 // head's).
+// One row of tiles takes the norm where it goes to gemv_tile (below 16,384
+// rows too: the same staged norm).
 template <int WK> inline bool fused_takes(const Args &p) {
     if (!p.nw) return true;
-    return WK == kFp8 && !p.cm && row_reads(WK, p) && row_kernel_for(WK, p.n_out) && p.n_out < 16384;
+    if (WK != kFp8 || p.cm || p.n_out >= 16384) return false;
+    return p.tl ? tsr_tile::tile_reads(p) && tsr_tile::tile_kernel_for(p)
+                : row_reads(WK, p) && row_kernel_for(WK, p.n_out);
 }
 
 // Whether launch_glu takes one row of a gate/up pair (p.n_out = 2f rows)

@@ -108,7 +108,8 @@ struct Gemv {
     int fuse; // param fuse: run_fused takes one row's residual add and (q/k/v) input norm
     int out_bf16;         // cuBLASLt writes bf16 (prefill_out: bf16), else f32
     int fp8_prefill;      // prefill: fp8 (cuBLASLt FP8), else bf16 tiles
-    int tile;             // param tile: gemv_mma's matrices stored in 16-row tiles (tiles_ok)
+    int tile;             // param tile: matrices stored in 16-row tiles (tiles_of)
+    int tile_all;         // param tile_all: every matrix in tiles, gate/up pairs in pair tiles (tiles_of)
     Algo plans[kPlans];
     Algo bplans[kPlans];  // bf16 tile GEMMs by shape
     GroupedTiles tiles;   // run_grouped's tile lists
@@ -136,9 +137,11 @@ struct Weight {
     // 1), not quantised: an error in a router's probabilities switches
     // experts, and FP8 checkpoints keep their routers unquantised too.
     int wide;
-    // Stored in gemv_mma.cuh's 16-row tiles (tsr_mma::tiled_offset; tiles_ok):
-    // the decode kernel reads them with Args.tl, the prefill tiles are
-    // widened back into rows (widen_kernel's tl_ld).
+    // Stored in gemv_mma.cuh's 16-row tiles (tsr_mma::tiled_offset; tiles_of):
+    // 1 the rows in their order, 2 a gate/up pair's pair tiles
+    // (tsr_mma::pair_tile_row); the decode kernels read them with Args.tl,
+    // the prefill tiles are widened back into tile rows (widen_kernel's
+    // tl_ld) and rescale_kernel takes each output from its tile row.
     int tiled;
 };
 
@@ -209,14 +212,15 @@ __global__ void quant_kernel(uint8_t *__restrict__ xq, unsigned *__restrict__ st
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-// y[r, o] = d[r, o] * s_o for o < n_out (rows of d are rows_pad apart).
+// y[r, o] = d[r, o'] * s_o for o < n_out (rows of d are rows_pad apart):
+// o' = o, or with pair tiles (d's rows the tiles' rows) o's tile row.
 template <typename DT>
 __global__ void rescale_kernel(float *__restrict__ y, const DT *__restrict__ d, const float *__restrict__ scale,
-                               int64_t rows, int64_t n_out, int64_t rows_pad) {
+                               int64_t rows, int64_t n_out, int64_t rows_pad, bool pair_tiles) {
     const int64_t n = rows * n_out;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / n_out, o = i % n_out;
-        y[i] = widen(d[r * rows_pad + o]) * scale[o];
+        y[i] = widen(d[r * rows_pad + (pair_tiles ? tsr_mma::pair_tile_row(o, n_out / 2) : o)]) * scale[o];
     }
 }
 
@@ -490,7 +494,7 @@ int run_tiles(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scra
     }
     if (rc != TSR_OK) return rc;
     rescale_kernel<<<grid_for((int64_t)rows * w->rows, 256), 256, 0, st>>>(y, d, w->scale, rows, w->rows,
-                                                                          w->rows_pad);
+                                                                          w->rows_pad, w->tiled == 2);
     return cuda_err(g, cudaGetLastError(), "row scale launch");
 }
 
@@ -546,10 +550,10 @@ int run_lt(Gemv *g, const Weight *w, int rows, const float *x, float *y, Scratch
     // 4. y = D * s_o
     if (g->out_bf16)
         rescale_kernel<<<grid_for(ny, 256), 256, 0, st>>>(y, static_cast<const __nv_bfloat16 *>(sc->d), w->scale,
-                                                          rows, w->rows, w->rows_pad);
+                                                          rows, w->rows, w->rows_pad, false);
     else
         rescale_kernel<<<grid_for(ny, 256), 256, 0, st>>>(y, static_cast<const float *>(sc->d), w->scale, rows,
-                                                          w->rows, w->rows_pad);
+                                                          w->rows, w->rows_pad, false);
     return cuda_err(g, cudaGetLastError(), "row scale launch");
 }
 
@@ -577,6 +581,8 @@ int g_init(void *inst, const tsr_plugin_ctx *ctx) {
     g->fp8_prefill = p && p->type == TSR_PARAM_STRING && p->v.s && !strcmp(p->v.s, "fp8");
     p = h->param(ctx, "tile");
     g->tile = p && p->type == TSR_PARAM_BOOL ? p->v.b : 1;
+    p = h->param(ctx, "tile_all");
+    g->tile_all = p && p->type == TSR_PARAM_BOOL ? p->v.b : 0;
     int rc;
     if ((rc = lt_err(g, cublasLtCreate(&g->lt), "cublasLtCreate"))) return rc;
     if ((rc = h->dev_alloc(ctx, kWorkspace, &g->workspace))) return rc;
@@ -644,7 +650,7 @@ struct Quant {
     int n;
     int64_t cols, ld;
     uint8_t *q;            // [rows_pad, ld]: rows, or 16-row tiles (tiled)
-    int tiled;             // tsr_mma::tiled_offset's layout (tiles_ok)
+    int tiled;             // Weight.tiled: 0 rows, 1 tiles, 2 pair tiles
     float *scale;          // [rows_pad]
     int nomem;             // a worker could not allocate its row
     int bad;               // a non-finite weight was seen (the first claim is reported)
@@ -657,11 +663,13 @@ struct Quant {
 };
 
 // Where stacked row i's bytes are written: its row of q, or (tiles) buf,
-// which put_row then copies into the tiles 64 bytes at a time.
+// which put_row then copies into its tile row 64 bytes at a time (a pair's
+// rows: pair_tile_row, the gate rows' matrix first).
 uint8_t *row_dst(const Quant *j, int64_t i, uint8_t *buf) { return j->tiled ? buf : j->q + (size_t)i * (size_t)j->ld; }
 void put_row(const Quant *j, int64_t i, const uint8_t *buf) {
     if (!j->tiled) return;
-    for (int64_t k = 0; k < j->ld; k += 64) memcpy(j->q + tsr_mma::tiled_offset(i, k, j->ld), buf + k, 64);
+    const int64_t r = j->tiled == 2 ? tsr_mma::pair_tile_row(i, j->ws[0].rows) : i;
+    for (int64_t k = 0; k < j->ld; k += 64) memcpy(j->q + tsr_mma::tiled_offset(r, k, j->ld), buf + k, 64);
 }
 
 // A stored F8_E4M3 row (an FP8 checkpoint) is kept as it is: its bytes (in
@@ -805,18 +813,21 @@ float *block_tables(const tsr_plugin_ctx *ctx, const tsr_weight *ws, int n, cons
 // Stored f8_e4m3 rows are kept, with their scales (blocks_of above).
 int make_wide(Gemv *g, const tsr_weight *tw, void **out);
 
-// Whether w (its fields set, not yet quantised) is stored in 16-row tiles: every
-// pass of 1..decode_rows rows reads it through gemv_mma with one tile a
-// warp (at most 4,096 rows: gemv_row takes taller ones at one row, and
-// tiles_for gives taller ones several tiles a warp), plain rows (not a
-// gate/up pair, whose rows gemv_mma's GLU kernel pairs), no block ratios,
-// not an expert (gemv_row and the grouped kernel read those at every
-// height), and prefill through the bf16 tiles (cuBLASLt's FP8 GEMM reads
-// rows). Param tile: false keeps rows.
-bool tiles_ok(const Gemv *g, const Weight *w) {
-    return g->tile && !g->fp8_prefill && !w->pair && !w->cm && !w->expert && !w->wide &&
-           !tsr_row::row_kernel_for(tsr_mma::kFp8, (int)w->rows) &&
-           tsr_mma::tiles_for<tsr_mma::kFp8>((int)w->rows, kMaxDecodeRows) == 1;
+// How w (its fields set, not yet quantised) is stored (Weight.tiled), where
+// it is not an expert (gemv_row and the grouped kernel read those as rows
+// at every height), has no block ratios, is not a router (bf16) and prefill
+// is the bf16 tiles (cuBLASLt's FP8 GEMM reads rows): by default a matrix
+// of at most 4,096 rows that is not a gate/up pair in tiles (every pass of
+// 1..decode_rows rows reads it through gemv_mma; taller ones, whose one row
+// goes to gemv_row, and pairs keep rows). Param tile_all: every matrix in
+// tiles, a gate/up pair in pair tiles, where the one row goes to gemv_tile
+// (a pair, or more than 4,096 rows: tile_kernel_for) only with columns it
+// reads. Param tile: false keeps rows.
+int tiles_of(const Gemv *g, const Weight *w) {
+    if (!g->tile || g->fp8_prefill || w->cm || w->expert || w->wide) return 0;
+    if (!g->tile_all) return !w->pair && !tsr_row::row_kernel_for(tsr_mma::kFp8, (int)w->rows) ? 1 : 0;
+    const int tl = w->pair ? 2 : 1;
+    return tsr_tile::tile_kernel_for(tl, w->rows) && !tsr_tile::tile_cols_ok(w->cols) ? 0 : tl;
 }
 
 int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
@@ -885,7 +896,7 @@ int make_weight(Gemv *g, const tsr_weight *ws, int n, void **out) {
                           "upload block scales");
         w->cm_rows = (int)blk.br, w->cm_ld = (int)ncb, w->cm_shift = __builtin_ctzll((unsigned long long)blk.bc);
     }
-    w->tiled = tiles_ok(g, w) ? 1 : 0;
+    w->tiled = tiles_of(g, w);
     if (rc == TSR_OK) { // rows over the host's thread pool, into rows or straight into tiles
         Quant job = {ws, n, cols, ld, q, w->tiled, scale, 0, 0, 0, -1, -1, 0.0f, g->ctx,
                      tab ? tab + n_rb * ncb : nullptr, blk.br};
@@ -1090,8 +1101,8 @@ int g_run_glu(void *inst, const void *prepared, int rows, const float *x, float 
                               "fp8 gate/up gemv launch")
                    : TSR_ERR_UNSUPPORTED;
     if (!row_glu_takes(w, a)) return TSR_ERR_UNSUPPORTED;
-    return cuda_err(g, tsr_row::launch_row<tsr_mma::kFp8, true>(a, row_role(w), static_cast<cudaStream_t>(ex->stream),
-                                                                ex->pdl != 0),
+    return cuda_err(g, tsr_row::launch_glu<tsr_mma::kFp8>(a, row_role(w), static_cast<cudaStream_t>(ex->stream),
+                                                         ex->pdl != 0),
                     "fp8 gate/up gemv launch");
 }
 

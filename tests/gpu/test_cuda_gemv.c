@@ -743,10 +743,11 @@ static void plugin_cases(const char *plugin) {
         glu_case(&v, 3100, 1040, rows, fp8);
         glu_case(&v, 8195, 1552, rows, fp8);
     }
-    /* run_fused: the add through either kernel; the norm through gemv_row
-     * in E4M3 below 16,384 rows (gemv_row.cuh fused_takes), and into an
-     * E4M3 gate/up pair at one row where gemv_row stages its activations
-     * (stages_x; not at gemv_mma's heights, not with an add) */
+    /* run_fused: the add through either kernel; the norm in E4M3 below
+     * 16,384 rows through gemv_row or (tiles, above 4,096 rows) gemv_tile
+     * (gemv_row.cuh fused_takes), and into an E4M3 gate/up pair at one row
+     * where gemv_row stages its activations (stages_x; not at gemv_mma's
+     * heights, not with an add) */
     fused_case(&v, 1000, 1040, 0, 1, 0, 1);
     fused_case(&v, 5003, 1040, 0, 1, 0, 1);
     fused_case(&v, 5003, 1040, 1, 0, 0, fp8);
@@ -902,6 +903,35 @@ static void test_decode_kernels(void **state) {
 #endif
 }
 
+/* cuda_gemv_fp8 with param tile_all (gate/up pairs in pair tiles: 8 gate
+ * rows, then their 8 up rows, a tile; every plain matrix in tiles): run_glu at one row through
+ * gemv_tile at any height and at 2..8 rows through gemv_mma's GLU kernel
+ * over the tiles, each run() (over the same tiles, outputs put back in
+ * stacked order) and the SiLU bit for bit; the input norm into a pair at
+ * one row (gemv_tile's staged norm) within the fused bound, refused with an
+ * add. */
+static void test_pair_tiles(void **state) {
+    (void)state;
+    GPU_REQUIRE("pair tile checks");
+#ifdef TESSERA_CUDA
+    env v;
+    env_open(&v, "{plugin: cuda_gemv_fp8, params: {tile_all: true}}");
+    glu_case(&v, 999, 256, 1, 1);
+    glu_case(&v, 2501, 1040, 1, 1);
+    glu_case(&v, 8195, 64, 1, 1);
+    for (int rows = 2; rows <= 8; rows += 3) {
+        glu_case(&v, 999, 256, rows, 1);
+        glu_case(&v, 3100, 1040, rows, 1);
+        glu_case(&v, 8195, 1552, rows, 1);
+    }
+    fused_case(&v, 999, 1040, 1, 0, 1, 1);
+    fused_case(&v, 8195, 80, 1, 0, 1, 1);
+    fused_case(&v, 2501, 1040, 1, 1, 1, 0);
+    tsr_cuda_free(v.dev_step);
+    tsr_engine_free(v.e);
+#endif
+}
+
 static void test_cublaslt_plans(void **state) {
     (void)state;
     GPU_REQUIRE("cuBLASLt plan checks");
@@ -918,6 +948,7 @@ static void test_cublaslt_plans(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_decode_kernels), cmocka_unit_test(test_cublaslt_plans)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_decode_kernels), cmocka_unit_test(test_pair_tiles),
+                                       cmocka_unit_test(test_cublaslt_plans)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

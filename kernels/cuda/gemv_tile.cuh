@@ -1,0 +1,157 @@
+// gemv_tile.cuh - one-row decode GEMV over E4M3 weights stored in
+// gemv_mma.cuh's 16-row tiles (Args.tl), for cuda_gemv_fp8.
+//
+// Why: verification passes of 2..8 rows read tiles 9-15% faster than rows
+// through gemv_mma (each warp's chunk two 512-byte runs instead of 16 runs
+// of 64 bytes), but one row of a tall matrix went to gemv_row, which reads
+// whole rows. This kernel reads the tiles as fast as gemv_row reads rows
+// (tools/cuda_lab/tile_lab.cu section 7 on the H200, TB/s with the weights
+// out of L2, gemv_row over rows against this over tiles: q/k/v 2.36-2.49 vs
+// 2.45-2.54, gate/up 3.66-3.76 vs 3.65-3.79, LM head 4.29-4.30 vs
+// 4.34-4.36; one token's GEMVs 2.077-2.082 -> 2.045-2.072 ms), so every
+// plain E4M3 matrix and every gate/up pair can be stored in tiles. In the
+// engine it did not hold (cuda_gemv_fp8's param tile_all, Llama-3-8B shape,
+// H200, 2026-12-02): one-row passes 2.41-2.44 -> 2.50-2.51 ms, most of it
+// the gate/up pair's one row with its norm and SiLU (43.2 against 40.2 us
+// a layer, each op waited for, with two tiles a block), while 8-row passes
+// went 2.94-2.98 -> 2.84 and 2-row ones 2.67-2.70 -> 2.59: an opt-in for
+// assemblies that verify drafts more than they decode single rows, not the
+// default.
+//
+// A block of 8 warps takes one tile. Chunk c (64 stored columns of the
+// tile's 16 rows, 1 KiB) goes to warp c % 8, two chunks in flight a warp:
+// lane L loads bytes 16 L of rows 0-7 and 512 + 16 L of rows 8-15, i.e. 16
+// bytes of tile rows L / 4 and 8 + L / 4 at stored column 64 c + 16 (L % 4)
+// (the bytes gemv_mma's lane L takes), and multiplies them with gemv_row's
+// arithmetic (row_dot.cuh: E4M3 moved into f16, activations staged once a
+// block times 2^-4 rounded to f16, products summed in f32 on the CUDA
+// cores). The 4 lanes of a row add their sums by two shuffles, the 8 warps
+// in warp order through shared memory. So the sums are gemv_row's products
+// in another order: within f32 rounding of it, not bit for bit.
+//
+// Plain tiles (tl 1) or pair tiles (tl 2: tile rows 0-7 gate rows, 8-15
+// their up rows, gemv_mma.cuh pair_tile_row): each tile row's output goes
+// to its stored row (tile_out_row). GLU (pair tiles): y[o] = silu(gate_o)
+// * up_o from the same sums, factors and scales as the plain kernel's
+// outputs, so run_glu is run() and the SiLU bit for bit. NORM (Args.nw):
+// the input's RMSNorm as gemv_row's staged NORM does it (x times the norm's
+// weights in f32, each sum times 1 / sqrt(mean of x^2 + eps) before its
+// scale). accum: the residual add (store_y).
+//
+// Preconditions (tile_reads): tiles, no block ratios, no experts chosen on
+// the device, cols a multiple of 16 and at most kStageMaxCols, x 16-byte
+// aligned.
+#ifndef TSR_GEMV_TILE_CUH
+#define TSR_GEMV_TILE_CUH
+
+#include "gemv_mma.cuh"
+#include "pdl.cuh"
+#include "row_dot.cuh"
+#include "silu.cuh"
+
+namespace tsr_tile {
+
+using tsr_mma::Args;
+using tsr_mma::kFp8;
+
+constexpr int kWarps = 8, kInFlight = 2; // warps a tile, chunks a warp has in flight
+
+// Launch bounds: 4 blocks an SM asked, so at most 64 registers a thread (no
+// spills; the compiler's own choice, 70 with NORM, left 3 blocks an SM:
+// one-row passes 2.569-2.574 -> 2.510-2.511 ms at the Llama-3-8B shape with
+// a gate/up pair in pair tiles; two tiles a block sharing the staged x,
+// 2 blocks an SM: 2.549-2.550).
+template <bool GLU, bool NORM>
+__global__ void __launch_bounds__(32 * kWarps, 4) gemv_tile(const Args p) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3, tile = blockIdx.x;
+    const int nch = (int)(p.ldw / 64);
+    const uint8_t *base = p.w + tsr_mma::tiled_offset(16 * (int64_t)tile, 0, p.ldw) + 16 * lane;
+    extern __shared__ __align__(16) float xs[]; // cols floats
+    __shared__ float warp_ss[kWarps];
+    __shared__ float part[kWarps][16];
+    tsr_pdl::enter();
+    uint4 w[kInFlight][2];
+    const auto load = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < kInFlight; u++) {
+            const int64_t c = c0 + u * kWarps;
+            if (c < nch) w[u][0] = tsr_mma::load_w(base + c * 1024), w[u][1] = tsr_mma::load_w(base + c * 1024 + 512);
+        }
+    };
+    load(warp); // the first weights on their way while x is staged
+    const float ss = tsr_row::stage_x<NORM>(p, p.x, xs, warp_ss);
+    float acc[2] = {0.0f, 0.0f}; // tile rows lane / 4 and 8 + lane / 4
+    for (int c0 = warp, first = 1; c0 < nch; c0 += kWarps * kInFlight, first = 0) {
+        if (!first) load(c0);
+#pragma unroll
+        for (int u = 0; u < kInFlight; u++) {
+            const int c = c0 + u * kWarps;
+            if (c >= nch) break;
+            if (64 * c + 16 * t >= p.cols) continue; // padding columns: zero weights, nothing staged
+            float xv[16];
+            tsr_row::load_xs(xs, 64 * c + 16 * t, p.cols, xv);
+            acc[0] = tsr_row::dot_piece<kFp8>(w[u][0], xv, acc[0]);
+            acc[1] = tsr_row::dot_piece<kFp8>(w[u][1], xv, acc[1]);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float v = acc[h];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (t == 0) part[warp][(lane >> 2) + 8 * h] = v;
+    }
+    __syncthreads();
+    // NORM: activations in f32, not times 2^-4 (row_dot.cuh stage_x)
+    const float mul = NORM ? 1.0f : tsr_mma::kind_mul<kFp8>();
+    const auto sum = [&](int r) { // tile row r's sum, its warps in order, times the norm's factor
+        float v = 0.0f;
+        for (int s = 0; s < kWarps; s++) v += part[s][r];
+        return NORM ? v * rsqrtf(ss / (float)p.cols + p.eps) : v;
+    };
+    const int r = threadIdx.x;
+    if constexpr (GLU) {
+        const int f = p.n_out / 2, o = 8 * tile + r;
+        if (r >= 8 || o >= f) return;
+        const float g = sum(r) * (p.scale ? p.scale[o] : 1.0f) * mul;
+        const float u = sum(8 + r) * (p.scale ? p.scale[f + o] : 1.0f) * mul;
+        p.y[o] = tsr_silu_mul(g, u);
+    } else {
+        if (r >= 16) return;
+        const int o = tsr_mma::tile_out_row(p, 16 * tile + r);
+        if (o < 0) return;
+        tsr_mma::store_y(p, p.y + o, sum(r) * (p.scale ? p.scale[o] : 1.0f) * mul);
+    }
+}
+
+// Whether gemv_tile reads rows of cols columns (it stages all of x).
+inline bool tile_cols_ok(int64_t cols) { return cols % 16 == 0 && cols <= tsr_row::kStageMaxCols; }
+
+// Whether gemv_tile reads p (the header's preconditions).
+inline bool tile_reads(const Args &p) {
+    return (p.tl == 1 || p.tl == 2) && !p.cm && !p.sel && tile_cols_ok(p.cols) && p.ldw % 64 == 0 &&
+           (reinterpret_cast<uintptr_t>(p.x) & 15) == 0;
+}
+
+// Whether one row of tiles goes to gemv_tile rather than gemv_mma: matrices
+// of more than 4,096 rows (gemv_mma reads o and down, 4,096 x 4,096 and
+// 4,096 x 14,336 at the Llama-3-8B shape, faster: 2.23 and 3.39 TB/s, the
+// thirty-second session) and every pair (whose run_glu is gemv_tile's GLU,
+// which must be run() and the SiLU bit for bit).
+inline bool tile_kernel_for(int tl, int64_t n_out) { return tl == 2 || (tl == 1 && n_out > 4096); }
+inline bool tile_kernel_for(const Args &p) { return tile_kernel_for(p.tl, p.n_out); }
+
+// One row through gemv_tile (GLU: a pair's silu(gate) * up, y [n_out / 2]),
+// with the norm where p.nw; requires tile_reads (else cudaErrorInvalidValue,
+// nothing launched). pdl: a programmatic dependent of the kernel before it.
+template <bool GLU> inline cudaError_t launch(const Args &p, cudaStream_t st, bool pdl) {
+    if (!tile_reads(p) || (GLU && (p.tl != 2 || p.accum))) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)((p.n_out + 15) / 16));
+    const size_t smem = (size_t)p.cols * sizeof(float);
+    if (p.nw) return tsr_pdl::launch(gemv_tile<GLU, true>, grid, 32 * kWarps, smem, st, pdl, p);
+    return tsr_pdl::launch(gemv_tile<GLU, false>, grid, 32 * kWarps, smem, st, pdl, p);
+}
+
+} // namespace tsr_tile
+
+#endif // TSR_GEMV_TILE_CUH
