@@ -9,7 +9,11 @@
 # checkpoint; default none: it takes ~25 s to write). With .device/build/oldcat
 # (tools/device_pack.sh's OLD_BUILD) every pass and run is measured twice
 # more, interleaved: the catalog as built, then with those plugins as the
-# old build made them ("old" lines). tools/device_cuda.sh is the full
+# old build made them ("old" lines). IDS=1: then the 8B shape's greedy
+# token ids of a 700-token run (random 512-token prompt) as an md5 for each
+# catalog in turn (old and new twice each with oldcat: whether they repeat
+# from run to run, and whether a change moved them), and stories260K's
+# greedy text's md5 through each RUNS assembly. tools/device_cuda.sh is the full
 # call (greedy text of every CUDA assembly, sampled decode, more runs).
 cd "$(dirname "$0")/.."
 [ -f .device/build.tar.xz ] && tar xJf .device/build.tar.xz -C .device # tools/device_pack.sh
@@ -51,3 +55,11 @@ for a in ${RUNS:-cuda-fast cuda-fast-fp8}; do
   done
   [ -d $B/oldcat ] || { echo -n "$a: "; $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 256 2>&1 | grep -E "tok/s|error" | tr '\n' ' '; echo; }
 done
+if [ -n "${IDS:-}" ]; then
+  for a in ${RUNS:-cuda-fast cuda-fast-fp8}; do
+    for c in $CATS; do
+      echo "ids $a$(name $c): $(TESSERA_CATALOG=$c $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 700 2>/dev/null | md5sum)"
+    done
+    echo "stories260K $a: $($B/bin/tessera run assemblies/$a.yaml -p 'Once upon a time' -n 48 --ignore-eos 2>/dev/null | md5sum)"
+  done
+fi
