@@ -19,7 +19,8 @@
 // programmatic dependent launch at 1 and 8 rows, production everywhere
 // against the tile layout on o and down (the matrices gemv_mma takes at
 // one row). TILE_LAB_ROW=1: section (7) only, a one-row kernel over tiles
-// without the tensor cores against gemv_row over rows.
+// without the tensor cores against gemv_row over rows; TILE_LAB_PAIR=1:
+// section (8) only, a gate/up pair's one row with its norm and SiLU.
 #include "kernels/cuda/gemv_mma.cuh"
 #include "kernels/cuda/gemv_row.cuh"
 #include "tools/cuda_lab/lab_util.cuh"
@@ -285,6 +286,134 @@ static void tile_row_section(cudaStream_t st, const LabBufs &b, float *xa, float
         }
 }
 
+// (8) A gate/up pair's one row with its input norm and SiLU (run_fused's
+// glu: the post-attention norm) at the Llama-3-8B shape, 28,672 x 4,096
+// E4M3 (f = 14,336), weights out of L2: production's gemv_row GLU over rows
+// (launch_glu with the norm: 16 outputs a block), gemv_tile over pair tiles
+// (tsr_tile::launch<true>: 8 outputs a block, 8 warps a tile) and
+// tile_pair_row<KS> below, 8 / KS tiles a block of KS warps each (x and the
+// norm's weights staged once for 8 * 8 / KS outputs). The engine's
+// `tile_all` (BENCHMARKS.md, thirty-fourth session) lost 0.09 ms a one-row
+// pass mostly here; the question is whether fewer blocks staging x recover
+// it. Correctness first: the three on the same weights (the rows' bytes
+// moved into pair tiles), worst |diff| / max |y| against production.
+// (Written at the end of the thirty-fourth session without device time
+// left: compiled, not yet run.)
+template <int KS>
+__global__ void __launch_bounds__(256, 4) tile_pair_row(const Args p) {
+    constexpr int TB = 8 / KS, U = 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
+    const int tb = warp / KS, seg = warp % KS, tile = blockIdx.x * TB + tb;
+    const int nch = (int)(p.ldw / 64), ntiles = (p.n_out + 15) / 16;
+    const uint8_t *base = p.w + tsr_mma::tiled_offset(16 * (int64_t)min(tile, ntiles - 1), 0, p.ldw) + 16 * lane;
+    extern __shared__ __align__(16) float xs[];
+    __shared__ float warp_ss[8];
+    __shared__ float part[8][16];
+    tsr_pdl::enter();
+    uint4 w[U][2];
+    const auto load = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t c = c0 + u * KS;
+            if (c < nch) w[u][0] = tsr_mma::load_w(base + c * 1024), w[u][1] = tsr_mma::load_w(base + c * 1024 + 512);
+        }
+    };
+    load(seg);
+    const float ss = tsr_row::stage_x<true>(p, p.x, xs, warp_ss);
+    float acc[2] = {0.0f, 0.0f};
+    for (int c0 = seg, first = 1; c0 < nch; c0 += KS * U, first = 0) {
+        if (!first) load(c0);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * KS;
+            if (c >= nch) break;
+            float xv[16];
+            tsr_row::load_xs(xs, 64 * c + 16 * t, p.cols, xv);
+            acc[0] = tsr_row::dot_piece<kFp8>(w[u][0], xv, acc[0]);
+            acc[1] = tsr_row::dot_piece<kFp8>(w[u][1], xv, acc[1]);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float v = acc[h];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (t == 0) part[warp][(lane >> 2) + 8 * h] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x >= TB * 8) return;
+    const int tt = threadIdx.x / 8, r = threadIdx.x % 8, f = p.n_out / 2, o = 8 * (blockIdx.x * TB + tt) + r;
+    if (o >= f) return;
+    float g = 0.0f, u = 0.0f;
+    for (int s2 = 0; s2 < KS; s2++) g += part[tt * KS + s2][r], u += part[tt * KS + s2][8 + r];
+    const float fac = rsqrtf(ss / (float)p.cols + p.eps);
+    p.y[o] = tsr_silu_mul(g * fac * p.scale[o], u * fac * p.scale[f + o]);
+}
+
+template <int KS> static cudaError_t launch_pair_row(const Args &a, cudaStream_t st, bool pdl) {
+    const int tb = 8 / KS, tiles = (a.n_out + 15) / 16;
+    return tsr_pdl::launch(tile_pair_row<KS>, dim3((unsigned)((tiles + tb - 1) / tb)), dim3(256),
+                           (size_t)a.cols * 4, st, pdl, a);
+}
+
+static void pair_section(cudaStream_t st, const LabBufs &b) {
+    const int f = 14336, n = 2 * f, cols = 4096;
+    const int64_t ldw = tsr_mma::row_bytes(kFp8, cols);
+    LabCase c = lab_case_new(1, n, cols, ldw, 1, 1.0f);
+    std::vector<uint8_t> tiles((size_t)n * ldw);
+    for (int64_t i = 0; i < n; i++) // stacked row i into its pair-tile row
+        for (int64_t k = 0; k < ldw; k += 64)
+            memcpy(tiles.data() + tsr_mma::tiled_offset(tsr_mma::pair_tile_row(i, f), k, ldw), c.hw + i * ldw + k, 64);
+    uint8_t *dt;
+    float *nw;
+    CK(cudaMalloc(&dt, tiles.size()));
+    CK(cudaMalloc(&nw, cols * 4));
+    CK(cudaMemcpy(dt, tiles.data(), tiles.size(), cudaMemcpyHostToDevice));
+    std::vector<float> hnw(cols);
+    for (int k = 0; k < cols; k++) hnw[k] = 0.5f + (float)(lab_rnd() % 1000) / 1000.0f;
+    CK(cudaMemcpy(nw, hnw.data(), cols * 4, cudaMemcpyHostToDevice));
+    const char *names[] = {"gemv_row GLU (rows)", "gemv_tile (pair tiles)", "tile_pair_row 4 (2 a block)",
+                           "tile_pair_row 2 (4 a block)"};
+    const auto run = [&](int ci, Args a, bool pdl) {
+        a.nw = nw, a.eps = 1e-5f;
+        if (ci == 0) return tsr_row::launch_glu<kFp8>(a, tsr_row::kRowDense, st, pdl);
+        a.tl = 2;
+        if (ci == 1) return tsr_tile::launch<true>(a, st, pdl);
+        return ci == 2 ? launch_pair_row<4>(a, st, pdl) : launch_pair_row<2>(a, st, pdl);
+    };
+    std::vector<float> y0(f), y1(f);
+    for (int ci = 0; ci < 4; ci++) {
+        Args a = {};
+        a.w = ci ? dt : c.dw, a.scale = c.ds, a.x = c.dx, a.y = c.dy, a.n_out = n, a.cols = cols, a.ldw = ldw;
+        a.ldx = cols;
+        CK(cudaMemset(c.dy, 0xff, f * 4));
+        CK(run(ci, a, false));
+        CK(cudaStreamSynchronize(st));
+        CK(cudaMemcpy(ci ? y1.data() : y0.data(), c.dy, f * 4, cudaMemcpyDeviceToHost));
+        if (!ci) continue;
+        double worst = 0, big = 0;
+        for (int o = 0; o < f; o++) big = fmax(big, fabs(y0[o]));
+        for (int o = 0; o < f; o++) {
+            const double d = fabs((double)y1[o] - y0[o]) / big;
+            if (!(d <= worst)) worst = d;
+        }
+        printf("  %-28s worst |y - gemv_row's| / max |y| %.3g\n", names[ci], worst);
+    }
+    const size_t bytes = (size_t)n * ldw, copies = b.pool_bytes / bytes < 64 ? b.pool_bytes / bytes : 64;
+    for (int round = 0; round < 2; round++)
+        for (int ci = 0; ci < 4; ci++) {
+            const float ms = lab_calls_ms(st, 50, [&](int k) {
+                Args a = {};
+                a.w = b.pool + (size_t)(k % copies) * bytes, a.scale = b.s, a.x = b.x, a.y = b.y, a.n_out = n;
+                a.cols = cols, a.ldw = ldw, a.ldx = cols;
+                CK(run(ci, a, true));
+            });
+            printf("  %-28s %.2f TB/s (%.1f us)\n", names[ci], bytes / ms / 1e9, ms * 1e3);
+        }
+    cudaFree(dt), cudaFree(nw);
+    lab_case_free(&c);
+}
+
 int main(void) {
     LabBufs b;
     cudaStream_t st = lab_start(check, (size_t)8 << 30, &b);
@@ -293,6 +422,11 @@ int main(void) {
     CK(cudaMalloc(&xb, 8 * 128256 * 4));
     CK(cudaMemset(xa, 0, 8 * 128256 * 4));
     CK(cudaMemset(xb, 0, 8 * 128256 * 4));
+    if (getenv("TILE_LAB_PAIR")) { // section (8) only
+        printf("\n(8) a gate/up pair's one row with its norm and SiLU, 28672 x 4096, weights out of L2\n");
+        pair_section(st, b);
+        return 0;
+    }
     if (getenv("TILE_LAB_ROW")) { // section (7) only
         printf("\n(7) one row over tiles without the tensor cores (tile_row KS / U), TB/s (us), weights out of L2\n");
         tile_row_section(st, b, xa, xb);
