@@ -9,7 +9,9 @@
 //   goes to kernels/cuda/gemv_row.cuh instead (whole rows streamed, the same
 //   rounding, products summed in f32 on CUDA cores), which for the stacked
 //   gate/up projection also applies the SiLU (run_glu: one launch less per
-//   layer; param glu).
+//   layer; param glu). Matrices of at most 4,096 rows are stored in 16-row
+//   tiles (param tile); with param tile_all every matrix is, a gate/up pair
+//   in pair tiles, and their one row goes to kernels/cuda/gemv_tile.cuh.
 // - more rows (prefill): by default tiles of weight rows (tile_rows) widened
 //   to bf16 (exact) for cuBLASLt's bf16 GEMM; with `prefill: fp8` a cuBLASLt FP8
 //   matmul (activations quantised per tensor on the device, s_x = max|x| /
