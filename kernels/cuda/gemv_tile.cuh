@@ -56,6 +56,54 @@ using tsr_mma::kFp8;
 
 constexpr int kWarps = 8, kInFlight = 2; // warps a tile, chunks a warp has in flight
 
+// One warp's share of a tile at one row (tools/cuda_lab/tile_lab.cu tries
+// other KS and U): chunks seg, seg + KS, ... of the tile at base (which
+// holds the lane's offset, 16 * lane), U chunks in flight, each the lane's 16
+// bytes of tile rows lane / 4 and 8 + lane / 4. load(seg) first (before
+// the activations are staged), then sums().
+template <int KS, int U> struct TileLane {
+    const uint8_t *base;
+    int seg, nch;
+    uint4 w[U][2];
+    __device__ __forceinline__ void load(int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t c = c0 + u * KS;
+            if (c < nch) w[u][0] = tsr_mma::load_w(base + c * 1024), w[u][1] = tsr_mma::load_w(base + c * 1024 + 512);
+        }
+    };
+    // The lane's two sums against the staged activations xs (cols of them).
+    __device__ __forceinline__ void sums(const float *xs, int cols, float *acc) {
+        const int t = threadIdx.x & 3;
+        for (int c0 = seg, first = 1; c0 < nch; c0 += KS * U, first = 0) {
+            if (!first) load(c0);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + u * KS;
+                if (c >= nch) break;
+                if (64 * c + 16 * t >= cols) continue; // padding columns: zero weights, nothing staged
+                float xv[16];
+                tsr_row::load_xs(xs, 64 * c + 16 * t, cols, xv);
+                acc[0] = tsr_row::dot_piece<kFp8>(w[u][0], xv, acc[0]);
+                acc[1] = tsr_row::dot_piece<kFp8>(w[u][1], xv, acc[1]);
+            }
+        }
+    }
+};
+
+// The lane's two sums added over the 4 lanes of its rows into part[16] (the
+// warp's row of a block's partial sums; lanes lane % 4 == 0 write).
+__device__ __forceinline__ void tile_part(const float *acc, float *part) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float v = acc[h];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if ((lane & 3) == 0) part[(lane >> 2) + 8 * h] = v;
+    }
+}
+
 // Launch bounds: 4 blocks an SM asked, so at most 64 registers a thread (no
 // spills; the compiler's own choice, 70 with NORM, left 3 blocks an SM:
 // one-row passes 2.569-2.574 -> 2.510-2.511 ms at the Llama-3-8B shape with
@@ -63,44 +111,18 @@ constexpr int kWarps = 8, kInFlight = 2; // warps a tile, chunks a warp has in f
 // 2 blocks an SM: 2.549-2.550).
 template <bool GLU, bool NORM>
 __global__ void __launch_bounds__(32 * kWarps, 4) gemv_tile(const Args p) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3, tile = blockIdx.x;
-    const int nch = (int)(p.ldw / 64);
-    const uint8_t *base = p.w + tsr_mma::tiled_offset(16 * (int64_t)tile, 0, p.ldw) + 16 * lane;
+    const int warp = threadIdx.x >> 5, tile = blockIdx.x;
     extern __shared__ __align__(16) float xs[]; // cols floats
     __shared__ float warp_ss[kWarps];
     __shared__ float part[kWarps][16];
+    TileLane<kWarps, kInFlight> tl{p.w + tsr_mma::tiled_offset(16 * (int64_t)tile, 0, p.ldw) + 16 * (threadIdx.x & 31),
+                                   warp, (int)(p.ldw / 64)};
     tsr_pdl::enter();
-    uint4 w[kInFlight][2];
-    const auto load = [&](int c0) {
-#pragma unroll
-        for (int u = 0; u < kInFlight; u++) {
-            const int64_t c = c0 + u * kWarps;
-            if (c < nch) w[u][0] = tsr_mma::load_w(base + c * 1024), w[u][1] = tsr_mma::load_w(base + c * 1024 + 512);
-        }
-    };
-    load(warp); // the first weights on their way while x is staged
+    tl.load(warp); // the first weights on their way while x is staged
     const float ss = tsr_row::stage_x<NORM>(p, p.x, xs, warp_ss);
     float acc[2] = {0.0f, 0.0f}; // tile rows lane / 4 and 8 + lane / 4
-    for (int c0 = warp, first = 1; c0 < nch; c0 += kWarps * kInFlight, first = 0) {
-        if (!first) load(c0);
-#pragma unroll
-        for (int u = 0; u < kInFlight; u++) {
-            const int c = c0 + u * kWarps;
-            if (c >= nch) break;
-            if (64 * c + 16 * t >= p.cols) continue; // padding columns: zero weights, nothing staged
-            float xv[16];
-            tsr_row::load_xs(xs, 64 * c + 16 * t, p.cols, xv);
-            acc[0] = tsr_row::dot_piece<kFp8>(w[u][0], xv, acc[0]);
-            acc[1] = tsr_row::dot_piece<kFp8>(w[u][1], xv, acc[1]);
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float v = acc[h];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        if (t == 0) part[warp][(lane >> 2) + 8 * h] = v;
-    }
+    tl.sums(xs, p.cols, acc);
+    tile_part(acc, part[warp]);
     __syncthreads();
     // NORM: activations in f32, not times 2^-4 (row_dot.cuh stage_x)
     const float mul = NORM ? 1.0f : tsr_mma::kind_mul<kFp8>();

@@ -143,53 +143,23 @@ static void print_tbps(cudaStream_t st, const LabBufs &b, float *xa, float *xb, 
 // two shuffles, the KS warps through shared memory. The question: can one
 // row read tiles as fast as gemv_row reads rows (then q/k/v, gate/up and
 // the LM head could be stored in tiles too, and the 8-row pass read them
-// 9-15% faster: section 4)?
+// 9-15% faster: section 4)? The warp's loop and the lanes' sums are now
+// the engine's kernel's (kernels/cuda/gemv_tile.cuh TileLane, tile_part),
+// which grew out of this lab.
 template <int KS, int U>
 __global__ void __launch_bounds__(256, 1) tile_row(const Args p) {
     constexpr int TB = 8 / KS; // tiles a block
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int tl = warp / KS, seg = warp % KS, tile = blockIdx.x * TB + tl;
-    const int nch = (int)(p.ldw / 64);
-    const uint8_t *base = p.w + tsr_mma::tiled_offset(16 * tile, 0, p.ldw) + 16 * lane; // chunk c at + 1024 c
+    const int warp = threadIdx.x >> 5, tile = blockIdx.x * TB + warp / KS;
     extern __shared__ __align__(16) float xs[];
-    tsr_pdl::enter();
-    uint4 w[U][2];
-    const auto load = [&](int c0) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * KS;
-            if (c < nch) w[u][0] = tsr_mma::load_w(base + (int64_t)c * 1024), w[u][1] = tsr_mma::load_w(base + (int64_t)c * 1024 + 512);
-        }
-    };
-    load(seg);
-    for (int c = threadIdx.x * 4; c < p.cols; c += 256 * 4) {
-        const float4 f = __ldg(reinterpret_cast<const float4 *>(p.x + c));
-        *reinterpret_cast<float4 *>(xs + c) =
-            make_float4(tsr_row::round_x(f.x), tsr_row::round_x(f.y), tsr_row::round_x(f.z), tsr_row::round_x(f.w));
-    }
-    __syncthreads();
-    float acc[2] = {0.0f, 0.0f};
-    for (int c0 = seg, first = 1; c0 < nch; c0 += KS * U, first = 0) {
-        if (!first) load(c0);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * KS;
-            if (c >= nch) break;
-            if (64 * c + 16 * t >= p.cols) continue; // padding: zero weights, no activations staged there
-            float xv[16];
-            tsr_row::load_xs(xs, 64 * c + 16 * t, p.cols, xv);
-            acc[0] = tsr_row::dot_piece<kFp8>(w[u][0], xv, acc[0]);
-            acc[1] = tsr_row::dot_piece<kFp8>(w[u][1], xv, acc[1]);
-        }
-    }
     __shared__ float part[8][16];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float v = acc[h];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        if (t == 0) part[warp][g + 8 * h] = v;
-    }
+    tsr_tile::TileLane<KS, U> tl{p.w + tsr_mma::tiled_offset(16 * tile, 0, p.ldw) + 16 * (threadIdx.x & 31), warp % KS,
+                                 (int)(p.ldw / 64)};
+    tsr_pdl::enter();
+    tl.load(warp % KS);
+    tsr_row::stage_x<false>(p, p.x, xs, nullptr);
+    float acc[2] = {0.0f, 0.0f};
+    tl.sums(xs, p.cols, acc);
+    tsr_tile::tile_part(acc, part[warp]);
     __syncthreads();
     if (threadIdx.x < TB * 16) {
         const int tt = threadIdx.x / 16, r = threadIdx.x % 16, o = 16 * (blockIdx.x * TB + tt) + r;
@@ -301,45 +271,19 @@ static void tile_row_section(cudaStream_t st, const LabBufs &b, float *xa, float
 // left: compiled, not yet run.)
 template <int KS>
 __global__ void __launch_bounds__(256, 4) tile_pair_row(const Args p) {
-    constexpr int TB = 8 / KS, U = 2;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-    const int tb = warp / KS, seg = warp % KS, tile = blockIdx.x * TB + tb;
-    const int nch = (int)(p.ldw / 64), ntiles = (p.n_out + 15) / 16;
-    const uint8_t *base = p.w + tsr_mma::tiled_offset(16 * (int64_t)min(tile, ntiles - 1), 0, p.ldw) + 16 * lane;
+    constexpr int TB = 8 / KS;
+    const int warp = threadIdx.x >> 5, ntiles = (p.n_out + 15) / 16, tile = min(blockIdx.x * TB + warp / KS, ntiles - 1);
     extern __shared__ __align__(16) float xs[];
     __shared__ float warp_ss[8];
     __shared__ float part[8][16];
+    tsr_tile::TileLane<KS, 2> tl{p.w + tsr_mma::tiled_offset(16 * (int64_t)tile, 0, p.ldw) + 16 * (threadIdx.x & 31),
+                                 warp % KS, (int)(p.ldw / 64)};
     tsr_pdl::enter();
-    uint4 w[U][2];
-    const auto load = [&](int c0) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t c = c0 + u * KS;
-            if (c < nch) w[u][0] = tsr_mma::load_w(base + c * 1024), w[u][1] = tsr_mma::load_w(base + c * 1024 + 512);
-        }
-    };
-    load(seg);
+    tl.load(warp % KS);
     const float ss = tsr_row::stage_x<true>(p, p.x, xs, warp_ss);
     float acc[2] = {0.0f, 0.0f};
-    for (int c0 = seg, first = 1; c0 < nch; c0 += KS * U, first = 0) {
-        if (!first) load(c0);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * KS;
-            if (c >= nch) break;
-            float xv[16];
-            tsr_row::load_xs(xs, 64 * c + 16 * t, p.cols, xv);
-            acc[0] = tsr_row::dot_piece<kFp8>(w[u][0], xv, acc[0]);
-            acc[1] = tsr_row::dot_piece<kFp8>(w[u][1], xv, acc[1]);
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float v = acc[h];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        if (t == 0) part[warp][(lane >> 2) + 8 * h] = v;
-    }
+    tl.sums(xs, p.cols, acc);
+    tsr_tile::tile_part(acc, part[warp]);
     __syncthreads();
     if (threadIdx.x >= TB * 8) return;
     const int tt = threadIdx.x / 8, r = threadIdx.x % 8, f = p.n_out / 2, o = 8 * (blockIdx.x * TB + tt) + r;
