@@ -466,6 +466,7 @@ static void test_tile_layout(void **state) {
         int64_t n_out = 0;
         for (int i = 0; i < cases[c].n; i++) n_out += cases[c].rows[i];
         const int64_t cols = cases[c].cols;
+        const int pair = cases[c].n == 2 && cases[c].rows[0] == cases[c].rows[1]; /* prepare_group pairs it */
         float *wf = malloc(sizeof(float) * (size_t)(n_out * cols));
         assert_non_null(wf);
         for (int i = 0, at = 0; i < cases[c].n; at += (int)cases[c].rows[i], i++) {
@@ -485,7 +486,6 @@ static void test_tile_layout(void **state) {
             const int rt = product_through(&kt, ws, cases[c].n, n_out, cols, x, rows, fused, y0, yt);
             const int rr = product_through(&kr, ws, cases[c].n, n_out, cols, x, rows, fused, y0, yr);
             assert_int_equal(rt, rr);
-            const int pair = cases[c].n == 2 && cases[c].rows[0] == cases[c].rows[1];
             const int exact = rows > 1 || (n_out <= 4096 && !pair);
             for (size_t i = 0; rt == TSR_OK && i < yn; i++) {
                 if (exact && memcmp(&yt[i], &yr[i], sizeof(float)) == 0) continue;
@@ -499,7 +499,6 @@ static void test_tile_layout(void **state) {
             }
             free(x), free(y0), free(yt), free(yr);
         }
-        const int pair = cases[c].n == 2 && cases[c].rows[0] == cases[c].rows[1];
         printf("# %s as rows: [%lld x %lld] at 1%s, 2, 3, 5, 8, 20, 40 rows%s, bit for bit\n",
                pair ? "pair tiles" : "tiles", (long long)n_out, (long long)cols,
                n_out > 4096 || pair ? " (within 2^-16 of sum |w x|)" : "", cols % 4 ? "" : " and with the add");
