@@ -13,20 +13,25 @@
 // engine it did not hold (cuda_gemv_fp8's param tile_all, Llama-3-8B shape,
 // H200, 2026-12-02): one-row passes 2.41-2.44 -> 2.50-2.51 ms, most of it
 // the gate/up pair's one row with its norm and SiLU (43.2 against 40.2 us
-// a layer, each op waited for, with two tiles a block), while 8-row passes
+// a layer, each op waited for, with one tile a block), while 8-row passes
 // went 2.94-2.98 -> 2.84 and 2-row ones 2.67-2.70 -> 2.59: an opt-in for
 // assemblies that verify drafts more than they decode single rows, not the
-// default.
+// default. Pair tiles two a block (4 warps each, below) took back a little
+// (the thirty-fifth session, interleaved: one row 2.519-2.532 -> 2.503-2.508
+// ms, the pair 42.6 -> 41.6 us a layer; 8 rows unchanged); tiling only the
+// pairs (q/k/v and the LM head in rows) gave 2.464-2.468 / 2.892-2.895 ms
+// at 1 / 8 rows (x1.17), between the default and every matrix tiled.
 //
-// A block of 8 warps takes one tile. Chunk c (64 stored columns of the
-// tile's 16 rows, 1 KiB) goes to warp c % 8, two chunks in flight a warp:
+// A block of 8 warps takes one plain tile, or two pair tiles of 4 warps
+// each (KS warps a tile, below). Chunk c (64 stored columns of the tile's
+// 16 rows, 1 KiB) goes to the tile's warp c % KS, two chunks in flight a warp:
 // lane L loads bytes 16 L of rows 0-7 and 512 + 16 L of rows 8-15, i.e. 16
 // bytes of tile rows L / 4 and 8 + L / 4 at stored column 64 c + 16 (L % 4)
 // (the bytes gemv_mma's lane L takes), and multiplies them with gemv_row's
 // arithmetic (row_dot.cuh: E4M3 moved into f16, activations staged once a
 // block times 2^-4 rounded to f16, products summed in f32 on the CUDA
-// cores). The 4 lanes of a row add their sums by two shuffles, the 8 warps
-// in warp order through shared memory. So the sums are gemv_row's products
+// cores). The 4 lanes of a row add their sums by two shuffles, the tile's KS
+// warps in warp order through shared memory. So the sums are gemv_row's products
 // in another order: within f32 rounding of it, not bit for bit.
 //
 // Plain tiles (tl 1) or pair tiles (tl 2: tile rows 0-7 gate rows, 8-15
@@ -107,18 +112,29 @@ __device__ __forceinline__ void tile_part(const float *acc, float *part) {
 // Launch bounds: 4 blocks an SM asked, so at most 64 registers a thread (no
 // spills; the compiler's own choice, 70 with NORM, left 3 blocks an SM:
 // one-row passes 2.569-2.574 -> 2.510-2.511 ms at the Llama-3-8B shape with
-// a gate/up pair in pair tiles; two tiles a block sharing the staged x,
-// 2 blocks an SM: 2.549-2.550).
-template <bool GLU, bool NORM>
+// a gate/up pair in pair tiles; two tiles a block of 16 warps sharing the
+// staged x, 2 blocks an SM: 2.549-2.550).
+//
+// KS warps a tile, kWarps / KS tiles a block: plain tiles take 8 (one tile
+// a block), pair tiles 4 (two tiles, 16 outputs a block as gemv_row's GLU
+// has: x and the norm's weights staged once for both). tile_lab section (8),
+// a pair's one row with its norm and SiLU at 28,672 x 4,096, weights out of
+// L2 (H200, 2026-12-02, three rounds): gemv_row's GLU over rows 31.2-31.8
+// us, 8 warps a tile 33.5, 4 warps a tile 32.3-32.4 (3 chunks in flight
+// 32.5-32.6; 2 warps a tile 34.1; 8 warps and 3 in flight 32.7).
+template <bool GLU, bool NORM, int KS>
 __global__ void __launch_bounds__(32 * kWarps, 4) gemv_tile(const Args p) {
-    const int warp = threadIdx.x >> 5, tile = blockIdx.x;
+    constexpr int TB = kWarps / KS; // tiles a block
+    const int warp = threadIdx.x >> 5, ntiles = (p.n_out + 15) / 16;
+    // a last block's spare warps read the last tile again (their sums unused)
+    const int tile = min((int)blockIdx.x * TB + warp / KS, ntiles - 1);
     extern __shared__ __align__(16) float xs[]; // cols floats
     __shared__ float warp_ss[kWarps];
     __shared__ float part[kWarps][16];
-    TileLane<kWarps, kInFlight> tl{p.w + tsr_mma::tiled_offset(16 * (int64_t)tile, 0, p.ldw) + 16 * (threadIdx.x & 31),
-                                   warp, (int)(p.ldw / 64)};
+    TileLane<KS, kInFlight> tl{p.w + tsr_mma::tiled_offset(16 * (int64_t)tile, 0, p.ldw) + 16 * (threadIdx.x & 31),
+                               warp % KS, (int)(p.ldw / 64)};
     tsr_pdl::enter();
-    tl.load(warp); // the first weights on their way while x is staged
+    tl.load(warp % KS); // the first weights on their way while x is staged
     const float ss = tsr_row::stage_x<NORM>(p, p.x, xs, warp_ss);
     float acc[2] = {0.0f, 0.0f}; // tile rows lane / 4 and 8 + lane / 4
     tl.sums(xs, p.cols, acc);
@@ -126,23 +142,23 @@ __global__ void __launch_bounds__(32 * kWarps, 4) gemv_tile(const Args p) {
     __syncthreads();
     // NORM: activations in f32, not times 2^-4 (row_dot.cuh stage_x)
     const float mul = NORM ? 1.0f : tsr_mma::kind_mul<kFp8>();
-    const auto sum = [&](int r) { // tile row r's sum, its warps in order, times the norm's factor
+    const auto sum = [&](int tt, int r) { // row r of the block's tile tt, its warps in order, times the norm's factor
         float v = 0.0f;
-        for (int s = 0; s < kWarps; s++) v += part[s][r];
+        for (int s = 0; s < KS; s++) v += part[tt * KS + s][r];
         return NORM ? v * rsqrtf(ss / (float)p.cols + p.eps) : v;
     };
-    const int r = threadIdx.x;
     if constexpr (GLU) {
-        const int f = p.n_out / 2, o = 8 * tile + r;
-        if (r >= 8 || o >= f) return;
-        const float g = sum(r) * (p.scale ? p.scale[o] : 1.0f) * mul;
-        const float u = sum(8 + r) * (p.scale ? p.scale[f + o] : 1.0f) * mul;
+        const int tt = threadIdx.x / 8, r = threadIdx.x % 8, f = p.n_out / 2, o = 8 * ((int)blockIdx.x * TB + tt) + r;
+        if (tt >= TB || o >= f) return;
+        const float g = sum(tt, r) * (p.scale ? p.scale[o] : 1.0f) * mul;
+        const float u = sum(tt, 8 + r) * (p.scale ? p.scale[f + o] : 1.0f) * mul;
         p.y[o] = tsr_silu_mul(g, u);
     } else {
-        if (r >= 16) return;
-        const int o = tsr_mma::tile_out_row(p, 16 * tile + r);
+        const int tt = threadIdx.x / 16, r = threadIdx.x % 16, t = (int)blockIdx.x * TB + tt;
+        if (tt >= TB || t >= ntiles) return;
+        const int o = tsr_mma::tile_out_row(p, 16 * t + r);
         if (o < 0) return;
-        tsr_mma::store_y(p, p.y + o, sum(r) * (p.scale ? p.scale[o] : 1.0f) * mul);
+        tsr_mma::store_y(p, p.y + o, sum(tt, r) * (p.scale ? p.scale[o] : 1.0f) * mul);
     }
 }
 
@@ -168,10 +184,18 @@ inline bool tile_kernel_for(const Args &p) { return tile_kernel_for(p.tl, p.n_ou
 // nothing launched). pdl: a programmatic dependent of the kernel before it.
 template <bool GLU> inline cudaError_t launch(const Args &p, cudaStream_t st, bool pdl) {
     if (!tile_reads(p) || (GLU && (p.tl != 2 || p.accum))) return cudaErrorInvalidValue;
-    const dim3 grid((unsigned)((p.n_out + 15) / 16));
+    const int tb = p.tl == 2 ? 2 : 1, ntiles = (int)((p.n_out + 15) / 16); // tiles a block: KS 4 or 8
+    const dim3 grid((unsigned)((ntiles + tb - 1) / tb));
     const size_t smem = (size_t)p.cols * sizeof(float);
-    if (p.nw) return tsr_pdl::launch(gemv_tile<GLU, true>, grid, 32 * kWarps, smem, st, pdl, p);
-    return tsr_pdl::launch(gemv_tile<GLU, false>, grid, 32 * kWarps, smem, st, pdl, p);
+    if (p.tl == 2) {
+        if (p.nw) return tsr_pdl::launch(gemv_tile<GLU, true, 4>, grid, 32 * kWarps, smem, st, pdl, p);
+        return tsr_pdl::launch(gemv_tile<GLU, false, 4>, grid, 32 * kWarps, smem, st, pdl, p);
+    }
+    if constexpr (!GLU) {
+        if (p.nw) return tsr_pdl::launch(gemv_tile<false, true, 8>, grid, 32 * kWarps, smem, st, pdl, p);
+        return tsr_pdl::launch(gemv_tile<false, false, 8>, grid, 32 * kWarps, smem, st, pdl, p);
+    }
+    return cudaErrorInvalidValue; // unreachable: GLU needs pair tiles
 }
 
 } // namespace tsr_tile
