@@ -146,17 +146,35 @@ static void print_tbps(cudaStream_t st, const LabBufs &b, float *xa, float *xb, 
 // 9-15% faster: section 4)? The warp's loop and the lanes' sums are now
 // the engine's kernel's (kernels/cuda/gemv_tile.cuh TileLane, tile_part),
 // which grew out of this lab.
-template <int KS, int U>
-__global__ void __launch_bounds__(256, 1) tile_row(const Args p) {
-    constexpr int TB = 8 / KS; // tiles a block
+//
+// NT threads a block (NT / 32 / KS tiles a block): the thirty-fifth
+// session's question is whether the short matrices (q/k/v, o: 384 and 256
+// tiles, 8 warps a tile leaving ~16 warps an SM, each warp's 8 chunks in
+// four round trips at U 2) read faster with 16 or 32 warps a tile, each
+// warp's few chunks all in flight at once. Answer (H200, 2026-12-02, two
+// rounds, TB/s back to back without PDL): no. o 2.00-2.09 at 16 or 32 warps
+// a tile against 2.01-2.02 at 8 (production's gemv_mma 2.11-2.16), q/k/v
+// 2.43-2.49 against 2.52-2.54; registers capped at 32 for 64 warps an SM
+// (m8 at 256 threads, m4 at 512, m2 at 1,024 with U 2) spill and lose
+// 40-50% everywhere; U 1 at 32 registers holds gate/up and the LM head
+// (3.86 / 4.48) but not down (2.57). The (7b) graph of a token's GEMVs with
+// PDL, the best per shape: 2.011-2.012 ms against production's 2.049-2.052.
+template <int KS, int U, int NT = 256, int MINB = 1>
+__global__ void __launch_bounds__(NT, MINB) tile_row(const Args p) {
+    constexpr int TB = NT / 32 / KS; // tiles a block
     const int warp = threadIdx.x >> 5, tile = blockIdx.x * TB + warp / KS;
     extern __shared__ __align__(16) float xs[];
-    __shared__ float part[8][16];
+    __shared__ float part[NT / 32][16];
     tsr_tile::TileLane<KS, U> tl{p.w + tsr_mma::tiled_offset(16 * tile, 0, p.ldw) + 16 * (threadIdx.x & 31), warp % KS,
                                  (int)(p.ldw / 64)};
     tsr_pdl::enter();
     tl.load(warp % KS);
-    tsr_row::stage_x<false>(p, p.x, xs, nullptr);
+    for (int c = threadIdx.x * 4; c < p.cols; c += NT * 4) { // tsr_row::stage_x<false> with NT threads
+        const float4 f = __ldg(reinterpret_cast<const float4 *>(p.x + c));
+        *reinterpret_cast<float4 *>(xs + c) = make_float4(tsr_row::round_x(f.x), tsr_row::round_x(f.y),
+                                                          tsr_row::round_x(f.z), tsr_row::round_x(f.w));
+    }
+    __syncthreads();
     float acc[2] = {0.0f, 0.0f};
     tl.sums(xs, p.cols, acc);
     tsr_tile::tile_part(acc, part[warp]);
@@ -172,12 +190,15 @@ __global__ void __launch_bounds__(256, 1) tile_row(const Args p) {
 struct TileRowCfg {
     const char *name;
     void (*k)(const Args);
-    int ks;
+    int ks, nt;
 };
-static const TileRowCfg kTileRow[] = {
-    {"tile_row 8 / 1", tile_row<8, 1>, 8}, {"tile_row 8 / 2", tile_row<8, 2>, 8}, {"tile_row 4 / 2", tile_row<4, 2>, 4},
-    {"tile_row 4 / 4", tile_row<4, 4>, 4}, {"tile_row 2 / 4", tile_row<2, 4>, 2}, {"tile_row 2 / 8", tile_row<2, 8>, 2},
-    {"tile_row 1 / 8", tile_row<1, 8>, 1},
+static const TileRowCfg kTileRow[] = { // KS / U, threads a block, blocks an SM asked (registers capped)
+    {"tile_row 8 / 2", tile_row<8, 2>, 8, 256},                {"tr 8/2 x256 m4", tile_row<8, 2, 256, 4>, 8, 256},
+    {"tr 8/2 x256 m8", tile_row<8, 2, 256, 8>, 8, 256},        {"tr 16/2 x512 m2", tile_row<16, 2, 512, 2>, 16, 512},
+    {"tr 16/4 x512 m2", tile_row<16, 4, 512, 2>, 16, 512},     {"tr 16/2 x512 m4", tile_row<16, 2, 512, 4>, 16, 512},
+    {"tr 32/1 x1024 m1", tile_row<32, 1, 1024, 1>, 32, 1024},  {"tr 32/2 x1024 m1", tile_row<32, 2, 1024, 1>, 32, 1024},
+    {"tr 32/1 x1024 m2", tile_row<32, 1, 1024, 2>, 32, 1024},  {"tr 32/2 x1024 m2", tile_row<32, 2, 1024, 2>, 32, 1024},
+    {"tr 16/1 x512 m4", tile_row<16, 1, 512, 4>, 16, 512},     {"tr 8/1 x256 m8", tile_row<8, 1, 256, 8>, 8, 256},
 };
 static cudaError_t launch_tile_row(const TileRowCfg &c, const Args &a, cudaStream_t st, bool pdl) {
     const size_t smem = (size_t)a.cols * 4;
@@ -187,8 +208,8 @@ static cudaError_t launch_tile_row(const TileRowCfg &c, const Args &a, cudaStrea
         CK(cudaFuncSetAttribute(c.k, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10));
         sized[i] = true;
     }
-    const int tb = 8 / c.ks;
-    return tsr_pdl::launch(c.k, dim3((unsigned)((a.n_out / 16 + tb - 1) / tb)), dim3(256), smem, st, pdl, a);
+    const int tb = c.nt / 32 / c.ks;
+    return tsr_pdl::launch(c.k, dim3((unsigned)((a.n_out / 16 + tb - 1) / tb)), dim3(c.nt), smem, st, pdl, a);
 }
 
 static void tile_row_section(cudaStream_t st, const LabBufs &b, float *xa, float *xb) {
