@@ -154,7 +154,7 @@ static void test_cuda_fast_eager(void **state) { (void)state; run_all("cuda-fast
  * folder (*dir, to rmdir after unlinking path) under its own file name: the
  * one line holding find replaced by text, or (find NULL) text appended. */
 static void asm_edit(const char *name, const char *find, const char *text, char *dir, char *path, size_t size) {
-    char src[4200];
+    char src[8400]; /* name may itself be a path of up to 4,200 bytes */
     strcpy(dir, "/tmp/tsr_cuda_asm_XXXXXX");
     assert_non_null(mkdtemp(dir));
     if (name[0] == '/') snprintf(src, sizeof src, "%s", name);
@@ -301,9 +301,10 @@ static void test_switches_exact(void **state) {
 }
 
 /* Greedy ids of a generation (ids [max_tokens]); the KV bytes in use when
- * it ended into *kv_used. Returns the number of ids. */
-static int gen_ids(tsr_model *m, const int32_t *prompt, int n, const tsr_gen_params *p, int32_t *ids,
-                   uint64_t *kv_used, tsr_finish *finish) {
+ * it ended into *kv_used, its statistics into *stats (unless NULL).
+ * Returns the number of ids. */
+static int gen_ids_stats(tsr_model *m, const int32_t *prompt, int n, const tsr_gen_params *p, int32_t *ids,
+                         uint64_t *kv_used, tsr_finish *finish, tsr_gen_stats *stats) {
     tsr_gen *g;
     tsr_error err;
     tsr_error_clear(&err);
@@ -320,8 +321,14 @@ static int gen_ids(tsr_model *m, const int32_t *prompt, int n, const tsr_gen_par
     }
     uint64_t cap;
     tsr_model_kv_usage(m, kv_used, &cap);
+    if (stats) tsr_gen_get_stats(g, stats);
     tsr_gen_free(g);
     return k;
+}
+
+static int gen_ids(tsr_model *m, const int32_t *prompt, int n, const tsr_gen_params *p, int32_t *ids,
+                   uint64_t *kv_used, tsr_finish *finish) {
+    return gen_ids_stats(m, prompt, n, p, ids, kv_used, finish, NULL);
 }
 
 /* runtime.pipeline (each greedy pass queued before the token it follows is
@@ -472,6 +479,153 @@ static void test_pipeline_exact(void **state) {
     }
 }
 
+/* Where greedy text with drafting (got) first leaves that of one-row steps
+ * (want) at token i: the one-row logits there (prompt and want's first i
+ * tokens through m in passes of one row) must hold the two choices within
+ * twice the suite's bound of each other (TOL_ABS + TOL_REL * max|logit|,
+ * which each pass's logits keep from transformers': run_all) -- a near tie
+ * that verification rows, summed in another order, may break the other
+ * way. Anything farther apart fails, naming the token. */
+static int near_tie(tsr_model *m, const int32_t *prompt, int n_prompt, const int32_t *want, const int32_t *got, int i,
+                     int vocab, const char *what, int c) {
+    const int n = n_prompt + i;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    float *lg = malloc((size_t)n * vocab * sizeof *lg);
+    assert_non_null(ids);
+    assert_non_null(lg);
+    memcpy(ids, prompt, (size_t)n_prompt * sizeof *ids);
+    memcpy(ids + n_prompt, want, (size_t)i * sizeof *ids);
+    tsr_error err;
+    tsr_error_clear(&err);
+    tsr_seq *s;
+    assert_int_equal(tsr_seq_new(m, n, &s, &err), TSR_OK);
+    if (gpu_run_passes(s, ids, n, vocab, 1, lg, &err) != TSR_OK) fail_msg("forward: %s", err.msg);
+    const float *row = lg + (size_t)(n - 1) * vocab;
+    const gpu_row r = gpu_check_row(row, row, vocab, TOL_ABS, TOL_REL);
+    const double margin = (double)row[want[i]] - row[got[i]];
+    const int tie = fabs(margin) <= 2 * r.bound;
+    if (tie)
+        printf("# %s prompt %d: from token %d on, drafting and one-row steps part at a near tie (%d or %d, %.4g apart "
+               "in the one-row logits; twice the bound %.4g)\n",
+               what, c, i, got[i], want[i], margin, 2 * r.bound);
+    else
+        print_error("%s prompt %d: token %d is %d with n-gram drafting, %d in one-row steps, %.4g apart in the "
+                    "one-row logits (twice the bound: %.4g)\n",
+                    what, c, i, got[i], want[i], margin, 2 * r.bound);
+    tsr_seq_free(s);
+    free(lg);
+    free(ids);
+    return tie;
+}
+
+/* Speculative decoding on the device: n-gram drafts verified in passes of
+ * up to 9 rows (the verification GEMVs and attention, the KV cache taken
+ * back past rejected drafts) give the tokens of one-row greedy steps
+ * through the same assembly up to a near tie (near_tie), drafts accepted:
+ * stories260K's three reference prompts (16 tokens), 108 tokens each (its
+ * context is 128), through cuda-fast, cuda-fast-eager, cuda-baseline,
+ * cuda-fast-fp8 (rows and, with tile_all, tiles) and cuda-fast-paged, and
+ * variants that locate a defect. runtime.pipeline is off in each (it
+ * refuses a drafter that proposes); every case runs before the test fails.
+ *
+ * Known to fail (H200, 2026-12-02, BENCHMARKS.md thirty-fifth session):
+ * through cuda_gemv (cuda-fast, -eager, -paged; also with the reference
+ * attention) prompt 1's token 100, the first token of its only 8-row pass
+ * (positions 115-122), comes out another token each run, 2-9 logits below
+ * one-row steps' choice; cuda-baseline and cuda-fast-eager with
+ * cuda_gemv_cublaslt agree on all 324 tokens, the E4M3 assemblies part
+ * only at near ties (0.001-0.002 apart), earlier. The variants after
+ * cuda-baseline (PDL off, cuda_gemv's decode_rows 7, fold, fuse, glu off)
+ * were written to say which part is at fault and have not run yet. */
+static void test_drafting_greedy(void **state) {
+    (void)state;
+    GPU_REQUIRE("speculative decoding checks");
+    char model[4096], ref[4200];
+    snprintf(model, sizeof model, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
+    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
+    static const struct {
+        const char *name, *key, *line; /* line: a replacement for the line with key, or NULL */
+        int pipelined;                 /* the assembly names runtime.pipeline (turned off here) */
+    } cases[] = {
+        {"cuda-fast.yaml", NULL, NULL, 1},
+        {"cuda-fast-eager.yaml", NULL, NULL, 1},
+        {"cuda-baseline.yaml", NULL, NULL, 0},
+        /* where the defect is (BENCHMARKS.md, thirty-fifth session): the
+         * attention's and the gemv's baselines in turn, then cuda_gemv's
+         * switches and the programmatic dependent launches one at a time */
+        {"cuda-fast-eager.yaml", "attention:", "  attention: cuda_attention_ref\n", 1},
+        {"cuda-fast-eager.yaml", "gemv:", "  gemv: cuda_gemv_cublaslt\n", 1},
+        {"cuda-fast-eager.yaml", "pdl:", "  pdl: false\n", 1},
+        {"cuda-fast-eager.yaml", "gemv:", "  gemv: {plugin: cuda_gemv, params: {decode_rows: 7}}\n", 1},
+        {"cuda-fast-eager.yaml", "gemv:", "  gemv: {plugin: cuda_gemv, params: {fold: false}}\n", 1},
+        {"cuda-fast-eager.yaml", "gemv:", "  gemv: {plugin: cuda_gemv, params: {fuse: false}}\n", 1},
+        {"cuda-fast-eager.yaml", "gemv:", "  gemv: {plugin: cuda_gemv, params: {glu: false}}\n", 1},
+        {"cuda-fast-eager.yaml", "gemv:", "  gemv: {plugin: cuda_gemv, params: {decode_rows: 1}}\n", 1},
+        {"cuda-fast-fp8.yaml", NULL, NULL, 1},
+        {"cuda-fast-fp8.yaml", "gemv:", "  gemv: {plugin: cuda_gemv_fp8, params: {tile_all: true}}\n", 1},
+        {"cuda-fast-paged.yaml", NULL, NULL, 1},
+    };
+    enum { kTokens = 108 };
+    int bad = 0; /* prompts whose drafting parted from one-row steps at no near tie (each printed) */
+    for (size_t a = 0; a < N_OF(cases); a++) {
+        char d0[64], p0[4200], d1[64], p1[4200], d2[64], p2[4200];
+        if (cases[a].pipelined) asm_edit(cases[a].name, "pipeline:", "  pipeline: false\n", d0, p0, sizeof p0);
+        else asm_edit(cases[a].name, "drafter:", "  drafter: drafter_none\n", d0, p0, sizeof p0); /* a copy */
+        if (cases[a].line) { /* a line of the pipeline-free copy, edited in place */
+            asm_edit(p0, cases[a].key, cases[a].line, d2, p2, sizeof p2);
+            unlink(p0);
+            rmdir(d0);
+            strcpy(d0, d2), strcpy(p0, p2);
+        }
+        asm_edit(p0, "drafter:", "  drafter: drafter_ngram\n", d1, p1, sizeof p1);
+        tsr_model *m[2];
+        const char *paths[2] = {p0, p1};
+        for (int v = 0; v < 2; v++) {
+            tsr_model_opts o = {.model_path = model, .assembly_path = paths[v]};
+            tsr_error err;
+            tsr_error_clear(&err);
+            if (tsr_model_load(&o, &m[v], &err) != TSR_OK) fail_msg("%s: %s", paths[v], err.msg);
+        }
+        char what[512]; /* the assembly and its edited line */
+        snprintf(what, sizeof what, "%s%s%.*s", cases[a].name, cases[a].line ? " with" : "",
+                 cases[a].line ? (int)strlen(cases[a].line) - 1 : 0, cases[a].line ? cases[a].line : "");
+        tsr_gen_params p = {.sampling = tsr_sampling_greedy(), .max_tokens = kTokens, .ignore_eos = 1};
+        int64_t proposed = 0, accepted = 0, passes = 0, tokens = 0, compared = 0;
+        for (int c = 0; c < 3; c++) {
+            char in[32], lg[32];
+            snprintf(in, sizeof in, "input_ids_%d", c);
+            snprintf(lg, sizeof lg, "logits_%d", c);
+            gpu_ref r;
+            gpu_ref_open(&r, ref, in, lg);
+            const int n_prompt = r.n < 16 ? r.n : 16;
+            int32_t want[kTokens], got[kTokens];
+            uint64_t u0, u1;
+            tsr_finish f0, f1;
+            tsr_gen_stats st;
+            const int n0 = gen_ids(m[0], r.ids, n_prompt, &p, want, &u0, &f0);
+            const int n1 = gen_ids_stats(m[1], r.ids, n_prompt, &p, got, &u1, &f1, &st);
+            assert_int_equal(n0, kTokens);
+            assert_int_equal(n1, kTokens);
+            assert_true(u0 == u1); /* the rejected drafts' KV given back */
+            int same = 0;
+            while (same < kTokens && got[same] == want[same]) same++;
+            if (same < kTokens) bad += !near_tie(m[0], r.ids, n_prompt, want, got, same, r.vocab, what, c);
+            compared += same;
+            proposed += st.draft_proposed, accepted += st.draft_accepted, passes += st.decode_passes;
+            tokens += n1;
+            gpu_ref_close(&r);
+        }
+        if (accepted == 0) fail_msg("%s: no draft was accepted (the verification path not exercised)", cases[a].name);
+        printf("# %s: greedy with n-gram drafting equals one-row steps on %lld of %lld tokens (3 prompts; %lld "
+               "drafts proposed, %lld accepted, %lld decode passes)\n",
+               what, (long long)compared, (long long)tokens, (long long)proposed, (long long)accepted,
+               (long long)passes);
+        for (int v = 0; v < 2; v++) tsr_model_free(m[v]);
+        unlink(p0), rmdir(d0), unlink(p1), rmdir(d1);
+    }
+    if (bad) fail_msg("%d prompt(s) parted at no near tie (above)", bad);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_baseline),
@@ -481,6 +635,7 @@ int main(void) {
         cmocka_unit_test(test_moe_paths_agree),
         cmocka_unit_test(test_switches_exact),
         cmocka_unit_test(test_pipeline_exact),
+        cmocka_unit_test(test_drafting_greedy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
