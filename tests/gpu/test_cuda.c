@@ -134,12 +134,18 @@ static void check_pystd_moe(const char *assembly) {
     for (int step = 0; step <= 1; step++) check(dir, ref, "input_ids", "logits", assembly, step, NULL);
 }
 
+/* stories260K's GGUF and its transformers reference into model and ref
+ * (4,096 and 4,200 bytes). */
+static void stories_paths(char *model, char *ref) {
+    snprintf(model, 4096, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
+    snprintf(ref, 4200, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
+}
+
 static void run_all(const char *assembly, int moe) {
     GPU_REQUIRE("%s checks", assembly);
     for (size_t i = 0; i < N_OF(dense_families); i++) check_family(dense_families[i], assembly);
     char dir[4096], ref[4200];
-    snprintf(dir, sizeof dir, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
-    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
+    stories_paths(dir, ref);
     for (int step = 0; step <= 3; step += step ? 2 : 1)
         check(dir, ref, "input_ids_1", "logits_1", assembly, step, NULL);
     if (!moe) return;
@@ -276,8 +282,7 @@ static void test_switches_exact(void **state) {
         ids_name[i] = "input_ids", logits_name[i] = "logits";
     }
     const size_t st = N_OF(dense_families);
-    snprintf(model[st], sizeof model[st], "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
-    snprintf(ref[st], sizeof ref[st], "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
+    stories_paths(model[st], ref[st]);
     ids_name[st] = "input_ids_1", logits_name[st] = "logits_1";
     for (size_t i = 0; i <= st; i++) {
         gpu_ref r;
@@ -345,8 +350,7 @@ static void test_pipeline_exact(void **state) {
     (void)state;
     GPU_REQUIRE("runtime.pipeline checks");
     char model[4096], ref[4200];
-    snprintf(model, sizeof model, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
-    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
+    stories_paths(model, ref);
     static const char *const names[] = {"cuda-fast.yaml", "cuda-fast-fp8.yaml", "cuda-fast-eager.yaml",
                                         "cuda-fast-paged.yaml"};
     for (size_t a = 0; a < N_OF(names); a++) {
@@ -541,8 +545,7 @@ static void test_drafting_greedy(void **state) {
     (void)state;
     GPU_REQUIRE("speculative decoding checks");
     char model[4096], ref[4200];
-    snprintf(model, sizeof model, "%s/models/stories260K/stories260K.gguf", gpu_src_dir());
-    snprintf(ref, sizeof ref, "%s/models/stories260K/hf/reference.safetensors", gpu_src_dir());
+    stories_paths(model, ref);
     static const struct {
         const char *name, *key, *line; /* line: a replacement for the line with key, or NULL */
         int pipelined;                 /* the assembly names runtime.pipeline (turned off here) */
