@@ -705,6 +705,14 @@ static void plugin_cases(const char *plugin) {
         gemv_case(&v, 37, 256, rows);  /* a partial row tile */
         gemv_case(&v, 130, 1000, rows); /* rows not a multiple of the units */
     }
+    /* stories260K's matrices (q/k/v stacked, o, gate/up stacked, down, the
+     * LM head) at every verification row count: test_cuda's drafting case
+     * finds a wrong token through cuda_gemv at its 8-row pass (BENCHMARKS.md,
+     * thirty-fifth session) */
+    static const int stories[][2] = {{128, 64}, {64, 64}, {344, 64}, {64, 172}, {512, 64}};
+    for (int rows = 2; rows <= 8; rows++)
+        for (size_t i = 0; i < sizeof stories / sizeof stories[0]; i++)
+            gemv_case(&v, stories[i][0], stories[i][1], rows);
     gemv_case(&v, 1000, 1000, 1);
     gemv_case(&v, 16, 4, 2);  /* one unit, mostly padding */
     gemv_case(&v, 33, 12, 1); /* one row, width not a multiple of 64 */
