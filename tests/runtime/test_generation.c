@@ -154,6 +154,60 @@ static void test_greedy_same_with_every_drafter(void **state) {
     unlink(a);
 }
 
+/* Greedy generation to the end of stories260K's context (128 tokens), with
+ * n-gram drafting and without, through the reference plugins and the fast
+ * CPU ones: the same tokens at every position, drafts accepted. Past the 48
+ * tokens transformers' reference holds, this reaches verification passes
+ * of every size up to 9 rows and the drafts cut short by the token limit
+ * (an 8-row pass near the context's end: the case test_cuda's drafting
+ * check found wrong through cuda_gemv, BENCHMARKS.md thirty-fifth session). */
+static void test_drafting_to_context_end(void **state) {
+    (void)state;
+    static const char *const slots[2] = {
+        "", "  gemv: cpu_gemv\n  attention: cpu_attention\n  kv_cache: {plugin: cpu_kv_cache, params: {dtype: f16}}\n"};
+    tsr_safetensors *ref;
+    tsr_error err;
+    tsr_error_clear(&err);
+    assert_int_equal(tsr_safetensors_open(stories_ref, &ref, &err), TSR_OK);
+    for (int a = 0; a < 2; a++) {
+        tsr_model *m[2];
+        for (int v = 0; v < 2; v++) {
+            char path[512];
+            snprintf(path, sizeof path, "/tmp/tessera-test-%d-end-%d.yaml", (int)getpid(), v);
+            FILE *f = fopen(path, "w");
+            assert_non_null(f);
+            fprintf(f, "name: end-%d\ndevice: cpu\nslots:\n%s  drafter: %s\n", v, slots[a],
+                    v ? "drafter_ngram" : "drafter_none");
+            fclose(f);
+            m[v] = load(stories, path);
+            unlink(path);
+        }
+        int64_t accepted = 0;
+        for (int c = 0; c < 3; c++) {
+            char in[32];
+            snprintf(in, sizeof in, "input_ids_%d", c);
+            int n_in;
+            int32_t *ids = ref_ids(ref, in, &n_in);
+            tsr_gen_params p = {.sampling = tsr_sampling_greedy(), .max_tokens = 128 - n_in, .ignore_eos = 1};
+            gen_out o[2];
+            for (int v = 0; v < 2; v++) generate(m[v], ids, n_in, &p, &o[v]);
+            assert_int_equal(o[0].n, 128 - n_in);
+            assert_int_equal(o[1].n, o[0].n);
+            for (int i = 0; i < o[0].n; i++)
+                if (o[1].ids[i] != o[0].ids[i])
+                    fail_msg("%s prompt %d: token %d is %d with n-gram drafting, %d without", a ? "cpu plugins" : "reference",
+                             c, i, o[1].ids[i], o[0].ids[i]);
+            accepted += o[1].stats.draft_accepted;
+            free(ids);
+        }
+        assert_true(accepted > 0);
+        printf("# %s: greedy to the context's end equal with and without n-gram drafting (%lld drafts accepted)\n",
+               a ? "cpu plugins" : "reference plugins", (long long)accepted);
+        for (int v = 0; v < 2; v++) tsr_model_free(m[v]);
+    }
+    tsr_safetensors_free(ref);
+}
+
 /* The greedy choices a pass hands back alone (tsr_seq_forward_greedy: what
  * greedy generation without log-probabilities asks for) are the argmax of
  * the logits the same pass gives, ties to the lowest id; and generation with
@@ -440,6 +494,7 @@ int main(void) {
     snprintf(stories_ref, sizeof stories_ref, "%s/models/stories260K/hf/reference.safetensors", src_dir());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_same_with_every_drafter),
+        cmocka_unit_test(test_drafting_to_context_end),
         cmocka_unit_test(test_greedy_choices_match_logits),
         cmocka_unit_test(test_pipelined_greedy),
         cmocka_unit_test(test_pystd_draft_model),
