@@ -93,6 +93,13 @@ static int32_t *ref_ids(const tsr_safetensors *st, const char *name, int *n) {
     return v;
 }
 
+/* Reference case c's prompt (input_ids_C): a copy, n ids. */
+static int32_t *case_prompt(const tsr_safetensors *st, int c, int *n) {
+    char in[32];
+    snprintf(in, sizeof in, "input_ids_%d", c);
+    return ref_ids(st, in, n);
+}
+
 /* Greedy ids of model through an assembly equal transformers' for each case. */
 static void check_greedy(const char *model, const char *assembly, const char *ref_path, int n_cases,
                          int expect_accepts, int pipelined) {
@@ -184,10 +191,8 @@ static void test_drafting_to_context_end(void **state) {
         }
         int64_t accepted = 0;
         for (int c = 0; c < 3; c++) {
-            char in[32];
-            snprintf(in, sizeof in, "input_ids_%d", c);
             int n_in;
-            int32_t *ids = ref_ids(ref, in, &n_in);
+            int32_t *ids = case_prompt(ref, c, &n_in);
             tsr_gen_params p = {.sampling = tsr_sampling_greedy(), .max_tokens = 128 - n_in, .ignore_eos = 1};
             gen_out o[2];
             for (int v = 0; v < 2; v++) generate(m[v], ids, n_in, &p, &o[v]);
@@ -378,10 +383,8 @@ static void test_int8_x8_drafting_exact(void **state) {
     assert_int_equal(tsr_safetensors_open(stories_ref, &ref, &err), TSR_OK);
     int64_t accepted = 0;
     for (int c = 0; c < 3; c++) {
-        char in[32];
-        snprintf(in, sizeof in, "input_ids_%d", c);
         int n_in;
-        int32_t *ids = ref_ids(ref, in, &n_in);
+        int32_t *ids = case_prompt(ref, c, &n_in);
         tsr_gen_params p = {.sampling = tsr_sampling_greedy(), .max_tokens = 96, .ignore_eos = 1};
         gen_out o[2];
         for (int k = 0; k < 2; k++) generate(m[k], ids, n_in, &p, &o[k]);
