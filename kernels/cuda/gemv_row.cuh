@@ -504,8 +504,8 @@ template <int WK> inline cudaError_t launch_glu(const Args &p, RowRole role, cud
 // still not (2026-12-02, two rounds, cuda-fast-fp8: 2.530 / 2.541 ms staged
 // without either, 2.510 / 2.508 with the pair's, 2.540 / 2.556 with the
 // head's).
-// One row of tiles takes the norm where it goes to gemv_tile (below 16,384
-// rows too: the same staged norm).
+// One row of tiles takes the norm where it goes to gemv_tile (the same
+// staged norm, under the same 16,384-row limit).
 template <int WK> inline bool fused_takes(const Args &p) {
     if (!p.nw) return true;
     if (WK != kFp8 || p.cm || p.n_out >= 16384) return false;

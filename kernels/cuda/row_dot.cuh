@@ -73,16 +73,16 @@ __device__ __forceinline__ float round_x(float v) { return __half2float(__float2
 constexpr int kStageMaxCols = 47 * 1024 / 4;
 
 // The activations x (p.cols of them, a multiple of 4) staged by a block of
-// 256 threads into xs: times 2^-4 and rounded to f16 (round_x), or with
+// NT threads into xs: times 2^-4 and rounded to f16 (round_x), or with
 // NORM times the norm's weights p.nw in f32 (not rounded: the stream before
 // its norm may lie outside f16's range), returning the sum of the squares
-// of x (each thread its columns, each warp's across its lanes, the 8 warps'
-// in warp order through warp_ss[8]: the same in every thread and every
-// block). Ends with a barrier, after which xs is the block's.
-template <bool NORM>
+// of x (each thread its columns, each warp's across its lanes, the NT / 32
+// warps' in warp order through warp_ss[NT / 32]: the same in every thread
+// and every block). Ends with a barrier, after which xs is the block's.
+template <bool NORM, int NT = 256>
 __device__ __forceinline__ float stage_x(const Args &p, const float *x, float *xs, float *warp_ss) {
     float ss = 0.0f;
-    for (int c = threadIdx.x * 4; c < p.cols; c += 256 * 4) {
+    for (int c = threadIdx.x * 4; c < p.cols; c += NT * 4) {
         const float4 f = __ldg(reinterpret_cast<const float4 *>(x + c));
         if constexpr (NORM) {
             const float4 g = __ldg(reinterpret_cast<const float4 *>(p.nw + c));
@@ -99,7 +99,7 @@ __device__ __forceinline__ float stage_x(const Args &p, const float *x, float *x
     __syncthreads();
     if constexpr (NORM) {
         ss = 0.0f;
-        for (int w = 0; w < 8; w++) ss += warp_ss[w];
+        for (int w = 0; w < NT / 32; w++) ss += warp_ss[w];
     }
     return ss;
 }

@@ -573,7 +573,7 @@ static void test_drafting_greedy(void **state) {
     for (size_t a = 0; a < N_OF(cases); a++) {
         char d0[64], p0[4200], d1[64], p1[4200], d2[64], p2[4200];
         if (cases[a].pipelined) asm_edit(cases[a].name, "pipeline:", "  pipeline: false\n", d0, p0, sizeof p0);
-        else asm_edit(cases[a].name, "drafter:", "  drafter: drafter_none\n", d0, p0, sizeof p0); /* a copy */
+        else asm_edit(cases[a].name, NULL, "", d0, p0, sizeof p0); /* a copy */
         if (cases[a].line) { /* a line of the pipeline-free copy, edited in place */
             asm_edit(p0, cases[a].key, cases[a].line, d2, p2, sizeof p2);
             unlink(p0);

@@ -102,6 +102,12 @@ static void env_open(env *v, const char *plugin) {
     v->abs = fp8 ? 0x1p-21 : 0;
 }
 
+/* What env_open made, given back. */
+static void env_close(env *v) {
+    tsr_cuda_free(v->dev_step);
+    tsr_engine_free(v->e);
+}
+
 static void check(const env *v, const char *what, const float *w, const float *x, const float *y, int n_out,
                   int cols, int rows) {
     double worst = 0;
@@ -802,8 +808,7 @@ static void plugin_cases(const char *plugin) {
     /* partial tiles of outputs and of columns (E4M3: experts' rows a multiple
      * of 16 wide, two whole 512-column steps and a tail) */
     grouped_case(&v, 3, fp8 ? 208 : 200, fp8 ? 1040 : 1000, counts_b, 1);
-    tsr_cuda_free(v.dev_step);
-    tsr_engine_free(v.e);
+    env_close(&v);
 }
 /* cuda_gemv_cublaslt (and cuda_gemv above 8 rows): cuBLASLt plans shared by
  * the row counts of a bucket (16, then powers of two), each count against
@@ -816,8 +821,7 @@ static void lt_cases(const char *plugin) {
         gemv_case(&v, 130, 1000, counts[i]);
         gemv_case(&v, 2000, 1024, counts[i]);
     }
-    tsr_cuda_free(v.dev_step);
-    tsr_engine_free(v.e);
+    env_close(&v);
 }
 
 /* D[m x n] (f32, column-major) = W^T-view x X-view by the algorithm that
@@ -897,8 +901,7 @@ static void lt_choice_case(const char *plugin, int m, int k, int n) {
     tsr_gemv_release(v.gemv, h);
     tsr_cuda_free(dx), tsr_cuda_free(dy), tsr_cuda_free(dwb), tsr_cuda_free(dxb), tsr_cuda_free(ws);
     free(w), free(x), free(wb), free(xb), free(y), free(ref);
-    tsr_cuda_free(v.dev_step);
-    tsr_engine_free(v.e);
+    env_close(&v);
 }
 #endif
 
@@ -935,8 +938,7 @@ static void test_pair_tiles(void **state) {
     fused_case(&v, 999, 1040, 1, 0, 1, 1);
     fused_case(&v, 8195, 80, 1, 0, 1, 1);
     fused_case(&v, 2501, 1040, 1, 1, 1, 0);
-    tsr_cuda_free(v.dev_step);
-    tsr_engine_free(v.e);
+    env_close(&v);
 #endif
 }
 

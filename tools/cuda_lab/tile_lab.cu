@@ -169,12 +169,7 @@ __global__ void __launch_bounds__(NT, MINB) tile_row(const Args p) {
                                  (int)(p.ldw / 64)};
     tsr_pdl::enter();
     tl.load(warp % KS);
-    for (int c = threadIdx.x * 4; c < p.cols; c += NT * 4) { // tsr_row::stage_x<false> with NT threads
-        const float4 f = __ldg(reinterpret_cast<const float4 *>(p.x + c));
-        *reinterpret_cast<float4 *>(xs + c) = make_float4(tsr_row::round_x(f.x), tsr_row::round_x(f.y),
-                                                          tsr_row::round_x(f.z), tsr_row::round_x(f.w));
-    }
-    __syncthreads();
+    tsr_row::stage_x<false, NT>(p, p.x, xs, nullptr);
     float acc[2] = {0.0f, 0.0f};
     tl.sums(xs, p.cols, acc);
     tsr_tile::tile_part(acc, part[warp]);
