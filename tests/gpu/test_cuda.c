@@ -538,9 +538,10 @@ static int near_tie(tsr_model *m, const int32_t *prompt, int n_prompt, const int
  * (positions 115-122), comes out another token each run, 2-9 logits below
  * one-row steps' choice; cuda-baseline and cuda-fast-eager with
  * cuda_gemv_cublaslt agree on all 324 tokens, the E4M3 assemblies part
- * only at near ties (0.001-0.002 apart), earlier. The variants after
- * cuda-baseline (PDL off, cuda_gemv's decode_rows 7, fold, fuse, glu off)
- * were written to say which part is at fault and have not run yet. */
+ * only at near ties (0.001-0.002 apart), earlier. The variants with PDL
+ * off and with cuda_gemv's decode_rows 7, fold, fuse or glu off were
+ * written to say which part is at fault and have not run yet (the kernel
+ * checks of test_cuda_gemv launch without PDL). */
 static void test_drafting_greedy(void **state) {
     (void)state;
     GPU_REQUIRE("speculative decoding checks");
