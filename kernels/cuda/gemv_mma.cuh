@@ -234,7 +234,7 @@ __device__ __forceinline__ void load_x(const float *xr, int k0, int cols, float 
 #pragma unroll
     for (int q = 0; q < N / 4; q++) {
         const int k = k0 + 4 * q;
-        const float4 f = k < cols ? __ldg(reinterpret_cast<const float4 *>(xr + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 f = k < cols ? tsr_pdl::load(xr + k) : make_float4(0.f, 0.f, 0.f, 0.f);
         v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
     }
 }
@@ -287,7 +287,7 @@ __device__ __forceinline__ void load_x_e4m3(const float *xr, int off, int cols, 
     constexpr int64_t kQ = e4m3_step_rot(4, false);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        const float4 f = __ldg(reinterpret_cast<const float4 *>(xr + b + kQ * q));
+        const float4 f = tsr_pdl::load(xr + b + kQ * q);
         const float m = BS ? cmr[(b + (int)kQ * q) >> shift] : 1.0f;
         v[4 * q] = f.x * m, v[4 * q + 1] = f.y * m, v[4 * q + 2] = f.z * m, v[4 * q + 3] = f.w * m;
     }

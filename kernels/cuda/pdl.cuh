@@ -44,6 +44,19 @@ __device__ __forceinline__ void trigger() {
 #endif
 }
 
+// 16 bytes an earlier kernel wrote (activations), read after wait(): an
+// ordinary global load, never __ldg / ld.global.nc (nor a load the compiler
+// turns into one, through const __restrict__). The non-coherent path is for
+// data read-only over the kernel's whole life (the compiler may issue such
+// loads early, and the read-only cache keeps no coherence), and a
+// programmatic dependent lives while the kernel before it still writes.
+// gemv_mma read its activations so, and cuda-fast-eager's 8-row passes
+// gave other logits with runtime.pdl on than off, a wrong token in
+// speculative decoding (tests/gpu/test_cuda.c, test_pdl_passes_exact and
+// test_drafting_greedy; BENCHMARKS.md, thirty-sixth session). Weights
+// and other constants keep the read-only path.
+__device__ __forceinline__ float4 load(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+
 // The start of a kernel that touches nothing before the kernel before it is
 // done: wait for it, then let the next one launch.
 __device__ __forceinline__ void enter() {

@@ -83,7 +83,7 @@ template <bool NORM, int NT = 256>
 __device__ __forceinline__ float stage_x(const Args &p, const float *x, float *xs, float *warp_ss) {
     float ss = 0.0f;
     for (int c = threadIdx.x * 4; c < p.cols; c += NT * 4) {
-        const float4 f = __ldg(reinterpret_cast<const float4 *>(x + c));
+        const float4 f = tsr_pdl::load(x + c);
         if constexpr (NORM) {
             const float4 g = __ldg(reinterpret_cast<const float4 *>(p.nw + c));
             ss = fmaf(f.x, f.x, ss), ss = fmaf(f.y, f.y, ss), ss = fmaf(f.z, f.z, ss), ss = fmaf(f.w, f.w, ss);

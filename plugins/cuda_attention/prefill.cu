@@ -107,8 +107,8 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16 *ks, __nv_bfloat16 *vs, 
 
 template <int HD, bool PAGED>
 __global__ void __launch_bounds__(kThreads, 2)
-prefill_kernel(const float *__restrict__ q, const __nv_bfloat16 *__restrict__ K, const __nv_bfloat16 *__restrict__ V,
-               float *__restrict__ out, int rows, int pos0, const int32_t *__restrict__ dev_pos0, int n_heads,
+prefill_kernel(const float *q, const __nv_bfloat16 *K, const __nv_bfloat16 *V, float *__restrict__ out, int rows,
+               int pos0, const int32_t *dev_pos0, int n_heads,
                int group, int rows_per_block, int64_t ts, int64_t hs, int window, float scale_log2, Pages pg,
                float *__restrict__ part, int n_splits) {
     tsr_pdl::enter(); // launched as a programmatic dependent: kernels/cuda/pdl.cuh

@@ -15,7 +15,10 @@
  * cuda-fast, whose graphs capture experts chosen on the device (with
  * expert_lru instead it refuses them, naming runtime.cuda_graphs); one-row
  * passes give the same logits, bit for bit, whether the experts are chosen
- * on the device (graphs or not) or looked up by the host.
+ * on the device (graphs or not) or looked up by the host. runtime.pdl
+ * leaves passes of 1..9 rows bit for bit (test_pdl_passes_exact), and
+ * greedy decoding with n-gram drafts gives one-row steps' tokens up to near
+ * ties (test_drafting_greedy).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -528,20 +531,20 @@ static int near_tie(tsr_model *m, const int32_t *prompt, int n_prompt, const int
  * through the same assembly up to a near tie (near_tie), drafts accepted:
  * stories260K's three reference prompts (16 tokens), 108 tokens each (its
  * context is 128), through cuda-fast, cuda-fast-eager, cuda-baseline,
- * cuda-fast-fp8 (rows and, with tile_all, tiles) and cuda-fast-paged, and
- * variants that locate a defect. runtime.pipeline is off in each (it
- * refuses a drafter that proposes); every case runs before the test fails.
+ * cuda-fast-fp8 (rows and, with tile_all, tiles), cuda-fast-paged, and
+ * cuda-fast-eager with cuda_gemv's fold, fuse and glu off in turn.
+ * runtime.pipeline is off in each (it refuses a drafter that proposes);
+ * every case runs before the test fails.
  *
- * Known to fail (H200, 2026-12-02, BENCHMARKS.md thirty-fifth session):
- * through cuda_gemv (cuda-fast, -eager, -paged; also with the reference
- * attention) prompt 1's token 100, the first token of its only 8-row pass
- * (positions 115-122), comes out another token each run, 2-9 logits below
- * one-row steps' choice; cuda-baseline and cuda-fast-eager with
- * cuda_gemv_cublaslt agree on all 324 tokens, the E4M3 assemblies part
- * only at near ties (0.001-0.002 apart), earlier. The variants with PDL
- * off and with cuda_gemv's decode_rows 7, fold, fuse or glu off were
- * written to say which part is at fault and have not run yet (the kernel
- * checks of test_cuda_gemv launch without PDL). */
+ * Found by it (2026-12-02; located and mended 2026-12-03, BENCHMARKS.md
+ * thirty-fifth and thirty-sixth sessions): through cuda_gemv prompt 1's
+ * token 100, the first of its only 8-row pass, came out another token each
+ * run, 2-9 logits below one-row steps' choice; with runtime.pdl off, or
+ * decode_rows 7 (8 rows to cuBLASLt), all 324 tokens agreed. gemv_mma's
+ * 8-row instances read their activations through the read-only path
+ * (__ldg), which may run ahead of the programmatic-dependent wait
+ * (tsr_pdl::load; test_pdl_passes_exact). The E4M3 assemblies part at
+ * genuine near ties (0.001-0.002 apart). */
 static void test_drafting_greedy(void **state) {
     (void)state;
     GPU_REQUIRE("speculative decoding checks");
@@ -554,17 +557,9 @@ static void test_drafting_greedy(void **state) {
         {"cuda-fast.yaml", NULL, NULL, 1},
         {"cuda-fast-eager.yaml", NULL, NULL, 1},
         {"cuda-baseline.yaml", NULL, NULL, 0},
-        /* where the defect is (BENCHMARKS.md, thirty-fifth session): the
-         * attention's and the gemv's baselines in turn, then cuda_gemv's
-         * switches and the programmatic dependent launches one at a time */
-        {"cuda-fast-eager.yaml", "attention:", "  attention: cuda_attention_ref\n", 1},
-        {"cuda-fast-eager.yaml", "gemv:", "  gemv: cuda_gemv_cublaslt\n", 1},
-        {"cuda-fast-eager.yaml", "pdl:", "  pdl: false\n", 1},
-        {"cuda-fast-eager.yaml", "gemv:", "  gemv: {plugin: cuda_gemv, params: {decode_rows: 7}}\n", 1},
         {"cuda-fast-eager.yaml", "gemv:", "  gemv: {plugin: cuda_gemv, params: {fold: false}}\n", 1},
         {"cuda-fast-eager.yaml", "gemv:", "  gemv: {plugin: cuda_gemv, params: {fuse: false}}\n", 1},
         {"cuda-fast-eager.yaml", "gemv:", "  gemv: {plugin: cuda_gemv, params: {glu: false}}\n", 1},
-        {"cuda-fast-eager.yaml", "gemv:", "  gemv: {plugin: cuda_gemv, params: {decode_rows: 1}}\n", 1},
         {"cuda-fast-fp8.yaml", NULL, NULL, 1},
         {"cuda-fast-fp8.yaml", "gemv:", "  gemv: {plugin: cuda_gemv_fp8, params: {tile_all: true}}\n", 1},
         {"cuda-fast-paged.yaml", NULL, NULL, 1},
@@ -630,6 +625,81 @@ static void test_drafting_greedy(void **state) {
     if (bad) fail_msg("%d prompt(s) parted at no near tie (above)", bad);
 }
 
+/* runtime.pdl changes no bit of a pass of any row count: the kernels are
+ * the same whether launched as programmatic dependents or not (pdl.cuh), so
+ * an assembly's logits with it and without it must be equal bit for bit.
+ * Prompt 1 (16 tokens) and 108 tokens of one-row greedy steps fed in passes
+ * of 1..9 rows (each pass size at every position it reaches), three times
+ * each, through cuda-fast-eager, cuda-fast-fp8 (graphs) and
+ * cuda-fast-paged. Found (2026-12-03): gemv_mma's 8-row instances read
+ * their activations through the read-only path, which may run ahead of
+ * the wait (tsr_pdl::load), and cuda-fast-eager's 8-row passes differed. */
+static void test_pdl_passes_exact(void **state) {
+    (void)state;
+    GPU_REQUIRE("runtime.pdl pass checks");
+    char model[4096], ref[4200];
+    stories_paths(model, ref);
+    static const char *const names[] = {"cuda-fast-eager.yaml", "cuda-fast-fp8.yaml", "cuda-fast-paged.yaml"};
+    enum { kPrompt = 16, kTokens = 108, kN = kPrompt + kTokens };
+    gpu_ref r;
+    gpu_ref_open(&r, ref, "input_ids_1", "logits_1");
+    const int vocab = r.vocab;
+    float *lg[2];
+    for (int v = 0; v < 2; v++) assert_non_null(lg[v] = malloc((size_t)kN * vocab * sizeof(float)));
+    int bad = 0;
+    for (size_t a = 0; a < N_OF(names); a++) {
+        char d0[64], p0[4200], d1[64], p1[4200];
+        asm_edit(names[a], "pipeline:", "  pipeline: false\n", d0, p0, sizeof p0);
+        asm_edit(p0, "pdl:", "  pdl: false\n", d1, p1, sizeof p1);
+        tsr_model *m[2];
+        const char *paths[2] = {p0, p1};
+        for (int v = 0; v < 2; v++) {
+            tsr_model_opts o = {.model_path = model, .assembly_path = paths[v]};
+            tsr_error err;
+            tsr_error_clear(&err);
+            if (tsr_model_load(&o, &m[v], &err) != TSR_OK) fail_msg("%s: %s", paths[v], err.msg);
+        }
+        int32_t ids[kN];
+        memcpy(ids, r.ids, kPrompt * sizeof *ids);
+        tsr_gen_params gp = {.sampling = tsr_sampling_greedy(), .max_tokens = kTokens, .ignore_eos = 1};
+        uint64_t used;
+        tsr_finish fin;
+        assert_int_equal(gen_ids(m[1], r.ids, kPrompt, &gp, ids + kPrompt, &used, &fin), kTokens);
+        int differ = 0;
+        for (int rows = 1; rows <= 9; rows++)
+            for (int rep = 0; rep < 3; rep++) {
+                for (int v = 0; v < 2; v++) {
+                    tsr_error err;
+                    tsr_error_clear(&err);
+                    tsr_seq *s;
+                    assert_int_equal(tsr_seq_new(m[v], kN, &s, &err), TSR_OK);
+                    if (gpu_run_passes(s, ids, kN, vocab, rows, lg[v], &err) != TSR_OK)
+                        fail_msg("%s: forward: %s", names[a], err.msg);
+                    tsr_seq_free(s);
+                }
+                for (int i = 0; i < kN; i++) {
+                    const float *x = lg[0] + (size_t)i * vocab, *y = lg[1] + (size_t)i * vocab;
+                    if (memcmp(x, y, (size_t)vocab * sizeof *x) == 0) continue;
+                    double worst = 0;
+                    for (int j = 0; j < vocab; j++) worst = fmax(worst, fabs((double)x[j] - y[j]));
+                    print_error("%s: passes of %d rows (run %d): position %d's logits differ with runtime.pdl on "
+                                "and off (by up to %.4g)\n",
+                                names[a], rows, rep, i, worst);
+                    differ++;
+                    break;
+                }
+            }
+        printf("# %s: passes of 1..9 rows, runtime.pdl on and off, %s\n", names[a],
+               differ ? "differ (above)" : "equal bit for bit");
+        bad += differ;
+        for (int v = 0; v < 2; v++) tsr_model_free(m[v]);
+        unlink(p0), rmdir(d0), unlink(p1), rmdir(d1);
+    }
+    for (int v = 0; v < 2; v++) free(lg[v]);
+    gpu_ref_close(&r);
+    if (bad) fail_msg("%d pass size(s) and run(s) differ with runtime.pdl", bad);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_baseline),
@@ -639,6 +709,7 @@ int main(void) {
         cmocka_unit_test(test_moe_paths_agree),
         cmocka_unit_test(test_switches_exact),
         cmocka_unit_test(test_pipeline_exact),
+        cmocka_unit_test(test_pdl_passes_exact),
         cmocka_unit_test(test_drafting_greedy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
