@@ -339,6 +339,17 @@ static int gen_ids(tsr_model *m, const int32_t *prompt, int n, const tsr_gen_par
     return gen_ids_stats(m, prompt, n, p, ids, kv_used, finish, NULL);
 }
 
+/* Two models of stories260K (model) through the assemblies at paths[0]
+ * and paths[1] (temporary copies), into m; fails naming the one refused. */
+static void load_two(const char *model, const char *const paths[2], tsr_model *m[2]) {
+    for (int v = 0; v < 2; v++) {
+        tsr_model_opts o = {.model_path = model, .assembly_path = paths[v]};
+        tsr_error err;
+        tsr_error_clear(&err);
+        if (tsr_model_load(&o, &m[v], &err) != TSR_OK) fail_msg("%s: %s", paths[v], err.msg);
+    }
+}
+
 /* runtime.pipeline (each greedy pass queued before the token it follows is
  * read, its input id taken on the device) gives the tokens of plain steps,
  * through graphs (cuda-fast, cuda-fast-fp8) and eager passes
@@ -374,12 +385,7 @@ static void test_pipeline_exact(void **state) {
             rmdir(pdir);
         }
         tsr_model *m[2];
-        for (int v = 0; v < 2; v++) {
-            tsr_model_opts o = {.model_path = model, .assembly_path = path[v]};
-            tsr_error err;
-            tsr_error_clear(&err);
-            if (tsr_model_load(&o, &m[v], &err) != TSR_OK) fail_msg("%s: %s", path[v], err.msg);
-        }
+        load_two(model, (const char *const[2]){path[0], path[1]}, m);
         tsr_gen_params p = {.sampling = tsr_sampling_greedy(), .max_tokens = 64, .ignore_eos = 1};
         int32_t want[3][64], got[64];
         int n_want[3];
@@ -578,13 +584,7 @@ static void test_drafting_greedy(void **state) {
         }
         asm_edit(p0, "drafter:", "  drafter: drafter_ngram\n", d1, p1, sizeof p1);
         tsr_model *m[2];
-        const char *paths[2] = {p0, p1};
-        for (int v = 0; v < 2; v++) {
-            tsr_model_opts o = {.model_path = model, .assembly_path = paths[v]};
-            tsr_error err;
-            tsr_error_clear(&err);
-            if (tsr_model_load(&o, &m[v], &err) != TSR_OK) fail_msg("%s: %s", paths[v], err.msg);
-        }
+        load_two(model, (const char *const[2]){p0, p1}, m);
         char what[512]; /* the assembly and its edited line */
         snprintf(what, sizeof what, "%s%s%.*s", cases[a].name, cases[a].line ? " with" : "",
                  cases[a].line ? (int)strlen(cases[a].line) - 1 : 0, cases[a].line ? cases[a].line : "");
@@ -652,13 +652,7 @@ static void test_pdl_passes_exact(void **state) {
         asm_edit(names[a], "pipeline:", "  pipeline: false\n", d0, p0, sizeof p0);
         asm_edit(p0, "pdl:", "  pdl: false\n", d1, p1, sizeof p1);
         tsr_model *m[2];
-        const char *paths[2] = {p0, p1};
-        for (int v = 0; v < 2; v++) {
-            tsr_model_opts o = {.model_path = model, .assembly_path = paths[v]};
-            tsr_error err;
-            tsr_error_clear(&err);
-            if (tsr_model_load(&o, &m[v], &err) != TSR_OK) fail_msg("%s: %s", paths[v], err.msg);
-        }
+        load_two(model, (const char *const[2]){p0, p1}, m);
         int32_t ids[kN];
         memcpy(ids, r.ids, kPrompt * sizeof *ids);
         tsr_gen_params gp = {.sampling = tsr_sampling_greedy(), .max_tokens = kTokens, .ignore_eos = 1};
