@@ -128,13 +128,30 @@ void tsr_gemv_widen_rows(uint32_t dtype, const tsr_gemv_args *a, int64_t r0, int
     }
 }
 
-float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
+/* The quantisers' start (weight rows and activations): max|x| (NaN when x
+ * holds one, q untouched); *go 0 where that is the answer (0 or Inf: q's n
+ * codes of code_bytes each set to bytes of fill), 1 where the codes are
+ * still to be made. */
+static float quant_start(const float *x, int64_t n, void *q, size_t code_bytes, int fill, int *go) {
     int nan;
+    const float amax = tsr_absmax(x, n, &nan);
+    *go = 0;
+    if (nan) return NAN;
+    if (amax == 0.0f || !isfinite(amax)) {
+        if (n > 0) memset(q, fill, (size_t)n * code_bytes);
+        return amax;
+    }
+    *go = 1;
+    return amax;
+}
+
+float tsr_gemv_quant_row_i8(const float *src, int64_t n, int8_t *q) {
     if (n <= 0) return 0.0f;
-    float amax = tsr_absmax(src, n, &nan);
-    if (nan || amax == 0.0f || !isfinite(amax)) {
-        memset(q, 0, (size_t)n);
-        return nan ? NAN : amax;
+    int go;
+    const float amax = quant_start(src, n, q, 1, 0, &go);
+    if (!go) {
+        if (isnan(amax)) memset(q, 0, (size_t)n); /* a row's codes are zero whatever it held */
+        return amax;
     }
     float s = amax / 127.0f;
     float inv = 127.0f / amax;
@@ -185,23 +202,6 @@ tsr_gemv_i8_kernel_fn tsr_gemv_i8_kernel(tsr_gemv_isa isa) {
 #endif
     default: return NULL;
     }
-}
-
-/* The activation quantisers' start: max|x| (NaN when x holds one, q
- * untouched); *go 0 where that is the answer (0 or Inf: q's n codes of
- * code_bytes each set to bytes of fill), 1 where the codes are still to be
- * made. */
-static float quant_start(const float *x, int64_t n, void *q, size_t code_bytes, int fill, int *go) {
-    int nan;
-    const float amax = tsr_absmax(x, n, &nan);
-    *go = 0;
-    if (nan) return NAN;
-    if (amax == 0.0f || !isfinite(amax)) {
-        if (n > 0) memset(q, fill, (size_t)n * code_bytes);
-        return amax;
-    }
-    *go = 1;
-    return amax;
 }
 
 float tsr_gemv_quant_x_i16(const float *x, int64_t n, int16_t *q) {
