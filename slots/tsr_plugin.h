@@ -160,7 +160,9 @@ typedef struct tsr_exec {
      * launches its kernels as programmatic dependents of the kernel before
      * them, and a plugin may do so too (kernels/cuda/pdl.cuh: each such
      * kernel waits, griddepcontrol.wait, before it touches memory an earlier
-     * kernel wrote or reads). A plugin that ignores it stays correct. */
+     * kernel wrote or reads, and reads what an earlier kernel wrote with
+     * ordinary loads, never __ldg / ld.global.nc, which may be issued ahead
+     * of the wait). A plugin that ignores it stays correct. */
     int pdl;
 } tsr_exec;
 

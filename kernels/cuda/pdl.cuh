@@ -15,7 +15,8 @@
 // before the wait, into registers, L2 or shared memory, made a pass slower.)
 //
 // The convention of every kernel on the forward pass: wait() before the
-// first dependent access, trigger() (griddepcontrol.launch_dependents: the
+// first dependent access (and such reads never through the read-only path:
+// load() below), trigger() (griddepcontrol.launch_dependents: the
 // next kernel may launch once every block of this one has triggered or
 // exited) right after, enter() for both at the top (gemv_mma triggers after
 // its products, which measured faster). Both are no-ops in a kernel launched the ordinary
@@ -47,14 +48,15 @@ __device__ __forceinline__ void trigger() {
 // 16 bytes an earlier kernel wrote (activations), read after wait(): an
 // ordinary global load, never __ldg / ld.global.nc (nor a load the compiler
 // turns into one, through const __restrict__). The non-coherent path is for
-// data read-only over the kernel's whole life (the compiler may issue such
-// loads early, and the read-only cache keeps no coherence), and a
-// programmatic dependent lives while the kernel before it still writes.
-// gemv_mma read its activations so, and cuda-fast-eager's 8-row passes
-// gave other logits with runtime.pdl on than off, a wrong token in
+// data read-only over the kernel's whole life (ptxas may move such loads
+// ahead of griddepcontrol.wait, and the read-only cache keeps no
+// coherence), and a programmatic dependent lives while the kernel before it
+// still writes. gemv_mma read its activations so, and in its 8-row bf16
+// instances ptxas issued two of them before the wait (their SASS): those
+// passes gave other logits with runtime.pdl on than off, a wrong token in
 // speculative decoding (tests/gpu/test_cuda.c, test_pdl_passes_exact and
-// test_drafting_greedy; BENCHMARKS.md, thirty-sixth session). Weights
-// and other constants keep the read-only path.
+// test_drafting_greedy; BENCHMARKS.md, thirty-sixth session). Weights and
+// other constants keep the read-only path.
 __device__ __forceinline__ float4 load(const float *p) { return *reinterpret_cast<const float4 *>(p); }
 
 // The start of a kernel that touches nothing before the kernel before it is
