@@ -143,7 +143,7 @@ static const char *type_name(uint32_t t) {
 static int parse_kv(reader *r, gguf_kv *kv, int idx) {
     char what[96];
     snprintf(what, sizeof what, "key of metadata entry %d", idx);
-    uint64_t koff, klen;
+    uint64_t koff = 0, klen = 0;
     int rc = rd_str(r, &koff, &klen, what);
     if (rc) return rc;
     if (klen == 0 || memchr(r->buf + koff, 0, (size_t)klen))
@@ -214,7 +214,7 @@ static int parse_kv(reader *r, gguf_kv *kv, int idx) {
 static int parse_tensor(reader *r, tsr_gguf_tensor_info *t, int idx) {
     char what[GGUF_MAX_NAME + 64];
     snprintf(what, sizeof what, "name of tensor info %d", idx);
-    uint64_t noff, nlen;
+    uint64_t noff = 0, nlen = 0;
     int rc = rd_str(r, &noff, &nlen, what);
     if (rc) return rc;
     if (nlen == 0 || nlen > GGUF_MAX_NAME || memchr(r->buf + noff, 0, (size_t)nlen))

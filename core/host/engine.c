@@ -337,7 +337,7 @@ int tsr_export_bind(const tsr_manifest *m, const char *fn, void **handle, void (
         return err ? err->code : TSR_ERR_REFUSED;
     }
     tsr_diag_free(&d);
-    void *h;
+    void *h = NULL;
     int rc = dl_open(m, &h, err);
     if (rc) return rc;
     dlerror();

@@ -93,8 +93,9 @@ static inline void fp8_make_ckpt(const char *family, const char *name, const cha
     fp8_fixture_dir(family, src, sizeof src);
     snprintf(dir, n, "%s/%s", fp8_tmp_root, name);
     if (deq) snprintf(deq, n, "%s/%s-deq", fp8_tmp_root, name);
-    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' %s%s%s%s", tool, src, dir,
-             args, deq ? " --dequant '" : "", deq ? deq : "", deq ? "'" : "");
+    if (snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' %s%s%s%s", tool, src, dir, args, deq ? " --dequant '" : "",
+                 deq ? deq : "", deq ? "'" : "") >= (int)sizeof cmd)
+        fail_msg("the command for %s does not fit %zu bytes", name, sizeof cmd);
     if (system(cmd) != 0) fail_msg("%s failed", cmd);
 }
 
