@@ -13,7 +13,9 @@
 # token ids of a 700-token run (random 512-token prompt) as an md5 for each
 # catalog in turn (old and new twice each with oldcat: whether they repeat
 # from run to run, and whether a change moved them), and stories260K's
-# greedy text's md5 through each RUNS assembly. tools/device_cuda.sh is the full
+# greedy text's md5 through each RUNS assembly. PROFILE=1: also each PASSES
+# assembly's one-row pass with --profile (each op waited for) per catalog,
+# to say which op a change moved. tools/device_cuda.sh is the full
 # call (greedy text of every CUDA assembly, sampled decode, more runs).
 cd "$(dirname "$0")/.."
 [ -f .device/build.tar.xz ] && tar xJf .device/build.tar.xz -C .device # tools/device_pack.sh
@@ -43,6 +45,15 @@ for a in ${PASSES:-cuda-fast cuda-fast-fp8}; do
     TESSERA_CATALOG=$c $B/bin/tessera passes assemblies/$a.yaml --model $CK --context 512 --rows 1,2,4,8 --reps 20 2>&1 | grep -E "rows|error"
   done
 done
+if [ -n "${PROFILE:-}" ]; then # which op a change moved: each op waited for, per catalog
+  for a in ${PASSES:-cuda-fast cuda-fast-fp8}; do
+    for c in $CATS; do
+      echo "== profile $a$(name $c)"
+      TESSERA_CATALOG=$c $B/bin/tessera passes assemblies/$a.yaml --model $CK --context 512 --rows 1 --reps 20 \
+        --profile 2>&1 | grep -E "us/call|rows|error"
+    done
+  done
+fi
 for a in ${MOE_PASSES:-}; do
   echo "== passes $a (qwen3moe-7b-a1b)"
   $B/bin/tessera passes assemblies/$a.yaml --model $MOE --context 512 --rows 1,8 --reps 20 2>&1 | grep -E "rows|error"
