@@ -643,6 +643,7 @@ static void test_pdl_passes_exact(void **state) {
     enum { kPrompt = 16, kTokens = 108, kN = kPrompt + kTokens };
     gpu_ref r;
     gpu_ref_open(&r, ref, "input_ids_1", "logits_1");
+    assert_true(r.n >= kPrompt);
     const int vocab = r.vocab;
     float *lg[2];
     for (int v = 0; v < 2; v++) assert_non_null(lg[v] = malloc((size_t)kN * vocab * sizeof(float)));
