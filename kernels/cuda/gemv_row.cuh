@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(256, FOLD == 2 ? (RPW == 1 ? 8 : 6) : 1) gemv_
             else if (WK == kFp8) tsr_mma::load_x_e4m3<BS>(x, k, p.cols, xv, cmr, p.cm_shift);
             else tsr_mma::load_x<K>(x, k, p.cols, xv);
             if constexpr (NORM && !XS) {
-                float gv[K];
+                float gv[K]; // the norm's weights, through load_x_e4m3's ordinary loads (tsr_pdl::load)
                 tsr_mma::load_x_e4m3(p.nw, k, p.cols, gv);
 #pragma unroll
                 for (int i = 0; i < K; i++) ss = fmaf(xv[i], xv[i], ss), xv[i] *= gv[i];
