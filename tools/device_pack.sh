@@ -10,8 +10,12 @@
 # Env: SLIM=1 leaves the tokenizer and the mixture of experts out (the
 # carried tree stays small; what needs them then fails plainly). OLD_BUILD
 # (another build folder) with OLD_PLUGINS (names) packs those plugins'
-# libraries and manifests from it as .device/build/oldcat, which
-# tools/device_quick.sh then measures against the new ones (A/B in one call).
+# libraries and manifests from it as the variant "old"; VARIANTS (NAME=DIR
+# ..., each DIR holding plugin libraries and their manifests as a build's
+# catalog does, e.g. copied from it after building a change) packs more.
+# tools/device_quick.sh then measures every variant (the build's catalog
+# with those plugins swapped in) interleaved with the build as packed (A/B
+# or A/B/C... in one call).
 set -eu
 cd "$(dirname "$0")/.."
 rm -rf .device/build && mkdir -p .device/build/tests/bin .device/lib
@@ -31,11 +35,17 @@ if [ -z "${SLIM:-}" ]; then
   cp -r ../shared/data/models/pystd/moe .device/shared/data/models/pystd/
 fi
 if [ -n "${OLD_BUILD:-}" ]; then # the old side of an A/B: those plugins as another build made them
-  mkdir -p .device/build/oldcat
+  mkdir -p .device/build/var/old
   for p in ${OLD_PLUGINS:?OLD_PLUGINS names the plugins taken from OLD_BUILD}; do
-    cp "$OLD_BUILD/catalog/lib$p.so" "$OLD_BUILD/catalog/$p.yaml" .device/build/oldcat/
+    cp "$OLD_BUILD/catalog/lib$p.so" "$OLD_BUILD/catalog/$p.yaml" .device/build/var/old/
   done
 fi
+for v in ${VARIANTS:-}; do # NAME=DIR: the plugins DIR holds, swapped into the catalog as variant NAME
+  n=${v%%=*} d=${v#*=}
+  case $v in *=*) ;; *) n="";; esac
+  case $n in ''|*[!A-Za-z0-9_-]*) echo "VARIANTS: '$v' is not NAME=DIR (NAME: letters, digits, - or _)" >&2; exit 2;; esac
+  mkdir -p .device/build/var/$n && cp "$d"/lib*.so "$d"/*.yaml .device/build/var/$n/
+done
 tar cJf .device/build.tar.xz -C .device build lib && rm -rf .device/build .device/lib
 du -sh .device
 # what the reports made there will name as built_from (commit before building: "+modified" otherwise)

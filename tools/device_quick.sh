@@ -6,13 +6,14 @@
 # Env: TESTS (test binaries; default all nine), PASSES and RUNS (assembly
 # names; default cuda-fast cuda-fast-fp8), MOE_PASSES (assembly names whose
 # one- and 8-row passes are also measured on a qwen3moe-7b-a1b-shaped random
-# checkpoint; default none: it takes ~25 s to write). With .device/build/oldcat
-# (tools/device_pack.sh's OLD_BUILD) every pass and run is measured twice
-# more, interleaved: the catalog as built, then with those plugins as the
-# old build made them ("old" lines). IDS=1: then the 8B shape's greedy
+# checkpoint; default none: it takes ~25 s to write). With variants packed
+# (.device/build/var/NAME: tools/device_pack.sh's OLD_BUILD, as "old", and
+# VARIANTS) every pass and run is measured in two interleaved rounds: the
+# catalog as built, then with each variant's plugins swapped in ("(NAME)"
+# lines). IDS=1: then the 8B shape's greedy
 # token ids of a 700-token run (random 512-token prompt) as an md5 for each
-# catalog in turn (old and new twice each with oldcat: whether they repeat
-# from run to run, and whether a change moved them), and stories260K's
+# catalog in turn (each twice with variants: whether they repeat from run
+# to run, and whether a change moved them), and stories260K's
 # greedy text's md5 through each RUNS assembly. PROFILE=1: also each PASSES
 # assembly's one-row pass with --profile (each op waited for) per catalog,
 # to say which op a change moved. tools/device_cuda.sh is the full
@@ -32,13 +33,16 @@ for t in ${TESTS:-test_cuda test_cuda_prefill test_cuda_fp8 test_cuda_gemv test_
   grep -E "FAILED|fail|Error|error" /tmp/$t.log | grep -v "^\[  PASSED" | head -5
 done
 wait
-CATS="$PWD/$B/catalog" # the catalogs measured: as built, then (A/B) with the old plugins
-if [ -d $B/oldcat ]; then
-  rm -rf /tmp/oldcat && cp -r $B/catalog /tmp/oldcat && cp $B/oldcat/* /tmp/oldcat/
-  chmod 755 /tmp/oldcat/*.so; chmod 644 /tmp/oldcat/*.yaml
-  CATS="$CATS /tmp/oldcat $CATS /tmp/oldcat"
+CATS="$PWD/$B/catalog" # the catalogs measured: as built, then each variant (A/B/...), two rounds
+if [ -d $B/var ]; then
+  VS=$(ls $B/var) CATS=""
+  for v in $VS; do
+    rm -rf /tmp/cat-$v && cp -r $B/catalog /tmp/cat-$v && cp $B/var/$v/* /tmp/cat-$v/
+    chmod 755 /tmp/cat-$v/*.so; chmod 644 /tmp/cat-$v/*.yaml
+  done
+  for r in 1 2; do CATS="$CATS $PWD/$B/catalog$(for v in $VS; do echo -n " /tmp/cat-$v"; done)"; done
 fi
-name() { [ "$1" = /tmp/oldcat ] && echo " (old)"; }
+name() { case $1 in /tmp/cat-*) echo " (${1#/tmp/cat-})" ;; esac; }
 for a in ${PASSES:-cuda-fast cuda-fast-fp8}; do
   for c in $CATS; do
     echo "== passes $a$(name $c)"
@@ -64,7 +68,7 @@ for a in ${RUNS:-cuda-fast cuda-fast-fp8}; do
     TESSERA_CATALOG=$c $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 256 2>&1 | grep -E "tok/s|error" | tr '\n' ' '
     echo
   done
-  [ -d $B/oldcat ] || { echo -n "$a: "; $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 256 2>&1 | grep -E "tok/s|error" | tr '\n' ' '; echo; }
+  [ -d $B/var ] || { echo -n "$a: "; $B/bin/tessera run assemblies/$a.yaml --model $CK --random-prompt 512 -n 256 2>&1 | grep -E "tok/s|error" | tr '\n' ' '; echo; }
 done
 if [ -n "${IDS:-}" ]; then
   for a in ${RUNS:-cuda-fast cuda-fast-fp8}; do
