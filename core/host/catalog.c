@@ -66,7 +66,7 @@ int tsr_catalog_load(const char *dir, tsr_catalog **out, tsr_diag *d) {
     closedir(dh);
     tsr_catalog *c = NULL;
     if (!rc) {
-        qsort(names, (size_t)n_names, sizeof *names, cmp_names);
+        if (n_names > 1) qsort(names, (size_t)n_names, sizeof *names, cmp_names); /* names: NULL when none */
         c = tsr_hcalloc(1, sizeof *c);
         if (c) c->dir = tsr_hstrdup(dir);
         if (c && n_names) c->items = tsr_hcalloc((size_t)n_names, sizeof *c->items);
@@ -107,7 +107,7 @@ int tsr_catalog_load(const char *dir, tsr_catalog **out, tsr_diag *d) {
         tsr_catalog_free(c);
         return rc;
     }
-    qsort(c->items, (size_t)c->n, sizeof *c->items, cmp_manifests);
+    if (c->n > 1) qsort(c->items, (size_t)c->n, sizeof *c->items, cmp_manifests); /* items: NULL when none */
     *out = c;
     return TSR_OK;
 }

@@ -320,7 +320,7 @@ static tsr_ynode *convert_table(lua_State *L, int idx, conv *c, const char *wher
         if (nk < n_str) keys[nk++] = (char *)lua_tostring(L, -2);
         lua_pop(L, 1);
     }
-    qsort(keys, (size_t)nk, sizeof *keys, cmp_str);
+    if (nk > 1) qsort(keys, (size_t)nk, sizeof *keys, cmp_str); /* keys: NULL for an empty table */
     for (int i = 0; i < nk; i++) {
         lua_getfield(L, idx, keys[i]);
         snprintf(sub, sizeof sub, "%s%s%s", where, where[0] ? "." : "", keys[i]);

@@ -6,7 +6,7 @@
  * KV bytes read per token over the read bandwidth measured here with the
  * same threads.
  *
- *   TESSERA_CATALOG=build/catalog build/bin/bench_attn [threads] [reps]
+ *   TESSERA_CATALOG=build/catalog build/bin/bench_attn [threads] [reps, 3..64]
  *
  * Shape: Qwen2.5-0.5B attention (24 layers, 14 heads, 2 KV heads, head_dim 64).
  */
@@ -64,8 +64,8 @@ static double read_bandwidth(tsr_threadpool *pool) {
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 5;
-    if (threads < 1 || reps < 3) {
-        fprintf(stderr, "usage: bench_attn [threads >= 1] [reps >= 3]\n");
+    if (threads < 1 || reps < 3 || reps > 64) {
+        fprintf(stderr, "usage: bench_attn [threads >= 1] [3 <= reps <= 64]\n");
         return 2;
     }
     if (!getenv("TESSERA_CATALOG")) {
@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
             for (int l = 0; l < L; l++) KI->view(kvi.inst, seq, l, &views[l]);
             double r[64];
             int n_inner = ctx <= 512 ? 20 : 5;
-            for (int rep = 0; rep < reps && rep < 64; rep++) {
+            for (int rep = 0; rep < reps; rep++) {
                 double t = now();
                 for (int it = 0; it < n_inner; it++)
                     for (int l = 0; l < L; l++) {

@@ -352,6 +352,19 @@ static void test_catalog_and_open_errors(void **state) {
     assert_true(has_error(&d, TSR_ERR_FORMAT, "already used by"));
     assert_true(has_error(&d, TSR_ERR_FORMAT, "malformed YAML"));
     tsr_diag_free(&d);
+    /* a folder with no manifest: an empty catalog (its list of names never made: no sort of NULL) */
+    char empty[700];
+    snprintf(empty, sizeof empty, "%s/cat_empty", g_tmp);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -m 755 '%s'", empty, empty);
+    assert_int_equal(system(cmd), 0);
+    tsr_diag_init(&d);
+    assert_int_equal(tsr_catalog_load(empty, &c, &d), TSR_OK);
+    assert_non_null(c);
+    assert_int_equal(d.n_errors, 0);
+    assert_null(tsr_catalog_find(c, "test_gemv"));
+    tsr_catalog_free(c);
+    c = NULL;
+    tsr_diag_free(&d);
     /* tsr_engine_open: the first error, and how many there were */
     tsr_error err;
     tsr_engine *e = NULL;

@@ -668,6 +668,12 @@ static void test_lua_ok(void **state) {
     assert_false(a->slots[TSR_SLOT_EXPERT_CACHE].given);
     assert_string_equal(a->name, "lua-cpu-none");
     tsr_assembly_free(a);
+    /* an empty table (params = {}): an empty map (its key list never made: no sort of NULL) */
+    assert_int_equal(
+        lua_doc("return {name = 'e', device = 'cpu', slots = {gemv = {plugin = 'gemv_a', params = {}}}}\n", &env, &a, &d),
+        TSR_OK);
+    assert_string_equal(a->slots[TSR_SLOT_GEMV].plugin, "gemv_a");
+    tsr_assembly_free(a);
     tsr_diag_free(&d);
     tsr_catalog_free(c);
 }
