@@ -379,11 +379,12 @@ int tsr_probe_run(const tsr_probe_opts *o, tsr_probe_result *r, tsr_error *err) 
     uint64_t *buf = read_buffer(bytes);
     if (!buf) return tsr_error_set(err, TSR_ERR_NOMEM, "probe: no memory for a %zu-byte buffer", bytes);
     size_t words = bytes / 8;
-    double *s = malloc(sizeof(double) * 2 * (size_t)r->repeats), *best = s + r->repeats;
+    double *s = malloc(sizeof(double) * 2 * (size_t)r->repeats);
     if (!s) {
         free(buf);
         return tsr_error_set(err, TSR_ERR_NOMEM, "probe: out of memory");
     }
+    double *best = s + r->repeats;
     uint64_t sink = 0;
     double warm;
     if (read_pass(buf, words, LOOP_WORDS, r->n_threads, &warm, &sink)) {

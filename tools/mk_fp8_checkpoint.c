@@ -209,10 +209,11 @@ int main(int argc, char **argv) {
         const char *key;
         json_t *v;
         json_object_foreach(json_object_get(idx, "weight_map"), key, v) {
+            if (!json_string_value(v)) die("%s: a weight_map value is not a file name", idx_path);
             int k = 0;
             while (k < n_files && strcmp(files[k], json_string_value(v))) k++;
             if (k == n_files) {
-                if (n_files == 64 || !json_string_value(v)) die("%s: too many shards", idx_path);
+                if (n_files == 64) die("%s: too many shards", idx_path);
                 files[n_files++] = json_string_value(v);
             }
         }
