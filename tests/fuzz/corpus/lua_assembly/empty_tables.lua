@@ -1,0 +1,1 @@
+return {name = 'e', device = 'cpu', slots = {gemv = {plugin = 'gemv', params = {}}}, runtime = {}}
