@@ -20,8 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint64_t live = tsr_halloc_live();
     tsr_diag d;
     tsr_diag_init(&d);
-    tsr_model_config moe = {.n_experts = 8, .n_layers = 2};
-    strcpy(moe.arch_name, "mixtral");
+    const tsr_model_config moe = fuzz_moe();
     /* the model the script sees (tessera.model) alternates with the input's first byte */
     tsr_assembly_env env = {.catalog = &g_cat,
                             .model = size && (data[0] & 1) ? &moe : NULL,
